@@ -1,0 +1,158 @@
+"""Settings, read from the environment (see README: Configuration)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from core.env import ConfigError, database_from_url, env_bool, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY:
+    if not DEBUG and not env_bool("RETENTION_DEMO", False):
+        raise ConfigError("SECRET_KEY must be set when DEBUG is off (or set RETENTION_DEMO=1)")
+    SECRET_KEY = "insecure-demo-key-do-not-use-in-production"
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+CLEANUP_WORKERS = env_int("CLEANUP_WORKERS", 2, minimum=1, maximum=64)
+DEADLINE_WORKERS = env_int("DEADLINE_WORKERS", 1, minimum=1, maximum=64)
+
+_database_url = env_str("DATABASE_URL")
+if not _database_url:
+    from core import embedded_pg
+
+    _database_url = embedded_pg.database_url()
+    EMBEDDED_DATABASE = True
+else:
+    EMBEDDED_DATABASE = False
+DATABASES = {"default": database_from_url("DATABASE_URL", _database_url)}
+DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 60, minimum=0)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", None)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "django_q",
+    "core",
+    "retention",
+    "runs",
+    "demo",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.auth.middleware.LoginRequiredMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "core.context_processors.roles",
+            ],
+        },
+    },
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT.mkdir(exist_ok=True)
+WHITENOISE_USE_FINDERS = True
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+# Sessions and cookies: short-lived, HTTP-only; Secure when served over TLS.
+SECURE_COOKIES = env_bool("SECURE_COOKIES", not DEBUG and not env_bool("RETENTION_DEMO", False))
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600, minimum=60)
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_SECURE = SECURE_COOKIES
+CSRF_COOKIE_SECURE = SECURE_COOKIES
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+
+# The cache is shared by every process (django-q2 keeps cluster stats in it).
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+        "LOCATION": "core_cache",
+    }
+}
+
+HOSTNAME = socket.gethostname()
+
+# django-q2: the ORM broker keeps the queue in this database, so publishing
+# work is an INSERT in the same transaction that records it (the ledger is the
+# outbox). `retry` must exceed the longest time a task can stay dequeued.
+_Q_BASE = {
+    "orm": "default",
+    "timeout": 60,
+    "retry": 120,
+    "max_attempts": 1,
+    "save_limit": 200,
+    "ack_failures": True,
+    "catch_up": False,
+    "guard_cycle": 0.5,
+    "poll": 0.2,
+    "queue_limit": 4,
+    "bulk": 1,
+    "label": "Task queue",
+}
+Q_CLUSTER = {**_Q_BASE, "name": "retention", "workers": 1}
+Q_CLUSTER["ALT_CLUSTERS"] = {
+    "cleanup": {"workers": CLEANUP_WORKERS},
+    "deadline": {"workers": DEADLINE_WORKERS},
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,32 @@
+"""``python manage.py retention AREA ...`` — operations without a browser.
+
+Areas are registered by the apps: ``retention.cli`` (policy, hold) and
+``runs.cli`` (trigger, status, drain, pause, ...). Every failure is one line.
+"""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+
+class Command(BaseCommand):
+    help = "Retention Runner operations: policies, holds, runs, audit."
+
+    def add_arguments(self, parser):
+        areas = parser.add_subparsers(dest="area", required=True, metavar="AREA")
+        from retention import cli as policy_cli
+        from runs import cli as run_cli
+
+        policy_cli.register(areas)
+        run_cli.register(areas)
+
+    def handle(self, *args, **options):
+        handler = options.get("handler")
+        if handler is None:
+            raise CommandError("missing sub-command; see --help")
+        try:
+            handler(self, options)
+        except CommandError:
+            raise
+        except ValueError as exc:  # SpecError, validation errors: the user's input
+            raise CommandError(str(exc)) from None

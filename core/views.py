@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import time
+
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_not_required
+from django.db import connection
+from django.http import JsonResponse
+from django.shortcuts import render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from core.roles import ROLE_DESCRIPTIONS, require_role, roles_of
+
+
+class LoginView(auth_views.LoginView):
+    template_name = "registration/login.html"
+    redirect_authenticated_user = True
+
+
+@require_GET
+@require_role()
+def home(request):
+    from runs.overview import overview_context
+
+    context = {
+        "my_roles": sorted(roles_of(request.user)),
+        "role_descriptions": ROLE_DESCRIPTIONS,
+        **overview_context(request),
+    }
+    template = "core/_overview.html" if request.htmx else "core/home.html"
+    return render(request, template, context)
+
+
+@require_GET
+@login_not_required
+@never_cache
+def healthz(request):
+    """Database reachable, and how long ago each django-q2 cluster reported in."""
+    body: dict = {"database": "ok", "clusters": {}}
+    status = 200
+    try:
+        with connection.cursor() as cur:
+            cur.execute("SELECT 1")
+            cur.fetchone()
+    except Exception as exc:  # the point of the endpoint is to report it
+        body["database"] = f"error: {exc.__class__.__name__}"
+        status = 503
+    if status == 200:
+        body["clusters"] = worker_heartbeats()
+        ages = [c["heartbeat_age_s"] for c in body["clusters"].values()]
+        body["worker_heartbeat_age_s"] = min(ages) if ages else None
+    body["status"] = "ok" if status == 200 else "error"
+    return JsonResponse(body, status=status)
+
+
+def worker_heartbeats() -> dict:
+    """Age of the newest heartbeat of each django-q2 cluster (from its shared-cache stat)."""
+    from django_q.status import Stat
+
+    now = time.time()
+    clusters: dict = {}
+    try:
+        stats = Stat.get_all()
+    except Exception:
+        return clusters
+    for stat in stats:
+        name = getattr(stat, "cluster_id", None) or "cluster"
+        age = round(now - stat.timestamp.timestamp(), 1) if stat.timestamp else None
+        key = f"{getattr(stat, 'host', '')}:{name}"
+        clusters[key] = {
+            "heartbeat_age_s": age,
+            "status": stat.status,
+            "workers": len(stat.workers),
+        }
+    return clusters

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Set up and run Retention Runner with nothing but Python 3.11+.
+
+    python3 dev.py up      # dashboard + cleanup workers + scheduler on embedded PostgreSQL, with the demo
+    python3 dev.py test    # the whole test suite
+
+Both create (or refresh) a virtual environment in .venv first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+PY = VENV / "bin" / "python"
+
+
+def ensure_venv() -> None:
+    """Create .venv and install the pinned dependencies when pyproject.toml changed."""
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    stamp = VENV / f".deps-{digest}"
+    if stamp.exists():
+        return
+    if not PY.exists():
+        print("» creating .venv", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    print("» installing dependencies (once; pyproject.toml changed or first run)", flush=True)
+    subprocess.run(
+        [
+            str(PY),
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "-q",
+            "-e",
+            f"{ROOT}[test]",
+        ],
+        check=True,
+    )
+    for old in VENV.glob(".deps-*"):
+        old.unlink()
+    stamp.touch()
+
+
+def in_venv() -> bool:
+    return Path(sys.prefix).resolve() == VENV.resolve()
+
+
+def manage(*args: str, env: dict | None = None) -> None:
+    result = subprocess.run([str(PY), str(ROOT / "manage.py"), *args], env=env, cwd=ROOT)
+    if result.returncode != 0:
+        sys.exit(result.returncode)
+
+
+def up(argv: list[str]) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="dev.py up")
+    parser.add_argument("--rows", type=int, default=int(os.environ.get("DEMO_ROWS", "1000000")))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    args = parser.parse_args(argv)
+
+    env = dict(os.environ)
+    env.setdefault("RETENTION_DEMO", "1")
+    env.setdefault("DEBUG", "0")
+    manage("migrate", "--no-input", "-v", "0", env=env)
+    manage("createcachetable", env=env)
+    manage("demo", "--rows", str(args.rows), env=env)
+    manage("collectstatic", "--no-input", "-v", "0", env=env)
+    manage("retention", "startup", env=env)
+
+    procs: list[tuple[str, subprocess.Popen]] = []
+
+    def start(name: str, cmd: list[str], extra: dict | None = None) -> None:
+        proc_env = dict(env, **(extra or {}))
+        procs.append((name, subprocess.Popen(cmd, env=proc_env, cwd=ROOT, start_new_session=True)))
+
+    start(
+        "web",
+        [str(PY), "manage.py", "runserver", f"127.0.0.1:{args.port}", "--noreload", "--insecure"],
+    )
+    start("cleanup", [str(PY), "manage.py", "qcluster"], {"Q_CLUSTER_NAME": "cleanup"})
+    start("deadline", [str(PY), "manage.py", "qcluster"], {"Q_CLUSTER_NAME": "deadline"})
+
+    print(
+        f"\nRetention Runner is up: http://127.0.0.1:{args.port}/\n"
+        "Demo logins (password = username + '-demo'):\n"
+        "  compliance: alice, carol   oncall: oscar   auditor: audrey   viewer: victor\n"
+        "Ctrl-C stops everything.\n",
+        flush=True,
+    )
+    stopping = False
+
+    def stop(*_):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while not stopping:
+            for name, proc in procs:
+                if proc.poll() is not None:
+                    print(f"» {name} exited with {proc.returncode}; stopping", flush=True)
+                    stopping = True
+            time.sleep(0.5)
+    finally:
+        print("» stopping web and workers (in-flight chunks finish)", flush=True)
+        for _, proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(
+                    signal.SIGTERM
+                )  # the main PID only: qcluster shuts down gracefully
+        deadline = time.time() + 60
+        for _, proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        if not env.get("DATABASE_URL"):
+            print("» stopping embedded PostgreSQL", flush=True)
+            subprocess.run(
+                [str(PY), "-c", "from core import embedded_pg; embedded_pg.stop()"],
+                cwd=ROOT,
+                check=False,
+            )
+        print("» stopped", flush=True)
+
+
+def test(argv: list[str]) -> None:
+    env = dict(os.environ)
+    env.setdefault("RETENTION_DEMO", "1")
+    result = subprocess.run([str(PY), "-m", "pytest", *argv], cwd=ROOT, env=env)
+    sys.exit(result.returncode)
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in {"up", "test"}:
+        print(__doc__)
+        sys.exit(2)
+    ensure_venv()
+    command, rest = sys.argv[1], sys.argv[2:]
+    if command == "up":
+        up(rest)
+    else:
+        test(rest)
+
+
+if __name__ == "__main__":
+    main()

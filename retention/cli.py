@@ -1,0 +1,7 @@
+"""``retention policy ...`` and ``retention hold ...`` sub-commands."""
+
+from __future__ import annotations
+
+
+def register(areas) -> None:
+    """Add this app's sub-commands to the ``retention`` command's sub-parsers."""

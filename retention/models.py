@@ -1,0 +1,189 @@
+"""Policies, their immutable versions, legal holds and the operator action log."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone as dj_timezone
+
+
+class Policy(models.Model):
+    """The stable identity of a retention policy; what it deletes lives in its versions."""
+
+    slug = models.SlugField(max_length=80, unique=True)
+    name = models.CharField(max_length=200)
+    owner = models.CharField(max_length=150, blank=True)
+    enabled = models.BooleanField(default=True)
+    paused = models.BooleanField(default=False)
+    paused_reason = models.TextField(blank=True)
+    schedule = models.CharField(max_length=100, help_text="cron expression, five fields")
+    timezone = models.CharField(max_length=64, default="UTC")
+    created_at = models.DateTimeField(default=dj_timezone.now)
+
+    class Meta:
+        ordering = ["slug"]
+        verbose_name_plural = "policies"
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def approved_version(self) -> PolicyVersion | None:
+        return self.versions.filter(state=PolicyVersion.State.APPROVED).order_by("-number").first()
+
+
+class PolicyVersion(models.Model):
+    """One immutable description of what a policy deletes.
+
+    ``spec`` is the normalized specification (see ``retention.spec.PolicySpec``);
+    once submitted, neither it nor ``content_hash`` change. At most one version
+    per policy is approved at a time; approving one supersedes the previous.
+    """
+
+    class State(models.TextChoices):
+        DRAFT = "draft"
+        SUBMITTED = "submitted"
+        APPROVED = "approved"
+        REJECTED = "rejected"
+        SUPERSEDED = "superseded"
+
+    policy = models.ForeignKey(Policy, on_delete=models.PROTECT, related_name="versions")
+    number = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.DRAFT)
+    spec = models.JSONField()
+    content_hash = models.CharField(max_length=64)
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="authored_versions"
+    )
+    created_at = models.DateTimeField(default=dj_timezone.now)
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    preview = models.JSONField(
+        null=True, blank=True, help_text="dry-run preview taken at submission"
+    )
+    validation = models.JSONField(
+        null=True, blank=True, help_text="warnings found by introspection"
+    )
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="decided_versions",
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True)
+    approved_hash = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["policy", "-number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["policy", "number"], name="policyversion_unique_number"
+            ),
+            models.UniqueConstraint(
+                fields=["policy"],
+                condition=Q(state="approved"),
+                name="policyversion_one_approved",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.policy.slug} v{self.number}"
+
+    @property
+    def parsed(self):
+        from retention.spec import PolicySpec
+
+        return PolicySpec.from_json(self.spec)
+
+
+class LegalHold(models.Model):
+    """Rows in scope of an active hold are never deleted (enforced inside the DELETE)."""
+
+    policy = models.ForeignKey(
+        Policy,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="holds",
+        help_text="empty: all policies",
+    )
+    # NULL means "every tenant"; the DELETE's hold test relies on that (not on '').
+    tenant = models.CharField(max_length=200, null=True, blank=True, help_text="empty: all tenants")  # noqa: DJ001
+    key_from = models.BigIntegerField(null=True, blank=True)
+    key_to = models.BigIntegerField(null=True, blank=True)
+    reason = models.TextField()
+    placed_by = models.CharField(max_length=150)
+    placed_at = models.DateTimeField(default=dj_timezone.now)
+    released_by = models.CharField(max_length=150, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+    release_reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-placed_at"]
+        indexes = [
+            models.Index(
+                fields=["policy"], condition=Q(released_at__isnull=True), name="legalhold_active"
+            )
+        ]
+
+    def __str__(self) -> str:
+        scope = self.policy.slug if self.policy_id else "all policies"
+        return f"hold #{self.pk} on {scope}"
+
+    @property
+    def active(self) -> bool:
+        return self.released_at is None
+
+
+class KillSwitch(models.Model):
+    """The global kill switch: while on, no chunk is admitted anywhere."""
+
+    name = models.CharField(max_length=32, primary_key=True, default="global")
+    on = models.BooleanField(default=False)
+    reason = models.TextField(blank=True)
+    changed_by = models.CharField(max_length=150, blank=True)
+    changed_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"kill switch {self.name}: {'on' if self.on else 'off'}"
+
+    @classmethod
+    def is_on(cls) -> bool:
+        return cls.objects.filter(name="global", on=True).exists()
+
+
+class OperatorAction(models.Model):
+    """Who did what, when and why: written in the same transaction as the change."""
+
+    at = models.DateTimeField(default=dj_timezone.now, db_index=True)
+    actor = models.CharField(max_length=150)
+    action = models.CharField(max_length=64)
+    target_type = models.CharField(max_length=64)
+    target_id = models.CharField(max_length=200)
+    reason = models.TextField(blank=True)
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_type}:{self.target_id}"
+
+
+def record_action(actor, action: str, target, *, reason: str = "", **details) -> OperatorAction:
+    """Write one operator-action row; call inside the transaction of the change."""
+    actor_name = getattr(actor, "username", None) or str(actor)
+    target_type = (
+        target._meta.model_name if hasattr(target, "_meta") else str(type(target).__name__)
+    )
+    target_id = str(getattr(target, "pk", target))
+    return OperatorAction.objects.create(
+        actor=actor_name,
+        action=action,
+        target_type=target_type,
+        target_id=target_id,
+        reason=reason,
+        details=details,
+    )

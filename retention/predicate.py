@@ -1,0 +1,169 @@
+"""The one eligibility predicate, shared by preview, planner, worker and verification.
+
+Every statement on a user table is composed here from ``psycopg.sql``
+identifiers (names validated by ``retention.introspect`` against the catalog)
+and bound parameters. Keep rules and legal holds are part of the statement
+itself, so the database evaluates them at the moment of deletion — never
+Python beforehand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from psycopg import sql
+
+from retention.spec import LIST_OPERATORS, KeepRule, PolicySpec
+
+ROW = sql.Identifier("t")
+
+_COMPARISONS = {
+    "=": sql.SQL("="),
+    "!=": sql.SQL("<>"),
+    "<": sql.SQL("<"),
+    "<=": sql.SQL("<="),
+    ">": sql.SQL(">"),
+    ">=": sql.SQL(">="),
+}
+
+
+@dataclass
+class Fragment:
+    """A piece of SQL with its positional parameters, composed in order."""
+
+    sql: sql.Composable
+    params: list
+
+    @staticmethod
+    def join(parts: list[Fragment], sep: str) -> Fragment:
+        return Fragment(
+            sql.SQL(sep).join(p.sql for p in parts), [x for p in parts for x in p.params]
+        )
+
+
+def col(name: str) -> sql.Composed:
+    return sql.SQL("{}.{}").format(ROW, sql.Identifier(name))
+
+
+def table(spec: PolicySpec) -> sql.Composed:
+    return sql.SQL("{}.{} AS {}").format(
+        sql.Identifier(spec.schema), sql.Identifier(spec.table), ROW
+    )
+
+
+def keep_condition(rule: KeepRule) -> Fragment:
+    """SQL that is TRUE when ``rule`` protects the row."""
+    column = col(rule.column)
+    if rule.op == "is null":
+        return Fragment(sql.SQL("{} IS NULL").format(column), [])
+    if rule.op == "is not null":
+        return Fragment(sql.SQL("{} IS NOT NULL").format(column), [])
+    if rule.op in LIST_OPERATORS:
+        marks = sql.SQL(", ").join(sql.Placeholder() * len(rule.values))
+        keyword = sql.SQL("IN") if rule.op == "in" else sql.SQL("NOT IN")
+        return Fragment(sql.SQL("{} {} ({})").format(column, keyword, marks), list(rule.values))
+    return Fragment(sql.SQL("{} {} %s").format(column, _COMPARISONS[rule.op]), [rule.value])
+
+
+def not_kept(spec: PolicySpec) -> Fragment:
+    """No keep rule matches. ``IS NOT TRUE`` so that a NULL comparison keeps the row safe:
+    a rule that cannot be decided protects, it never deletes."""
+    if not spec.keep:
+        return Fragment(sql.SQL("TRUE"), [])
+    parts = [keep_condition(rule) for rule in spec.keep]
+    any_rule = Fragment.join(parts, " OR ")
+    return Fragment(sql.SQL("({}) IS NOT TRUE").format(any_rule.sql), any_rule.params)
+
+
+def kept(spec: PolicySpec) -> Fragment:
+    """Some keep rule matches, or cannot be decided (the complement of ``not_kept``)."""
+    frag = not_kept(spec)
+    return Fragment(sql.SQL("NOT ({})").format(frag.sql), frag.params)
+
+
+def held(spec: PolicySpec, policy_id: int) -> Fragment:
+    """An active legal hold covers the row."""
+    from retention.models import LegalHold
+
+    hold = sql.Identifier("h")
+    tenant_match = (
+        sql.SQL("{}.tenant = {}::text").format(hold, col(spec.tenant))
+        if spec.tenant
+        else sql.SQL("FALSE")
+    )
+    text = sql.SQL(
+        "EXISTS (SELECT 1 FROM {holds} AS {h} WHERE {h}.released_at IS NULL"
+        " AND ({h}.policy_id IS NULL OR {h}.policy_id = %s)"
+        " AND ({h}.tenant IS NULL OR {tenant_match})"
+        " AND ({h}.key_from IS NULL OR {key} >= {h}.key_from)"
+        " AND ({h}.key_to IS NULL OR {key} < {h}.key_to))"
+    ).format(
+        holds=sql.Identifier(LegalHold._meta.db_table),
+        h=hold,
+        tenant_match=tenant_match,
+        key=col(spec.key),
+    )
+    return Fragment(text, [policy_id])
+
+
+def eligible(
+    spec: PolicySpec, *, policy_id: int, cutoff: datetime, include_holds: bool = True
+) -> Fragment:
+    """Older than the cutoff, not kept, and (unless told otherwise) not held."""
+    parts = [
+        Fragment(sql.SQL("{} < %s").format(col(spec.timestamp)), [cutoff]),
+        not_kept(spec),
+    ]
+    if include_holds:
+        h = held(spec, policy_id)
+        parts.append(Fragment(sql.SQL("NOT {}").format(h.sql), h.params))
+    return Fragment.join(parts, " AND ")
+
+
+def in_scope(
+    spec: PolicySpec, *, tenant: str | None, key_from: int | None, key_to: int | None
+) -> Fragment:
+    """Restrict to one tenant and key interval [key_from, key_to) (None: unbounded)."""
+    parts = []
+    if spec.tenant and tenant is not None:
+        parts.append(Fragment(sql.SQL("{} = %s").format(col(spec.tenant)), [tenant]))
+    if key_from is not None:
+        parts.append(Fragment(sql.SQL("{} >= %s").format(col(spec.key)), [key_from]))
+    if key_to is not None:
+        parts.append(Fragment(sql.SQL("{} < %s").format(col(spec.key)), [key_to]))
+    if not parts:
+        return Fragment(sql.SQL("TRUE"), [])
+    return Fragment.join(parts, " AND ")
+
+
+def delete_chunk(
+    spec: PolicySpec,
+    *,
+    policy_id: int,
+    cutoff: datetime,
+    tenant: str | None,
+    key_from: int,
+    key_to: int,
+) -> Fragment:
+    """The chunk's DELETE: its immutable scope plus the full eligibility predicate."""
+    scope = in_scope(spec, tenant=tenant, key_from=key_from, key_to=key_to)
+    cond = eligible(spec, policy_id=policy_id, cutoff=cutoff)
+    return Fragment(
+        sql.SQL("DELETE FROM {} WHERE {} AND {}").format(table(spec), scope.sql, cond.sql),
+        scope.params + cond.params,
+    )
+
+
+def count_where(spec: PolicySpec, where: Fragment, *, limit: int | None = None) -> Fragment:
+    """``SELECT count(*)`` of rows matching ``where`` (optionally stopping at ``limit``)."""
+    if limit is None:
+        return Fragment(
+            sql.SQL("SELECT count(*) FROM {} WHERE {}").format(table(spec), where.sql), where.params
+        )
+    return Fragment(
+        sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} WHERE {} LIMIT %s) AS s").format(
+            table(spec), where.sql
+        ),
+        [*where.params, limit],
+    )

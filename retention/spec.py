@@ -1,0 +1,360 @@
+"""The normalized specification of a policy version, and its parser.
+
+One parser serves the TOML files, the forms and the stored JSON, so every
+path into a policy gets the same checks. It checks shape only; whether the
+table and columns exist is ``retention.introspect``'s job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import zoneinfo
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+
+from croniter import croniter
+
+KEEP_OPERATORS = ("=", "!=", "<", "<=", ">", ">=", "in", "not in", "is null", "is not null")
+NULLARY_OPERATORS = ("is null", "is not null")
+LIST_OPERATORS = ("in", "not in")
+RETENTION_UNITS = {"minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
+CATCH_UP_MODES = ("latest", "none")
+OVERLAP_MODES = ("wait", "skip")
+VACUUM_MODES = ("recommend", "run", "off")
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,79}$")
+_RETENTION = re.compile(r"^\s*(\d+)\s*(minute|hour|day|week)s?\s*$")
+
+GUARD_DEFAULTS = {
+    "probe_p95_ms": 25.0,
+    "lock_waits": 5,
+    "replication_lag_s": 30.0,
+    "dead_tuple_ratio": 0.5,
+    "connections_headroom": 10,
+    "wal_mb_per_s": 200.0,
+    "critical_probe_p95_ms": 250.0,
+    "critical_lock_waits": 50,
+    "critical_replication_lag_s": 300.0,
+}
+
+
+class SpecError(ValueError):
+    """A policy specification is malformed; the message names the field."""
+
+
+def _ident(value, where: str) -> str:
+    if not isinstance(value, str) or not _IDENT.match(value):
+        raise SpecError(
+            f"{where} must be a plain SQL identifier (letters, digits, _), got {value!r}"
+        )
+    return value
+
+
+def _int(value, where: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{where} must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise SpecError(f"{where} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _number(value, where: str, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(f"{where} must be a number, got {value!r}")
+    if not lo <= value <= hi:
+        raise SpecError(f"{where} must be between {lo} and {hi}, got {value}")
+    return float(value) if isinstance(value, float) else value
+
+
+def _choice(value, where: str, choices) -> str:
+    if value not in choices:
+        raise SpecError(f"{where} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _no_unknown(data: dict, allowed: set[str], where: str) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise SpecError(
+            f"unknown key{'s' if len(unknown) > 1 else ''} in {where}: {', '.join(unknown)}"
+        )
+
+
+def parse_retention(text) -> timedelta:
+    if not isinstance(text, str):
+        raise SpecError(f'retention must be a string like "90 days", got {text!r}')
+    match = _RETENTION.match(text)
+    if not match:
+        raise SpecError(
+            f'retention must look like "90 days" (minutes, hours, days or weeks), got {text!r}'
+        )
+    amount = int(match.group(1))
+    if amount <= 0:
+        raise SpecError(f"retention must be longer than zero, got {text!r}")
+    return timedelta(seconds=amount * RETENTION_UNITS[match.group(2)])
+
+
+def validate_schedule(expr, tz) -> None:
+    if not isinstance(tz, str):
+        raise SpecError(f'timezone must be an IANA name such as "Europe/Berlin", got {tz!r}')
+    try:
+        zoneinfo.ZoneInfo(tz)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise SpecError(f"timezone {tz!r} is not a known IANA timezone") from None
+    if not isinstance(expr, str) or len(expr.split()) != 5 or not croniter.is_valid(expr):
+        raise SpecError(f"schedule must be a five-field cron expression, got {expr!r}")
+
+
+@dataclass(frozen=True)
+class KeepRule:
+    column: str
+    op: str
+    value: object = None
+    values: tuple = ()
+
+    @classmethod
+    def parse(cls, data, where: str) -> KeepRule:
+        if not isinstance(data, dict):
+            raise SpecError(f"{where} must be a table with column, op and value/values")
+        _no_unknown(data, {"column", "op", "value", "values"}, where)
+        column = _ident(data.get("column"), f"{where}.column")
+        op = data.get("op")
+        if isinstance(op, str):
+            op = " ".join(op.lower().split())
+        _choice(op, f"{where}.op", KEEP_OPERATORS)
+        value, values = data.get("value"), data.get("values")
+        if op in NULLARY_OPERATORS:
+            if value is not None or values is not None:
+                raise SpecError(f"{where}: {op!r} takes no value")
+            return cls(column, op)
+        if op in LIST_OPERATORS:
+            if value is not None or not isinstance(values, list) or not values:
+                raise SpecError(f"{where}: {op!r} needs a non-empty list in 'values'")
+            for item in values:
+                _scalar(item, f"{where}.values")
+            return cls(column, op, None, tuple(values))
+        if values is not None or value is None:
+            raise SpecError(f"{where}: {op!r} needs a single 'value'")
+        _scalar(value, f"{where}.value")
+        return cls(column, op, value)
+
+    def to_json(self) -> dict:
+        out: dict = {"column": self.column, "op": self.op}
+        if self.op in LIST_OPERATORS:
+            out["values"] = list(self.values)
+        elif self.op not in NULLARY_OPERATORS:
+            out["value"] = self.value
+        return out
+
+    def describe(self) -> str:
+        if self.op in NULLARY_OPERATORS:
+            return f"{self.column} {self.op}"
+        if self.op in LIST_OPERATORS:
+            return f"{self.column} {self.op} ({', '.join(map(repr, self.values))})"
+        return f"{self.column} {self.op} {self.value!r}"
+
+
+def _scalar(value, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise SpecError(f"{where} must be a string or a number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    slug: str
+    name: str
+    schema: str
+    table: str
+    key: str
+    timestamp: str
+    tenant: str | None
+    retention: str
+    schedule: str
+    timezone: str
+    chunk_size: int = 5000
+    keep: tuple[KeepRule, ...] = ()
+    policy_workers: int = 2
+    tenant_workers: int = 1
+    guard: dict = field(default_factory=lambda: dict(GUARD_DEFAULTS))
+    probe: str = "default"
+    catch_up: str = "latest"
+    overlap: str = "wait"
+    cascade_ack: tuple[str, ...] = ()
+    lock_timeout_ms: int = 2000
+    statement_timeout_ms: int = 10000
+    target_chunk_ms: int = 300
+    blast_radius: float = 3.0
+    max_passes: int = 3
+    vacuum: str = "recommend"
+
+    TOP_KEYS = {
+        "slug",
+        "name",
+        "table",
+        "key",
+        "timestamp",
+        "tenant",
+        "retention",
+        "schedule",
+        "timezone",
+        "chunk_size",
+        "keep",
+        "limits",
+        "guard",
+        "catch_up",
+        "overlap",
+        "cascade_ack",
+        "timeouts",
+        "target_chunk_ms",
+        "blast_radius",
+        "max_passes",
+        "vacuum",
+        "owner",
+    }
+
+    @classmethod
+    def parse(cls, data: dict) -> PolicySpec:
+        """Build a spec from a TOML-shaped mapping; raise SpecError naming the first problem."""
+        if not isinstance(data, dict):
+            raise SpecError("a policy must be a table of keys")
+        _no_unknown(data, cls.TOP_KEYS, "the policy")
+        for required in ("slug", "table", "key", "timestamp", "retention", "schedule"):
+            if required not in data:
+                raise SpecError(f"missing required key: {required}")
+        slug = data["slug"]
+        if not isinstance(slug, str) or not _SLUG.match(slug):
+            raise SpecError(f"slug must be lowercase letters, digits and dashes, got {slug!r}")
+        table = data["table"]
+        if not isinstance(table, str):
+            raise SpecError(f'table must be a string like "public.events", got {table!r}')
+        parts = table.split(".")
+        if len(parts) == 1:
+            schema, name = "public", parts[0]
+        elif len(parts) == 2:
+            schema, name = parts
+        else:
+            raise SpecError(f'table must be "schema.table" or "table", got {table!r}')
+        _ident(schema, "table (schema)")
+        _ident(name, "table")
+        key = _ident(data["key"], "key")
+        ts = _ident(data["timestamp"], "timestamp")
+        tenant = data.get("tenant")
+        if tenant is not None:
+            _ident(tenant, "tenant")
+        retention = data["retention"]
+        parse_retention(retention)
+        timezone_name = data.get("timezone", "UTC")
+        validate_schedule(data["schedule"], timezone_name)
+        name_text = data.get("name", slug)
+        if not isinstance(name_text, str) or not name_text.strip() or len(name_text) > 200:
+            raise SpecError("name must be a non-empty string of at most 200 characters")
+        keep_raw = data.get("keep", [])
+        if not isinstance(keep_raw, list):
+            raise SpecError("keep must be a list of [[keep]] tables")
+        keep = tuple(KeepRule.parse(item, f"keep[{i}]") for i, item in enumerate(keep_raw))
+        limits = data.get("limits", {})
+        if not isinstance(limits, dict):
+            raise SpecError("limits must be a table")
+        _no_unknown(limits, {"policy_workers", "tenant_workers"}, "limits")
+        guard_raw = data.get("guard", {})
+        if not isinstance(guard_raw, dict):
+            raise SpecError("guard must be a table")
+        _no_unknown(guard_raw, set(GUARD_DEFAULTS) | {"probe"}, "guard")
+        guard = dict(GUARD_DEFAULTS)
+        for gkey, gval in guard_raw.items():
+            if gkey == "probe":
+                continue
+            guard[gkey] = _number(gval, f"guard.{gkey}", 0, 10**9)
+        probe = guard_raw.get("probe", "default")
+        _choice(probe, "guard.probe", ("default", "none"))
+        timeouts = data.get("timeouts", {})
+        if not isinstance(timeouts, dict):
+            raise SpecError("timeouts must be a table")
+        _no_unknown(timeouts, {"lock_ms", "statement_ms"}, "timeouts")
+        cascade = data.get("cascade_ack", [])
+        if not isinstance(cascade, list) or not all(isinstance(c, str) for c in cascade):
+            raise SpecError('cascade_ack must be a list of "schema.table" names')
+        spec = cls(
+            slug=slug,
+            name=name_text.strip(),
+            schema=schema,
+            table=name,
+            key=key,
+            timestamp=ts,
+            tenant=tenant,
+            retention=" ".join(retention.split()),
+            schedule=" ".join(data["schedule"].split()),
+            timezone=timezone_name,
+            chunk_size=_int(data.get("chunk_size", 5000), "chunk_size", 10, 200_000),
+            keep=keep,
+            policy_workers=_int(limits.get("policy_workers", 2), "limits.policy_workers", 1, 64),
+            tenant_workers=_int(limits.get("tenant_workers", 1), "limits.tenant_workers", 1, 64),
+            guard=guard,
+            probe=probe,
+            catch_up=_choice(data.get("catch_up", "latest"), "catch_up", CATCH_UP_MODES),
+            overlap=_choice(data.get("overlap", "wait"), "overlap", OVERLAP_MODES),
+            cascade_ack=tuple(sorted(cascade)),
+            lock_timeout_ms=_int(timeouts.get("lock_ms", 2000), "timeouts.lock_ms", 10, 600_000),
+            statement_timeout_ms=_int(
+                timeouts.get("statement_ms", 10_000), "timeouts.statement_ms", 100, 3_600_000
+            ),
+            target_chunk_ms=_int(data.get("target_chunk_ms", 300), "target_chunk_ms", 10, 60_000),
+            blast_radius=_number(data.get("blast_radius", 3.0), "blast_radius", 1.0, 1000.0),
+            max_passes=_int(data.get("max_passes", 3), "max_passes", 1, 20),
+            vacuum=_choice(data.get("vacuum", "recommend"), "vacuum", VACUUM_MODES),
+        )
+        if spec.tenant_workers > spec.policy_workers:
+            raise SpecError("limits.tenant_workers cannot exceed limits.policy_workers")
+        return spec
+
+    # -- storage -----------------------------------------------------------
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["keep"] = [rule.to_json() for rule in self.keep]
+        data["cascade_ack"] = list(self.cascade_ack)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> PolicySpec:
+        data = dict(data)
+        data["keep"] = tuple(KeepRule.parse(item, "keep") for item in data.get("keep", []))
+        data["cascade_ack"] = tuple(data.get("cascade_ack", ()))
+        data["guard"] = {**GUARD_DEFAULTS, **data.get("guard", {})}
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def content_hash(self) -> str:
+        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    # -- derived ----------------------------------------------------------
+    @property
+    def qualified_table(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def retention_delta(self) -> timedelta:
+        return parse_retention(self.retention)
+
+    def cutoff_for(self, tick: datetime) -> datetime:
+        """The cutoff of the run for ``tick``: tick minus retention, in the policy's wall clock
+        for whole days and weeks (so a DST change does not shift it by an hour)."""
+        tz = zoneinfo.ZoneInfo(self.timezone)
+        delta = self.retention_delta
+        if delta.total_seconds() % 86400 == 0:
+            local = tick.astimezone(tz).replace(tzinfo=None) - delta
+            return _localize(local, tz)
+        return tick - delta
+
+
+def _localize(naive: datetime, tz: zoneinfo.ZoneInfo) -> datetime:
+    """Attach tz to a wall-clock time; a time skipped by DST moves forward, an ambiguous one
+    takes the earlier instant (fold=0) — deterministic either way."""
+    aware = naive.replace(tzinfo=tz)
+    roundtrip = aware.astimezone(zoneinfo.ZoneInfo("UTC")).astimezone(tz).replace(tzinfo=None)
+    if roundtrip != naive:  # nonexistent local time
+        aware = (naive + timedelta(hours=1)).replace(tzinfo=tz)
+    return aware.astimezone(zoneinfo.ZoneInfo("UTC"))

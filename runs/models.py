@@ -1,0 +1,245 @@
+"""The ledger: runs, their chunks, the audit trail and dead letters.
+
+PostgreSQL rows here are the record of what work exists and what was deleted;
+django-q2 only delivers ids. See docs/engine.md for states and transactions.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
+
+from retention.models import Policy, PolicyVersion
+
+
+class Run(models.Model):
+    """One logical run per (policy, scheduled tick); ``run_key`` makes triggers converge."""
+
+    class State(models.TextChoices):
+        WAITING = "waiting", "waiting for an earlier run"
+        CONFIRM = "confirm", "held for confirmation"
+        ACTIVE = "active"
+        PAUSED = "paused"
+        DRAINED = "drained"
+        ATTENTION = "attention", "needs attention"
+        SUPERSEDED = "superseded"
+        CANCELLED = "cancelled"
+        SKIPPED = "skipped"
+
+    TERMINAL = (State.DRAINED, State.SUPERSEDED, State.CANCELLED, State.SKIPPED)
+    OPEN = (State.WAITING, State.CONFIRM, State.ACTIVE, State.PAUSED, State.ATTENTION)
+
+    run_key = models.CharField(max_length=200, unique=True)
+    policy = models.ForeignKey(Policy, on_delete=models.PROTECT, related_name="runs")
+    policy_version = models.ForeignKey(PolicyVersion, on_delete=models.PROTECT, related_name="runs")
+    tick = models.DateTimeField(help_text="the scheduled tick this run belongs to")
+    cutoff = models.DateTimeField(help_text="rows older than this are eligible; fixed at creation")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)
+    state_reason = models.TextField(blank=True)
+    source = models.CharField(max_length=16, default="schedule")  # schedule | manual | catch-up
+    skipped_ticks = models.JSONField(default=list, blank=True)
+    created_by = models.CharField(max_length=150, default="scheduler")
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    pass_no = models.PositiveIntegerField(default=1)
+    planner_done = models.BooleanField(default=False)
+    chunk_size = models.PositiveIntegerField(default=0, help_text="current adaptive chunk size")
+    expected_rows = models.BigIntegerField(null=True, blank=True)
+    verification = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-tick", "-id"]
+        indexes = [models.Index(fields=["state"], name="run_state")]
+
+    def __str__(self) -> str:
+        return self.run_key
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in self.TERMINAL
+
+    def chunk_totals(self) -> dict:
+        rows = self.chunks.values("state").annotate(n=Count("id"), planned=Sum("planned_rows"))
+        totals = {state: 0 for state in Chunk.State.values}
+        planned = 0
+        for row in rows:
+            totals[row["state"]] = row["n"]
+            if row["state"] != Chunk.State.SPLIT:
+                planned += row["planned"] or 0
+        totals["planned_rows"] = planned
+        totals["rows_deleted"] = self.audit_records.aggregate(s=Sum("rows_deleted"))["s"] or 0
+        return totals
+
+
+class PlannerCursor(models.Model):
+    """Where the planner's keyset walk stands, per run pass and tenant ('' = whole table)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="cursors")
+    pass_no = models.PositiveIntegerField()
+    tenant = models.CharField(max_length=200, blank=True, default="")
+    next_key = models.BigIntegerField(null=True, blank=True)
+    exhausted = models.BooleanField(default=False)
+    chunks_planned = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "pass_no", "tenant"], name="cursor_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"cursor {self.run_id}/{self.pass_no}/{self.tenant or '*'} at {self.next_key}"
+
+
+class ChunkQuerySet(models.QuerySet):
+    def admissible(self):
+        return self.filter(state=Chunk.State.PENDING, not_before__lte=timezone.now())
+
+    def open(self):
+        return self.filter(state=Chunk.State.PENDING)
+
+
+class Chunk(models.Model):
+    """An immutable unit of work: rows of ``tenant`` with key in [key_from, key_to) older than the
+    run's cutoff, minus kept and held rows. Identity is (run, pass, tenant, key_from, key_to)."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        DONE = "done"
+        DEAD = "dead", "dead-lettered"
+        SPLIT = "split"
+        CANCELLED = "cancelled"
+
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="chunks")
+    pass_no = models.PositiveIntegerField(default=1)
+    tenant = models.CharField(max_length=200, blank=True, default="")
+    seq = models.PositiveIntegerField(help_text="order within the tenant; claims go round-robin")
+    key_from = models.BigIntegerField()
+    key_to = models.BigIntegerField()
+    planned_rows = models.PositiveIntegerField(default=0)
+    parent = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    not_before = models.DateTimeField(default=timezone.now)
+    last_error = models.TextField(blank=True)
+    last_sqlstate = models.CharField(max_length=5, blank=True)
+    throttle_reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ChunkQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["run", "seq", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "pass_no", "tenant", "key_from", "key_to"], name="chunk_identity"
+            ),
+            models.CheckConstraint(
+                condition=Q(key_from__lt=models.F("key_to")), name="chunk_interval"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["run", "seq", "id"], condition=Q(state="pending"), name="chunk_pending"
+            ),
+            models.Index(fields=["run", "state"], name="chunk_run_state"),
+        ]
+
+    def __str__(self) -> str:
+        tenant = f" tenant {self.tenant}" if self.tenant else ""
+        return f"chunk #{self.pk}{tenant} [{self.key_from}, {self.key_to})"
+
+
+class AuditRecord(models.Model):
+    """One row per committed chunk, in the chunk's transaction. Append-only (a trigger rejects
+    UPDATE and DELETE) and chained: ``hash`` covers the row and ``prev_hash``."""
+
+    chain_seq = models.BigIntegerField(unique=True)
+    chunk = models.OneToOneField(Chunk, on_delete=models.PROTECT, related_name="audit")
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="audit_records")
+    policy_version = models.ForeignKey(PolicyVersion, on_delete=models.PROTECT)
+    policy_slug = models.CharField(max_length=80)
+    table_name = models.CharField(max_length=130)
+    cutoff = models.DateTimeField()
+    tenant = models.CharField(max_length=200, blank=True)
+    key_from = models.BigIntegerField()
+    key_to = models.BigIntegerField()
+    attempt = models.PositiveIntegerField()
+    worker_host = models.CharField(max_length=200)
+    worker_pid = models.IntegerField()
+    rows_deleted = models.BigIntegerField()
+    started_at = models.DateTimeField()
+    committed_at = models.DateTimeField()
+    outcome = models.CharField(max_length=16, default="deleted")
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        ordering = ["chain_seq"]
+        indexes = [
+            models.Index(fields=["run", "chain_seq"], name="audit_run"),
+            models.Index(fields=["policy_slug", "committed_at"], name="audit_policy_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"audit #{self.chain_seq} chunk {self.chunk_id}: {self.rows_deleted} rows"
+
+
+class DeadLetter(models.Model):
+    """A chunk (or message) that cannot make progress without a person."""
+
+    class Resolution(models.TextChoices):
+        OPEN = "open"
+        REPLAYED = "replayed"
+        DISCARDED = "discarded"
+
+    chunk = models.ForeignKey(
+        Chunk, on_delete=models.PROTECT, null=True, blank=True, related_name="dead_letters"
+    )
+    run = models.ForeignKey(
+        Run, on_delete=models.PROTECT, null=True, blank=True, related_name="dead_letters"
+    )
+    error_class = models.CharField(max_length=32)
+    sqlstate = models.CharField(max_length=5, blank=True)
+    message = models.TextField()
+    context = models.JSONField(default=dict)
+    attempts = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+    resolution = models.CharField(
+        max_length=16, choices=Resolution.choices, default=Resolution.OPEN
+    )
+    resolved_by = models.CharField(max_length=150, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolution_reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["chunk"],
+                condition=Q(resolution="open"),
+                name="deadletter_one_open_per_chunk",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"dead letter #{self.pk} ({self.error_class})"
+
+
+class Lease(models.Model):
+    """A run's delivery slot: one django-q2 message drains chunks of the run for a time budget,
+    then re-enqueues itself. The reconciler keeps ``slot < concurrency`` leases alive."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="leases")
+    slot = models.PositiveIntegerField()
+    generation = models.PositiveIntegerField(default=0)
+    enqueued_at = models.DateTimeField(default=timezone.now)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "slot"], name="lease_unique_slot")]
+
+    def __str__(self) -> str:
+        return f"lease {self.run_id}/{self.slot} gen {self.generation}"
