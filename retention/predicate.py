@@ -67,17 +67,22 @@ def keep_condition(rule: KeepRule) -> Fragment:
 
 
 def not_kept(spec: PolicySpec) -> Fragment:
-    """No keep rule matches. ``IS NOT TRUE`` so that a NULL comparison keeps the row safe:
-    a rule that cannot be decided protects, it never deletes."""
+    """No keep rule can protect the row: ``(r1 OR r2 ...) IS FALSE``.
+
+    Two-valued on purpose, and conservative: a rule that cannot be decided for a row
+    (a comparison with NULL) protects it. A row is deletable only when every keep rule
+    is definitely FALSE for it, so preview, DELETE and verification split rows the
+    same way, and a NULL never turns into a deletion."""
     if not spec.keep:
         return Fragment(sql.SQL("TRUE"), [])
     parts = [keep_condition(rule) for rule in spec.keep]
     any_rule = Fragment.join(parts, " OR ")
-    return Fragment(sql.SQL("({}) IS NOT TRUE").format(any_rule.sql), any_rule.params)
+    return Fragment(sql.SQL("({}) IS FALSE").format(any_rule.sql), any_rule.params)
 
 
 def kept(spec: PolicySpec) -> Fragment:
-    """Some keep rule matches, or cannot be decided (the complement of ``not_kept``)."""
+    """Some keep rule protects the row (TRUE or undecidable): the exact complement of
+    ``not_kept``."""
     frag = not_kept(spec)
     return Fragment(sql.SQL("NOT ({})").format(frag.sql), frag.params)
 
