@@ -1,0 +1,94 @@
+"""``manage.py demo``: the demo marketplace, its users and its approved policies."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import User
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from core.env import env_bool
+from demo.marketplace import DemoDataError, DemoParams, ensure_marketplace
+from demo.policy_files import apply_demo_policies
+from demo.users import ensure_demo_users
+
+
+class Command(BaseCommand):
+    help = (
+        "Create (or keep) the demo marketplace schema with --rows events, the demo users "
+        "and the demo policies. Idempotent: the same parameters leave the same state."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--rows", type=int, default=1_000_000, help="marketplace events")
+        parser.add_argument("--seed", type=int, default=42, help="seed of the generated data")
+        parser.add_argument("--tenants", type=int, default=50, help="number of tenants (>= 2)")
+        parser.add_argument(
+            "--no-users",
+            action="store_true",
+            help="only the data: no demo users, no demo policies",
+        )
+
+    def handle(self, *args, rows: int, seed: int, tenants: int, no_users: bool, **options):
+        from django.conf import settings
+
+        self.verbosity = options["verbosity"]
+
+        if not no_users and not (settings.DEBUG or env_bool("RETENTION_DEMO", False)):
+            raise CommandError(
+                "demo users have public passwords: set RETENTION_DEMO=1 (or DEBUG=1), "
+                "or pass --no-users"
+            )
+        try:
+            params = DemoParams(rows=rows, seed=seed, tenants=tenants)
+            result = ensure_marketplace(params, progress=self._progress)
+        except DemoDataError as exc:
+            raise CommandError(str(exc)) from None
+        if result.skipped:
+            self.stdout.write(
+                f"demo data already present ({result.rows:,} rows, seed {seed}, "
+                f"reference {result.reference_at:%Y-%m-%d %H:%M} UTC)"
+            )
+        else:
+            per_table = ", ".join(f"{name} {count:,}" for name, count in result.counts.items())
+            self.stdout.write(
+                self.style.SUCCESS(
+                    f"demo data: {result.rows:,} rows written in {result.seconds:.1f}s "
+                    f"({result.rows_per_second:,.0f} rows/s): {per_table}"
+                )
+            )
+        if no_users:
+            return
+        created = ensure_demo_users()
+        if created:
+            self.stdout.write(f"demo users created: {', '.join(created)}")
+        else:
+            self.stdout.write("demo users already present")
+        self._policies()
+
+    def _policies(self) -> None:
+        # Two compliance officers: one writes, the other approves (never their own).
+        author, approver = (User.objects.get(username=name) for name in ("alice", "carol"))
+        outcomes = apply_demo_policies(author=author, approver=approver)
+        if all(outcome.status == "unavailable" for outcome in outcomes):
+            self.stdout.write(
+                self.style.WARNING(
+                    "demo policies not applied: retention.actions does not offer apply_spec, "
+                    "submit_version and approve_version yet (the files are in demo/policies/)"
+                )
+            )
+            return
+        failed = []
+        for outcome in outcomes:
+            line = f"policy {outcome.slug}: {outcome.status}"
+            if outcome.detail:
+                line += f" ({outcome.detail})"
+            if outcome.status == "failed":
+                failed.append(outcome.slug)
+                self.stderr.write(line)
+            else:
+                self.stdout.write(line)
+        if failed:
+            raise CommandError(f"demo policies failed: {', '.join(failed)}")
+
+    def _progress(self, message: str) -> None:
+        if self.verbosity >= 1:
+            self.stdout.write(message)
