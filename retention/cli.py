@@ -1,7 +1,272 @@
-"""``retention policy ...`` and ``retention hold ...`` sub-commands."""
+"""``retention policy ...`` and ``retention hold ...`` sub-commands.
+
+Every handler turns a refusal into one ``CommandError`` line; state changes go
+through ``retention.actions`` so the CLI and the pages obey the same rules.
+"""
 
 from __future__ import annotations
+
+import json
+from functools import wraps
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
+from django.core.management.base import CommandError
+from django.db import transaction
+
+from retention import actions
+from retention.models import LegalHold, Policy, PolicyVersion
+from retention.spec import load_toml
 
 
 def register(areas) -> None:
     """Add this app's sub-commands to the ``retention`` command's sub-parsers."""
+    policy = areas.add_parser("policy", help="write, preview, approve and list policies")
+    sub = policy.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("apply", help="create a draft from a TOML file and submit it")
+    p.add_argument("file", metavar="FILE.toml")
+    p.add_argument("--author", required=True, metavar="USERNAME")
+    p.set_defaults(handler=policy_apply)
+
+    p = sub.add_parser("approve", help="approve a submitted version")
+    p.add_argument("slug")
+    p.add_argument("--version", dest="number", type=int, required=True, metavar="N")
+    p.add_argument("--approver", required=True, metavar="USERNAME")
+    p.add_argument("--reason", default="")
+    p.set_defaults(handler=policy_approve)
+
+    p = sub.add_parser("reject", help="reject a submitted version")
+    p.add_argument("slug")
+    p.add_argument("--version", dest="number", type=int, required=True, metavar="N")
+    p.add_argument("--approver", required=True, metavar="USERNAME")
+    p.add_argument("--reason", required=True)
+    p.set_defaults(handler=policy_reject)
+
+    p = sub.add_parser("preview", help="dry-run the approved (else latest) version now")
+    p.add_argument("slug")
+    p.add_argument("--json", action="store_true", help="print the preview as JSON")
+    p.set_defaults(handler=policy_preview)
+
+    p = sub.add_parser("list", help="policies and the state of their versions")
+    p.set_defaults(handler=policy_list)
+
+    hold = areas.add_parser("hold", help="place, release and list legal holds")
+    sub = hold.add_subparsers(dest="hold_command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("place", help="place a legal hold")
+    p.add_argument("--reason", required=True)
+    p.add_argument("--by", required=True, metavar="USERNAME")
+    p.add_argument("--policy", metavar="SLUG", help="default: all policies")
+    p.add_argument("--tenant", metavar="T", help="default: all tenants")
+    p.add_argument("--key-from", type=int, metavar="N")
+    p.add_argument("--key-to", type=int, metavar="N")
+    p.set_defaults(handler=hold_place)
+
+    p = sub.add_parser("release", help="release a legal hold")
+    p.add_argument("hold_id", type=int, metavar="ID")
+    p.add_argument("--by", required=True, metavar="USERNAME")
+    p.add_argument("--reason", required=True)
+    p.set_defaults(handler=hold_release)
+
+    p = sub.add_parser("list", help="active holds (--all: released ones too)")
+    p.add_argument("--all", action="store_true")
+    p.set_defaults(handler=hold_list)
+
+
+def _one_line(handler):
+    """Refusals from the actions become the command's single error line."""
+
+    @wraps(handler)
+    def wrapped(command, options):
+        try:
+            return handler(command, options)
+        except PermissionDenied as exc:
+            raise CommandError(str(exc) or "permission denied") from None
+
+    return wrapped
+
+
+def _user(username: str):
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        raise CommandError(f"unknown user {username!r}")
+    return user
+
+
+def _policy(slug: str) -> Policy:
+    policy = Policy.objects.filter(slug=slug).first()
+    if policy is None:
+        raise CommandError(f"unknown policy {slug!r}")
+    return policy
+
+
+def _version(slug: str, number: int) -> PolicyVersion:
+    version = PolicyVersion.objects.filter(policy__slug=slug, number=number).first()
+    if version is None:
+        raise CommandError(f"policy {slug!r} has no version {number}")
+    return version
+
+
+@_one_line
+def policy_apply(command, options) -> None:
+    path = options["file"]
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CommandError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    spec = load_toml(text)
+    author = _user(options["author"])
+    # One transaction: a draft that fails submission is not left behind.
+    with transaction.atomic():
+        version = actions.apply_spec(spec, author=author)
+        if version.state == PolicyVersion.State.DRAFT:
+            version = actions.submit_version(version, actor=author)
+    command.stdout.write(
+        f"{version.policy.slug} v{version.number} {version.state} {version.content_hash}"
+    )
+    for warning in (version.validation or {}).get("warnings", []):
+        command.stdout.write(f"warning: {warning}")
+    if version.preview:
+        command.stdout.write(_preview_summary(version.preview))
+
+
+@_one_line
+def policy_approve(command, options) -> None:
+    approver = _user(options["approver"])
+    version = _version(options["slug"], options["number"])
+    version = actions.approve_version(version, actor=approver, reason=options["reason"])
+    command.stdout.write(
+        f"{version.policy.slug} v{version.number} approved by {approver.username} "
+        f"{version.approved_hash}"
+    )
+
+
+@_one_line
+def policy_reject(command, options) -> None:
+    approver = _user(options["approver"])
+    version = _version(options["slug"], options["number"])
+    version = actions.reject_version(version, actor=approver, reason=options["reason"])
+    command.stdout.write(f"{version.policy.slug} v{version.number} rejected by {approver.username}")
+
+
+@_one_line
+def policy_preview(command, options) -> None:
+    from retention.preview import preview
+
+    policy = _policy(options["slug"])
+    version = policy.approved_version or policy.versions.order_by("-number").first()
+    if version is None:
+        raise CommandError(f"policy {policy.slug!r} has no version")
+    result = preview(version.parsed, policy_id=policy.pk)
+    result["version"] = version.number
+    result["version_state"] = version.state
+    if options["json"]:
+        command.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=str))
+        return
+    write = command.stdout.write
+    write(f"{policy.slug} v{version.number} ({version.state}) on {result['table']}")
+    write(f"tick {result['tick']}  cutoff {result['cutoff']}")
+    write(_preview_summary(result))
+    for rule in result["kept_by_rule"]:
+        write(f"  kept by {rule['rule']}: {rule['rows']}")
+    for tenant in result["tenants"]:
+        write(f"  tenant {tenant['tenant']}: {tenant['eligible']} eligible")
+    if result["other_tenants"]:
+        other = result["other_tenants"]
+        write(f"  {other['tenants']} other tenants: {other['eligible']} eligible")
+    for bucket in result["age_buckets"]:
+        write(f"  {bucket['label']}: {bucket['eligible']}")
+    write(f"sample keys: {', '.join(map(str, result['sample_keys'])) or '-'}")
+    for warning in result["warnings"]:
+        write(f"warning: {warning}")
+    if result["error"]:
+        write(f"error: {result['error']}")
+
+
+def _preview_summary(result: dict) -> str:
+    text = (
+        f"eligible {result['eligible']}, kept {result['kept']}, held {result['held']}, "
+        f"~{result['estimated_chunks']} chunks, drain ~{result['drain_seconds']} s "
+        f"at {result['rows_per_second']} rows/s ({result['rate_source']})"
+    )
+    if result.get("error"):
+        text += f" — {result['error']}"
+    return text
+
+
+@_one_line
+def policy_list(command, options) -> None:
+    policies = Policy.objects.prefetch_related("versions")
+    if not policies:
+        command.stdout.write("no policies")
+        return
+    for policy in policies:
+        versions = sorted(policy.versions.all(), key=lambda v: v.number)
+        approved = next((v for v in versions if v.state == PolicyVersion.State.APPROVED), None)
+        latest = versions[-1] if versions else None
+        parts = [
+            policy.slug,
+            f"approved v{approved.number}" if approved else "not approved",
+        ]
+        if latest and latest is not approved:
+            parts.append(f"latest v{latest.number} {latest.state}")
+        parts.append("paused" if policy.paused else "enabled" if policy.enabled else "disabled")
+        parts.append(f"'{policy.schedule}' {policy.timezone}")
+        command.stdout.write("  ".join(parts))
+
+
+@_one_line
+def hold_place(command, options) -> None:
+    actor = _user(options["by"])
+    policy = _policy(options["policy"]) if options.get("policy") else None
+    hold = actions.place_hold(
+        actor=actor,
+        reason=options["reason"],
+        policy=policy,
+        tenant=options.get("tenant"),
+        key_from=options.get("key_from"),
+        key_to=options.get("key_to"),
+    )
+    command.stdout.write(f"hold #{hold.pk} placed: {_scope(hold)}")
+
+
+@_one_line
+def hold_release(command, options) -> None:
+    actor = _user(options["by"])
+    hold = LegalHold.objects.filter(pk=options["hold_id"]).first()
+    if hold is None:
+        raise CommandError(f"unknown hold #{options['hold_id']}")
+    hold = actions.release_hold(hold, actor=actor, reason=options["reason"])
+    command.stdout.write(f"hold #{hold.pk} released by {hold.released_by}")
+
+
+@_one_line
+def hold_list(command, options) -> None:
+    holds = LegalHold.objects.select_related("policy").order_by("pk")
+    if not options.get("all"):
+        holds = holds.filter(released_at__isnull=True)
+    if not holds:
+        command.stdout.write("no holds")
+        return
+    for hold in holds:
+        state = (
+            f"released {hold.released_at:%Y-%m-%d %H:%M} by {hold.released_by}"
+            if hold.released_at
+            else "active"
+        )
+        command.stdout.write(
+            f"#{hold.pk}  {_scope(hold)}  {state}  placed {hold.placed_at:%Y-%m-%d %H:%M} "
+            f"by {hold.placed_by}: {hold.reason}"
+        )
+
+
+def _scope(hold: LegalHold) -> str:
+    parts = [f"policy {hold.policy.slug}" if hold.policy_id else "all policies"]
+    parts.append(f"tenant {hold.tenant}" if hold.tenant is not None else "all tenants")
+    if hold.key_from is not None or hold.key_to is not None:
+        lo = "" if hold.key_from is None else hold.key_from
+        hi = "" if hold.key_to is None else hold.key_to
+        parts.append(f"keys [{lo}, {hi})")
+    return ", ".join(parts)

@@ -23,7 +23,11 @@ def latest_tick(obj, now: datetime) -> datetime:
     expr, tz = _schedule_of(obj)
     local_now = now.astimezone(_tz(tz))
     it = croniter(expr, local_now)
-    if croniter.match(expr, local_now.replace(second=0, microsecond=0)) and local_now.second == 0 and local_now.microsecond == 0:
+    if (
+        croniter.match(expr, local_now.replace(second=0, microsecond=0))
+        and local_now.second == 0
+        and local_now.microsecond == 0
+    ):
         return local_now.astimezone(UTC)
     return it.get_prev(datetime).astimezone(UTC)
 

@@ -189,6 +189,7 @@ class PolicySpec:
     blast_radius: float = 3.0
     max_passes: int = 3
     vacuum: str = "recommend"
+    owner: str = ""
 
     TOP_KEYS = {
         "slug",
@@ -251,6 +252,9 @@ class PolicySpec:
         name_text = data.get("name", slug)
         if not isinstance(name_text, str) or not name_text.strip() or len(name_text) > 200:
             raise SpecError("name must be a non-empty string of at most 200 characters")
+        owner = data.get("owner", "")
+        if not isinstance(owner, str) or len(owner) > 150:
+            raise SpecError("owner must be a string of at most 150 characters")
         keep_raw = data.get("keep", [])
         if not isinstance(keep_raw, list):
             raise SpecError("keep must be a list of [[keep]] tables")
@@ -305,6 +309,7 @@ class PolicySpec:
             blast_radius=_number(data.get("blast_radius", 3.0), "blast_radius", 1.0, 1000.0),
             max_passes=_int(data.get("max_passes", 3), "max_passes", 1, 20),
             vacuum=_choice(data.get("vacuum", "recommend"), "vacuum", VACUUM_MODES),
+            owner=owner.strip(),
         )
         if spec.tenant_workers > spec.policy_workers:
             raise SpecError("limits.tenant_workers cannot exceed limits.policy_workers")
@@ -348,6 +353,19 @@ class PolicySpec:
             local = tick.astimezone(tz).replace(tzinfo=None) - delta
             return _localize(local, tz)
         return tick - delta
+
+
+def load_toml(text: str) -> PolicySpec:
+    """Parse a policy file's text (TOML) into a spec; SpecError names the first problem."""
+    import tomllib
+
+    if not isinstance(text, str) or not text.strip():
+        raise SpecError("the policy file is empty")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"malformed TOML: {exc}") from None
+    return PolicySpec.parse(data)
 
 
 def _localize(naive: datetime, tz: zoneinfo.ZoneInfo) -> datetime:

@@ -1,0 +1,298 @@
+"""State changes of policies, versions and legal holds.
+
+Each function is one transaction that checks the actor's role, changes state and
+writes its ``OperatorAction`` row (``record_action``) before it commits, so the
+log never misses a change and never records one that rolled back. The CLI and
+the views call these; neither saves a Policy itself.
+
+Errors: ``SpecError`` (the specification or the table is wrong), ``ActionError``
+(the change is not allowed now, e.g. approving one's own version) — both
+``ValueError``s with a one-line message — and ``PermissionDenied`` (missing role).
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from core.locks import hold_fence
+from core.roles import COMPLIANCE, ONCALL, check_role
+from retention import introspect
+from retention.models import LegalHold, Policy, PolicyVersion, record_action
+from retention.preview import preview as take_preview
+from retention.spec import PolicySpec
+
+State = PolicyVersion.State
+
+
+class ActionError(ValueError):
+    """A state change is refused in the current state; the message is one line."""
+
+
+def _require_reason(reason: str, what: str) -> str:
+    reason = (reason or "").strip()
+    if not reason:
+        raise ActionError(f"{what} needs a reason")
+    return reason
+
+
+def _locked_version(version: PolicyVersion) -> PolicyVersion:
+    """The version re-read under a row lock, with its policy locked first (one decision
+    per policy at a time, in a fixed lock order)."""
+    Policy.objects.select_for_update().get(pk=version.policy_id)
+    return (
+        PolicyVersion.objects.select_for_update(of=("self",))
+        .select_related("policy", "author")
+        .get(pk=version.pk)
+    )
+
+
+@transaction.atomic
+def apply_spec(spec: PolicySpec, *, author) -> PolicyVersion:
+    """Create a draft version of ``spec`` (and its policy, if the slug is new).
+
+    Idempotent by content hash: if the policy already has a draft, submitted or approved
+    version with the same content, that version is returned unchanged. The spec is
+    validated against the database first; nothing is written when it does not validate.
+    """
+    check_role(author, COMPLIANCE)
+    introspect.validate(spec)
+    content_hash = spec.content_hash()
+    policy = Policy.objects.select_for_update().filter(slug=spec.slug).first()
+    if policy is None:
+        policy = Policy.objects.create(
+            slug=spec.slug,
+            name=spec.name,
+            owner=spec.owner or author.username,
+            schedule=spec.schedule,
+            timezone=spec.timezone,
+        )
+        record_action(author, "policy.create", policy, slug=policy.slug)
+    existing = (
+        policy.versions.filter(content_hash=content_hash)
+        .exclude(state__in=(State.REJECTED, State.SUPERSEDED))
+        .order_by("-number")
+        .first()
+    )
+    if existing is not None:
+        return existing
+    last = policy.versions.order_by("-number").values_list("number", flat=True).first() or 0
+    version = PolicyVersion.objects.create(
+        policy=policy,
+        number=last + 1,
+        state=State.DRAFT,
+        spec=spec.to_json(),
+        content_hash=content_hash,
+        author=author,
+    )
+    record_action(
+        author, "version.create", version, number=version.number, content_hash=content_hash
+    )
+    return version
+
+
+@transaction.atomic
+def submit_version(version: PolicyVersion, *, actor, now=None) -> PolicyVersion:
+    """draft → submitted: validate against the live catalog and take the dry-run preview
+    the approver will see. From here the version's content never changes."""
+    check_role(actor, COMPLIANCE)
+    version = _locked_version(version)
+    if version.state != State.DRAFT:
+        raise ActionError(f"{version} is {version.state}, only a draft can be submitted")
+    spec = version.parsed
+    if spec.content_hash() != version.content_hash:
+        raise ActionError(f"{version}: stored content does not match its hash")
+    validation = introspect.validate(spec)
+    version.validation = validation.to_json()
+    version.preview = take_preview(
+        spec, policy_id=version.policy_id, now=now, validation=validation
+    )
+    version.state = State.SUBMITTED
+    version.submitted_at = timezone.now()
+    version.save(update_fields=["validation", "preview", "state", "submitted_at"])
+    record_action(
+        actor,
+        "version.submit",
+        version,
+        number=version.number,
+        content_hash=version.content_hash,
+        preview_eligible=version.preview.get("eligible"),
+        preview_cutoff=version.preview.get("cutoff"),
+    )
+    return version
+
+
+@transaction.atomic
+def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> PolicyVersion:
+    """submitted → approved, superseding the previously approved version in the same
+    transaction. Never by the author; bound to the content hash and to the preview taken
+    at submission. Copies name, schedule and timezone to the policy and syncs its schedule."""
+    from runs.schedules import sync_policy_schedule
+
+    check_role(actor, COMPLIANCE)
+    version = _locked_version(version)
+    if version.state != State.SUBMITTED:
+        raise ActionError(f"{version} is {version.state}, only a submitted version can be approved")
+    if version.author_id == actor.pk:
+        raise ActionError(
+            f"{actor.username} wrote {version} and cannot approve it; "
+            f"another member of compliance must"
+        )
+    spec = version.parsed
+    if spec.content_hash() != version.content_hash:
+        raise ActionError(f"{version}: content does not match the hash it was submitted with")
+    if not version.preview or version.preview.get("content_hash") != version.content_hash:
+        raise ActionError(f"{version} has no dry-run preview of its own content")
+    introspect.validate(spec)  # the table may have changed since submission
+
+    previous = version.policy.versions.filter(state=State.APPROVED).first()
+    if previous is not None:
+        previous.state = State.SUPERSEDED
+        previous.save(update_fields=["state"])
+    now = timezone.now()
+    version.state = State.APPROVED
+    version.approved_hash = version.content_hash
+    version.decided_by = actor
+    version.decided_at = now
+    version.decision_reason = (reason or "").strip()
+    version.save(
+        update_fields=["state", "approved_hash", "decided_by", "decided_at", "decision_reason"]
+    )
+    policy = version.policy
+    policy.name = spec.name
+    policy.schedule = spec.schedule
+    policy.timezone = spec.timezone
+    if spec.owner:
+        policy.owner = spec.owner
+    policy.save(update_fields=["name", "schedule", "timezone", "owner"])
+    record_action(
+        actor,
+        "version.approve",
+        version,
+        reason=version.decision_reason,
+        number=version.number,
+        content_hash=version.content_hash,
+        preview_eligible=version.preview.get("eligible"),
+        preview_cutoff=version.preview.get("cutoff"),
+        superseded=previous.number if previous else None,
+    )
+    sync_policy_schedule(policy)
+    return version
+
+
+@transaction.atomic
+def reject_version(version: PolicyVersion, *, actor, reason: str) -> PolicyVersion:
+    """submitted → rejected, with a reason; never by the author."""
+    check_role(actor, COMPLIANCE)
+    reason = _require_reason(reason, "rejecting a version")
+    version = _locked_version(version)
+    if version.state != State.SUBMITTED:
+        raise ActionError(f"{version} is {version.state}, only a submitted version can be rejected")
+    if version.author_id == actor.pk:
+        raise ActionError(
+            f"{actor.username} wrote {version} and cannot decide on it; "
+            f"another member of compliance must"
+        )
+    version.state = State.REJECTED
+    version.decided_by = actor
+    version.decided_at = timezone.now()
+    version.decision_reason = reason
+    version.save(update_fields=["state", "decided_by", "decided_at", "decision_reason"])
+    record_action(actor, "version.reject", version, reason=reason, number=version.number)
+    return version
+
+
+@transaction.atomic
+def place_hold(
+    *,
+    actor,
+    reason: str,
+    policy: Policy | None = None,
+    tenant: str | None = None,
+    key_from: int | None = None,
+    key_to: int | None = None,
+) -> LegalHold:
+    """Place a legal hold: rows in scope are not deleted by any chunk that commits after
+    this commits. ``None`` scopes mean all policies / all tenants / unbounded keys.
+
+    Takes the hold fence exclusive before inserting, so it waits for every chunk
+    transaction already past its fence (they hold it shared) to commit."""
+    check_role(actor, COMPLIANCE)
+    reason = _require_reason(reason, "placing a legal hold")
+    tenant = tenant.strip() if isinstance(tenant, str) else tenant
+    if tenant == "":
+        tenant = None
+    if key_from is not None and key_to is not None and key_from >= key_to:
+        raise ActionError(f"key interval [{key_from}, {key_to}) is empty")
+    hold_fence(exclusive=True)
+    hold = LegalHold.objects.create(
+        policy=policy,
+        tenant=tenant,
+        key_from=key_from,
+        key_to=key_to,
+        reason=reason,
+        placed_by=actor.username,
+    )
+    record_action(
+        actor,
+        "hold.place",
+        hold,
+        reason=reason,
+        policy=policy.slug if policy else None,
+        tenant=tenant,
+        key_from=key_from,
+        key_to=key_to,
+    )
+    return hold
+
+
+@transaction.atomic
+def release_hold(hold: LegalHold, *, actor, reason: str) -> LegalHold:
+    """Release an active hold; its rows become eligible again for later chunks."""
+    check_role(actor, COMPLIANCE)
+    reason = _require_reason(reason, "releasing a legal hold")
+    hold = LegalHold.objects.select_for_update().get(pk=hold.pk)
+    if hold.released_at is not None:
+        raise ActionError(f"hold #{hold.pk} was already released by {hold.released_by}")
+    hold.released_by = actor.username
+    hold.released_at = timezone.now()
+    hold.release_reason = reason
+    hold.save(update_fields=["released_by", "released_at", "release_reason"])
+    record_action(actor, "hold.release", hold, reason=reason)
+    return hold
+
+
+@transaction.atomic
+def pause_policy(policy: Policy, *, actor, reason: str) -> Policy:
+    """Stop new chunks of this policy from being admitted until resumed."""
+    from runs.schedules import sync_policy_schedule
+
+    check_role(actor, ONCALL)
+    reason = _require_reason(reason, "pausing a policy")
+    policy = Policy.objects.select_for_update().get(pk=policy.pk)
+    if policy.paused:
+        raise ActionError(f"policy {policy.slug} is already paused")
+    policy.paused = True
+    policy.paused_reason = reason
+    policy.save(update_fields=["paused", "paused_reason"])
+    record_action(actor, "policy.pause", policy, reason=reason)
+    sync_policy_schedule(policy)
+    return policy
+
+
+@transaction.atomic
+def resume_policy(policy: Policy, *, actor, reason: str) -> Policy:
+    """Undo ``pause_policy``."""
+    from runs.schedules import sync_policy_schedule
+
+    check_role(actor, ONCALL)
+    reason = _require_reason(reason, "resuming a policy")
+    policy = Policy.objects.select_for_update().get(pk=policy.pk)
+    if not policy.paused:
+        raise ActionError(f"policy {policy.slug} is not paused")
+    policy.paused = False
+    policy.paused_reason = ""
+    policy.save(update_fields=["paused", "paused_reason"])
+    record_action(actor, "policy.resume", policy, reason=reason)
+    sync_policy_schedule(policy)
+    return policy

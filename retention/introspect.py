@@ -1,0 +1,271 @@
+"""Validate a policy spec against the live catalog.
+
+The parser (``retention.spec``) checks shape; this module checks that the table
+and columns exist with compatible types, that keep-rule values are comparable
+with their columns, which indexes support the chunk plan, and which foreign keys
+reference the target. Names are looked up in ``pg_catalog`` with bound
+parameters; the only statements on the user table are ``LIMIT 0`` probes built
+by ``retention.predicate``.
+
+Errors raise ``SpecError`` (one line, naming the table or column); everything
+that would still let a run proceed, but badly, is returned as a warning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from django.db import DatabaseError, connection, transaction
+from psycopg import sql
+
+from retention import predicate
+from retention.spec import PolicySpec, SpecError
+
+KEY_TYPES = ("int2", "int4", "int8")
+TIMESTAMP_TYPES = ("timestamptz", "timestamp", "date")
+# pg_constraint.confdeltype
+ON_DELETE = {
+    "a": "no action",
+    "r": "restrict",
+    "c": "cascade",
+    "n": "set null",
+    "d": "set default",
+}
+
+
+@dataclass
+class Column:
+    name: str
+    type: str  # format_type(), e.g. "timestamp with time zone"
+    typname: str  # e.g. "timestamptz"
+    not_null: bool
+    attnum: int
+    scalar: bool
+
+
+@dataclass
+class ForeignKey:
+    constraint: str
+    table: str  # "schema.table" of the referencing table
+    columns: list[str]
+    on_delete: str
+    acknowledged: bool = False
+
+    @property
+    def blocks_deletion(self) -> bool:
+        return self.on_delete in ("no action", "restrict")
+
+
+@dataclass
+class Validation:
+    """What introspection found. ``warnings`` are human sentences, in a stable order."""
+
+    table: str
+    oid: int
+    columns: dict[str, Column]
+    supporting_index: str | None
+    foreign_keys: list[ForeignKey] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    estimated_rows: int | None = None
+
+    def to_json(self) -> dict:
+        used = {name: col.type for name, col in self.columns.items()}
+        return {
+            "table": self.table,
+            "column_types": used,
+            "supporting_index": self.supporting_index,
+            "foreign_keys": [asdict(fk) for fk in self.foreign_keys],
+            "warnings": list(self.warnings),
+            "estimated_rows": self.estimated_rows,
+        }
+
+
+def _fetch(query: str, params: list) -> list[tuple]:
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        return cur.fetchall()
+
+
+def table_oid(schema: str, table: str) -> int:
+    """The table's oid; SpecError naming it when there is no such (partitioned) table."""
+    rows = _fetch(
+        "SELECT c.oid, c.relkind FROM pg_catalog.pg_class c"
+        " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s",
+        [schema, table],
+    )
+    if not rows:
+        raise SpecError(f"table {schema}.{table} does not exist")
+    oid, relkind = rows[0]
+    if relkind not in ("r", "p"):
+        raise SpecError(f"{schema}.{table} is not a table (relkind {relkind!r})")
+    return int(oid)
+
+
+def table_columns(oid: int) -> dict[str, Column]:
+    rows = _fetch(
+        "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), t.typname,"
+        " a.attnotnull, a.attnum, t.typtype, t.typcategory"
+        " FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
+        " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        [oid],
+    )
+    columns = {}
+    for name, type_text, typname, not_null, attnum, typtype, category in rows:
+        # base, domain, enum or range types compare as one value; arrays, composites,
+        # pseudo-types and JSON documents do not make a tenant or a keep-rule operand.
+        scalar = typtype in ("b", "d", "e", "r") and category not in ("A", "U", "P", "X")
+        scalar = scalar and typname not in ("json", "jsonb", "xml")
+        columns[name] = Column(name, type_text, typname, not_null, attnum, scalar)
+    return columns
+
+
+def _column(columns: dict[str, Column], name: str, where: str, table: str) -> Column:
+    col = columns.get(name)
+    if col is None:
+        raise SpecError(f"{where} column {name!r} does not exist in table {table}")
+    return col
+
+
+def _indexes(oid: int) -> list[tuple[str, list[int]]]:
+    """Valid, non-partial btree indexes on plain columns: (name, [attnum, ...])."""
+    rows = _fetch(
+        "SELECT ic.relname, i.indkey::int2[] FROM pg_catalog.pg_index i"
+        " JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid"
+        " JOIN pg_catalog.pg_am am ON am.oid = ic.relam"
+        " WHERE i.indrelid = %s AND am.amname = 'btree' AND i.indisvalid"
+        " AND i.indpred IS NULL ORDER BY ic.relname",
+        [oid],
+    )
+    return [(name, list(keys)) for name, keys in rows]
+
+
+def _foreign_keys(oid: int) -> list[ForeignKey]:
+    rows = _fetch(
+        "SELECT con.conname, n.nspname, c.relname, con.confdeltype,"
+        " ARRAY(SELECT a.attname FROM unnest(con.conkey) WITH ORDINALITY AS k(attnum, ord)"
+        "       JOIN pg_catalog.pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.attnum"
+        "       ORDER BY k.ord)::text[]"
+        " FROM pg_catalog.pg_constraint con"
+        " JOIN pg_catalog.pg_class c ON c.oid = con.conrelid"
+        " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE con.contype = 'f' AND con.confrelid = %s ORDER BY n.nspname, c.relname, con.conname",
+        [oid],
+    )
+    return [
+        ForeignKey(conname, f"{schema}.{rel}", list(cols), ON_DELETE.get(action, action))
+        for conname, schema, rel, action, cols in rows
+    ]
+
+
+def _estimated_rows(oid: int) -> int | None:
+    rows = _fetch("SELECT reltuples::bigint FROM pg_catalog.pg_class WHERE oid = %s", [oid])
+    value = rows[0][0] if rows else None
+    return int(value) if value is not None and value >= 0 else None
+
+
+def _probe_keep_rules(spec: PolicySpec) -> None:
+    """Run each keep rule's own SQL against the table with ``LIMIT 0``: a value that cannot
+    be cast to the column type, or an operator the type lacks, fails here and not mid-run."""
+    for index, rule in enumerate(spec.keep):
+        cond = predicate.keep_condition(rule)
+        query = sql.SQL("SELECT 1 FROM {} WHERE {} LIMIT 0").format(predicate.table(spec), cond.sql)
+        try:
+            with transaction.atomic(), connection.cursor() as cur:
+                cur.execute(query, cond.params)
+        except DatabaseError as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SpecError(
+                f"keep[{index}]: value of {rule.describe()} does not fit column "
+                f"{rule.column!r} ({reason})"
+            ) from None
+
+
+def validate(spec: PolicySpec) -> Validation:
+    """Check ``spec`` against the database; raise SpecError on the first blocking problem.
+
+    Blocking: missing table or column, incompatible key/timestamp/tenant/keep column type,
+    a keep value the column cannot compare with, a cascading foreign key not listed in
+    ``cascade_ack``. Warnings: no supporting index, restrict/no-action references (chunks
+    will fail while referencing rows exist), set-null/set-default references, a nullable
+    key column, ``cascade_ack`` entries that match no foreign key.
+    """
+    where = spec.qualified_table
+    oid = table_oid(spec.schema, spec.table)
+    columns = table_columns(oid)
+    key = _column(columns, spec.key, "key", where)
+    if key.typname not in KEY_TYPES:
+        raise SpecError(
+            f"key column {spec.key!r} of {where} must be smallint, integer or bigint, "
+            f"not {key.type}"
+        )
+    ts = _column(columns, spec.timestamp, "timestamp", where)
+    if ts.typname not in TIMESTAMP_TYPES:
+        raise SpecError(
+            f"timestamp column {spec.timestamp!r} of {where} must be timestamptz, timestamp "
+            f"or date, not {ts.type}"
+        )
+    used = {spec.key: key, spec.timestamp: ts}
+    if spec.tenant:
+        tenant = _column(columns, spec.tenant, "tenant", where)
+        if not tenant.scalar:
+            raise SpecError(
+                f"tenant column {spec.tenant!r} of {where} must hold a single value, "
+                f"not {tenant.type}"
+            )
+        used[spec.tenant] = tenant
+    for index, rule in enumerate(spec.keep):
+        col = _column(columns, rule.column, f"keep[{index}]", where)
+        if not col.scalar and rule.op not in ("is null", "is not null"):
+            raise SpecError(f"keep[{index}]: column {rule.column!r} of {where} is a {col.type}")
+        used[rule.column] = col
+    _probe_keep_rules(spec)
+
+    result = Validation(where, oid, used, None, estimated_rows=_estimated_rows(oid))
+    # The planner walks keys per tenant: the index must lead with (tenant, key) or key.
+    wanted = [columns[spec.tenant].attnum, key.attnum] if spec.tenant else [key.attnum]
+    for name, keys in _indexes(oid):
+        if keys[: len(wanted)] == wanted:
+            result.supporting_index = name
+            break
+    if result.supporting_index is None:
+        cols = f"({spec.tenant}, {spec.key})" if spec.tenant else f"({spec.key})"
+        result.warnings.append(
+            f"no btree index on {where} {cols}: every chunk would scan the whole table; "
+            f"create one before the first run"
+        )
+    if not key.not_null:
+        result.warnings.append(
+            f"key column {spec.key!r} is nullable: rows with a NULL key are never deleted"
+        )
+
+    acknowledged = set(spec.cascade_ack)
+    for fk in _foreign_keys(oid):
+        result.foreign_keys.append(fk)
+        ref = f"{fk.table} ({', '.join(fk.columns)})"
+        if fk.on_delete == "cascade":
+            if fk.table not in acknowledged:
+                raise SpecError(
+                    f"{ref} references {where} with ON DELETE CASCADE: deleting here deletes "
+                    f"there too; list {fk.table!r} in cascade_ack to accept it"
+                )
+            fk.acknowledged = True
+            result.warnings.append(
+                f"{ref} cascades: its rows referencing deleted rows are deleted too (acknowledged)"
+            )
+        elif fk.blocks_deletion:
+            result.warnings.append(
+                f"{ref} references {where} with ON DELETE {fk.on_delete.upper()}: "
+                f"chunks fail while referencing rows exist"
+            )
+        else:
+            result.warnings.append(
+                f"{ref} references {where} with ON DELETE {fk.on_delete.upper()}: "
+                f"deleting updates those rows"
+            )
+    stray = sorted(acknowledged - {fk.table for fk in result.foreign_keys if fk.acknowledged})
+    if stray:
+        result.warnings.append(
+            f"cascade_ack lists {', '.join(stray)}, which has no cascading reference to {where}"
+        )
+    return result

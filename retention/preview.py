@@ -1,0 +1,309 @@
+"""The dry-run preview: what a run would delete if it started now, and what it would spare.
+
+Every count comes from aggregate queries that use the exact eligibility predicate of
+``retention.predicate`` under the cutoff a run would use now (the latest scheduled
+tick, ``retention.schedule_math.latest_tick``). No row of the target table is
+brought into Python except the ten sample keys. The queries run under a
+``statement_timeout``; a preview that exceeds it says so instead of failing.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime
+
+import psycopg
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+from psycopg import sql
+
+from retention import predicate
+from retention.schedule_math import latest_tick
+from retention.spec import PolicySpec
+
+PREVIEW_TIMEOUT_MS = 30_000
+TOP_TENANTS = 20
+SAMPLE_KEYS = 10
+MAX_MONTH_BUCKETS = 36
+# Assumed pace when the policy has no measured history (rows per second per worker).
+ASSUMED_ROWS_PER_SECOND = 50_000
+
+
+def _bucket_expr(spec: PolicySpec, ts_type: str) -> predicate.Fragment:
+    """Month label of the row's timestamp, in the policy's wall clock for timestamptz."""
+    column = predicate.col(spec.timestamp)
+    if ts_type == "timestamptz":
+        return predicate.Fragment(
+            sql.SQL("to_char({} AT TIME ZONE %s, 'YYYY-MM')").format(column), [spec.timezone]
+        )
+    return predicate.Fragment(sql.SQL("to_char({}::timestamp, 'YYYY-MM')").format(column), [])
+
+
+def _summary_query(spec: PolicySpec, *, policy_id: int, cutoff: datetime, ts_type: str):
+    """One scan of the rows older than the cutoff, grouped by tenant, by month and overall."""
+    eligible = predicate.eligible(spec, policy_id=policy_id, cutoff=cutoff)
+    kept = predicate.kept(spec)
+    held = predicate.held(spec, policy_id)
+    bucket = _bucket_expr(spec, ts_type)
+    tenant = (
+        sql.SQL("{}::text").format(predicate.col(spec.tenant))
+        if spec.tenant
+        else sql.SQL("NULL::text")
+    )
+    rule_cols: list[predicate.Fragment] = []
+    for i, rule in enumerate(spec.keep):
+        cond = predicate.keep_condition(rule)
+        rule_cols.append(
+            predicate.Fragment(
+                sql.SQL("({}) IS TRUE AS {}").format(cond.sql, sql.Identifier(f"r{i}")),
+                cond.params,
+            )
+        )
+    rule_counts = sql.SQL("").join(
+        sql.SQL(", count(*) FILTER (WHERE {}) AS {}").format(
+            sql.Identifier(f"r{i}"), sql.Identifier(f"kr{i}")
+        )
+        for i in range(len(spec.keep))
+    )
+    rule_select = sql.SQL("").join(sql.SQL(", ") + frag.sql for frag in rule_cols)
+    text = sql.SQL(
+        "WITH s AS ("
+        "  SELECT {tenant} AS tn, {bucket} AS mo, {key} AS k_, {ts} AS ts_,"
+        "         ({eligible}) AS e, ({kept}) AS kp, ({held}) AS h{rule_select}"
+        "  FROM {table} WHERE {ts} < %s"
+        "), g AS ("
+        "  SELECT GROUPING(tn) AS gt, GROUPING(mo) AS gm, tn, mo,"
+        "         count(*) FILTER (WHERE e) AS eligible,"
+        "         count(*) FILTER (WHERE kp) AS kept,"
+        "         count(*) FILTER (WHERE h AND NOT kp) AS held,"
+        "         count(*) AS older,"
+        "         min(ts_) FILTER (WHERE e) AS oldest,"
+        "         min(k_) FILTER (WHERE e) AS min_key,"
+        "         max(k_) FILTER (WHERE e) AS max_key"
+        "         {rule_counts}"
+        "  FROM s GROUP BY GROUPING SETS ((tn), (mo), ())"
+        "), r AS ("
+        "  SELECT g.*, count(*) OVER (PARTITION BY gt, gm) AS n_groups,"
+        "         row_number() OVER (PARTITION BY gt, gm ORDER BY eligible DESC, tn) AS rank"
+        "  FROM g"
+        ") SELECT * FROM r WHERE NOT (gt = 0 AND gm = 1) OR rank <= %s"
+    ).format(
+        tenant=tenant,
+        bucket=bucket.sql,
+        key=predicate.col(spec.key),
+        ts=predicate.col(spec.timestamp),
+        eligible=eligible.sql,
+        kept=kept.sql,
+        held=held.sql,
+        rule_select=rule_select,
+        table=predicate.table(spec),
+        rule_counts=rule_counts,
+    )
+    params = [
+        *bucket.params,
+        *eligible.params,
+        *kept.params,
+        *held.params,
+        *[p for frag in rule_cols for p in frag.params],
+        cutoff,
+        TOP_TENANTS,
+    ]
+    return text, params
+
+
+def _sample_query(spec: PolicySpec, *, policy_id: int, cutoff: datetime):
+    eligible = predicate.eligible(spec, policy_id=policy_id, cutoff=cutoff)
+    text = sql.SQL("SELECT {key} FROM {table} WHERE {cond} ORDER BY {key} LIMIT %s").format(
+        key=predicate.col(spec.key), table=predicate.table(spec), cond=eligible.sql
+    )
+    return text, [*eligible.params, SAMPLE_KEYS]
+
+
+def _merge_years(buckets: list[dict]) -> list[dict]:
+    years: dict[str, int] = {}
+    for bucket in buckets:
+        label = bucket["label"][:4]
+        years[label] = years.get(label, 0) + bucket["eligible"]
+    return [{"label": label, "eligible": n} for label, n in sorted(years.items())]
+
+
+def measured_rate(slug: str) -> float | None:
+    """Rows per second per worker seen in this policy's recent committed chunks, if any."""
+    try:
+        from runs.models import AuditRecord
+    except ImportError:  # the ledger app is optional for the preview
+        return None
+    records = list(
+        AuditRecord.objects.filter(policy_slug=slug, rows_deleted__gt=0)
+        .order_by("-chain_seq")
+        .values_list("rows_deleted", "started_at", "committed_at")[:200]
+    )
+    rows = sum(r[0] for r in records)
+    seconds = sum(max((r[2] - r[1]).total_seconds(), 0.0) for r in records)
+    if rows < 1000 or seconds <= 0:
+        return None
+    return rows / seconds
+
+
+def active_holds(policy_id: int | None) -> list[dict]:
+    from django.db.models import Q
+
+    from retention.models import LegalHold
+
+    holds = LegalHold.objects.filter(released_at__isnull=True)
+    holds = holds.filter(Q(policy__isnull=True) | Q(policy_id=policy_id))
+    return [
+        {
+            "id": h.pk,
+            "policy": h.policy.slug if h.policy_id else None,
+            "tenant": h.tenant,
+            "key_from": h.key_from,
+            "key_to": h.key_to,
+            "reason": h.reason,
+            "placed_by": h.placed_by,
+        }
+        for h in holds.select_related("policy")
+    ]
+
+
+def preview(
+    spec: PolicySpec,
+    *,
+    policy_id: int,
+    now: datetime | None = None,
+    validation=None,
+    timeout_ms: int = PREVIEW_TIMEOUT_MS,
+) -> dict:
+    """Dry-run ``spec`` for the policy ``policy_id`` as of ``now``; a JSON-ready dict.
+
+    ``preview["eligible"]`` is the number of rows a run started now would delete on a
+    quiet database (the run engine compares a run's plan against it). Raises SpecError
+    when the table no longer validates; reports ``timed_out`` instead of raising when a
+    query exceeds ``timeout_ms``.
+    """
+    from retention import introspect
+
+    now = now or timezone.now()
+    if validation is None:
+        validation = introspect.validate(spec)
+    tick = latest_tick(spec, now)
+    cutoff = spec.cutoff_for(tick)
+    ts_type = validation.columns[spec.timestamp].typname
+    result: dict = {
+        "taken_at": now.isoformat(),
+        "tick": tick.isoformat(),
+        "cutoff": cutoff.isoformat(),
+        "table": spec.qualified_table,
+        "content_hash": spec.content_hash(),
+        "eligible": 0,
+        "older_than_cutoff": 0,
+        "kept": 0,
+        "kept_by_rule": [],
+        "held": 0,
+        "holds": active_holds(policy_id),
+        "tenants": [],
+        "tenant_count": 0,
+        "other_tenants": None,
+        "age_buckets": [],
+        "age_bucket_unit": "month",
+        "oldest_eligible": None,
+        "key_range": None,
+        "sample_keys": [],
+        "chunk_size": spec.chunk_size,
+        "estimated_chunks": 0,
+        "workers": spec.policy_workers,
+        "rows_per_second": None,
+        "rate_source": "assumed",
+        "drain_seconds": 0.0,
+        "foreign_keys": [fk for fk in validation.to_json()["foreign_keys"]],
+        "warnings": list(validation.warnings),
+        "timed_out": False,
+        "error": None,
+        "duration_ms": None,
+        "timeout_ms": timeout_ms,
+    }
+    started = time.monotonic()
+    try:
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute("SELECT set_config('statement_timeout', %s, true)", [str(timeout_ms)])
+            text, params = _summary_query(spec, policy_id=policy_id, cutoff=cutoff, ts_type=ts_type)
+            cur.execute(text, params)
+            names = [d[0] for d in cur.description]
+            rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+            text, params = _sample_query(spec, policy_id=policy_id, cutoff=cutoff)
+            cur.execute(text, params)
+            result["sample_keys"] = [row[0] for row in cur.fetchall()]
+    except DatabaseError as exc:
+        if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
+            result["timed_out"] = True
+            result["error"] = (
+                f"a preview query exceeded the {timeout_ms / 1000:g} s statement timeout"
+            )
+        else:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            result["error"] = f"preview failed: {first}"
+        result["duration_ms"] = round((time.monotonic() - started) * 1000)
+        return result
+    result["duration_ms"] = round((time.monotonic() - started) * 1000)
+    _fill(result, spec, rows)
+    return result
+
+
+def _fill(result: dict, spec: PolicySpec, rows: list[dict]) -> None:
+    total = next((r for r in rows if r["gt"] == 1 and r["gm"] == 1), None)
+    if total is None:  # no row older than the cutoff at all
+        return
+    result["eligible"] = int(total["eligible"])
+    result["older_than_cutoff"] = int(total["older"])
+    result["kept"] = int(total["kept"])
+    result["held"] = int(total["held"])
+    result["oldest_eligible"] = total["oldest"].isoformat() if total["oldest"] else None
+    if total["min_key"] is not None:
+        result["key_range"] = [int(total["min_key"]), int(total["max_key"])]
+    result["kept_by_rule"] = [
+        {"rule": rule.describe(), "rows": int(total[f"kr{i}"])} for i, rule in enumerate(spec.keep)
+    ]
+    if spec.tenant:
+        tenants = sorted(
+            (r for r in rows if r["gt"] == 0 and r["gm"] == 1),
+            key=lambda r: (-r["eligible"], r["tn"] is None, r["tn"] or ""),
+        )
+        result["tenants"] = [
+            {
+                "tenant": r["tn"],
+                "eligible": int(r["eligible"]),
+                "kept": int(r["kept"]),
+                "held": int(r["held"]),
+            }
+            for r in tenants
+        ]
+        count = int(tenants[0]["n_groups"]) if tenants else 0
+        result["tenant_count"] = count
+        if count > len(tenants):
+            shown = sum(t["eligible"] for t in result["tenants"])
+            result["other_tenants"] = {
+                "tenants": count - len(tenants),
+                "eligible": result["eligible"] - shown,
+            }
+    buckets = sorted(
+        (
+            {"label": r["mo"], "eligible": int(r["eligible"])}
+            for r in rows
+            if r["gt"] == 1 and r["gm"] == 0 and r["mo"] is not None
+        ),
+        key=lambda b: b["label"],
+    )
+    if len(buckets) > MAX_MONTH_BUCKETS:
+        buckets = _merge_years(buckets)
+        result["age_bucket_unit"] = "year"
+    result["age_buckets"] = buckets
+    eligible = result["eligible"]
+    result["estimated_chunks"] = math.ceil(eligible / spec.chunk_size) if eligible else 0
+    rate = measured_rate(spec.slug)
+    if rate is not None:
+        result["rate_source"] = "measured"
+    else:
+        rate = float(ASSUMED_ROWS_PER_SECOND)
+    result["rows_per_second"] = round(rate * spec.policy_workers)
+    result["drain_seconds"] = round(eligible / result["rows_per_second"], 1)
