@@ -19,6 +19,18 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 CLEANUP_WORKERS = env_int("CLEANUP_WORKERS", 2, minimum=1, maximum=64)
+# The run engine (docs/engine.md).
+RETENTION = {
+    "GLOBAL_CEILING": env_int("RETENTION_GLOBAL_CEILING", 4, minimum=1, maximum=256),
+    "LEASE_BUDGET_S": env_int("RETENTION_LEASE_BUDGET_S", 20, minimum=1, maximum=50),
+    "PLANNER_WINDOW": env_int("RETENTION_PLANNER_WINDOW", 32, minimum=2, maximum=10_000),
+    "MAX_ATTEMPTS": env_int("RETENTION_MAX_ATTEMPTS", 5, minimum=1, maximum=100),
+    "SPLIT_FLOOR_ROWS": env_int("RETENTION_SPLIT_FLOOR_ROWS", 50, minimum=1),
+    "SYNCHRONOUS_COMMIT": env_bool("RETENTION_SYNCHRONOUS_COMMIT", True),
+    "BROKER": env_str("RETENTION_BROKER", "orm"),
+}
+if RETENTION["BROKER"] not in {"orm", "redis"}:
+    raise ConfigError(f"RETENTION_BROKER must be orm or redis, got {RETENTION['BROKER']!r}")
 DEADLINE_WORKERS = env_int("DEADLINE_WORKERS", 1, minimum=1, maximum=64)
 
 _database_url = env_str("DATABASE_URL")
@@ -142,6 +154,9 @@ _Q_BASE = {
     "bulk": 1,
     "label": "Task queue",
 }
+if RETENTION["BROKER"] == "redis":
+    _Q_BASE.pop("orm")
+    _Q_BASE["redis"] = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 Q_CLUSTER = {**_Q_BASE, "name": "retention", "workers": 1}
 Q_CLUSTER["ALT_CLUSTERS"] = {
     "cleanup": {"workers": CLEANUP_WORKERS},

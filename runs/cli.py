@@ -1,7 +1,244 @@
-"""``retention trigger|status|drain|pause|resume|cancel|replay|kill-switch ...`` sub-commands."""
+"""``retention trigger|status|drain|pause|resume|cancel|confirm|replay|discard|kill-switch|
+reconcile|startup|audit`` sub-commands: operations without a browser."""
 
 from __future__ import annotations
+
+import getpass
+import json
+from datetime import datetime
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import CommandError
+from django.utils import timezone
+
+
+def _actor(options):
+    name = options.get("by")
+    if not name:
+        return f"cli:{getpass.getuser()}"
+    user = get_user_model().objects.filter(username=name).first()
+    if user is None:
+        raise CommandError(f"unknown user {name!r}")
+    return user
+
+
+def _run(key: str):
+    from runs.models import Run
+
+    run = Run.objects.select_related("policy", "policy_version").filter(run_key=key).first()
+    if run is None and key.isdigit():
+        run = Run.objects.select_related("policy", "policy_version").filter(pk=int(key)).first()
+    if run is None:
+        raise CommandError(f"no run with key {key!r}")
+    return run
+
+
+def _policy(slug: str):
+    from retention.models import Policy
+
+    policy = Policy.objects.filter(slug=slug).first()
+    if policy is None:
+        raise CommandError(f"no policy {slug!r}")
+    return policy
+
+
+def _parse_period(policy, text: str | None) -> datetime:
+    """The tick a manual trigger stands for: the newest scheduled tick at or before the given
+    local date/time (a date means the end of that day), or now."""
+    import zoneinfo
+
+    from retention.schedule_math import latest_tick
+
+    if not text:
+        return latest_tick(policy, timezone.now())
+    try:
+        if len(text) == 10:
+            local = datetime.fromisoformat(text).replace(hour=23, minute=59, second=59)
+        else:
+            local = datetime.fromisoformat(text)
+    except ValueError:
+        raise CommandError(f"--period must be YYYY-MM-DD or YYYY-MM-DDTHH:MM, got {text!r}") from None
+    if local.tzinfo is None:
+        local = local.replace(tzinfo=zoneinfo.ZoneInfo(policy.timezone))
+    if local > timezone.now():
+        raise CommandError("--period is in the future; a run can only be triggered for a past tick")
+    return latest_tick(policy, local)
+
+
+def trigger(cmd, o):
+    from runs.actions import trigger_run
+
+    policy = _policy(o["slug"])
+    run, created = trigger_run(policy, tick=_parse_period(policy, o.get("period")), source="manual", actor=_actor(o))
+    cmd.stdout.write(run.run_key)
+    if o["verbosity"] > 1:
+        cmd.stderr.write(f"{'created' if created else 'existing'}: {run.state}")
+
+
+def status(cmd, o):
+    from runs.status import run_status
+
+    data = run_status(_run(o["run_key"]))
+    if o["json"]:
+        cmd.stdout.write(json.dumps(data, indent=2, default=str))
+        return
+    for key, value in data.items():
+        cmd.stdout.write(f"{key:26} {value}")
+
+
+def drain(cmd, o):
+    from runs.models import Run
+    from runs.worker import drain as drain_run
+
+    run_keys = [o["run_key"]] if o.get("run_key") else None
+    total = {"chunks": 0, "rows": 0, "failed": 0}
+    while True:
+        runs = Run.objects.filter(state=Run.State.ACTIVE)
+        if run_keys:
+            runs = runs.filter(run_key__in=run_keys)
+        ids = list(runs.values_list("id", flat=True))
+        if not ids:
+            break
+        progressed = False
+        for run_id in ids:
+            stats = drain_run(run_id, budget_s=o["budget"], until_idle=True)
+            for k in total:
+                total[k] += stats[k]
+            progressed |= bool(stats["chunks"])
+        if not o["until_idle"]:
+            break
+        if not progressed and not Run.objects.filter(pk__in=ids, state=Run.State.ACTIVE).exists():
+            break
+    cmd.stdout.write(f"drained {total['chunks']} chunk(s), {total['rows']} row(s); {total['failed']} failure(s)")
+
+
+def _control(action_name):
+    def handler(cmd, o):
+        from runs import actions
+
+        run = _run(o["run_key"])
+        getattr(actions, action_name)(run, actor=_actor(o), reason=o["reason"])
+        run.refresh_from_db()
+        cmd.stdout.write(f"{run.run_key}: {run.state}")
+
+    return handler
+
+
+def _letter(letter_id: int):
+    from runs.models import DeadLetter
+
+    letter = DeadLetter.objects.filter(pk=letter_id).first()
+    if letter is None:
+        raise CommandError(f"no dead letter #{letter_id}")
+    return letter
+
+
+def replay(cmd, o):
+    from runs.actions import replay_dead_letter
+
+    chunk = replay_dead_letter(_letter(o["id"]), actor=_actor(o), reason=o["reason"])
+    cmd.stdout.write(f"dead letter #{o['id']} replayed" + (f" as chunk #{chunk.pk}" if chunk else ""))
+
+
+def discard(cmd, o):
+    from runs.actions import discard_dead_letter
+
+    discard_dead_letter(_letter(o["id"]), actor=_actor(o), reason=o["reason"])
+    cmd.stdout.write(f"dead letter #{o['id']} discarded")
+
+
+def kill_switch(cmd, o):
+    from runs.actions import set_kill_switch
+
+    switch = set_kill_switch(o["state"] == "on", actor=_actor(o), reason=o["reason"])
+    cmd.stdout.write(f"kill switch {'on' if switch.on else 'off'}")
+
+
+def reconcile(cmd, o):
+    from runs.reconciler import reconcile as run_reconciler
+
+    cmd.stdout.write(json.dumps(run_reconciler(), default=str))
+
+
+def startup(cmd, o):
+    """Arm the schedules, and start a run now for each policy that has none (demo start-up)."""
+    from retention.models import Policy
+    from retention.schedule_math import latest_tick
+    from runs.actions import ActionError, trigger_run
+    from runs.models import Run
+    from runs.schedules import ensure_system_schedules
+
+    ensure_system_schedules()
+    for policy in Policy.objects.filter(enabled=True):
+        if policy.approved_version is None or Run.objects.filter(policy=policy).exists():
+            continue
+        try:
+            run, _ = trigger_run(policy, tick=latest_tick(policy, timezone.now()), source="manual", actor="startup")
+            cmd.stdout.write(f"started {run.run_key} ({run.state})")
+        except ActionError as exc:
+            cmd.stdout.write(f"{policy.slug}: {exc}")
+
+
+def audit_verify(cmd, o):
+    from runs.audit import verify_chain
+
+    report = verify_chain()
+    if report.ok:
+        cmd.stdout.write(f"audit chain intact: {report.records} record(s), head {report.head}")
+        return
+    for problem in report.problems:
+        cmd.stderr.write(problem)
+    raise CommandError(f"audit chain broken: {len(report.problems)} problem(s) in {report.records} record(s)")
 
 
 def register(areas) -> None:
     """Add this app's sub-commands to the ``retention`` command's sub-parsers."""
+
+    def add(name, handler, help_text):
+        parser = areas.add_parser(name, help=help_text)
+        parser.set_defaults(handler=handler)
+        return parser
+
+    p = add("trigger", trigger, "create (or find) the run of a policy for a period; prints the run key")
+    p.add_argument("slug")
+    p.add_argument("--period", help="YYYY-MM-DD or YYYY-MM-DDTHH:MM in the policy's timezone")
+    p.add_argument("--by", help="acting username")
+
+    p = add("status", status, "state and progress of a run")
+    p.add_argument("run_key")
+    p.add_argument("--json", action="store_true")
+
+    p = add("drain", drain, "run the worker in this process")
+    p.add_argument("run_key", nargs="?")
+    p.add_argument("--until-idle", action="store_true", help="keep going until no active run has work")
+    p.add_argument("--budget", type=float, default=30.0, help="seconds per run per round")
+    p.add_argument("--workers", type=int, default=1, help="worker processes (1 runs in this process)")
+
+    for name, action, text in (
+        ("pause", "pause_run", "stop admitting chunks of a run"),
+        ("resume", "resume_run", "resume a paused run"),
+        ("cancel", "cancel_run", "end a run; pending chunks are cancelled"),
+        ("confirm", "confirm_run", "start a run held for blast-radius confirmation"),
+    ):
+        p = add(name, _control(action), text)
+        p.add_argument("run_key")
+        p.add_argument("--reason", required=True)
+        p.add_argument("--by", help="acting username")
+
+    for name, handler, text in (("replay", replay, "replay a dead letter"), ("discard", discard, "discard a dead letter")):
+        p = add(name, handler, text)
+        p.add_argument("id", type=int)
+        p.add_argument("--reason", required=True)
+        p.add_argument("--by", help="acting username")
+
+    p = add("kill-switch", kill_switch, "the global kill switch")
+    p.add_argument("state", choices=["on", "off"])
+    p.add_argument("--reason", required=True)
+    p.add_argument("--by", help="acting username")
+
+    add("reconcile", reconcile, "one reconciler pass now")
+    add("startup", startup, "arm schedules; start a first run for policies that never ran")
+    audit = areas.add_parser("audit", help="audit trail")
+    audit_sub = audit.add_subparsers(dest="audit_cmd", required=True)
+    v = audit_sub.add_parser("verify", help="check the audit hash chain")
+    v.set_defaults(handler=audit_verify)

@@ -1,0 +1,250 @@
+"""State changes of runs, chunks and dead letters. Each is one transaction that writes
+its operator-action record; each names who and why."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from core.roles import ONCALL, check_role
+from retention import predicate as P
+from retention.models import KillSwitch, Policy, record_action
+from retention.schedule_math import period_label
+from runs import dispatch
+from runs.models import Chunk, DeadLetter, Run
+
+BLAST_RADIUS_FLOOR = 10_000  # below this many rows a run never needs confirmation
+
+
+class ActionError(ValueError):
+    """The action is not allowed in the current state; the message says why."""
+
+
+def run_key_for(policy: Policy, tick: datetime) -> str:
+    """One key per (policy, logical period): the tick as wall-clock time in the policy's zone."""
+    return f"{policy.slug}/{period_label(policy, tick)}"
+
+
+def _actor_name(actor) -> str:
+    return getattr(actor, "username", None) or str(actor)
+
+
+def _check_oncall(actor) -> None:
+    if hasattr(actor, "is_authenticated"):
+        check_role(actor, ONCALL)
+
+
+@transaction.atomic
+def trigger_run(policy: Policy, *, tick: datetime, source: str = "schedule", actor="scheduler",
+                skipped_ticks: list | tuple = ()) -> tuple[Run, bool]:
+    """Create the run for ``tick`` or return the existing one (duplicate triggers converge
+    on the unique run_key). The cutoff is derived here, once, from the tick."""
+    version = policy.approved_version
+    if version is None:
+        raise ActionError(f"policy {policy.slug} has no approved version; nothing may run")
+    if not policy.enabled:
+        raise ActionError(f"policy {policy.slug} is disabled")
+    spec = version.parsed
+    key = run_key_for(policy, tick)
+    try:
+        with transaction.atomic():
+            run = Run.objects.create(
+                run_key=key, policy=policy, policy_version=version, tick=tick,
+                cutoff=spec.cutoff_for(tick), source=source, created_by=_actor_name(actor),
+                skipped_ticks=list(skipped_ticks), chunk_size=spec.chunk_size, state=Run.State.WAITING,
+            )  # fmt: skip
+    except IntegrityError:
+        return Run.objects.get(run_key=key), False
+    record_action(actor, "trigger_run", run, reason=f"{source} trigger for tick {tick.isoformat()}",
+                  cutoff=run.cutoff.isoformat(), version=version.number, skipped=len(skipped_ticks))  # fmt: skip
+    _admit_new_run(run, spec)
+    run.refresh_from_db()
+    return run, True
+
+
+def _eligible_count(run: Run, spec, limit: int) -> int | None:
+    frag = P.count_where(spec, P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff), limit=limit)
+    try:
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute("SELECT set_config('statement_timeout', '20s', true)")
+            cur.execute(frag.sql.as_string(cur.connection), frag.params)
+            return cur.fetchone()[0]
+    except Exception:  # a slow count must not stop the trigger; the run starts without an estimate
+        return None
+
+
+def _admit_new_run(run: Run, spec) -> None:
+    earlier = Run.objects.filter(policy=run.policy, state__in=Run.OPEN).exclude(pk=run.pk).order_by("tick").first()
+    if earlier is not None:
+        if spec.overlap == "skip":
+            _set_state(run, Run.State.SKIPPED, f"skipped: run {earlier.run_key} was still {earlier.state}")
+            run.finished_at = timezone.now()
+            run.save(update_fields=["finished_at"])
+        else:
+            _set_state(run, Run.State.WAITING, f"waiting for run {earlier.run_key} ({earlier.state})")
+        return
+    baseline = _blast_baseline(run)
+    limit = max(BLAST_RADIUS_FLOOR, int(baseline * spec.blast_radius)) + 1 if baseline else 50_000_000
+    eligible = _eligible_count(run, spec, limit)
+    run.expected_rows = eligible
+    run.save(update_fields=["expected_rows"])
+    if baseline and eligible is not None and eligible >= limit:
+        _set_state(
+            run, Run.State.CONFIRM,
+            f"held for confirmation: more than {limit - 1:,} eligible rows, over {spec.blast_radius:g}× "
+            f"the baseline of {baseline:,} (preview or previous run)",
+        )  # fmt: skip
+        return
+    start_run(run, actor="scheduler", reason="admitted")
+
+
+def _blast_baseline(run: Run) -> int | None:
+    previous = Run.objects.filter(policy=run.policy, state=Run.State.DRAINED).exclude(pk=run.pk).order_by("-tick").first()
+    if previous is not None:
+        return previous.chunk_totals()["rows_deleted"]
+    preview = run.policy_version.preview or {}
+    value = preview.get("eligible")
+    return int(value) if isinstance(value, int) else None
+
+
+def _set_state(run: Run, state: str, reason: str) -> None:
+    run.state = state
+    run.state_reason = reason
+    run.save(update_fields=["state", "state_reason"])
+
+
+@transaction.atomic
+def start_run(run: Run, *, actor, reason: str = "") -> Run:
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    if run.state not in (Run.State.WAITING, Run.State.CONFIRM):
+        raise ActionError(f"run {run.run_key} is {run.state}; only a waiting run can start")
+    run.state = Run.State.ACTIVE
+    run.state_reason = ""
+    run.started_at = run.started_at or timezone.now()
+    run.save(update_fields=["state", "state_reason", "started_at"])
+    record_action(actor, "start_run", run, reason=reason)
+    if not KillSwitch.is_on() and not run.policy.paused:
+        dispatch.ensure_leases(run)
+    return run
+
+
+@transaction.atomic
+def confirm_run(run: Run, *, actor, reason: str) -> Run:
+    """Let a run held by the blast-radius guard start."""
+    _check_oncall(actor)
+    _need_reason(reason)
+    if run.state != Run.State.CONFIRM:
+        raise ActionError(f"run {run.run_key} is {run.state}, not held for confirmation")
+    record_action(actor, "confirm_run", run, reason=reason)
+    return start_run(run, actor=actor, reason=reason)
+
+
+def _need_reason(reason: str) -> None:
+    if not reason or not reason.strip():
+        raise ActionError("a reason is required")
+
+
+@transaction.atomic
+def pause_run(run: Run, *, actor, reason: str) -> Run:
+    """Stop admitting new chunks of the run; a chunk transaction in flight finishes."""
+    _check_oncall(actor)
+    _need_reason(reason)
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    if run.state not in (Run.State.ACTIVE, Run.State.ATTENTION):
+        raise ActionError(f"run {run.run_key} is {run.state}; only an active run can be paused")
+    run.state, run.state_reason = Run.State.PAUSED, f"paused by {_actor_name(actor)}: {reason}"
+    run.save(update_fields=["state", "state_reason"])
+    record_action(actor, "pause_run", run, reason=reason)
+    return run
+
+
+@transaction.atomic
+def resume_run(run: Run, *, actor, reason: str) -> Run:
+    """Resume the same run (same key, cutoff and chunks) where it stood."""
+    _check_oncall(actor)
+    _need_reason(reason)
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    if run.state not in (Run.State.PAUSED, Run.State.ATTENTION):
+        raise ActionError(f"run {run.run_key} is {run.state}; only a paused run or one needing attention can resume")
+    run.state, run.state_reason = Run.State.ACTIVE, ""
+    run.save(update_fields=["state", "state_reason"])
+    record_action(actor, "resume_run", run, reason=reason)
+    dispatch.republish_all(run)
+    return run
+
+
+@transaction.atomic
+def cancel_run(run: Run, *, actor, reason: str) -> Run:
+    """End the run for good: pending chunks are cancelled; what was deleted stays audited."""
+    _check_oncall(actor)
+    _need_reason(reason)
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    if run.is_terminal:
+        raise ActionError(f"run {run.run_key} is already {run.state}")
+    cancelled = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).update(state=Chunk.State.CANCELLED)
+    run.state, run.state_reason = Run.State.CANCELLED, f"cancelled by {_actor_name(actor)}: {reason}"
+    run.finished_at = timezone.now()
+    run.save(update_fields=["state", "state_reason", "finished_at"])
+    record_action(actor, "cancel_run", run, reason=reason, chunks_cancelled=cancelled)
+    from runs.reconciler import start_waiting_runs
+
+    start_waiting_runs(run.policy)
+    return run
+
+
+@transaction.atomic
+def replay_dead_letter(letter: DeadLetter, *, actor, reason: str) -> Chunk | None:
+    """Put the dead-lettered chunk back, with the same identity and scope."""
+    _check_oncall(actor)
+    _need_reason(reason)
+    letter = DeadLetter.objects.select_for_update().get(pk=letter.pk)
+    if letter.resolution != DeadLetter.Resolution.OPEN:
+        raise ActionError(f"dead letter #{letter.pk} is already {letter.resolution}")
+    chunk = None
+    if letter.chunk_id:
+        chunk = Chunk.objects.select_for_update().get(pk=letter.chunk_id)
+        chunk.state, chunk.attempts, chunk.not_before = Chunk.State.PENDING, 0, timezone.now()
+        chunk.save(update_fields=["state", "attempts", "not_before"])
+    letter.resolution = DeadLetter.Resolution.REPLAYED
+    letter.resolved_by, letter.resolved_at, letter.resolution_reason = _actor_name(actor), timezone.now(), reason
+    letter.save(update_fields=["resolution", "resolved_by", "resolved_at", "resolution_reason"])
+    record_action(actor, "replay_dead_letter", letter, reason=reason, chunk=letter.chunk_id)
+    run = letter.run
+    if run is not None and run.state in (Run.State.ATTENTION, Run.State.ACTIVE):
+        if run.state == Run.State.ATTENTION:
+            run.state, run.state_reason = Run.State.ACTIVE, ""
+            run.save(update_fields=["state", "state_reason"])
+        dispatch.republish_all(run)
+    return chunk
+
+
+@transaction.atomic
+def discard_dead_letter(letter: DeadLetter, *, actor, reason: str) -> DeadLetter:
+    """Give up on the chunk: it stays dead, its rows stay; the decision is on record."""
+    _check_oncall(actor)
+    _need_reason(reason)
+    letter = DeadLetter.objects.select_for_update().get(pk=letter.pk)
+    if letter.resolution != DeadLetter.Resolution.OPEN:
+        raise ActionError(f"dead letter #{letter.pk} is already {letter.resolution}")
+    letter.resolution = DeadLetter.Resolution.DISCARDED
+    letter.resolved_by, letter.resolved_at, letter.resolution_reason = _actor_name(actor), timezone.now(), reason
+    letter.save(update_fields=["resolution", "resolved_by", "resolved_at", "resolution_reason"])
+    record_action(actor, "discard_dead_letter", letter, reason=reason, chunk=letter.chunk_id)
+    return letter
+
+
+@transaction.atomic
+def set_kill_switch(on: bool, *, actor, reason: str) -> KillSwitch:
+    """Flip the global kill switch. On: no chunk is admitted anywhere. Off: leases restart."""
+    _check_oncall(actor)
+    _need_reason(reason)
+    switch, _ = KillSwitch.objects.select_for_update().get_or_create(name="global")
+    switch.on, switch.reason, switch.changed_by, switch.changed_at = on, reason, _actor_name(actor), timezone.now()
+    switch.save()
+    record_action(actor, "kill_switch_on" if on else "kill_switch_off", switch, reason=reason)
+    if not on:
+        for run in Run.objects.filter(state=Run.State.ACTIVE, policy__paused=False):
+            dispatch.republish_all(run)
+    return switch

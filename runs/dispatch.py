@@ -1,0 +1,91 @@
+"""Publishing work to the cleanup cluster.
+
+A message is a time-budgeted lease on one run's work: it carries only ids
+(run, slot, generation). With the ORM broker the enqueue is an INSERT in the
+caller's transaction, so the ledger is a transactional outbox; with another
+broker the message is sent after commit and the reconciler re-publishes
+anything lost. A delivery whose generation is not the lease's current one
+exits at once, so re-publishing never multiplies workers.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from runs.models import Lease, Run
+
+CLUSTER = "cleanup"
+DRAIN_TASK = "runs.tasks.drain_lease"
+
+
+def enqueue(func: str, *args, **kwargs) -> None:
+    """Send a task to the cleanup cluster: in this transaction (ORM broker) or after it commits."""
+    from django_q.tasks import async_task
+
+    def send() -> None:
+        async_task(func, *args, cluster=CLUSTER, **kwargs)
+
+    if settings.RETENTION["BROKER"] == "orm":
+        send()
+    else:
+        transaction.on_commit(send)
+
+
+def publish(lease: Lease) -> Lease:
+    """Start a new generation of ``lease`` and enqueue its message (call inside a transaction)."""
+    lease.generation += 1
+    lease.enqueued_at = timezone.now()
+    lease.save(update_fields=["generation", "enqueued_at"])
+    enqueue(DRAIN_TASK, lease.run_id, lease.slot, lease.generation)
+    return lease
+
+
+def concurrency_of(run: Run) -> int:
+    return run.policy_version.parsed.policy_workers
+
+
+@transaction.atomic
+def ensure_leases(run: Run, *, stale_after_s: float | None = None) -> int:
+    """Make sure each of the run's slots has a live lease; return how many were published.
+
+    A slot is (re)published when it has no lease yet or, with ``stale_after_s``, when
+    neither its message was enqueued nor its worker reported within that time.
+    """
+    published = 0
+    now = timezone.now()
+    for slot in range(concurrency_of(run)):
+        lease, created = Lease.objects.select_for_update().get_or_create(run=run, slot=slot)
+        if created:
+            publish(lease)
+            published += 1
+            continue
+        if stale_after_s is None:
+            continue
+        last_sign = max(filter(None, [lease.enqueued_at, lease.heartbeat_at]))
+        if (now - last_sign).total_seconds() > stale_after_s:
+            publish(lease)
+            published += 1
+    return published
+
+
+@transaction.atomic
+def republish_all(run: Run) -> int:
+    """Publish a fresh generation for every slot (after a pause, a kill switch, a replay)."""
+    count = 0
+    for slot in range(concurrency_of(run)):
+        lease, _ = Lease.objects.select_for_update().get_or_create(run=run, slot=slot)
+        publish(lease)
+        count += 1
+    return count
+
+
+@transaction.atomic
+def continue_lease(run_id: int, slot: int, generation: int) -> bool:
+    """At the end of a lease's budget: publish its next generation if it is still current."""
+    lease = Lease.objects.select_for_update().filter(run_id=run_id, slot=slot).first()
+    if lease is None or lease.generation != generation:
+        return False
+    publish(lease)
+    return True

@@ -1,0 +1,163 @@
+"""The planner: an incremental keyset walk that turns a run's eligible rows into chunks.
+
+- Bounded: it keeps at most ``PLANNER_WINDOW`` pending chunks per run, so a huge
+  backlog never floods the ledger; workers call it again as chunks finish.
+- Durable: each step creates one chunk and advances that tenant's cursor in one
+  transaction; a crashed planner resumes from the stored cursor.
+- Serialized per cursor: a step locks its cursor row (``SKIP LOCKED``), and chunk
+  identity (run, pass, tenant, key_from, key_to) is unique, so two planners never
+  create overlapping chunks.
+- Memory is independent of table size: it holds one cursor and one key at a time.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from psycopg import sql
+
+from core import locks
+from retention import predicate as P
+from retention.spec import PolicySpec
+from runs.models import Chunk, PlannerCursor, Run
+
+
+def _fetchone(frag: P.Fragment):
+    with connection.cursor() as cur:
+        cur.execute(frag.sql.as_string(cur.connection), frag.params)
+        return cur.fetchone()
+
+
+def _fetchall(frag: P.Fragment):
+    with connection.cursor() as cur:
+        cur.execute(frag.sql.as_string(cur.connection), frag.params)
+        return cur.fetchall()
+
+
+def _planning_filter(run: Run, spec: PolicySpec) -> P.Fragment:
+    # Holds are left to the DELETE (they may change while the run goes on).
+    return P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff, include_holds=False)
+
+
+def tenants(spec: PolicySpec) -> list[str]:
+    """Distinct tenants, by a loose index scan over the (tenant, key) index."""
+    tcol = sql.Identifier(spec.tenant)
+    tbl = sql.SQL("{}.{}").format(sql.Identifier(spec.schema), sql.Identifier(spec.table))
+    query = sql.SQL(
+        "WITH RECURSIVE walk(v) AS ("
+        " (SELECT {t} FROM {tbl} WHERE {t} IS NOT NULL ORDER BY {t} LIMIT 1)"
+        " UNION ALL"
+        " SELECT (SELECT {t} FROM {tbl} WHERE {t} > walk.v ORDER BY {t} LIMIT 1) FROM walk WHERE walk.v IS NOT NULL"
+        ") SELECT v::text FROM walk WHERE v IS NOT NULL"
+    ).format(t=tcol, tbl=tbl)
+    return [row[0] for row in _fetchall(P.Fragment(query, []))]
+
+
+def ensure_cursors(run: Run, spec: PolicySpec) -> None:
+    """Create the cursors of the run's current pass (once; serialized by an advisory lock)."""
+    with transaction.atomic():
+        locks.xact_lock(locks.PLANNER, run.id)
+        if PlannerCursor.objects.filter(run=run, pass_no=run.pass_no).exists():
+            return
+        where = _planning_filter(run, spec)
+        key = P.col(spec.key)
+        lo, hi = _fetchone(
+            P.Fragment(
+                sql.SQL("SELECT min({k}), max({k}) FROM {tbl} WHERE {w}").format(
+                    k=key, tbl=P.table(spec), w=where.sql
+                ),
+                where.params,
+            )
+        )
+        if lo is None:
+            PlannerCursor.objects.create(run=run, pass_no=run.pass_no, tenant="", exhausted=True)
+            return
+        names = tenants(spec) if spec.tenant else [""]
+        PlannerCursor.objects.bulk_create(
+            [
+                PlannerCursor(run=run, pass_no=run.pass_no, tenant=name, next_key=lo, bound_key=hi)
+                for name in names
+            ]
+        )
+
+
+def step(run: Run, spec: PolicySpec, chunk_size: int) -> bool | None:
+    """Plan one chunk for the least-planned free cursor. None: no cursor left to work on."""
+    with transaction.atomic():
+        cursor = (
+            PlannerCursor.objects.select_for_update(skip_locked=True)
+            .filter(run=run, pass_no=run.pass_no, exhausted=False)
+            .order_by("chunks_planned", "id")
+            .first()
+        )
+        if cursor is None:
+            return None
+        tenant = cursor.tenant if spec.tenant else None
+        scope = P.in_scope(spec, tenant=tenant, key_from=cursor.next_key, key_to=cursor.bound_key + 1)
+        where = P.Fragment.join([scope, _planning_filter(run, spec)], " AND ")
+        key = P.col(spec.key)
+        row = _fetchone(
+            P.Fragment(
+                sql.SQL("SELECT {k} FROM {tbl} WHERE {w} ORDER BY {k} OFFSET %s LIMIT 1").format(
+                    k=key, tbl=P.table(spec), w=where.sql
+                ),
+                [*where.params, chunk_size - 1],
+            )
+        )
+        if row is not None:
+            key_to, planned = row[0] + 1, chunk_size
+        else:
+            last, count = _fetchone(
+                P.Fragment(
+                    sql.SQL("SELECT max({k}), count(*) FROM {tbl} WHERE {w}").format(
+                        k=key, tbl=P.table(spec), w=where.sql
+                    ),
+                    where.params,
+                )
+            )
+            cursor.exhausted = True
+            key_to, planned = (last + 1 if last is not None else None), count
+        made = False
+        if key_to is not None and planned > 0:
+            try:
+                with transaction.atomic():
+                    Chunk.objects.create(
+                        run=run,
+                        pass_no=run.pass_no,
+                        tenant=cursor.tenant,
+                        seq=cursor.chunks_planned,
+                        key_from=cursor.next_key,
+                        key_to=key_to,
+                        planned_rows=planned,
+                    )
+                made = True
+            except IntegrityError:
+                pass  # the same chunk exists already: a step that crashed after insert is replayed
+            cursor.chunks_planned += 1
+            cursor.next_key = key_to
+        cursor.save(update_fields=["next_key", "exhausted", "chunks_planned"])
+        return made
+
+
+def plan(run: Run, *, window: int | None = None) -> int:
+    """Top the run's pending chunks up to ``window``; mark the planner done when every cursor
+    of the pass is exhausted. Returns the number of chunks created."""
+    if run.planner_done:
+        return 0
+    spec = run.policy_version.parsed
+    window = window or settings.RETENTION["PLANNER_WINDOW"]
+    chunk_size = run.chunk_size or spec.chunk_size
+    ensure_cursors(run, spec)
+    created = 0
+    pending = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).count()
+    while pending < window:
+        made = step(run, spec, chunk_size)
+        if made is None:
+            break
+        if made:
+            created += 1
+            pending += 1
+    if not PlannerCursor.objects.filter(run=run, pass_no=run.pass_no, exhausted=False).exists():
+        Run.objects.filter(pk=run.pk, pass_no=run.pass_no).update(planner_done=True)
+        run.planner_done = True
+    return created

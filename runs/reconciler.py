@@ -1,0 +1,167 @@
+"""The reconciler: every minute, one instance at a time (advisory lock).
+
+It re-publishes lost or stale leases, starts runs that waited for an earlier
+one, creates one catch-up run for missed schedule windows, finishes runs
+(verification before ``drained``), and keeps the app's own tables bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from psycopg import sql
+
+from core import locks
+from retention import predicate as P
+from retention.models import KillSwitch, Policy
+from retention.schedule_math import latest_tick, ticks_between
+from runs import dispatch
+from runs.models import Chunk, DeadLetter, Run
+
+log = logging.getLogger(__name__)
+
+CATCH_UP_GRACE = timedelta(minutes=2)  # a tick is "missed" this long after it was due
+MAX_SKIPPED_RECORDED = 500
+
+
+def _count(frag: P.Fragment) -> int:
+    with connection.cursor() as cur:
+        cur.execute(frag.sql.as_string(cur.connection), frag.params)
+        return cur.fetchone()[0]
+
+
+def verify(run: Run, *, limit: int = 100_000) -> dict:
+    """Eligible rows still present under the run's cutoff (kept and held rows excluded),
+    and rows deferred by legal holds. Counts stop at ``limit``."""
+    spec = run.policy_version.parsed
+    remaining = _count(P.count_where(spec, P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff), limit=limit))
+    not_held = P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff, include_holds=False)
+    held = P.held(spec, run.policy_id)
+    deferred = _count(
+        P.count_where(spec, P.Fragment(sql.SQL("{} AND {}").format(not_held.sql, held.sql), not_held.params + held.params), limit=limit)
+    )
+    return {
+        "remaining": remaining,
+        "deferred_by_holds": deferred,
+        "limit": limit,
+        "checked_at": timezone.now().isoformat(),
+        "pass": run.pass_no,
+    }
+
+
+def finish_run(run: Run) -> str:
+    """Close an active run whose planner is done and which has no pending chunk:
+    verify, then drained / another pass / needs attention. Returns the new state."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().select_related("policy_version").get(pk=run.pk)
+        if run.state != Run.State.ACTIVE or not run.planner_done:
+            return run.state
+        if Chunk.objects.filter(run=run, state=Chunk.State.PENDING).exists():
+            return run.state
+        open_letters = DeadLetter.objects.filter(run=run, resolution=DeadLetter.Resolution.OPEN).count()
+        result = verify(run)
+        run.verification = result
+        if open_letters:
+            run.state = Run.State.ATTENTION
+            run.state_reason = f"{open_letters} dead-lettered chunk(s) need a decision"
+        elif result["remaining"] == 0:
+            run.state = Run.State.DRAINED
+            held = result["deferred_by_holds"]
+            run.state_reason = f"verified: no eligible row left; {held} row(s) deferred by legal holds" if held else "verified: no eligible row left"
+            run.finished_at = timezone.now()
+        elif run.pass_no < run.policy_version.parsed.max_passes:
+            run.pass_no += 1
+            run.planner_done = False
+            run.state_reason = f"pass {run.pass_no}: {result['remaining']} eligible row(s) remained after pass {run.pass_no - 1}"
+        else:
+            run.state = Run.State.ATTENTION
+            run.state_reason = f"{result['remaining']} eligible row(s) remain after {run.pass_no} passes"
+        run.save(update_fields=["state", "state_reason", "verification", "finished_at", "pass_no", "planner_done"])
+        if run.state == Run.State.ACTIVE:
+            dispatch.republish_all(run)
+        elif run.state == Run.State.DRAINED:
+            start_waiting_runs(run.policy)
+        return run.state
+
+
+def start_waiting_runs(policy: Policy) -> None:
+    from runs.actions import start_run
+
+    if Run.objects.filter(policy=policy, state__in=[Run.State.ACTIVE, Run.State.PAUSED, Run.State.ATTENTION, Run.State.CONFIRM]).exists():
+        return
+    waiting = Run.objects.filter(policy=policy, state=Run.State.WAITING).order_by("tick").first()
+    if waiting is not None:
+        start_run(waiting, actor="reconciler", reason="the earlier run finished")
+
+
+def catch_up(policy: Policy, now) -> Run | None:
+    """One run for the newest missed tick of the policy, the older missed ticks recorded on it."""
+    from runs.actions import run_key_for, trigger_run
+
+    version = policy.approved_version
+    if version is None or not policy.enabled:
+        return None
+    spec = version.parsed
+    if spec.catch_up == "none":
+        return None
+    newest = latest_tick(policy, now - CATCH_UP_GRACE)
+    since = max(filter(None, [version.decided_at, policy.created_at]))
+    if newest <= since:
+        return None
+    if Run.objects.filter(run_key=run_key_for(policy, newest)).exists():
+        return None
+    last = Run.objects.filter(policy=policy).order_by("-tick").values_list("tick", flat=True).first()
+    start = max(filter(None, [last, since]))
+    skipped = [t for t in ticks_between(policy, start, newest, limit=MAX_SKIPPED_RECORDED) if t != newest]
+    run, _ = trigger_run(
+        policy, tick=newest, source="catch-up", actor="reconciler",
+        skipped_ticks=[t.isoformat() for t in skipped],
+    )  # fmt: skip
+    return run
+
+
+def prune_own_tables(now) -> dict:
+    """Keep django-q2's results bounded (it never prunes failures)."""
+    from django_q.models import Failure, Success
+
+    keep_days = settings.RETENTION.get("QUEUE_RESULTS_DAYS", 7)
+    horizon = now - timedelta(days=keep_days)
+    out = {}
+    for model in (Success, Failure):
+        ids = list(model.objects.filter(stopped__lt=horizon).values_list("id", flat=True)[:5000])
+        out[model.__name__] = model.objects.filter(id__in=ids).delete()[0] if ids else 0
+    return out
+
+
+def reconcile(now=None) -> dict:
+    """One reconciler pass; returns what it did. Does nothing if another pass holds the lock."""
+    now = now or timezone.now()
+    report = {"republished": 0, "caught_up": [], "finished": [], "started": 0, "pruned": {}}
+    with transaction.atomic():
+        if not locks.try_xact_lock(locks.RECONCILER, 0):
+            report["skipped"] = "another reconciler is running"
+            return report
+        for policy in Policy.objects.filter(enabled=True):
+            try:
+                with transaction.atomic():
+                    run = catch_up(policy, now)
+                if run is not None:
+                    report["caught_up"].append(run.run_key)
+            except Exception:  # one bad policy must not block the others
+                log.exception("catch-up failed for policy %s", policy.slug)
+            start_waiting_runs(policy)
+        kill = KillSwitch.is_on()
+        stale_s = settings.RETENTION["LEASE_BUDGET_S"] * 3 + 30
+        for run in Run.objects.filter(state=Run.State.ACTIVE).select_related("policy", "policy_version"):
+            if run.planner_done and not Chunk.objects.filter(run=run, state=Chunk.State.PENDING).exists():
+                report["finished"].append((run.run_key, finish_run(run)))
+                continue
+            if kill or run.policy.paused:
+                continue
+            report["republished"] += dispatch.ensure_leases(run, stale_after_s=stale_s)
+        report["pruned"] = prune_own_tables(now)
+    return report

@@ -1,0 +1,42 @@
+"""A run's status, derived from its chunk and audit rows (no counters stored on the run)."""
+
+from __future__ import annotations
+
+from django.db.models import Max, Min
+from django.utils import timezone
+
+from runs.models import Chunk, DeadLetter, Run
+
+
+def run_status(run: Run) -> dict:
+    totals = run.chunk_totals()
+    last = run.audit_records.aggregate(at=Max("committed_at"))["at"]
+    oldest_open = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).aggregate(at=Min("created_at"))["at"]
+    now = timezone.now()
+    throttled = (
+        Chunk.objects.filter(run=run, state=Chunk.State.PENDING, not_before__gt=now)
+        .exclude(throttle_reason="")
+        .values_list("throttle_reason", flat=True)
+        .first()
+    )
+    return {
+        "run_key": run.run_key,
+        "state": run.state,
+        "state_reason": run.state_reason,
+        "policy": run.policy.slug,
+        "policy_version": run.policy_version.number,
+        "tick": run.tick.isoformat(),
+        "cutoff": run.cutoff.isoformat(),
+        "pass": run.pass_no,
+        "planner_done": run.planner_done,
+        "chunks": {state: totals[state] for state in Chunk.State.values},
+        "rows_deleted": totals["rows_deleted"],
+        "rows_planned": totals["planned_rows"],
+        "expected_rows": run.expected_rows,
+        "last_progress_at": last.isoformat() if last else None,
+        "oldest_open_chunk_age_s": round((now - oldest_open).total_seconds(), 1) if oldest_open else None,
+        "throttle_reason": throttled or "",
+        "open_dead_letters": DeadLetter.objects.filter(run=run, resolution=DeadLetter.Resolution.OPEN).count(),
+        "skipped_ticks": len(run.skipped_ticks or []),
+        "verification": run.verification,
+    }

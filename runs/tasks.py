@@ -1,0 +1,75 @@
+"""django-q2 entry points. They take ids, call the engine, and never fail from
+django-q2's point of view because of a cleanup error: the ledger records it."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.db import close_old_connections
+
+log = logging.getLogger(__name__)
+
+
+def _malformed(task: str, detail: str, payload: dict) -> str:
+    from runs.worker import dead_letter
+
+    dead_letter(chunk=None, run=None, error_class="malformed", sqlstate="", attempts=1,
+                message=f"malformed {task} message: {detail}", extra={"payload": payload})  # fmt: skip
+    return f"dead-lettered: {detail}"
+
+
+def trigger_scheduled(policy_id=None, tick=None, **_ignored) -> str:
+    """Fired by the policy's schedule; ``tick`` is django-q2's intended date of the firing."""
+    from retention.models import Policy
+    from runs import schedules
+    from runs.actions import ActionError, trigger_run
+
+    close_old_connections()
+    try:
+        tick_at = datetime.fromisoformat(tick) if isinstance(tick, str) else None
+    except ValueError:
+        tick_at = None
+    if not isinstance(policy_id, int) or tick_at is None or tick_at.tzinfo is None:
+        return _malformed("trigger", "needs an integer policy_id and an ISO tick with a timezone",
+                          {"policy_id": repr(policy_id), "tick": repr(tick)})  # fmt: skip
+    policy = Policy.objects.filter(pk=policy_id).first()
+    if policy is None:
+        return _malformed("trigger", f"policy {policy_id} not found", {"policy_id": policy_id})
+    try:
+        run, created = trigger_run(policy, tick=tick_at)
+        outcome = f"{'created' if created else 'existing'} run {run.run_key} ({run.state})"
+    except ActionError as exc:
+        outcome = f"not triggered: {exc}"
+    schedules.arm(policy, after=max(tick_at, _now()))
+    return outcome
+
+
+def _now():
+    from django.utils import timezone
+
+    return timezone.now()
+
+
+def drain_lease(run_id=None, slot=None, generation=None, *extra) -> dict | str:
+    """One lease: drain chunks of the run for a time budget, then publish the next generation."""
+    from runs import dispatch, worker
+
+    close_old_connections()
+    if extra or not all(isinstance(v, int) and not isinstance(v, bool) for v in (run_id, slot, generation)):
+        return _malformed("drain", "needs integer run_id, slot and generation",
+                          {"args": repr((run_id, slot, generation, *extra))})  # fmt: skip
+    stats = worker.drain(run_id, slot=slot, generation=generation)
+    if stats.get("stopped") == "run not found":
+        return _malformed("drain", f"run {run_id} not found", {"run_id": run_id})
+    if stats["continue"]:
+        dispatch.continue_lease(run_id, slot, generation)
+    return stats
+
+
+def reconcile() -> dict:
+    from runs.reconciler import reconcile as run_reconciler
+
+    close_old_connections()
+    report = run_reconciler()
+    return {k: v for k, v in report.items() if v}

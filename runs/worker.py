@@ -1,0 +1,340 @@
+"""The chunk worker: one short transaction per chunk.
+
+    SET LOCAL timeouts → hold fence (shared) → claim chunk (FOR UPDATE SKIP LOCKED)
+    → admission (kill switches, run state, approved version, ceilings, guard)
+    → DELETE (scope + eligibility, holds and keep rules inside)
+    → audit row (hash-chained) → chunk done → COMMIT
+
+Nothing is acknowledged before COMMIT; a crash anywhere before it leaves the
+chunk pending and its rows in place. A committed chunk is never claimed again,
+so a redelivery is a no-op and there is exactly one audit row per chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+
+from core import locks
+from retention import predicate as P
+from retention.models import KillSwitch, Policy, PolicyVersion
+from runs import audit, guard
+from runs.errors import PERMANENT, classify
+from runs.models import Chunk, DeadLetter, Lease, Run
+
+log = logging.getLogger(__name__)
+
+HOST = socket.gethostname()
+
+# outcome kinds
+DONE = "done"  # a chunk committed
+NO_WORK = "no_work"  # nothing admissible right now
+THROTTLED = "throttled"  # the guard refused; the chunk got not_before and a reason
+BUSY = "busy"  # a concurrency ceiling is full
+FAILED = "failed"  # the chunk failed; recorded for retry, split or dead letter
+STOP = "stop"  # the run cannot go on here (paused, cancelled, superseded, kill switch)
+
+
+@dataclass
+class Outcome:
+    kind: str
+    chunk_id: int | None = None
+    rows: int = 0
+    seconds: float = 0.0
+    reason: str = ""
+
+
+def backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0) -> float:
+    """Exponential backoff with full jitter."""
+    return random.uniform(0, min(cap, base * (2 ** max(0, attempts - 1)))) + base / 2
+
+
+def _set_local(name: str, value: str) -> None:
+    with connection.cursor() as cur:
+        cur.execute("SELECT set_config(%s, %s, true)", [name, value])
+
+
+def _claim(run: Run, *, chunk_id: int | None, skip_tenants: list[str]):
+    """Lock the next admissible chunk of the run (round-robin over tenants by ``seq``)."""
+    query = (
+        "SELECT id, tenant, key_from, key_to, attempts FROM runs_chunk"
+        " WHERE run_id = %s AND state = 'pending' AND not_before <= clock_timestamp()"
+    )
+    params: list = [run.id]
+    if chunk_id is not None:
+        query += " AND id = %s"
+        params.append(chunk_id)
+    if skip_tenants:
+        query += " AND tenant <> ALL(%s)"
+        params.append(skip_tenants)
+    query += " ORDER BY seq, id FOR UPDATE SKIP LOCKED LIMIT 1"
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        return cur.fetchone()
+
+
+def _slot(namespace: int, scope: str, ceiling: int) -> bool:
+    """Take one of ``ceiling`` transaction-level slots of ``scope``; False if all are taken."""
+    return any(locks.try_xact_lock(namespace, locks.int4(f"{scope}:{n}")) for n in range(ceiling))
+
+
+def _refusal(run: Run) -> str:
+    """Why the run may not start a chunk now ('' when it may). Read inside the chunk transaction."""
+    if KillSwitch.is_on():
+        return "global kill switch is on"
+    state = Run.objects.filter(pk=run.pk).values_list("state", flat=True).first()
+    if state != Run.State.ACTIVE:
+        return f"run is {state}"
+    policy = Policy.objects.filter(pk=run.policy_id).values("enabled", "paused").first()
+    if not policy["enabled"]:
+        return "policy is disabled"
+    if policy["paused"]:
+        return "policy is paused"
+    return ""
+
+
+def _version_still_approved(run: Run) -> bool:
+    state = PolicyVersion.objects.filter(pk=run.policy_version_id).values_list("state", flat=True).first()
+    return state == PolicyVersion.State.APPROVED
+
+
+def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
+    """Run one chunk transaction for ``run`` (or the given chunk). Never raises for a chunk error."""
+    spec = run.policy_version.parsed
+    cfg = settings.RETENTION
+    with transaction.atomic():
+        _set_local("lock_timeout", f"{spec.lock_timeout_ms}ms")
+        _set_local("statement_timeout", f"{spec.statement_timeout_ms}ms")
+        if not cfg["SYNCHRONOUS_COMMIT"]:
+            _set_local("synchronous_commit", "off")
+        locks.hold_fence(exclusive=False)
+
+        refusal = _refusal(run)
+        if refusal:
+            return Outcome(STOP, reason=refusal)
+        if not _version_still_approved(run):
+            Run.objects.filter(pk=run.pk, state=Run.State.ACTIVE).update(
+                state=Run.State.SUPERSEDED,
+                state_reason=f"policy version v{run.policy_version.number} is no longer approved",
+                finished_at=timezone.now(),
+            )
+            return Outcome(STOP, reason="policy version superseded")
+        if not _slot(locks.CEILING_GLOBAL, "global", cfg["GLOBAL_CEILING"]):
+            return Outcome(BUSY, reason="global ceiling reached")
+        if not _slot(locks.CEILING_POLICY, f"policy:{run.policy_id}", spec.policy_workers):
+            return Outcome(BUSY, reason="policy ceiling reached")
+
+        verdict = guard.admission(run, spec)
+        skip: list[str] = []
+        row = None
+        for _ in range(4):
+            row = _claim(run, chunk_id=chunk_id, skip_tenants=skip)
+            if row is None:
+                return Outcome(NO_WORK if not skip else BUSY, reason="tenant ceilings reached" if skip else "")
+            tenant = row[1]
+            if not spec.tenant or _slot(locks.CEILING_TENANT, f"{run.policy_id}:{tenant}", spec.tenant_workers):
+                break
+            skip.append(tenant)
+            row = None
+        if row is None:
+            return Outcome(BUSY, reason="tenant ceilings reached")
+        chunk_id, tenant, key_from, key_to, attempts = row
+
+        if not verdict.admit:
+            Chunk.objects.filter(pk=chunk_id).update(
+                not_before=timezone.now() + timedelta(seconds=backoff(1, base=1.0, cap=5.0)),
+                throttle_reason=verdict.reason,
+            )
+            return Outcome(THROTTLED, chunk_id, reason=verdict.reason)
+
+        started = timezone.now()
+        t0 = time.monotonic()
+        statement = P.delete_chunk(
+            spec,
+            policy_id=run.policy_id,
+            cutoff=run.cutoff,
+            tenant=tenant if spec.tenant else None,
+            key_from=key_from,
+            key_to=key_to,
+        )
+        try:
+            with transaction.atomic():  # a savepoint: a failed DELETE is recorded in this transaction
+                with connection.cursor() as cur:
+                    cur.execute(statement.sql.as_string(cur.connection), statement.params)
+                    deleted = cur.rowcount
+        except DatabaseError as exc:
+            # If the connection itself is gone, recording fails too and the error reaches
+            # drain(): the whole transaction is lost and the chunk stays pending.
+            _record_failure(run, chunk_id, attempts, exc)
+            return Outcome(FAILED, chunk_id, reason=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+        audit.append(
+            chunk_id=chunk_id,
+            run_id=run.id,
+            policy_version_id=run.policy_version_id,
+            policy_slug=spec.slug,
+            table_name=spec.qualified_table,
+            cutoff=run.cutoff,
+            tenant=tenant,
+            key_from=key_from,
+            key_to=key_to,
+            attempt=attempts + 1,
+            worker_host=HOST,
+            worker_pid=os.getpid(),
+            rows_deleted=deleted,
+            started_at=started,
+            outcome="deleted",
+        )
+        Chunk.objects.filter(pk=chunk_id).update(
+            state=Chunk.State.DONE, done_at=timezone.now(), attempts=attempts + 1, throttle_reason=""
+        )
+        seconds = time.monotonic() - t0
+    return Outcome(DONE, chunk_id, rows=deleted, seconds=seconds)
+
+
+def _record_failure(run: Run, chunk_id: int, attempts: int, exc: BaseException) -> None:
+    """Retry later, split, or dead-letter — inside the chunk's transaction, still holding its lock."""
+    cls = classify(exc)
+    message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:2000]
+    attempts += 1
+    chunk = Chunk.objects.get(pk=chunk_id)
+    cfg = settings.RETENTION
+    if cls.kind != PERMANENT and cls.split and _split(chunk, cfg["SPLIT_FLOOR_ROWS"]):
+        Chunk.objects.filter(pk=chunk_id).update(
+            state=Chunk.State.SPLIT, attempts=attempts, last_error=message, last_sqlstate=cls.sqlstate
+        )
+        return
+    if cls.kind == PERMANENT or attempts >= cfg["MAX_ATTEMPTS"]:
+        Chunk.objects.filter(pk=chunk_id).update(
+            state=Chunk.State.DEAD, attempts=attempts, last_error=message, last_sqlstate=cls.sqlstate
+        )
+        dead_letter(
+            chunk=chunk,
+            run=run,
+            error_class=cls.kind if cls.kind == PERMANENT else "exhausted",
+            sqlstate=cls.sqlstate,
+            message=f"{cls.label}: {message}",
+            attempts=attempts,
+        )
+        return
+    Chunk.objects.filter(pk=chunk_id).update(
+        attempts=attempts,
+        last_error=message,
+        last_sqlstate=cls.sqlstate,
+        not_before=timezone.now() + timedelta(seconds=backoff(attempts)),
+    )
+
+
+def _split(chunk: Chunk, floor_rows: int) -> bool:
+    """Replace a chunk that timed out by its two halves (same run, pass, tenant and order)."""
+    if chunk.key_to - chunk.key_from < 2 or chunk.planned_rows < 2 * floor_rows:
+        return False
+    mid = chunk.key_from + (chunk.key_to - chunk.key_from) // 2
+    for lo, hi in ((chunk.key_from, mid), (mid, chunk.key_to)):
+        Chunk.objects.get_or_create(
+            run_id=chunk.run_id,
+            pass_no=chunk.pass_no,
+            tenant=chunk.tenant,
+            key_from=lo,
+            key_to=hi,
+            defaults={"seq": chunk.seq, "planned_rows": chunk.planned_rows // 2, "parent": chunk},
+        )
+    return True
+
+
+def dead_letter(*, chunk: Chunk | None, run: Run | None, error_class: str, sqlstate: str, message: str,
+                attempts: int, extra: dict | None = None) -> DeadLetter:
+    """Record a dead letter with the whole context an operator needs."""
+    context: dict = dict(extra or {})
+    if run is not None:
+        spec = run.policy_version.parsed
+        context.update(
+            policy=spec.slug,
+            policy_version=run.policy_version.number,
+            run=run.run_key,
+            table=spec.qualified_table,
+            cutoff=run.cutoff.isoformat(),
+        )
+    if chunk is not None:
+        context.update(tenant=chunk.tenant, key_from=chunk.key_from, key_to=chunk.key_to, chunk=chunk.pk)
+    context.update(sqlstate=sqlstate, attempts=attempts, host=HOST, pid=os.getpid())
+    return DeadLetter.objects.create(
+        chunk=chunk, run=run, error_class=error_class, sqlstate=sqlstate, message=message,
+        context=context, attempts=attempts,
+    )  # fmt: skip
+
+
+def drain(run_id: int, *, slot: int | None = None, generation: int | None = None,
+          budget_s: float | None = None, until_idle: bool = False) -> dict:
+    """Drain chunks of one run until the budget ends, the run stops, or (``until_idle``) no work
+    is left. Returns counters. With a lease (slot, generation) it stops when superseded."""
+    from runs import planner, reconciler
+
+    budget = budget_s if budget_s is not None else settings.RETENTION["LEASE_BUDGET_S"]
+    deadline = time.monotonic() + budget
+    stats = {"chunks": 0, "rows": 0, "failed": 0, "throttled": 0, "stopped": "", "continue": False}
+    last_beat = 0.0
+    while time.monotonic() < deadline:
+        run = Run.objects.select_related("policy_version", "policy").filter(pk=run_id).first()
+        if run is None:
+            stats["stopped"] = "run not found"
+            return stats
+        if slot is not None:
+            lease = Lease.objects.filter(run_id=run_id, slot=slot).values_list("generation", flat=True).first()
+            if lease != generation:
+                stats["stopped"] = "lease superseded"
+                return stats
+            if time.monotonic() - last_beat > 2:
+                Lease.objects.filter(run_id=run_id, slot=slot, generation=generation).update(
+                    heartbeat_at=timezone.now()
+                )
+                last_beat = time.monotonic()
+        if run.state != Run.State.ACTIVE:
+            stats["stopped"] = f"run is {run.state}"
+            return stats
+        if not run.planner_done:
+            window = settings.RETENTION["PLANNER_WINDOW"]
+            if Chunk.objects.filter(run=run, state=Chunk.State.PENDING).count() <= window // 2:
+                planner.plan(run, window=window)
+        try:
+            outcome = process_one(run)
+        except DatabaseError as exc:
+            # The connection itself failed (killed backend, restart): nothing was recorded;
+            # the chunk is still pending. Reconnect after a pause.
+            log.warning("chunk transaction lost its connection: %s", exc)
+            connection.close()
+            stats["failed"] += 1
+            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+            continue
+        if outcome.kind == DONE:
+            stats["chunks"] += 1
+            stats["rows"] += outcome.rows
+            continue
+        if outcome.kind == FAILED:
+            stats["failed"] += 1
+            continue
+        if outcome.kind == STOP:
+            stats["stopped"] = outcome.reason
+            return stats
+        if outcome.kind == NO_WORK:
+            has_pending = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).exists()
+            if run.planner_done and not has_pending:
+                reconciler.finish_run(run)
+                stats["stopped"] = "no work left"
+                return stats
+            if until_idle and not has_pending and run.planner_done:
+                return stats
+        if outcome.kind == THROTTLED:
+            stats["throttled"] += 1
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    stats["continue"] = True
+    return stats

@@ -1,0 +1,103 @@
+"""Fixtures for the run engine: a real events table with a shadow copy, and approved policies."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from tests.factories import approved_policy
+
+ROOT = Path(__file__).resolve().parents[2]
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def create_events(rows: int, *, tenants: int = 5, name: str = "rr_events", days: int = 40) -> None:
+    """``public.<name>``: ids increase with time over ``days`` days before NOW; tenant 1 holds
+    about 40%; every 17th row is 'disputed' (kept by the test policies). Shadow copy beside it."""
+    with connection.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS public.{name}, public.{name}_shadow")
+        cur.execute(
+            f"""CREATE TABLE public.{name} (
+                id bigint PRIMARY KEY, tenant_id int NOT NULL, occurred_at timestamptz NOT NULL,
+                status text, payload text)"""
+        )
+        cur.execute(
+            f"""INSERT INTO public.{name}
+                SELECT g,
+                       CASE WHEN g %% 5 < 2 THEN 1 ELSE 2 + (g %% {max(1, tenants - 1)}) END,
+                       %s::timestamptz - make_interval(secs => ({days} * 86400.0) * (1 - g::float8 / %s)),
+                       CASE WHEN g %% 17 = 0 THEN 'disputed' WHEN g %% 29 = 0 THEN NULL ELSE 'closed' END,
+                       repeat('x', 60)
+                FROM generate_series(1, %s) AS g""",
+            [NOW, rows, rows],
+        )
+        cur.execute(f"CREATE INDEX ON public.{name} (tenant_id, id)")
+        cur.execute(f"CREATE INDEX ON public.{name} (occurred_at)")
+        cur.execute(f"CREATE TABLE public.{name}_shadow AS SELECT * FROM public.{name}")
+        cur.execute(f"ANALYZE public.{name}")
+
+
+def count(table: str, where: str = "TRUE", params=None) -> int:
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT count(*) FROM {table} WHERE {where}", params or [])
+        return cur.fetchone()[0]
+
+
+@pytest.fixture
+def events(db):
+    create_events(3000)
+    yield "rr_events"
+
+
+@pytest.fixture
+def events_policy(events, make_user):
+    """Approved: delete rr_events older than 20 days, keep 'disputed', per tenant, chunks of 200."""
+    return approved_policy(
+        make_user,
+        slug="events",
+        table="public.rr_events",
+        key="id",
+        timestamp="occurred_at",
+        tenant="tenant_id",
+        retention="20 days",
+        schedule="0 3 * * *",
+        timezone="UTC",
+        chunk_size=200,
+        keep=[{"column": "status", "op": "=", "value": "disputed"}],
+        limits={"policy_workers": 2, "tenant_workers": 1},
+    )
+
+
+def manage(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``manage.py`` in a new process against the test database."""
+    full_env = dict(os.environ, **worker_env(), **(env or {}))
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def worker_env() -> dict:
+    """Environment that points a child process at this test database."""
+    params = connection.settings_dict
+    host = params["HOST"] or ""
+    url = f"postgresql://{params['USER'] or 'postgres'}@/{params['NAME']}"
+    query = []
+    if host.startswith("/"):
+        query.append(f"host={host}")
+    else:
+        url = f"postgresql://{params['USER'] or 'postgres'}@{host}:{params['PORT'] or 5432}/{params['NAME']}"
+    if params.get("PORT") and host.startswith("/"):
+        query.append(f"port={params['PORT']}")
+    if query:
+        url += "?" + "&".join(query)
+    return {"DATABASE_URL": url, "RETENTION_DEMO": "1", "DEBUG": "0"}
+
+
+def tick_at(days_ago: float = 0) -> datetime:
+    return NOW - timedelta(days=days_ago)

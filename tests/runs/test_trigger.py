@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from runs.actions import run_key_for, trigger_run
+from runs.models import Lease, Run
+from tests.runs.conftest import NOW
+
+
+def test_a_trigger_creates_one_run_with_the_cutoff_derived_from_the_tick(events_policy):
+    tick = NOW.replace(hour=3, minute=0)
+    run, created = trigger_run(events_policy, tick=tick)
+    assert created
+    assert run.run_key == "events/2026-11-30T03:00"
+    assert run.cutoff == tick - timedelta(days=20)
+    assert run.policy_version == events_policy.approved_version
+    assert run.state == Run.State.ACTIVE
+
+
+def test_duplicate_triggers_converge_on_one_run(events_policy):
+    tick = NOW.replace(hour=3, minute=0)
+    first, created_first = trigger_run(events_policy, tick=tick)
+    second, created_second = trigger_run(events_policy, tick=tick, source="manual", actor="someone")
+    assert (created_first, created_second) == (True, False)
+    assert first.pk == second.pk
+    assert Run.objects.count() == 1
+
+
+def test_starting_a_run_publishes_one_lease_per_allowed_worker(events_policy):
+    from django_q.models import OrmQ
+
+    run, _ = trigger_run(events_policy, tick=NOW)
+    assert Lease.objects.filter(run=run).count() == 2
+    assert OrmQ.objects.count() == 2  # the ledger is the outbox: same transaction
+
+
+def test_a_second_run_waits_while_the_first_is_active(events_policy):
+    first, _ = trigger_run(events_policy, tick=NOW - timedelta(days=1))
+    second, _ = trigger_run(events_policy, tick=NOW)
+    second.refresh_from_db()
+    assert first.state == Run.State.ACTIVE
+    assert second.state == Run.State.WAITING
+    assert first.run_key in second.state_reason
+
+
+def test_the_cutoff_keeps_its_wall_clock_across_a_dst_change(make_user, events):
+    from tests.factories import approved_policy
+
+    policy = approved_policy(
+        make_user, slug="berlin", table="public.rr_events", key="id", timestamp="occurred_at",
+        retention="7 days", schedule="0 2 * * *", timezone="Europe/Berlin",
+    )  # fmt: skip
+    # 2026-03-29 is the spring-forward day in Berlin; a week earlier was winter time.
+    tick = datetime(2026, 3, 30, 0, 0, tzinfo=UTC)  # 02:00 CEST
+    run, _ = trigger_run(policy, tick=tick)
+    assert run.run_key == "berlin/2026-03-30T02:00"
+    assert run.cutoff == datetime(2026, 3, 23, 1, 0, tzinfo=UTC)  # 02:00 CET a week earlier
+
+
+def test_run_keys_are_the_tick_in_the_policy_timezone(events_policy):
+    events_policy.timezone = "America/New_York"
+    tick = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+    assert run_key_for(events_policy, tick) == "events/2026-11-30T03:00"
+
+
+def test_a_policy_without_an_approved_version_cannot_run(db):
+    from retention.models import Policy
+    from runs.actions import ActionError
+
+    policy = Policy.objects.create(slug="draft-only", name="draft", schedule="0 3 * * *")
+    with pytest.raises(ActionError, match="no approved version"):
+        trigger_run(policy, tick=NOW)
+    assert Run.objects.count() == 0

@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import pytest
+
+from runs import planner, worker
+from runs.actions import trigger_run
+from runs.invariants import check_run
+from runs.models import AuditRecord, Chunk, Run
+from tests.runs.conftest import NOW, count
+
+
+def drain_inline(run: Run) -> dict:
+    return worker.drain(run.pk, budget_s=60, until_idle=True)
+
+
+def test_a_run_drains_every_eligible_row_and_nothing_else(events_policy):
+    run, _ = trigger_run(events_policy, tick=NOW)
+    before_total = count("rr_events")
+    stats = drain_inline(run)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert stats["rows"] > 0
+    assert count("rr_events") == before_total - stats["rows"]
+    assert check_run(run, shadow=("public", "rr_events_shadow")) == []
+    # kept rows older than the cutoff survive
+    assert count("rr_events", "occurred_at < %s AND status = 'disputed'", [run.cutoff]) > 0
+
+
+def test_each_finished_chunk_has_exactly_one_audit_row(events_policy):
+    run, _ = trigger_run(events_policy, tick=NOW)
+    drain_inline(run)
+    done = Chunk.objects.filter(run=run, state=Chunk.State.DONE).count()
+    assert done > 1
+    assert AuditRecord.objects.filter(run=run).count() == done
+
+
+def test_replaying_a_committed_chunk_changes_nothing(events_policy):
+    run, _ = trigger_run(events_policy, tick=NOW)
+    planner.plan(run)
+    outcome = worker.process_one(run)
+    assert outcome.kind == worker.DONE
+    rows_after = count("rr_events")
+    again = worker.process_one(run, chunk_id=outcome.chunk_id)
+    assert again.kind == worker.NO_WORK
+    assert count("rr_events") == rows_after
+    assert AuditRecord.objects.filter(chunk_id=outcome.chunk_id).count() == 1
+
+
+def test_chunks_cover_disjoint_intervals_per_tenant(events_policy):
+    run, _ = trigger_run(events_policy, tick=NOW)
+    while not run.planner_done:
+        planner.plan(run, window=1000)
+    by_tenant: dict[str, list[tuple[int, int]]] = {}
+    for c in Chunk.objects.filter(run=run):
+        by_tenant.setdefault(c.tenant, []).append((c.key_from, c.key_to))
+    for intervals in by_tenant.values():
+        intervals.sort()
+        for (_a_from, a_to), (b_from, _b_to) in zip(intervals, intervals[1:], strict=False):
+            assert a_to <= b_from
+
+
+def test_the_planner_keeps_a_bounded_window_of_pending_chunks(events_policy):
+    run, _ = trigger_run(events_policy, tick=NOW)
+    planner.plan(run, window=3)
+    assert Chunk.objects.filter(run=run, state=Chunk.State.PENDING).count() == 3
+    assert not run.planner_done
+
+
+def test_a_paused_run_admits_no_chunk(events_policy, make_user):
+    from runs.actions import pause_run
+
+    oncall = make_user("oscar", "oncall")
+    run, _ = trigger_run(events_policy, tick=NOW)
+    planner.plan(run)
+    pause_run(run, actor=oncall, reason="incident")
+    run.refresh_from_db()
+    outcome = worker.process_one(run)
+    assert outcome.kind == worker.STOP
+    assert "paused" in outcome.reason
+    assert AuditRecord.objects.count() == 0
+
+
+def test_a_superseded_version_is_refused_before_mutating(events_policy, make_user):
+    from tests.factories import approved_policy
+
+    run, _ = trigger_run(events_policy, tick=NOW)
+    planner.plan(run)
+    before = count("rr_events")
+    spec = dict(events_policy.approved_version.spec)
+    approved_policy(
+        make_user, slug="events", table="public.rr_events", key="id", timestamp="occurred_at",
+        tenant="tenant_id", retention="25 days", schedule="0 3 * * *", chunk_size=spec["chunk_size"],
+    )  # fmt: skip
+    outcome = worker.process_one(run)
+    run.refresh_from_db()
+    assert outcome.kind == worker.STOP
+    assert run.state == Run.State.SUPERSEDED
+    assert count("rr_events") == before
+
+
+@pytest.mark.parametrize("state", ["on"])
+def test_the_global_kill_switch_stops_admission(events_policy, make_user, state):
+    from runs.actions import set_kill_switch
+
+    run, _ = trigger_run(events_policy, tick=NOW)
+    planner.plan(run)
+    set_kill_switch(True, actor=make_user("oscar", "oncall"), reason="drill")
+    outcome = worker.process_one(run)
+    assert outcome.kind == worker.STOP
+    assert "kill switch" in outcome.reason
