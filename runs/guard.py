@@ -18,3 +18,10 @@ ADMIT = Verdict(True)
 def admission(run, spec) -> Verdict:
     """Decide from the latest shared sample whether ``run`` may start a chunk."""
     return ADMIT
+
+
+def current_state(policy) -> dict:
+    """The guard as the dashboard shows it for ``policy``:
+    ``{"level": "ok"|"throttled"|"critical", "reasons": [str], "signals": {name: {"value", "threshold", "unit"}},
+    "sampled_at": datetime|None}``."""
+    return {"level": "ok", "reasons": [], "signals": {}, "sampled_at": None}
