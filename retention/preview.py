@@ -56,7 +56,7 @@ def _summary_query(spec: PolicySpec, *, policy_id: int, cutoff: datetime, ts_typ
         cond = predicate.keep_condition(rule)
         rule_cols.append(
             predicate.Fragment(
-                sql.SQL("({}) IS TRUE AS {}").format(cond.sql, sql.Identifier(f"r{i}")),
+                sql.SQL("({}) IS NOT FALSE AS {}").format(cond.sql, sql.Identifier(f"r{i}")),
                 cond.params,
             )
         )

@@ -1,0 +1,167 @@
+from __future__ import annotations
+
+import io
+from unittest import mock
+
+import pytest
+from django.core.exceptions import PermissionDenied
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from retention import actions
+from retention.actions import ActionError
+from retention.models import OperatorAction, Policy, PolicyVersion
+from retention.spec import load_toml
+
+from .conftest import policy_toml
+
+
+def submitted(author, **overrides) -> PolicyVersion:
+    version = actions.apply_spec(load_toml(policy_toml(**overrides)), author=author)
+    return actions.submit_version(version, actor=author)
+
+
+def run_cli(*args: str) -> str:
+    out = io.StringIO()
+    call_command("retention", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_the_author_cannot_approve_their_own_version(events_table, alice):
+    version = submitted(alice)
+
+    with pytest.raises(ActionError, match="alice wrote events v1 and cannot approve it"):
+        actions.approve_version(version, actor=alice)
+
+    version.refresh_from_db()
+    assert version.state == "submitted"
+    assert not OperatorAction.objects.filter(action="version.approve").exists()
+
+
+def test_the_author_cannot_approve_through_the_cli_either(events_table, alice):
+    submitted(alice)
+
+    with pytest.raises(CommandError) as excinfo:
+        run_cli("policy", "approve", "events", "--version", "1", "--approver", "alice")
+
+    assert "cannot approve it" in str(excinfo.value)
+    assert "\n" not in str(excinfo.value)
+    assert PolicyVersion.objects.get().state == "submitted"
+
+
+def test_a_user_outside_compliance_cannot_approve(events_table, alice, olga):
+    version = submitted(alice)
+
+    with pytest.raises(PermissionDenied):
+        actions.approve_version(version, actor=olga)
+    with pytest.raises(CommandError, match="requires one of the roles: compliance"):
+        run_cli("policy", "approve", "events", "--version", "1", "--approver", "olga")
+    assert PolicyVersion.objects.get().state == "submitted"
+
+
+def test_approval_by_another_officer_binds_the_hash_and_syncs_the_schedule(
+    events_table, alice, bob
+):
+    version = submitted(alice, schedule='"15 2 * * *"', name='"Events older than 30 days"')
+
+    with mock.patch("runs.schedules.sync_policy_schedule") as sync:
+        actions.approve_version(version, actor=bob, reason="reviewed with legal")
+
+    version.refresh_from_db()
+    assert version.state == "approved"
+    assert version.approved_hash == version.content_hash
+    assert version.decided_by == bob
+    assert version.decision_reason == "reviewed with legal"
+    policy = Policy.objects.get()
+    assert (policy.schedule, policy.name) == ("15 2 * * *", "Events older than 30 days")
+    assert policy.approved_version == version
+    sync.assert_called_once_with(policy)
+    action = OperatorAction.objects.get(action="version.approve")
+    assert action.actor == "bob"
+    assert action.details["content_hash"] == version.content_hash
+    assert action.details["preview_eligible"] == version.preview["eligible"]
+
+
+def test_approving_a_new_version_supersedes_the_previous_one(events_table, alice, bob):
+    first = submitted(alice)
+    actions.approve_version(first, actor=bob)
+    second = submitted(alice, retention='"60 days"')
+
+    run_cli("policy", "approve", "events", "--version", "2", "--approver", "bob")
+
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.state, second.state) == ("superseded", "approved")
+    assert PolicyVersion.objects.filter(state="approved").count() == 1
+
+
+def test_approval_is_refused_when_the_content_no_longer_matches_its_hash(events_table, alice, bob):
+    version = submitted(alice)
+    tampered = dict(version.spec, retention="1 days")
+    PolicyVersion.objects.filter(pk=version.pk).update(spec=tampered)
+
+    with pytest.raises(ActionError, match="does not match the hash"):
+        actions.approve_version(version, actor=bob)
+
+    assert PolicyVersion.objects.get().state == "submitted"
+
+
+def test_only_a_submitted_version_can_be_approved(events_table, alice, bob):
+    draft = actions.apply_spec(load_toml(policy_toml()), author=alice)
+
+    with pytest.raises(ActionError, match="only a submitted version can be approved"):
+        actions.approve_version(draft, actor=bob)
+
+
+def test_rejection_needs_a_reason_and_a_different_officer(events_table, alice, bob):
+    version = submitted(alice)
+
+    with pytest.raises(ActionError, match="needs a reason"):
+        actions.reject_version(version, actor=bob, reason="  ")
+    with pytest.raises(ActionError, match="cannot decide on it"):
+        actions.reject_version(version, actor=alice, reason="withdrawn")
+
+    out = run_cli(
+        "policy", "reject", "events", "--version", "1", "--approver", "bob", "--reason", "too short"
+    )
+
+    assert out.strip() == "events v1 rejected by bob"
+    version.refresh_from_db()
+    assert (version.state, version.decision_reason) == ("rejected", "too short")
+    assert OperatorAction.objects.get(action="version.reject").reason == "too short"
+
+
+def test_an_unknown_approver_or_version_gives_one_error_line(events_table, alice):
+    submitted(alice)
+
+    with pytest.raises(CommandError, match="unknown user 'nobody'"):
+        run_cli("policy", "approve", "events", "--version", "1", "--approver", "nobody")
+    with pytest.raises(CommandError, match="policy 'events' has no version 9"):
+        run_cli("policy", "approve", "events", "--version", "9", "--approver", "alice")
+    assert PolicyVersion.objects.get().state == "submitted"
+
+
+def test_pausing_needs_oncall_and_a_reason(events_table, alice, olga):
+    submitted(alice)
+    policy = Policy.objects.get()
+
+    with pytest.raises(PermissionDenied):
+        actions.pause_policy(policy, actor=alice, reason="noisy")
+    with pytest.raises(ActionError, match="needs a reason"):
+        actions.pause_policy(policy, actor=olga, reason="")
+    actions.pause_policy(policy, actor=olga, reason="replica lag incident")
+    policy.refresh_from_db()
+    assert policy.paused and policy.paused_reason == "replica lag incident"
+
+    actions.resume_policy(policy, actor=olga, reason="lag recovered")
+    policy.refresh_from_db()
+    assert not policy.paused
+    assert list(
+        OperatorAction.objects.filter(target_type="policy")
+        .order_by("id")
+        .values_list("action", "reason")
+    ) == [
+        ("policy.create", ""),
+        ("policy.pause", "replica lag incident"),
+        ("policy.resume", "lag recovered"),
+    ]

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from retention import actions, introspect
+from retention.spec import SpecError, load_toml
+
+from .conftest import policy_toml
+
+
+def sql(text: str) -> None:
+    with connection.cursor() as cur:
+        cur.execute(text)
+
+
+def validate(**overrides):
+    return introspect.validate(load_toml(policy_toml(**overrides)))
+
+
+def test_a_valid_table_validates_with_its_supporting_index(events_table):
+    result = validate()
+    assert result.supporting_index == "t_events_tenant_id"
+    assert result.warnings == []
+    assert result.to_json()["column_types"] == {
+        "id": "bigint",
+        "occurred_at": "timestamp with time zone",
+        "tenant_id": "integer",
+    }
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"key": '"status"'}, "key column 'status' of public.t_events must be smallint, integer or bigint, not text"),
+        ({"timestamp": '"id"'}, "timestamp column 'id' of public.t_events must be timestamptz, timestamp or date, not bigint"),
+        ({"tenant": '"missing"'}, "tenant column 'missing' does not exist in table public.t_events"),
+        ({"table": '"other.t_events"'}, "table other.t_events does not exist"),
+        ({"tables": '[[keep]]\ncolumn = "occurred_at"\nop = "<"\nvalue = "yesterday-ish"\n'}, "column 'occurred_at'"),
+        ({"tables": '[[keep]]\ncolumn = "status"\nop = ">"\nvalue = 5\n'}, "column 'status'"),
+    ],
+)  # fmt: skip
+def test_incompatible_columns_and_values_are_refused_by_name(events_table, overrides, message):
+    with pytest.raises(SpecError) as excinfo:
+        validate(**overrides)
+    assert message in str(excinfo.value)
+    assert "\n" not in str(excinfo.value)
+
+
+def test_a_table_without_a_tenant_key_index_gets_a_warning(events_table):
+    sql("DROP INDEX public.t_events_tenant_id")
+    result = validate()
+    assert result.supporting_index is None
+    assert result.warnings == [
+        "no btree index on public.t_events (tenant_id, id): every chunk would scan the whole "
+        "table; create one before the first run"
+    ]
+    assert validate(tenant=None).supporting_index == "t_events_pkey"
+
+
+def test_a_cascading_reference_must_be_acknowledged(events_table, alice):
+    sql(
+        "CREATE TABLE public.t_event_notes (id int PRIMARY KEY,"
+        " event_id bigint REFERENCES public.t_events (id) ON DELETE CASCADE)"
+    )
+    with pytest.raises(SpecError, match="public.t_event_notes \\(event_id\\) references"):
+        actions.apply_spec(load_toml(policy_toml()), author=alice)
+
+    result = validate(cascade_ack='["public.t_event_notes"]')
+
+    assert [(fk.table, fk.on_delete, fk.acknowledged) for fk in result.foreign_keys] == [
+        ("public.t_event_notes", "cascade", True)
+    ]
+
+
+def test_a_restricting_reference_is_a_warning_that_chunks_will_fail(events_table):
+    sql(
+        "CREATE TABLE public.t_event_refs (id int PRIMARY KEY,"
+        " event_id bigint REFERENCES public.t_events (id))"
+    )
+    result = validate(cascade_ack='["public.elsewhere"]')
+    assert result.warnings == [
+        "public.t_event_refs (event_id) references public.t_events with ON DELETE NO ACTION: "
+        "chunks fail while referencing rows exist",
+        "cascade_ack lists public.elsewhere, which has no cascading reference to public.t_events",
+    ]
+    assert result.to_json()["foreign_keys"][0]["on_delete"] == "no action"
+
+
+def test_a_view_is_not_a_table(events_table):
+    sql("CREATE VIEW public.t_events_view AS SELECT * FROM public.t_events")
+    with pytest.raises(SpecError, match="public.t_events_view is not a table"):
+        validate(table='"public.t_events_view"')
