@@ -17,6 +17,7 @@ if not SECRET_KEY:
     SECRET_KEY = "insecure-demo-key-do-not-use-in-production"
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")  # bearer token for /metrics; empty: sign-in only
 
 CLEANUP_WORKERS = env_int("CLEANUP_WORKERS", 2, minimum=1, maximum=64)
 # The run engine (docs/engine.md).
@@ -142,8 +143,8 @@ HOSTNAME = socket.gethostname()
 # outbox). `retry` must exceed the longest time a task can stay dequeued.
 _Q_BASE = {
     "orm": "default",
-    "timeout": 60,
-    "retry": 120,
+    "timeout": env_int("RETENTION_Q_TIMEOUT", 60, minimum=1),
+    "retry": env_int("RETENTION_Q_RETRY", 120, minimum=2),
     "max_attempts": 1,
     "save_limit": 200,
     "ack_failures": True,
@@ -157,6 +158,10 @@ _Q_BASE = {
 if RETENTION["BROKER"] == "redis":
     _Q_BASE.pop("orm")
     _Q_BASE["redis"] = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+if _Q_BASE["retry"] <= _Q_BASE["timeout"]:
+    raise ConfigError("RETENTION_Q_RETRY must exceed RETENTION_Q_TIMEOUT (a task would run twice)")
+if RETENTION["LEASE_BUDGET_S"] >= _Q_BASE["timeout"]:
+    raise ConfigError("RETENTION_LEASE_BUDGET_S must be below RETENTION_Q_TIMEOUT")
 Q_CLUSTER = {**_Q_BASE, "name": "retention", "workers": 1}
 Q_CLUSTER["ALT_CLUSTERS"] = {
     "cleanup": {"workers": CLEANUP_WORKERS},

@@ -37,8 +37,14 @@ def _check_oncall(actor) -> None:
 
 
 @transaction.atomic
-def trigger_run(policy: Policy, *, tick: datetime, source: str = "schedule", actor="scheduler",
-                skipped_ticks: list | tuple = ()) -> tuple[Run, bool]:
+def trigger_run(
+    policy: Policy,
+    *,
+    tick: datetime,
+    source: str = "schedule",
+    actor="scheduler",
+    skipped_ticks: list | tuple = (),
+) -> tuple[Run, bool]:
     """Create the run for ``tick`` or return the existing one (duplicate triggers converge
     on the unique run_key). The cutoff is derived here, once, from the tick."""
     version = policy.approved_version
@@ -65,7 +71,9 @@ def trigger_run(policy: Policy, *, tick: datetime, source: str = "schedule", act
 
 
 def _eligible_count(run: Run, spec, limit: int) -> int | None:
-    frag = P.count_where(spec, P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff), limit=limit)
+    frag = P.count_where(
+        spec, P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff), limit=limit
+    )
     try:
         with transaction.atomic(), connection.cursor() as cur:
             cur.execute("SELECT set_config('statement_timeout', '20s', true)")
@@ -76,17 +84,28 @@ def _eligible_count(run: Run, spec, limit: int) -> int | None:
 
 
 def _admit_new_run(run: Run, spec) -> None:
-    earlier = Run.objects.filter(policy=run.policy, state__in=Run.OPEN).exclude(pk=run.pk).order_by("tick").first()
+    earlier = (
+        Run.objects.filter(policy=run.policy, state__in=Run.OPEN)
+        .exclude(pk=run.pk)
+        .order_by("tick")
+        .first()
+    )
     if earlier is not None:
         if spec.overlap == "skip":
-            _set_state(run, Run.State.SKIPPED, f"skipped: run {earlier.run_key} was still {earlier.state}")
+            _set_state(
+                run, Run.State.SKIPPED, f"skipped: run {earlier.run_key} was still {earlier.state}"
+            )
             run.finished_at = timezone.now()
             run.save(update_fields=["finished_at"])
         else:
-            _set_state(run, Run.State.WAITING, f"waiting for run {earlier.run_key} ({earlier.state})")
+            _set_state(
+                run, Run.State.WAITING, f"waiting for run {earlier.run_key} ({earlier.state})"
+            )
         return
     baseline = _blast_baseline(run)
-    limit = max(BLAST_RADIUS_FLOOR, int(baseline * spec.blast_radius)) + 1 if baseline else 50_000_000
+    limit = (
+        max(BLAST_RADIUS_FLOOR, int(baseline * spec.blast_radius)) + 1 if baseline else 50_000_000
+    )
     eligible = _eligible_count(run, spec, limit)
     run.expected_rows = eligible
     run.save(update_fields=["expected_rows"])
@@ -101,7 +120,12 @@ def _admit_new_run(run: Run, spec) -> None:
 
 
 def _blast_baseline(run: Run) -> int | None:
-    previous = Run.objects.filter(policy=run.policy, state=Run.State.DRAINED).exclude(pk=run.pk).order_by("-tick").first()
+    previous = (
+        Run.objects.filter(policy=run.policy, state=Run.State.DRAINED)
+        .exclude(pk=run.pk)
+        .order_by("-tick")
+        .first()
+    )
     if previous is not None:
         return previous.chunk_totals()["rows_deleted"]
     preview = run.policy_version.preview or {}
@@ -167,7 +191,9 @@ def resume_run(run: Run, *, actor, reason: str) -> Run:
     _need_reason(reason)
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.state not in (Run.State.PAUSED, Run.State.ATTENTION):
-        raise ActionError(f"run {run.run_key} is {run.state}; only a paused run or one needing attention can resume")
+        raise ActionError(
+            f"run {run.run_key} is {run.state}; only a paused run or one needing attention can resume"
+        )
     run.state, run.state_reason = Run.State.ACTIVE, ""
     run.save(update_fields=["state", "state_reason"])
     record_action(actor, "resume_run", run, reason=reason)
@@ -183,8 +209,13 @@ def cancel_run(run: Run, *, actor, reason: str) -> Run:
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.is_terminal:
         raise ActionError(f"run {run.run_key} is already {run.state}")
-    cancelled = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).update(state=Chunk.State.CANCELLED)
-    run.state, run.state_reason = Run.State.CANCELLED, f"cancelled by {_actor_name(actor)}: {reason}"
+    cancelled = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).update(
+        state=Chunk.State.CANCELLED
+    )
+    run.state, run.state_reason = (
+        Run.State.CANCELLED,
+        f"cancelled by {_actor_name(actor)}: {reason}",
+    )
     run.finished_at = timezone.now()
     run.save(update_fields=["state", "state_reason", "finished_at"])
     record_action(actor, "cancel_run", run, reason=reason, chunks_cancelled=cancelled)
@@ -208,7 +239,11 @@ def replay_dead_letter(letter: DeadLetter, *, actor, reason: str) -> Chunk | Non
         chunk.state, chunk.attempts, chunk.not_before = Chunk.State.PENDING, 0, timezone.now()
         chunk.save(update_fields=["state", "attempts", "not_before"])
     letter.resolution = DeadLetter.Resolution.REPLAYED
-    letter.resolved_by, letter.resolved_at, letter.resolution_reason = _actor_name(actor), timezone.now(), reason
+    letter.resolved_by, letter.resolved_at, letter.resolution_reason = (
+        _actor_name(actor),
+        timezone.now(),
+        reason,
+    )
     letter.save(update_fields=["resolution", "resolved_by", "resolved_at", "resolution_reason"])
     record_action(actor, "replay_dead_letter", letter, reason=reason, chunk=letter.chunk_id)
     run = letter.run
@@ -229,7 +264,11 @@ def discard_dead_letter(letter: DeadLetter, *, actor, reason: str) -> DeadLetter
     if letter.resolution != DeadLetter.Resolution.OPEN:
         raise ActionError(f"dead letter #{letter.pk} is already {letter.resolution}")
     letter.resolution = DeadLetter.Resolution.DISCARDED
-    letter.resolved_by, letter.resolved_at, letter.resolution_reason = _actor_name(actor), timezone.now(), reason
+    letter.resolved_by, letter.resolved_at, letter.resolution_reason = (
+        _actor_name(actor),
+        timezone.now(),
+        reason,
+    )
     letter.save(update_fields=["resolution", "resolved_by", "resolved_at", "resolution_reason"])
     record_action(actor, "discard_dead_letter", letter, reason=reason, chunk=letter.chunk_id)
     return letter
@@ -241,7 +280,12 @@ def set_kill_switch(on: bool, *, actor, reason: str) -> KillSwitch:
     _check_oncall(actor)
     _need_reason(reason)
     switch, _ = KillSwitch.objects.select_for_update().get_or_create(name="global")
-    switch.on, switch.reason, switch.changed_by, switch.changed_at = on, reason, _actor_name(actor), timezone.now()
+    switch.on, switch.reason, switch.changed_by, switch.changed_at = (
+        on,
+        reason,
+        _actor_name(actor),
+        timezone.now(),
+    )
     switch.save()
     record_action(actor, "kill_switch_on" if on else "kill_switch_off", switch, reason=reason)
     if not on:

@@ -72,7 +72,9 @@ def verify_chain(batch: int = 5000) -> ChainReport:
     last_seq = 0
     while True:
         rows = list(
-            AuditRecord.objects.filter(chain_seq__gt=last_seq).order_by("chain_seq").values(*fields)[:batch]
+            AuditRecord.objects.filter(chain_seq__gt=last_seq)
+            .order_by("chain_seq")
+            .values(*fields)[:batch]
         )
         if not rows:
             break

@@ -57,7 +57,9 @@ def _parse_period(policy, text: str | None) -> datetime:
         else:
             local = datetime.fromisoformat(text)
     except ValueError:
-        raise CommandError(f"--period must be YYYY-MM-DD or YYYY-MM-DDTHH:MM, got {text!r}") from None
+        raise CommandError(
+            f"--period must be YYYY-MM-DD or YYYY-MM-DDTHH:MM, got {text!r}"
+        ) from None
     if local.tzinfo is None:
         local = local.replace(tzinfo=zoneinfo.ZoneInfo(policy.timezone))
     if local > timezone.now():
@@ -69,7 +71,9 @@ def trigger(cmd, o):
     from runs.actions import trigger_run
 
     policy = _policy(o["slug"])
-    run, created = trigger_run(policy, tick=_parse_period(policy, o.get("period")), source="manual", actor=_actor(o))
+    run, created = trigger_run(
+        policy, tick=_parse_period(policy, o.get("period")), source="manual", actor=_actor(o)
+    )
     cmd.stdout.write(run.run_key)
     if o["verbosity"] > 1:
         cmd.stderr.write(f"{'created' if created else 'existing'}: {run.state}")
@@ -109,7 +113,9 @@ def drain(cmd, o):
             break
         if not progressed and not Run.objects.filter(pk__in=ids, state=Run.State.ACTIVE).exists():
             break
-    cmd.stdout.write(f"drained {total['chunks']} chunk(s), {total['rows']} row(s); {total['failed']} failure(s)")
+    cmd.stdout.write(
+        f"drained {total['chunks']} chunk(s), {total['rows']} row(s); {total['failed']} failure(s)"
+    )
 
 
 def _control(action_name):
@@ -137,7 +143,9 @@ def replay(cmd, o):
     from runs.actions import replay_dead_letter
 
     chunk = replay_dead_letter(_letter(o["id"]), actor=_actor(o), reason=o["reason"])
-    cmd.stdout.write(f"dead letter #{o['id']} replayed" + (f" as chunk #{chunk.pk}" if chunk else ""))
+    cmd.stdout.write(
+        f"dead letter #{o['id']} replayed" + (f" as chunk #{chunk.pk}" if chunk else "")
+    )
 
 
 def discard(cmd, o):
@@ -173,7 +181,9 @@ def startup(cmd, o):
         if policy.approved_version is None or Run.objects.filter(policy=policy).exists():
             continue
         try:
-            run, _ = trigger_run(policy, tick=latest_tick(policy, timezone.now()), source="manual", actor="startup")
+            run, _ = trigger_run(
+                policy, tick=latest_tick(policy, timezone.now()), source="manual", actor="startup"
+            )
             cmd.stdout.write(f"started {run.run_key} ({run.state})")
         except ActionError as exc:
             cmd.stdout.write(f"{policy.slug}: {exc}")
@@ -188,7 +198,9 @@ def audit_verify(cmd, o):
         return
     for problem in report.problems:
         cmd.stderr.write(problem)
-    raise CommandError(f"audit chain broken: {len(report.problems)} problem(s) in {report.records} record(s)")
+    raise CommandError(
+        f"audit chain broken: {len(report.problems)} problem(s) in {report.records} record(s)"
+    )
 
 
 def register(areas) -> None:
@@ -199,7 +211,9 @@ def register(areas) -> None:
         parser.set_defaults(handler=handler)
         return parser
 
-    p = add("trigger", trigger, "create (or find) the run of a policy for a period; prints the run key")
+    p = add(
+        "trigger", trigger, "create (or find) the run of a policy for a period; prints the run key"
+    )
     p.add_argument("slug")
     p.add_argument("--period", help="YYYY-MM-DD or YYYY-MM-DDTHH:MM in the policy's timezone")
     p.add_argument("--by", help="acting username")
@@ -210,9 +224,13 @@ def register(areas) -> None:
 
     p = add("drain", drain, "run the worker in this process")
     p.add_argument("run_key", nargs="?")
-    p.add_argument("--until-idle", action="store_true", help="keep going until no active run has work")
+    p.add_argument(
+        "--until-idle", action="store_true", help="keep going until no active run has work"
+    )
     p.add_argument("--budget", type=float, default=30.0, help="seconds per run per round")
-    p.add_argument("--workers", type=int, default=1, help="worker processes (1 runs in this process)")
+    p.add_argument(
+        "--workers", type=int, default=1, help="worker processes (1 runs in this process)"
+    )
 
     for name, action, text in (
         ("pause", "pause_run", "stop admitting chunks of a run"),
@@ -225,7 +243,10 @@ def register(areas) -> None:
         p.add_argument("--reason", required=True)
         p.add_argument("--by", help="acting username")
 
-    for name, handler, text in (("replay", replay, "replay a dead letter"), ("discard", discard, "discard a dead letter")):
+    for name, handler, text in (
+        ("replay", replay, "replay a dead letter"),
+        ("discard", discard, "discard a dead letter"),
+    ):
         p = add(name, handler, text)
         p.add_argument("id", type=int)
         p.add_argument("--reason", required=True)

@@ -31,7 +31,11 @@ _PERMANENT_CODES = {
     "42883": "undefined function",
     "42804": "datatype mismatch",
 }
-_PERMANENT_CLASSES = {"22": "data exception", "42": "syntax or access rule", "23": "integrity constraint"}
+_PERMANENT_CLASSES = {
+    "22": "data exception",
+    "42": "syntax or access rule",
+    "23": "integrity constraint",
+}
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,18 @@ def _scalar(query: sql.Composable, params: list) -> int:
         return cur.fetchone()[0]
 
 
-def check_run(run: Run, *, shadow: tuple[str, str] | None = None, expect_drained: bool = True) -> list[str]:
+def check_run(
+    run: Run, *, shadow: tuple[str, str] | None = None, expect_drained: bool = True
+) -> list[str]:
     """Return the list of broken invariants (empty when all hold)."""
     problems: list[str] = []
     spec = run.policy_version.parsed
     done = set(Chunk.objects.filter(run=run, state=Chunk.State.DONE).values_list("id", flat=True))
     audited = dict(
-        AuditRecord.objects.filter(run=run).values_list("chunk_id").annotate(n=Count("id")).values_list("chunk_id", "n")
+        AuditRecord.objects.filter(run=run)
+        .values_list("chunk_id")
+        .annotate(n=Count("id"))
+        .values_list("chunk_id", "n")
     )
     if set(audited) != done:
         missing, extra = done - set(audited), set(audited) - done
@@ -45,7 +50,9 @@ def check_run(run: Run, *, shadow: tuple[str, str] | None = None, expect_drained
     problems.extend(f"audit chain: {p}" for p in chain.problems)
 
     if expect_drained:
-        frag = P.count_where(spec, P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff), limit=1000)
+        frag = P.count_where(
+            spec, P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff), limit=1000
+        )
         left = _scalar(frag.sql, frag.params)
         if left:
             problems.append(f"{left} eligible row(s) still present under the cutoff")
@@ -59,17 +66,24 @@ def check_run(run: Run, *, shadow: tuple[str, str] | None = None, expect_drained
         gone_count = _scalar(
             sql.SQL("SELECT count(*) FROM {} WHERE {}").format(P.table(shadow_spec), gone), []
         )
-        audited_rows = AuditRecord.objects.filter(policy_slug=spec.slug, table_name=spec.qualified_table).aggregate(
-            s=Sum("rows_deleted")
-        )["s"] or 0
+        audited_rows = (
+            AuditRecord.objects.filter(
+                policy_slug=spec.slug, table_name=spec.qualified_table
+            ).aggregate(s=Sum("rows_deleted"))["s"]
+            or 0
+        )
         if gone_count != audited_rows:
             problems.append(f"{gone_count} row(s) gone but {audited_rows} audited")
         # Every gone row must have been eligible (older than the cutoff, not kept, not held now).
         eligible = P.eligible(shadow_spec, policy_id=run.policy_id, cutoff=run.cutoff)
         outside = _scalar(
-            sql.SQL("SELECT count(*) FROM {} WHERE {} AND NOT ({})").format(P.table(shadow_spec), gone, eligible.sql),
+            sql.SQL("SELECT count(*) FROM {} WHERE {} AND NOT ({})").format(
+                P.table(shadow_spec), gone, eligible.sql
+            ),
             eligible.params,
         )
         if outside:
-            problems.append(f"{outside} row(s) outside the run's scope (newer, kept or held) are gone")
+            problems.append(
+                f"{outside} row(s) outside the run's scope (newer, kept or held) are gone"
+            )
     return problems

@@ -80,7 +80,9 @@ class PlannerCursor(models.Model):
     pass_no = models.PositiveIntegerField()
     tenant = models.CharField(max_length=200, blank=True, default="")
     next_key = models.BigIntegerField(null=True, blank=True)
-    bound_key = models.BigIntegerField(null=True, blank=True, help_text="last eligible key at planning")
+    bound_key = models.BigIntegerField(
+        null=True, blank=True, help_text="last eligible key at planning"
+    )
     exhausted = models.BooleanField(default=False)
     chunks_planned = models.PositiveIntegerField(default=0)
 

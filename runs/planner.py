@@ -93,7 +93,9 @@ def step(run: Run, spec: PolicySpec, chunk_size: int) -> bool | None:
         if cursor is None:
             return None
         tenant = cursor.tenant if spec.tenant else None
-        scope = P.in_scope(spec, tenant=tenant, key_from=cursor.next_key, key_to=cursor.bound_key + 1)
+        scope = P.in_scope(
+            spec, tenant=tenant, key_from=cursor.next_key, key_to=cursor.bound_key + 1
+        )
         where = P.Fragment.join([scope, _planning_filter(run, spec)], " AND ")
         key = P.col(spec.key)
         row = _fetchone(

@@ -11,7 +11,7 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from psycopg import sql
 
@@ -38,11 +38,21 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
     """Eligible rows still present under the run's cutoff (kept and held rows excluded),
     and rows deferred by legal holds. Counts stop at ``limit``."""
     spec = run.policy_version.parsed
-    remaining = _count(P.count_where(spec, P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff), limit=limit))
+    remaining = _count(
+        P.count_where(
+            spec, P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff), limit=limit
+        )
+    )
     not_held = P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff, include_holds=False)
     held = P.held(spec, run.policy_id)
     deferred = _count(
-        P.count_where(spec, P.Fragment(sql.SQL("{} AND {}").format(not_held.sql, held.sql), not_held.params + held.params), limit=limit)
+        P.count_where(
+            spec,
+            P.Fragment(
+                sql.SQL("{} AND {}").format(not_held.sql, held.sql), not_held.params + held.params
+            ),
+            limit=limit,
+        )
     )
     return {
         "remaining": remaining,
@@ -62,16 +72,34 @@ def finish_run(run: Run) -> str:
             return run.state
         if Chunk.objects.filter(run=run, state=Chunk.State.PENDING).exists():
             return run.state
-        open_letters = DeadLetter.objects.filter(run=run, resolution=DeadLetter.Resolution.OPEN).count()
-        result = verify(run)
+        open_letters = DeadLetter.objects.filter(
+            run=run, resolution=DeadLetter.Resolution.OPEN
+        ).count()
+        try:
+            with transaction.atomic():
+                result = verify(run)
+        except DatabaseError as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            result = {
+                "error": reason,
+                "checked_at": timezone.now().isoformat(),
+                "pass": run.pass_no,
+            }
         run.verification = result
         if open_letters:
             run.state = Run.State.ATTENTION
             run.state_reason = f"{open_letters} dead-lettered chunk(s) need a decision"
+        elif "error" in result:
+            run.state = Run.State.ATTENTION
+            run.state_reason = f"verification failed: {result['error']}"
         elif result["remaining"] == 0:
             run.state = Run.State.DRAINED
             held = result["deferred_by_holds"]
-            run.state_reason = f"verified: no eligible row left; {held} row(s) deferred by legal holds" if held else "verified: no eligible row left"
+            run.state_reason = (
+                f"verified: no eligible row left; {held} row(s) deferred by legal holds"
+                if held
+                else "verified: no eligible row left"
+            )
             run.finished_at = timezone.now()
         elif run.pass_no < run.policy_version.parsed.max_passes:
             run.pass_no += 1
@@ -79,8 +107,19 @@ def finish_run(run: Run) -> str:
             run.state_reason = f"pass {run.pass_no}: {result['remaining']} eligible row(s) remained after pass {run.pass_no - 1}"
         else:
             run.state = Run.State.ATTENTION
-            run.state_reason = f"{result['remaining']} eligible row(s) remain after {run.pass_no} passes"
-        run.save(update_fields=["state", "state_reason", "verification", "finished_at", "pass_no", "planner_done"])
+            run.state_reason = (
+                f"{result['remaining']} eligible row(s) remain after {run.pass_no} passes"
+            )
+        run.save(
+            update_fields=[
+                "state",
+                "state_reason",
+                "verification",
+                "finished_at",
+                "pass_no",
+                "planner_done",
+            ]
+        )
         if run.state == Run.State.ACTIVE:
             dispatch.republish_all(run)
         elif run.state == Run.State.DRAINED:
@@ -91,7 +130,10 @@ def finish_run(run: Run) -> str:
 def start_waiting_runs(policy: Policy) -> None:
     from runs.actions import start_run
 
-    if Run.objects.filter(policy=policy, state__in=[Run.State.ACTIVE, Run.State.PAUSED, Run.State.ATTENTION, Run.State.CONFIRM]).exists():
+    if Run.objects.filter(
+        policy=policy,
+        state__in=[Run.State.ACTIVE, Run.State.PAUSED, Run.State.ATTENTION, Run.State.CONFIRM],
+    ).exists():
         return
     waiting = Run.objects.filter(policy=policy, state=Run.State.WAITING).order_by("tick").first()
     if waiting is not None:
@@ -109,14 +151,18 @@ def catch_up(policy: Policy, now) -> Run | None:
     if spec.catch_up == "none":
         return None
     newest = latest_tick(policy, now - CATCH_UP_GRACE)
-    since = max(filter(None, [version.decided_at, policy.created_at]))
+    since = version.decided_at or version.created_at  # never catch up ticks before approval
     if newest <= since:
         return None
     if Run.objects.filter(run_key=run_key_for(policy, newest)).exists():
         return None
-    last = Run.objects.filter(policy=policy).order_by("-tick").values_list("tick", flat=True).first()
+    last = (
+        Run.objects.filter(policy=policy).order_by("-tick").values_list("tick", flat=True).first()
+    )
     start = max(filter(None, [last, since]))
-    skipped = [t for t in ticks_between(policy, start, newest, limit=MAX_SKIPPED_RECORDED) if t != newest]
+    skipped = [
+        t for t in ticks_between(policy, start, newest, limit=MAX_SKIPPED_RECORDED) if t != newest
+    ]
     run, _ = trigger_run(
         policy, tick=newest, source="catch-up", actor="reconciler",
         skipped_ticks=[t.isoformat() for t in skipped],
@@ -156,8 +202,13 @@ def reconcile(now=None) -> dict:
             start_waiting_runs(policy)
         kill = KillSwitch.is_on()
         stale_s = settings.RETENTION["LEASE_BUDGET_S"] * 3 + 30
-        for run in Run.objects.filter(state=Run.State.ACTIVE).select_related("policy", "policy_version"):
-            if run.planner_done and not Chunk.objects.filter(run=run, state=Chunk.State.PENDING).exists():
+        for run in Run.objects.filter(state=Run.State.ACTIVE).select_related(
+            "policy", "policy_version"
+        ):
+            if (
+                run.planner_done
+                and not Chunk.objects.filter(run=run, state=Chunk.State.PENDING).exists()
+            ):
                 report["finished"].append((run.run_key, finish_run(run)))
                 continue
             if kill or run.policy.paused:

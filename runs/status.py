@@ -11,7 +11,9 @@ from runs.models import Chunk, DeadLetter, Run
 def run_status(run: Run) -> dict:
     totals = run.chunk_totals()
     last = run.audit_records.aggregate(at=Max("committed_at"))["at"]
-    oldest_open = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).aggregate(at=Min("created_at"))["at"]
+    oldest_open = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).aggregate(
+        at=Min("created_at")
+    )["at"]
     now = timezone.now()
     throttled = (
         Chunk.objects.filter(run=run, state=Chunk.State.PENDING, not_before__gt=now)
@@ -34,9 +36,13 @@ def run_status(run: Run) -> dict:
         "rows_planned": totals["planned_rows"],
         "expected_rows": run.expected_rows,
         "last_progress_at": last.isoformat() if last else None,
-        "oldest_open_chunk_age_s": round((now - oldest_open).total_seconds(), 1) if oldest_open else None,
+        "oldest_open_chunk_age_s": round((now - oldest_open).total_seconds(), 1)
+        if oldest_open
+        else None,
         "throttle_reason": throttled or "",
-        "open_dead_letters": DeadLetter.objects.filter(run=run, resolution=DeadLetter.Resolution.OPEN).count(),
+        "open_dead_letters": DeadLetter.objects.filter(
+            run=run, resolution=DeadLetter.Resolution.OPEN
+        ).count(),
         "skipped_ticks": len(run.skipped_ticks or []),
         "verification": run.verification,
     }

@@ -56,7 +56,9 @@ def drain_lease(run_id=None, slot=None, generation=None, *extra) -> dict | str:
     from runs import dispatch, worker
 
     close_old_connections()
-    if extra or not all(isinstance(v, int) and not isinstance(v, bool) for v in (run_id, slot, generation)):
+    if extra or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in (run_id, slot, generation)
+    ):
         return _malformed("drain", "needs integer run_id, slot and generation",
                           {"args": repr((run_id, slot, generation, *extra))})  # fmt: skip
     stats = worker.drain(run_id, slot=slot, generation=generation)

@@ -1,44 +1,199 @@
+"""Pages of runs, dead letters, audit evidence and the operator action log.
+
+Every view checks the caller's role first (``core.roles``); every POST goes through an
+action function of ``runs.actions``, which checks the role again, needs a reason and
+writes the operator action log in the change's own transaction.
+"""
+
 from __future__ import annotations
 
-from django.shortcuts import get_object_or_404, render
-from django.views.decorators.http import require_GET
+from django.contrib import messages
+from django.http import HttpResponseRedirect
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
 
-from core.roles import AUDITOR, COMPLIANCE, require_role
-from retention.models import OperatorAction
-from runs.models import AuditRecord, DeadLetter, Run
+from core.roles import AUDITOR, COMPLIANCE, ONCALL, require_role
+from retention.models import OperatorAction, Policy
+from runs import actions, exports
+from runs.models import DeadLetter, Run
+from runs.overview import run_page_context
+
+RUN_ACTIONS = {
+    "pause": actions.pause_run,
+    "resume": actions.resume_run,
+    "cancel": actions.cancel_run,
+    "confirm": actions.confirm_run,
+}
+LETTER_ACTIONS = {
+    "replay": actions.replay_dead_letter,
+    "discard": actions.discard_dead_letter,
+}
+
+
+def _back(request, default: str) -> HttpResponseRedirect:
+    """Redirect to the form's ``next`` when it is a local URL, else to ``default``."""
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        return redirect(target)
+    return redirect(default)
+
+
+def _perform(request, func, target, *, label: str) -> None:
+    """Call an action with the posted reason; report the outcome as a message."""
+    reason = request.POST.get("reason", "").strip()
+    try:
+        func(target, actor=request.user, reason=reason)
+    except actions.ActionError as exc:
+        messages.error(request, f"{label} refused: {exc}")
+    else:
+        messages.success(request, f"{label}: done ({reason})")
 
 
 @require_GET
 @require_role()
 def run_list(request):
-    runs = Run.objects.select_related("policy", "policy_version")[:200]
-    return render(request, "runs/run_list.html", {"runs": runs})
+    runs = Run.objects.select_related("policy", "policy_version")
+    policy = request.GET.get("policy", "").strip()
+    state = request.GET.get("state", "").strip()
+    if policy:
+        runs = runs.filter(policy__slug=policy)
+    if state:
+        runs = runs.filter(state=state)
+    return render(
+        request,
+        "runs/run_list.html",
+        {
+            "runs": runs[:200],
+            "policies": Policy.objects.values_list("slug", flat=True),
+            "states": Run.State.choices,
+            "policy_filter": policy,
+            "state_filter": state,
+        },
+    )
 
 
 @require_GET
 @require_role()
 def run_detail(request, run_id: int):
     run = get_object_or_404(Run.objects.select_related("policy", "policy_version"), pk=run_id)
-    return render(request, "runs/run_detail.html", {"run": run, "totals": run.chunk_totals()})
+    context = run_page_context(run)
+    if request.htmx:
+        return render(request, "runs/_run_live.html", context)
+    return render(request, "runs/run_detail.html", context)
+
+
+@require_POST
+@require_role(ONCALL)
+def run_action(request, run_id: int, action: str):
+    run = get_object_or_404(Run, pk=run_id)
+    _perform(request, RUN_ACTIONS[action], run, label=f"{action.capitalize()} run {run.run_key}")
+    return _back(request, reverse("runs:detail", args=[run.pk]))
 
 
 @require_GET
 @require_role()
 def dead_letters(request):
-    letters = DeadLetter.objects.filter(resolution=DeadLetter.Resolution.OPEN).select_related(
-        "run"
-    )[:500]
-    return render(request, "runs/dead_letters.html", {"letters": letters})
+    show = request.GET.get("show", "open")
+    letters = DeadLetter.objects.select_related("run", "run__policy", "chunk")
+    if show != "all":
+        letters = letters.filter(resolution=DeadLetter.Resolution.OPEN)
+    run = request.GET.get("run", "").strip()
+    if run.isdigit():
+        letters = letters.filter(run_id=int(run))
+    policy = request.GET.get("policy", "").strip()
+    if policy:
+        letters = letters.filter(run__policy__slug=policy)
+    return render(
+        request,
+        "runs/dead_letters.html",
+        {"letters": letters[:500], "show": show, "run_filter": run, "policy_filter": policy},
+    )
+
+
+@require_POST
+@require_role(ONCALL)
+def dead_letter_action(request, letter_id: int, action: str):
+    letter = get_object_or_404(DeadLetter, pk=letter_id)
+    _perform(
+        request,
+        LETTER_ACTIONS[action],
+        letter,
+        label=f"{action.capitalize()} dead letter #{letter.pk}",
+    )
+    return _back(request, reverse("runs:dead_letters"))
+
+
+@require_POST
+@require_role(ONCALL)
+def kill_switch(request):
+    on = request.POST.get("on") == "1"
+    reason = request.POST.get("reason", "").strip()
+    try:
+        actions.set_kill_switch(on, actor=request.user, reason=reason)
+    except actions.ActionError as exc:
+        messages.error(request, f"Kill switch unchanged: {exc}")
+    else:
+        messages.success(request, f"Global kill switch turned {'ON' if on else 'off'} ({reason})")
+    return _back(request, reverse("home"))
 
 
 @require_GET
 @require_role(AUDITOR, COMPLIANCE)
 def audit(request):
-    records = AuditRecord.objects.order_by("-chain_seq")[:200]
-    return render(request, "runs/audit.html", {"records": records})
+    filters = exports.AuditFilters.from_query(request.GET)
+    records = exports.audit_queryset(filters).select_related(None)[:200]
+    return render(
+        request,
+        "runs/audit.html",
+        {
+            "records": records,
+            "filters": filters,
+            "query": request.GET.urlencode(),
+            "policies": Policy.objects.values_list("slug", flat=True),
+            "run": filters.run_obj(),
+        },
+    )
+
+
+@require_GET
+@require_role(AUDITOR, COMPLIANCE)
+def audit_export(request):
+    return exports.csv_response(exports.AuditFilters.from_query(request.GET))
+
+
+@require_GET
+@require_role(AUDITOR, COMPLIANCE)
+def run_manifest(request, run_id: int):
+    run = get_object_or_404(
+        Run.objects.select_related(
+            "policy", "policy_version", "policy_version__author", "policy_version__decided_by"
+        ),
+        pk=run_id,
+    )
+    return exports.manifest_response(run)
 
 
 @require_GET
 @require_role()
 def activity(request):
-    return render(request, "runs/activity.html", {"actions": OperatorAction.objects.all()[:500]})
+    actor = request.GET.get("actor", "").strip()
+    action = request.GET.get("action", "").strip()
+    rows = OperatorAction.objects.all()
+    if actor:
+        rows = rows.filter(actor=actor)
+    if action:
+        rows = rows.filter(action=action)
+    distinct = OperatorAction.objects.order_by()
+    return render(
+        request,
+        "runs/activity.html",
+        {
+            "actions": rows[:500],
+            "actors": distinct.values_list("actor", flat=True).distinct().order_by("actor"),
+            "action_names": distinct.values_list("action", flat=True).distinct().order_by("action"),
+            "actor_filter": actor,
+            "action_filter": action,
+        },
+    )

@@ -103,7 +103,11 @@ def _refusal(run: Run) -> str:
 
 
 def _version_still_approved(run: Run) -> bool:
-    state = PolicyVersion.objects.filter(pk=run.policy_version_id).values_list("state", flat=True).first()
+    state = (
+        PolicyVersion.objects.filter(pk=run.policy_version_id)
+        .values_list("state", flat=True)
+        .first()
+    )
     return state == PolicyVersion.State.APPROVED
 
 
@@ -139,9 +143,13 @@ def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
         for _ in range(4):
             row = _claim(run, chunk_id=chunk_id, skip_tenants=skip)
             if row is None:
-                return Outcome(NO_WORK if not skip else BUSY, reason="tenant ceilings reached" if skip else "")
+                return Outcome(
+                    NO_WORK if not skip else BUSY, reason="tenant ceilings reached" if skip else ""
+                )
             tenant = row[1]
-            if not spec.tenant or _slot(locks.CEILING_TENANT, f"{run.policy_id}:{tenant}", spec.tenant_workers):
+            if not spec.tenant or _slot(
+                locks.CEILING_TENANT, f"{run.policy_id}:{tenant}", spec.tenant_workers
+            ):
                 break
             skip.append(tenant)
             row = None
@@ -167,7 +175,9 @@ def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
             key_to=key_to,
         )
         try:
-            with transaction.atomic():  # a savepoint: a failed DELETE is recorded in this transaction
+            with (
+                transaction.atomic()
+            ):  # a savepoint: a failed DELETE is recorded in this transaction
                 with connection.cursor() as cur:
                     cur.execute(statement.sql.as_string(cur.connection), statement.params)
                     deleted = cur.rowcount
@@ -175,7 +185,11 @@ def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
             # If the connection itself is gone, recording fails too and the error reaches
             # drain(): the whole transaction is lost and the chunk stays pending.
             _record_failure(run, chunk_id, attempts, exc)
-            return Outcome(FAILED, chunk_id, reason=str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return Outcome(
+                FAILED,
+                chunk_id,
+                reason=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+            )
 
         audit.append(
             chunk_id=chunk_id,
@@ -195,7 +209,10 @@ def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
             outcome="deleted",
         )
         Chunk.objects.filter(pk=chunk_id).update(
-            state=Chunk.State.DONE, done_at=timezone.now(), attempts=attempts + 1, throttle_reason=""
+            state=Chunk.State.DONE,
+            done_at=timezone.now(),
+            attempts=attempts + 1,
+            throttle_reason="",
         )
         seconds = time.monotonic() - t0
     return Outcome(DONE, chunk_id, rows=deleted, seconds=seconds)
@@ -210,12 +227,18 @@ def _record_failure(run: Run, chunk_id: int, attempts: int, exc: BaseException) 
     cfg = settings.RETENTION
     if cls.kind != PERMANENT and cls.split and _split(chunk, cfg["SPLIT_FLOOR_ROWS"]):
         Chunk.objects.filter(pk=chunk_id).update(
-            state=Chunk.State.SPLIT, attempts=attempts, last_error=message, last_sqlstate=cls.sqlstate
+            state=Chunk.State.SPLIT,
+            attempts=attempts,
+            last_error=message,
+            last_sqlstate=cls.sqlstate,
         )
         return
     if cls.kind == PERMANENT or attempts >= cfg["MAX_ATTEMPTS"]:
         Chunk.objects.filter(pk=chunk_id).update(
-            state=Chunk.State.DEAD, attempts=attempts, last_error=message, last_sqlstate=cls.sqlstate
+            state=Chunk.State.DEAD,
+            attempts=attempts,
+            last_error=message,
+            last_sqlstate=cls.sqlstate,
         )
         dead_letter(
             chunk=chunk,
@@ -251,8 +274,16 @@ def _split(chunk: Chunk, floor_rows: int) -> bool:
     return True
 
 
-def dead_letter(*, chunk: Chunk | None, run: Run | None, error_class: str, sqlstate: str, message: str,
-                attempts: int, extra: dict | None = None) -> DeadLetter:
+def dead_letter(
+    *,
+    chunk: Chunk | None,
+    run: Run | None,
+    error_class: str,
+    sqlstate: str,
+    message: str,
+    attempts: int,
+    extra: dict | None = None,
+) -> DeadLetter:
     """Record a dead letter with the whole context an operator needs."""
     context: dict = dict(extra or {})
     if run is not None:
@@ -265,7 +296,9 @@ def dead_letter(*, chunk: Chunk | None, run: Run | None, error_class: str, sqlst
             cutoff=run.cutoff.isoformat(),
         )
     if chunk is not None:
-        context.update(tenant=chunk.tenant, key_from=chunk.key_from, key_to=chunk.key_to, chunk=chunk.pk)
+        context.update(
+            tenant=chunk.tenant, key_from=chunk.key_from, key_to=chunk.key_to, chunk=chunk.pk
+        )
     context.update(sqlstate=sqlstate, attempts=attempts, host=HOST, pid=os.getpid())
     return DeadLetter.objects.create(
         chunk=chunk, run=run, error_class=error_class, sqlstate=sqlstate, message=message,
@@ -273,8 +306,14 @@ def dead_letter(*, chunk: Chunk | None, run: Run | None, error_class: str, sqlst
     )  # fmt: skip
 
 
-def drain(run_id: int, *, slot: int | None = None, generation: int | None = None,
-          budget_s: float | None = None, until_idle: bool = False) -> dict:
+def drain(
+    run_id: int,
+    *,
+    slot: int | None = None,
+    generation: int | None = None,
+    budget_s: float | None = None,
+    until_idle: bool = False,
+) -> dict:
     """Drain chunks of one run until the budget ends, the run stops, or (``until_idle``) no work
     is left. Returns counters. With a lease (slot, generation) it stops when superseded."""
     from runs import planner, reconciler
@@ -289,7 +328,11 @@ def drain(run_id: int, *, slot: int | None = None, generation: int | None = None
             stats["stopped"] = "run not found"
             return stats
         if slot is not None:
-            lease = Lease.objects.filter(run_id=run_id, slot=slot).values_list("generation", flat=True).first()
+            lease = (
+                Lease.objects.filter(run_id=run_id, slot=slot)
+                .values_list("generation", flat=True)
+                .first()
+            )
             if lease != generation:
                 stats["stopped"] = "lease superseded"
                 return stats

@@ -4,15 +4,16 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0002_audit_append_only'),
+        ("runs", "0002_audit_append_only"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='plannercursor',
-            name='bound_key',
-            field=models.BigIntegerField(blank=True, help_text='last eligible key at planning', null=True),
+            model_name="plannercursor",
+            name="bound_key",
+            field=models.BigIntegerField(
+                blank=True, help_text="last eligible key at planning", null=True
+            ),
         ),
     ]

@@ -74,11 +74,18 @@ def events_policy(events, make_user):
     )
 
 
-def manage(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def manage(
+    *args: str, env: dict | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """Run ``manage.py`` in a new process against the test database."""
     full_env = dict(os.environ, **worker_env(), **(env or {}))
     return subprocess.run(
-        [sys.executable, "manage.py", *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 

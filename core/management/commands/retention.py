@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 class Command(BaseCommand):
     help = "Retention Runner operations: policies, holds, runs, audit."
+    requires_system_checks: list = []  # operational commands start fast; `manage.py check` checks
 
     def add_arguments(self, parser):
         areas = parser.add_subparsers(dest="area", required=True, metavar="AREA")

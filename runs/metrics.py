@@ -1,0 +1,262 @@
+"""/metrics in Prometheus text format, read from the ledger at scrape time.
+
+A custom collector on a private registry: every scrape runs a handful of grouped
+queries, so the numbers are the database's, never a process's counters (which would
+differ between web processes and reset on restart).
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_not_required
+from django.db import connection
+from django.db.models import Count, F, Max, Min, Q, Sum
+from django.http import HttpResponse
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+
+from core.roles import roles_of
+from retention.models import KillSwitch, Policy
+from runs import forecast, guard
+from runs.models import AuditRecord, Chunk, DeadLetter, Run
+
+# Upper bounds (seconds) of the chunk-duration histogram buckets.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def reason_class(reason: str) -> str:
+    """A throttle reason without its numbers (``probe p95 41 ms > 25 ms`` → ``probe p95``),
+    so the label has few values."""
+    head = re.split(r"[\d:(]", reason, maxsplit=1)[0].strip(" -—,;")
+    return head[:60] or "other"
+
+
+def chunk_durations() -> dict[str, tuple[list[int], float, int]]:
+    """Per policy: cumulative counts per bucket, sum and count of audit committed_at - started_at,
+    computed in one grouped SQL statement."""
+    bounds = ", ".join(
+        f"count(*) FILTER (WHERE d <= {float(b)!r})" for b in DURATION_BUCKETS
+    )  # constants only
+    sql = f"""
+        SELECT policy_slug, {bounds}, coalesce(sum(d), 0), count(*)
+        FROM (SELECT policy_slug, extract(epoch FROM committed_at - started_at)::float8 AS d
+              FROM runs_auditrecord) AS t
+        GROUP BY policy_slug
+    """  # noqa: S608
+    out = {}
+    with connection.cursor() as cur:
+        cur.execute(sql)
+        for row in cur.fetchall():
+            slug, counts, total, n = row[0], list(row[1:-2]), row[-2], row[-1]
+            out[slug] = (counts, float(total), n)
+    return out
+
+
+class LedgerCollector:
+    """Reads the ledger at scrape time."""
+
+    def collect(self):
+        now = timezone.now()
+        policies = list(Policy.objects.all())
+        by_id = {p.id: p.slug for p in policies}
+
+        backlog = GaugeMetricFamily(
+            "retention_oldest_eligible_row_age_seconds",
+            "Age of the oldest row still eligible for deletion",
+            labels=["policy"],
+        )
+        guard_value = GaugeMetricFamily(
+            "retention_guard_signal_value", "Latest guard signal value", labels=["policy", "signal"]
+        )
+        guard_threshold = GaugeMetricFamily(
+            "retention_guard_signal_threshold",
+            "Guard signal threshold",
+            labels=["policy", "signal"],
+        )
+        guard_level = GaugeMetricFamily(
+            "retention_guard_throttled",
+            "1 when the guard is refusing new chunks (2 when critical)",
+            labels=["policy"],
+        )
+        for policy in policies:
+            age = forecast.drain_window(policy).get("oldest_eligible_age_s")
+            if age is not None:
+                backlog.add_metric([policy.slug], float(age))
+            state = guard.current_state(policy)
+            level = state.get("level", "ok")
+            guard_level.add_metric(
+                [policy.slug], {"ok": 0, "throttled": 1, "critical": 2}.get(level, 0)
+            )
+            for name, signal in (state.get("signals") or {}).items():
+                if signal.get("value") is not None:
+                    guard_value.add_metric([policy.slug, name], float(signal["value"]))
+                if signal.get("threshold") is not None:
+                    guard_threshold.add_metric([policy.slug, name], float(signal["threshold"]))
+        yield from (backlog, guard_value, guard_threshold, guard_level)
+
+        queue_age = GaugeMetricFamily(
+            "retention_queue_age_seconds",
+            "Age of the oldest pending chunk of an open run",
+            labels=["policy"],
+        )
+        for row in (
+            Chunk.objects.filter(state=Chunk.State.PENDING, run__state__in=Run.OPEN)
+            .values("run__policy_id")
+            .annotate(oldest=Min("created_at"))
+            .order_by()
+        ):
+            queue_age.add_metric(
+                [by_id.get(row["run__policy_id"], "?")], (now - row["oldest"]).total_seconds()
+            )
+        yield queue_age
+
+        from django_q.models import OrmQ
+
+        broker = OrmQ.objects.filter(lock__lte=now).aggregate(n=Count("id"), oldest=Min("lock"))
+        yield GaugeMetricFamily(
+            "retention_broker_oldest_message_age_seconds",
+            "Age of the oldest django-q2 message not yet taken by a worker",
+            value=(now - broker["oldest"]).total_seconds() if broker["oldest"] else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "retention_broker_messages_waiting",
+            "django-q2 messages not yet taken by a worker",
+            value=broker["n"],
+        )
+
+        chunks = GaugeMetricFamily(
+            "retention_chunks", "Chunks by state", labels=["policy", "state"]
+        )
+        retries = GaugeMetricFamily(
+            "retention_chunk_retries",
+            "Retries: sum of attempts - 1 over chunks tried more than once",
+            labels=["policy"],
+        )
+        retry_sum: dict[str, int] = {}
+        for row in (
+            Chunk.objects.values("run__policy_id", "state")
+            .annotate(n=Count("id"), r=Sum(F("attempts") - 1, filter=Q(attempts__gt=1)))
+            .order_by()
+        ):
+            slug = by_id.get(row["run__policy_id"], "?")
+            chunks.add_metric([slug, row["state"]], row["n"])
+            retry_sum[slug] = retry_sum.get(slug, 0) + (row["r"] or 0)
+        for slug, total in retry_sum.items():
+            retries.add_metric([slug], total)
+        yield chunks
+        yield retries
+
+        throttled = GaugeMetricFamily(
+            "retention_throttled_chunks",
+            "Pending chunks held back by the guard, by reason",
+            labels=["policy", "reason"],
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for policy_id, reason, n in (
+            Chunk.objects.filter(state=Chunk.State.PENDING, not_before__gt=now)
+            .exclude(throttle_reason="")
+            .values_list("run__policy_id", "throttle_reason")
+            .annotate(n=Count("id"))
+            .order_by()
+        ):
+            key = (by_id.get(policy_id, "?"), reason_class(reason))
+            counts[key] = counts.get(key, 0) + n
+        for key, n in counts.items():
+            throttled.add_metric(list(key), n)
+        yield throttled
+
+        deleted = CounterMetricFamily(
+            "retention_rows_deleted", "Rows deleted (sum over audit records)", labels=["policy"]
+        )
+        for slug, rows in (
+            AuditRecord.objects.values_list("policy_slug")
+            .annotate(rows=Sum("rows_deleted"))
+            .order_by()
+        ):
+            deleted.add_metric([slug], rows or 0)
+        yield deleted
+
+        letters = GaugeMetricFamily(
+            "retention_dead_letters_open", "Dead letters waiting for a person", labels=["policy"]
+        )
+        open_by_policy = dict(
+            DeadLetter.objects.filter(resolution=DeadLetter.Resolution.OPEN)
+            .values_list("run__policy_id")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+        for policy in policies:
+            letters.add_metric([policy.slug], open_by_policy.get(policy.id, 0))
+        unattached = open_by_policy.get(None, 0)
+        if unattached:
+            letters.add_metric(["?"], unattached)
+        yield letters
+
+        durations = HistogramMetricFamily(
+            "retention_chunk_duration_seconds",
+            "Chunk transaction time (audit committed_at - started_at)",
+            labels=["policy"],
+        )
+        for slug, (cumulative, total, n) in chunk_durations().items():
+            buckets = [(repr(b), c) for b, c in zip(DURATION_BUCKETS, cumulative, strict=True)]
+            buckets.append(("+Inf", n))
+            durations.add_metric([slug], buckets, total)
+        yield durations
+
+        drained = GaugeMetricFamily(
+            "retention_last_drained_run_timestamp_seconds",
+            "When the policy's latest run finished drained (unix time)",
+            labels=["policy"],
+        )
+        for policy_id, at in (
+            Run.objects.filter(state=Run.State.DRAINED, finished_at__isnull=False)
+            .values_list("policy_id")
+            .annotate(at=Max("finished_at"))
+            .order_by()
+        ):
+            drained.add_metric([by_id.get(policy_id, "?")], at.timestamp())
+        yield drained
+
+        yield GaugeMetricFamily(
+            "retention_kill_switch_on",
+            "1 while the global kill switch is on",
+            value=1 if KillSwitch.is_on() else 0,
+        )
+
+
+def render_metrics() -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(LedgerCollector())
+    return generate_latest(registry)
+
+
+def _bearer_ok(request) -> bool:
+    expected = getattr(settings, "METRICS_TOKEN", "") or ""
+    header = request.headers.get("Authorization", "")
+    if not expected or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header[len("Bearer ") :].strip().encode(), expected.encode())
+
+
+@require_GET
+@login_not_required
+@never_cache
+def metrics_view(request):
+    """Allowed for a signed-in user with any role, or with ``Authorization: Bearer $METRICS_TOKEN``."""
+    if not (roles_of(request.user) or _bearer_ok(request)):
+        status = 403 if request.user.is_authenticated else 401
+        response = HttpResponse("metrics need a role or a bearer token\n", status=status)
+        if status == 401:
+            response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    return HttpResponse(render_metrics(), content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,76 @@
+"""Real worker processes for the failure-boundary tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psycopg
+from django.db import connection
+
+from tests.runs.conftest import ROOT, worker_env
+
+
+def pg_connect(autocommit: bool = True) -> psycopg.Connection:
+    """A second, independent connection to the test database."""
+    params = dict(connection.get_connection_params())
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.pop("prepare_threshold", None)
+    return psycopg.connect(**params, autocommit=autocommit)
+
+
+def spawn(*args: str, env: dict | None = None) -> subprocess.Popen:
+    full_env = dict(os.environ, **worker_env(), **(env or {}))
+    return subprocess.Popen(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def wait_for(predicate, *, timeout: float = 60, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def backends_waiting_on_delete(conn: psycopg.Connection, table: str) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock' AND query ILIKE %s",
+        [f"DELETE FROM%{table}%"],
+    ).fetchone()
+    return row[0]
+
+
+def backends_running(conn: psycopg.Connection, pattern: str) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND pid <> pg_backend_pid() AND state <> 'idle' AND query ILIKE %s",
+        [pattern],
+    ).fetchone()
+    return row[0]
