@@ -3,10 +3,12 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from core import views as core_views
+from runs.metrics import metrics_view
 
 urlpatterns = [
     path("", core_views.home, name="home"),
     path("healthz", core_views.healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("login/", core_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("policies/", include("retention.urls")),
