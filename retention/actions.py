@@ -92,7 +92,7 @@ def apply_spec(spec: PolicySpec, *, author) -> PolicyVersion:
 
 
 @transaction.atomic
-def submit_version(version: PolicyVersion, *, actor, now=None) -> PolicyVersion:
+def submit_version(version: PolicyVersion, *, actor, reason: str = "", now=None) -> PolicyVersion:
     """draft → submitted: validate against the live catalog and take the dry-run preview
     the approver will see. From here the version's content never changes."""
     check_role(actor, COMPLIANCE)
@@ -114,6 +114,7 @@ def submit_version(version: PolicyVersion, *, actor, now=None) -> PolicyVersion:
         actor,
         "version.submit",
         version,
+        reason=(reason or "").strip(),
         number=version.number,
         content_hash=version.content_hash,
         preview_eligible=version.preview.get("eligible"),

@@ -331,6 +331,59 @@ class PolicySpec:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 
+    def to_toml(self) -> str:
+        """The spec as a policy file; ``load_toml(spec.to_toml())`` gives back an equal spec."""
+
+        def value(v) -> str:
+            if isinstance(v, str):
+                return json.dumps(v, ensure_ascii=False)  # JSON escapes are TOML escapes
+            if isinstance(v, list | tuple):
+                return "[" + ", ".join(value(item) for item in v) + "]"
+            return repr(v)
+
+        lines = [
+            f"slug = {value(self.slug)}",
+            f"name = {value(self.name)}",
+        ]
+        if self.owner:
+            lines.append(f"owner = {value(self.owner)}")
+        lines += [
+            f"table = {value(self.qualified_table)}",
+            f"key = {value(self.key)}",
+            f"timestamp = {value(self.timestamp)}",
+        ]
+        if self.tenant:
+            lines.append(f"tenant = {value(self.tenant)}")
+        lines += [
+            f"retention = {value(self.retention)}",
+            f"schedule = {value(self.schedule)}",
+            f"timezone = {value(self.timezone)}",
+            f"chunk_size = {self.chunk_size}",
+            f"catch_up = {value(self.catch_up)}",
+            f"overlap = {value(self.overlap)}",
+            f"cascade_ack = {value(list(self.cascade_ack))}",
+            f"target_chunk_ms = {self.target_chunk_ms}",
+            f"blast_radius = {value(self.blast_radius)}",
+            f"max_passes = {self.max_passes}",
+            f"vacuum = {value(self.vacuum)}",
+            "",
+            "[limits]",
+            f"policy_workers = {self.policy_workers}",
+            f"tenant_workers = {self.tenant_workers}",
+            "",
+            "[timeouts]",
+            f"lock_ms = {self.lock_timeout_ms}",
+            f"statement_ms = {self.statement_timeout_ms}",
+            "",
+            "[guard]",
+            f"probe = {value(self.probe)}",
+        ]
+        lines += [f"{name} = {value(self.guard[name])}" for name in sorted(self.guard)]
+        for rule in self.keep:
+            lines += ["", "[[keep]]"]
+            lines += [f"{k} = {value(v)}" for k, v in rule.to_json().items()]
+        return "\n".join(lines) + "\n"
+
     def content_hash(self) -> str:
         canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()

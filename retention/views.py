@@ -1,32 +1,338 @@
+"""Pages for policies, their versions and legal holds.
+
+Thin function views: role check first, then a call into ``retention.actions``
+(never a ``.save()`` here). A refusal from an action becomes a message on the
+page it came from; the rule itself lives in the action, so the CLI obeys it too.
+"""
+
 from __future__ import annotations
 
-from django.shortcuts import get_object_or_404, render
-from django.views.decorators.http import require_GET
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Prefetch, Q
+from django.http import HttpResponseRedirect
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
 
-from core.roles import require_role
-from retention.models import LegalHold, Policy
+from core.roles import COMPLIANCE, ONCALL, require_role
+from retention import actions
+from retention.diff import spec_diff
+from retention.models import LegalHold, Policy, PolicyVersion
+from retention.spec import SpecError, load_toml
+
+MAX_TOML_BYTES = 64 * 1024
+REFUSALS = (SpecError, actions.ActionError, PermissionDenied)
+
+
+def _refused(request, exc: Exception) -> None:
+    messages.error(request, str(exc) or "not allowed")
+
+
+def _version_or_404(slug: str, number: int) -> PolicyVersion:
+    return get_object_or_404(
+        PolicyVersion.objects.select_related("policy", "author", "decided_by"),
+        policy__slug=slug,
+        number=number,
+    )
+
+
+def _with_bars(rows: list[dict], key: str = "eligible") -> list[dict]:
+    """Add ``pct`` (0-100, relative to the largest row) for the CSS bar charts."""
+    top = max((row.get(key) or 0 for row in rows), default=0)
+    return [{**row, "pct": round(100 * (row.get(key) or 0) / top, 1) if top else 0} for row in rows]
+
+
+def preview_context(result: dict | None) -> dict:
+    if not result:
+        return {"preview": None}
+    tenants = list(result.get("tenants") or [])
+    if result.get("other_tenants"):
+        other = result["other_tenants"]
+        tenants.append(
+            {
+                "tenant": f"{other['tenants']} others",
+                "eligible": other["eligible"],
+                "other": True,
+            }
+        )
+    return {
+        "preview": result,
+        "tenant_bars": _with_bars(tenants),
+        "age_bars": _with_bars(list(result.get("age_buckets") or [])),
+        "rule_bars": _with_bars(list(result.get("kept_by_rule") or []), "rows"),
+    }
+
+
+# -- policies ----------------------------------------------------------------
 
 
 @require_GET
 @require_role()
 def policy_list(request):
-    return render(request, "retention/policy_list.html", {"policies": Policy.objects.all()})
+    """Every policy with its approved version and the newest version's state. With
+    ``HX-Request`` only the table body comes back (the page polls it)."""
+    policies = Policy.objects.prefetch_related(
+        Prefetch("versions", queryset=PolicyVersion.objects.order_by("-number"))
+    ).annotate(active_holds=Count("holds", filter=Q(holds__released_at__isnull=True)))
+    rows = []
+    for policy in policies:
+        versions = list(policy.versions.all())
+        approved = next((v for v in versions if v.state == PolicyVersion.State.APPROVED), None)
+        rows.append(
+            {
+                "policy": policy,
+                "approved": approved,
+                "latest": versions[0] if versions else None,
+                "pending": [v for v in versions if v.state == PolicyVersion.State.SUBMITTED],
+            }
+        )
+    context = {"rows": rows}
+    template = "retention/_policy_rows.html" if request.htmx else "retention/policy_list.html"
+    return render(request, template, context)
 
 
 @require_GET
 @require_role()
 def policy_detail(request, slug: str):
     policy = get_object_or_404(Policy, slug=slug)
+    versions = policy.versions.select_related("author", "decided_by").order_by("-number")
+    approved = next((v for v in versions if v.state == PolicyVersion.State.APPROVED), None)
+    base = approved or versions.first()
     return render(
         request,
         "retention/policy_detail.html",
-        {"policy": policy, "versions": policy.versions.select_related("author", "decided_by")},
+        {
+            "policy": policy,
+            "versions": versions,
+            "approved": approved,
+            "holds": LegalHold.objects.filter(
+                Q(policy=policy) | Q(policy__isnull=True), released_at__isnull=True
+            ),
+            "draft_toml": base.parsed.to_toml() if base else "",
+        },
     )
+
+
+@require_GET
+@require_role(COMPLIANCE)
+def policy_new(request):
+    return render(request, "retention/policy_new.html", {"toml": ""})
+
+
+@require_POST
+@require_role(COMPLIANCE)
+def version_create(request):
+    """Create a draft from pasted or uploaded TOML (the same parser as the CLI)."""
+    upload = request.FILES.get("file")
+    if upload is not None:
+        if upload.size > MAX_TOML_BYTES:
+            messages.error(request, f"the policy file is larger than {MAX_TOML_BYTES} bytes")
+            return render(request, "retention/policy_new.html", {"toml": ""}, status=400)
+        try:
+            text = upload.read().decode("utf-8")
+        except UnicodeDecodeError:
+            messages.error(request, "the policy file is not UTF-8 text")
+            return render(request, "retention/policy_new.html", {"toml": ""}, status=400)
+    else:
+        text = request.POST.get("toml", "")
+    try:
+        spec = load_toml(text)
+        version = actions.apply_spec(spec, author=request.user)
+    except REFUSALS as exc:
+        _refused(request, exc)
+        return render(request, "retention/policy_new.html", {"toml": text}, status=400)
+    messages.success(request, f"{version} is {version.state}")
+    return redirect("retention:version_detail", slug=version.policy.slug, number=version.number)
+
+
+@require_POST
+@require_role(ONCALL)
+def policy_pause(request, slug: str):
+    policy = get_object_or_404(Policy, slug=slug)
+    try:
+        actions.pause_policy(policy, actor=request.user, reason=request.POST.get("reason", ""))
+        messages.success(request, f"policy {policy.slug} paused")
+    except REFUSALS as exc:
+        _refused(request, exc)
+    return redirect("retention:policy_detail", slug=slug)
+
+
+@require_POST
+@require_role(ONCALL)
+def policy_resume(request, slug: str):
+    policy = get_object_or_404(Policy, slug=slug)
+    try:
+        actions.resume_policy(policy, actor=request.user, reason=request.POST.get("reason", ""))
+        messages.success(request, f"policy {policy.slug} resumed")
+    except REFUSALS as exc:
+        _refused(request, exc)
+    return redirect("retention:policy_detail", slug=slug)
+
+
+# -- versions ----------------------------------------------------------------
+
+
+@require_GET
+@require_role()
+def version_detail(request, slug: str, number: int):
+    """The version next to the approved one (field by field), its validation warnings and
+    the preview taken at submission; the decision forms for compliance."""
+    version = _version_or_404(slug, number)
+    spec = version.parsed
+    approved = version.policy.approved_version
+    base = approved if approved and approved.pk != version.pk else None
+    diff = spec_diff(base.parsed if base else None, spec)
+    validation = version.validation or {}
+    context = {
+        "policy": version.policy,
+        "version": version,
+        "base": base,
+        "diff": diff,
+        "changed": sum(1 for row in diff if row["changed"]),
+        "warnings": validation.get("warnings", []),
+        "foreign_keys": validation.get("foreign_keys", []),
+        "toml": spec.to_toml(),
+        "is_author": version.author_id == request.user.pk,
+        **preview_context(version.preview),
+    }
+    return render(request, "retention/version_detail.html", context)
+
+
+@require_GET
+@require_role()
+def version_preview(request, slug: str, number: int):
+    """A fresh dry-run of this version as of now (HTMX fragment; not stored)."""
+    from retention.preview import preview
+
+    version = _version_or_404(slug, number)
+    try:
+        result = preview(version.parsed, policy_id=version.policy_id)
+        error = None
+    except SpecError as exc:
+        result, error = None, str(exc)
+    context = {"live": True, "live_error": error, **preview_context(result)}
+    if request.htmx:
+        return render(request, "retention/_preview.html", context)
+    return render(
+        request,
+        "retention/version_preview.html",
+        {"policy": version.policy, "version": version, **context},
+    )
+
+
+def _decide(request, slug: str, number: int, action) -> HttpResponseRedirect:
+    version = _version_or_404(slug, number)
+    try:
+        done = action(version)
+        messages.success(request, f"{done} is {done.state}")
+    except REFUSALS as exc:
+        _refused(request, exc)
+    return redirect("retention:version_detail", slug=slug, number=number)
+
+
+@require_POST
+@require_role(COMPLIANCE)
+def version_submit(request, slug: str, number: int):
+    reason = request.POST.get("reason", "").strip()
+    if not reason:
+        messages.error(request, "submitting a version needs a reason")
+        return redirect("retention:version_detail", slug=slug, number=number)
+    return _decide(
+        request,
+        slug,
+        number,
+        lambda v: actions.submit_version(v, actor=request.user, reason=reason),
+    )
+
+
+@require_POST
+@require_role(COMPLIANCE)
+def version_approve(request, slug: str, number: int):
+    reason = request.POST.get("reason", "").strip()
+    if not reason:
+        messages.error(request, "approving a version needs a reason")
+        return redirect("retention:version_detail", slug=slug, number=number)
+    return _decide(
+        request,
+        slug,
+        number,
+        lambda v: actions.approve_version(v, actor=request.user, reason=reason),
+    )
+
+
+@require_POST
+@require_role(COMPLIANCE)
+def version_reject(request, slug: str, number: int):
+    reason = request.POST.get("reason", "")
+    return _decide(
+        request,
+        slug,
+        number,
+        lambda v: actions.reject_version(v, actor=request.user, reason=reason),
+    )
+
+
+# -- legal holds ---------------------------------------------------------------
 
 
 @require_GET
 @require_role()
 def holds(request):
+    all_holds = LegalHold.objects.select_related("policy")
     return render(
-        request, "retention/holds.html", {"holds": LegalHold.objects.select_related("policy")}
+        request,
+        "retention/holds.html",
+        {
+            "active": all_holds.filter(released_at__isnull=True),
+            "released": all_holds.filter(released_at__isnull=False)[:100],
+            "policies": Policy.objects.all(),
+        },
     )
+
+
+def _optional_int(value: str, name: str) -> int | None:
+    value = (value or "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise actions.ActionError(f"{name} must be a whole number, got {value!r}") from None
+
+
+@require_POST
+@require_role(COMPLIANCE)
+def hold_place(request):
+    data = request.POST
+    try:
+        slug = data.get("policy", "").strip()
+        policy = None
+        if slug:
+            policy = Policy.objects.filter(slug=slug).first()
+            if policy is None:
+                raise actions.ActionError(f"unknown policy {slug!r}")
+        hold = actions.place_hold(
+            actor=request.user,
+            reason=data.get("reason", ""),
+            policy=policy,
+            tenant=data.get("tenant") or None,
+            key_from=_optional_int(data.get("key_from", ""), "key from"),
+            key_to=_optional_int(data.get("key_to", ""), "key to"),
+        )
+        messages.success(request, f"hold #{hold.pk} placed")
+    except REFUSALS as exc:
+        _refused(request, exc)
+    return redirect(reverse("retention:holds"))
+
+
+@require_POST
+@require_role(COMPLIANCE)
+def hold_release(request, hold_id: int):
+    hold = get_object_or_404(LegalHold, pk=hold_id)
+    try:
+        actions.release_hold(hold, actor=request.user, reason=request.POST.get("reason", ""))
+        messages.success(request, f"hold #{hold.pk} released")
+    except REFUSALS as exc:
+        _refused(request, exc)
+    return redirect(reverse("retention:holds"))
