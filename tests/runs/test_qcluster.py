@@ -1,0 +1,87 @@
+"""The engine under a real django-q2 cleanup cluster: delivery, redelivery after a crash,
+and a graceful stop."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from django.db import connection
+
+from runs.actions import trigger_run
+from runs.invariants import check_run
+from runs.models import AuditRecord, Chunk, Run
+from tests.factories import approved_policy
+from tests.runs.conftest import NOW, create_events
+from tests.runs.processes import kill_group, spawn, wait_for
+
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
+
+CLUSTER_ENV = {
+    "Q_CLUSTER_NAME": "cleanup",
+    "RETENTION_Q_TIMEOUT": "10",
+    "RETENTION_Q_RETRY": "12",
+    "RETENTION_LEASE_BUDGET_S": "3",
+}
+
+
+@pytest.fixture
+def run(transactional_db, make_user):
+    create_events(12000)
+    policy = approved_policy(
+        make_user, slug="events", table="public.rr_events", key="id", timestamp="occurred_at",
+        tenant="tenant_id", retention="20 days", schedule="0 3 * * *", chunk_size=60,
+        keep=[{"column": "status", "op": "=", "value": "disputed"}],
+        limits={"policy_workers": 2, "tenant_workers": 1},
+    )  # fmt: skip
+    run, _ = trigger_run(policy, tick=NOW)
+    yield run
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
+
+
+def state_of(run: Run) -> str:
+    return Run.objects.filter(pk=run.pk).values_list("state", flat=True).first()
+
+
+def test_a_cleanup_cluster_drains_a_run_from_its_leases(run):
+    cluster = spawn("qcluster", env=CLUSTER_ENV)
+    try:
+        wait_for(lambda: state_of(run) == Run.State.DRAINED, timeout=120, interval=0.5, what="the run to drain")
+    finally:
+        kill_group(cluster, signal.SIGTERM)
+    assert check_run(run, shadow=("public", "rr_events_shadow")) == []
+
+
+def test_a_cluster_killed_after_commit_is_redelivered_without_a_second_audit_row(run):
+    cluster = spawn("qcluster", env=CLUSTER_ENV)
+    try:
+        wait_for(lambda: AuditRecord.objects.filter(run=run).count() >= 3, timeout=60, interval=0.05, what="commits")
+    finally:
+        kill_group(cluster, signal.SIGKILL)  # committed chunks, unacknowledged messages
+    assert state_of(run) == Run.State.ACTIVE
+    survivor = spawn("qcluster", env=CLUSTER_ENV)
+    try:
+        wait_for(lambda: state_of(run) == Run.State.DRAINED, timeout=150, interval=0.5, what="redelivery to drain")
+    finally:
+        kill_group(survivor, signal.SIGTERM)
+    done = Chunk.objects.filter(run=run, state=Chunk.State.DONE).count()
+    assert AuditRecord.objects.filter(run=run).count() == done
+    assert check_run(run, shadow=("public", "rr_events_shadow")) == []
+
+
+def test_sigterm_lets_in_flight_chunks_finish_and_leaves_nothing_half_done(run):
+    cluster = spawn("qcluster", env=CLUSTER_ENV)
+    wait_for(lambda: AuditRecord.objects.filter(run=run).count() >= 2, timeout=60, interval=0.05, what="commits")
+    cluster.send_signal(signal.SIGTERM)  # the main PID only, as a supervisor should
+    cluster.wait(timeout=60)
+    assert cluster.returncode is not None
+    done = Chunk.objects.filter(run=run, state=Chunk.State.DONE).count()
+    assert AuditRecord.objects.filter(run=run).count() == done
+    assert check_run(run, shadow=("public", "rr_events_shadow"), expect_drained=False) == []
+    # and the run goes on when a cluster comes back
+    again = spawn("qcluster", env=CLUSTER_ENV)
+    try:
+        wait_for(lambda: state_of(run) == Run.State.DRAINED, timeout=150, interval=0.5, what="the run to finish")
+    finally:
+        kill_group(again, signal.SIGTERM)
