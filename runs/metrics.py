@@ -8,7 +8,6 @@ differ between web processes and reset on restart).
 from __future__ import annotations
 
 import hmac
-import re
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
@@ -37,8 +36,12 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 def reason_class(reason: str) -> str:
     """A throttle reason without its numbers (``probe p95 41 ms > 25 ms`` → ``probe p95``),
     so the label has few values."""
-    head = re.split(r"[\d:(]", reason, maxsplit=1)[0].strip(" -—,;")
-    return head[:60] or "other"
+    words = []
+    for word in reason.split():
+        if word[0].isdigit() or word[0] in "<>=(:":
+            break
+        words.append(word.strip(",;:"))
+    return " ".join(words)[:60] or "other"
 
 
 def chunk_durations() -> dict[str, tuple[list[int], float, int]]:

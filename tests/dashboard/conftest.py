@@ -75,10 +75,10 @@ def run(events_policy) -> Run:
     return created
 
 
-def make_dead_letter(make_user, slug: str = "gone") -> DeadLetter:
+def make_dead_letter(make_user, slug: str = "gone", rows: int = 600) -> DeadLetter:
     """A run whose table disappeared: the worker dead-letters its first chunk."""
     table = f"rr_{slug}"
-    create_events(600, name=table)
+    create_events(rows, name=table)
     policy = approved_policy(make_user, **events_spec(slug=slug, table=table))
     created, _ = trigger_run(policy, tick=NOW)
     planner.plan(created)

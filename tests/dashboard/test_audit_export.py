@@ -1,0 +1,152 @@
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from django.db import connection
+from django.urls import reverse
+
+from runs import worker
+from runs.audit import verify_chain
+from runs.exports import neutralize
+from runs.models import AuditRecord
+
+pytestmark = pytest.mark.django_db
+
+
+def download(response) -> bytes:
+    assert response.streaming, "exports must stream"
+    return b"".join(response.streaming_content)
+
+
+def read_csv(response) -> list[dict]:
+    return list(csv.DictReader(io.StringIO(download(response).decode())))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("=HYPERLINK(1)", "'=HYPERLINK(1)"),
+        ("+1", "'+1"),
+        ("-2", "'-2"),
+        ("@SUM(A1)", "'@SUM(A1)"),
+        ("\tx", "'\tx"),
+        ("\rx", "'\rx"),
+        ("tenant-1", "tenant-1"),
+        ("", ""),
+        (-5, -5),
+    ],
+)
+def test_cells_a_spreadsheet_would_run_get_a_leading_quote(value, expected):
+    assert neutralize(value) == expected
+
+
+def test_the_csv_export_has_one_line_per_audit_record(client_for, run):
+    rows = read_csv(client_for("auditor").get(reverse("runs:audit_export")))
+
+    records = list(AuditRecord.objects.order_by("chain_seq"))
+    assert [int(r["chain_seq"]) for r in rows] == [a.chain_seq for a in records]
+    assert rows[0]["hash"] == records[0].hash
+    assert rows[0]["run_key"] == run.run_key
+    assert sum(int(r["rows_deleted"]) for r in rows) == run.chunk_totals()["rows_deleted"]
+
+
+def test_the_export_is_an_attachment(client_for, run):
+    response = client_for("compliance").get(reverse("runs:audit_export") + "?policy=events")
+
+    assert response["Content-Type"].startswith("text/csv")
+    assert response["Content-Disposition"] == 'attachment; filename="audit_events.csv"'
+
+
+def test_a_formula_in_the_data_is_neutralized_in_the_export(client_for, make_user):
+    from runs import planner
+    from runs.actions import trigger_run
+    from tests.factories import approved_policy
+    from tests.runs.conftest import NOW, create_events
+
+    from .conftest import events_spec
+
+    create_events(800)
+    with connection.cursor() as cur:
+        cur.execute("ALTER TABLE public.rr_events ALTER tenant_id TYPE text")
+        cur.execute("UPDATE public.rr_events SET tenant_id = '=cmd|calc' WHERE tenant_id = '1'")
+    policy = approved_policy(make_user, **events_spec())
+    created, _ = trigger_run(policy, tick=NOW)
+    planner.plan(created)
+    worker.drain(created.pk, budget_s=60, until_idle=True)
+    assert AuditRecord.objects.filter(tenant="=cmd|calc").exists()
+
+    rows = read_csv(client_for("auditor").get(reverse("runs:audit_export")))
+
+    tenants = {r["tenant"] for r in rows}
+    assert "'=cmd|calc" in tenants
+    assert "=cmd|calc" not in tenants
+
+
+def test_filters_narrow_the_export(client_for, run, make_user):
+    from .conftest import make_dead_letter
+
+    make_dead_letter(make_user, slug="gone")  # a second policy, no audit rows
+    client = client_for("auditor")
+    tenant = AuditRecord.objects.filter(run=run).values_list("tenant", flat=True).first()
+    day = run.audit_records.first().committed_at.date()
+
+    by_tenant = read_csv(client.get(reverse("runs:audit_export") + f"?tenant={tenant}"))
+    by_run = read_csv(client.get(reverse("runs:audit_export") + f"?run={run.run_key}"))
+    by_day = read_csv(client.get(reverse("runs:audit_export") + f"?from={day}&to={day}"))
+    before = read_csv(client.get(reverse("runs:audit_export") + "?to=2000-01-01"))
+    other = read_csv(client.get(reverse("runs:audit_export") + "?policy=gone"))
+
+    assert by_tenant and {r["tenant"] for r in by_tenant} == {tenant}
+    assert len(by_run) == run.audit_records.count() == len(by_day)
+    assert before == [] and other == []
+
+
+def test_the_audit_page_filters_and_links_the_exports(client_for, run):
+    html = client_for("auditor").get(reverse("runs:audit") + f"?run={run.pk}").content.decode()
+
+    assert f"{reverse('runs:audit_export')}?run={run.pk}" in html
+    assert reverse("runs:manifest", args=[run.pk]) in html
+    assert run.audit_records.first().hash[:12] in html
+
+
+def test_the_manifest_holds_version_approval_cutoff_chunks_totals_and_chain_head(client_for, run):
+    worker.drain(run.pk, budget_s=60, until_idle=True)
+    run.refresh_from_db()
+
+    response = client_for("auditor").get(reverse("runs:manifest", args=[run.pk]))
+
+    assert response["Content-Disposition"].startswith('attachment; filename="run_events-')
+    manifest = json.loads(download(response))
+    version = run.policy_version
+    assert manifest["run"]["run_key"] == run.run_key
+    assert manifest["cutoff"] == run.cutoff.isoformat()
+    assert manifest["policy_version"]["number"] == version.number
+    assert manifest["policy_version"]["content_hash"] == version.content_hash
+    assert manifest["approval"] == {
+        "author": version.author.username,
+        "submitted_at": version.submitted_at.isoformat(),
+        "approver": version.decided_by.username,
+        "approved_at": version.decided_at.isoformat(),
+        "reason": version.decision_reason,
+        "content_hash": version.approved_hash,
+    }
+    assert manifest["approval"]["author"] != manifest["approval"]["approver"]
+    assert manifest["verification"] == run.verification
+    assert manifest["totals"]["rows_deleted"] == run.chunk_totals()["rows_deleted"]
+    assert len(manifest["chunks"]) == run.chunks.count()
+    done = [c for c in manifest["chunks"] if c["state"] == "done"]
+    assert sum(c["rows_deleted"] for c in done) == manifest["totals"]["rows_deleted"]
+    assert manifest["audit_chain"]["head_hash"] == verify_chain().head
+    assert manifest["audit_chain"]["run_records"]["ok"] is True
+    assert manifest["audit_chain"]["run_records"]["records_checked"] == len(done)
+
+
+def test_viewer_and_oncall_may_not_export(client_for, run):
+    for role in ("viewer", "oncall"):
+        client = client_for(role)
+        assert client.get(reverse("runs:audit_export")).status_code == 403
+        assert client.get(reverse("runs:manifest", args=[run.pk])).status_code == 403
+        assert client.get(reverse("runs:audit")).status_code == 403

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from retention.models import OperatorAction
+from runs.models import Chunk, DeadLetter
+
+from .helpers import post
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_list_shows_failure_class_and_context(client_for, dead_letter):
+    html = client_for("viewer").get(reverse("runs:dead_letters")).content.decode()
+
+    assert f'data-letter="{dead_letter.pk}"' in html
+    assert dead_letter.error_class in html
+    assert dead_letter.sqlstate in html
+    assert "rr_gone" in html  # the table named in the context
+    assert "Replay same chunk" not in html  # a viewer gets no controls
+
+
+def test_replay_puts_back_the_same_chunk(client_for, dead_letter):
+    chunk = dead_letter.chunk
+    identity = (chunk.run_id, chunk.tenant, chunk.key_from, chunk.key_to)
+
+    response = post(
+        client_for("oncall"),
+        reverse("runs:replay", args=[dead_letter.pk]),
+        {"reason": "table restored", "next": reverse("runs:dead_letters")},
+    )
+
+    dead_letter.refresh_from_db()
+    chunk = Chunk.objects.get(pk=dead_letter.chunk_id)
+    assert dead_letter.resolution == DeadLetter.Resolution.REPLAYED
+    assert chunk.state == Chunk.State.PENDING
+    assert (chunk.run_id, chunk.tenant, chunk.key_from, chunk.key_to) == identity
+    assert "Replay dead letter" in response.content.decode()
+    assert OperatorAction.objects.filter(action="replay_dead_letter", actor="oscar").exists()
+
+
+def test_discard_records_the_reason(client_for, dead_letter):
+    post(
+        client_for("oncall"),
+        reverse("runs:discard", args=[dead_letter.pk]),
+        {"reason": "table retired"},
+    )
+
+    dead_letter.refresh_from_db()
+    assert dead_letter.resolution == DeadLetter.Resolution.DISCARDED
+    assert (dead_letter.resolved_by, dead_letter.resolution_reason) == ("oscar", "table retired")
+    html = client_for("viewer").get(reverse("runs:dead_letters") + "?show=all").content.decode()
+    assert "table retired" in html
+
+
+def test_replaying_twice_says_it_is_already_replayed(client_for, dead_letter):
+    client = client_for("oncall")
+    url = reverse("runs:replay", args=[dead_letter.pk])
+    post(client, url, {"reason": "first"})
+
+    response = post(client, url, {"reason": "second"})
+
+    assert "already replayed" in response.content.decode()
+
+
+def test_the_run_page_lists_its_open_dead_letters_with_replay(client_for, dead_letter):
+    html = (
+        client_for("oncall").get(reverse("runs:detail", args=[dead_letter.run_id])).content.decode()
+    )
+
+    assert "undefined table" in html
+    assert reverse("runs:replay", args=[dead_letter.pk]) in html

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from retention.models import OperatorAction
+from runs.models import AuditRecord, Run
+
+from .helpers import post
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_run_page_shows_window_version_progress_and_last_commit(client_for, run):
+    html = client_for("viewer").get(reverse("runs:detail", args=[run.pk])).content.decode()
+
+    last = AuditRecord.objects.filter(run=run).order_by("-chain_seq").first()
+    assert run.cutoff.strftime("%Y-%m-%d %H:%M:%S") in html
+    assert run.tick.strftime("%Y-%m-%d %H:%M:%S") in html
+    assert reverse("retention:policy_detail", args=["events"]) in html
+    assert f"events v{run.policy_version.number}" in html
+    assert f"#{last.chunk_id}" in html and f"audit #{last.chain_seq}" in html
+    assert 'data-testid="histogram"' in html and "<svg" in html
+    assert 'data-testid="rate-chart"' in html
+    assert "<script" not in html.split("<body")[1]  # charts are server-rendered SVG
+
+
+def test_the_histogram_counts_chunks_by_state(client_for, run):
+    html = client_for("viewer").get(reverse("runs:detail", args=[run.pk])).content.decode()
+
+    done = run.chunks.filter(state="done").count()
+    pending = run.chunks.filter(state="pending").count()
+    assert f"<title>done: {done}</title>" in html
+    assert f"<title>pending: {pending}</title>" in html
+
+
+def test_per_tenant_progress_lists_every_tenant(client_for, run):
+    html = client_for("viewer").get(reverse("runs:detail", args=[run.pk])).content.decode()
+
+    for tenant in run.chunks.values_list("tenant", flat=True).distinct():
+        assert f'data-tenant="{tenant}"' in html
+
+
+def test_an_htmx_request_gets_only_the_live_part(client_for, run):
+    response = client_for("viewer").get(
+        reverse("runs:detail", args=[run.pk]), HTTP_HX_REQUEST="true"
+    )
+
+    html = response.content.decode()
+    assert "<html" not in html
+    assert 'data-testid="schedule-window"' in html
+    assert 'id="run-controls"' not in html
+
+
+def test_oncall_pauses_and_resumes_the_same_run(client_for, run):
+    client = client_for("oncall")
+    page = reverse("runs:detail", args=[run.pk])
+
+    response = post(client, reverse("runs:pause", args=[run.pk]), {"reason": "INC-9"}, page=page)
+    assert response.redirect_chain[-1][0] == page
+    run.refresh_from_db()
+    assert run.state == Run.State.PAUSED
+    assert "Pause run" in response.content.decode()
+
+    post(client, reverse("runs:resume", args=[run.pk]), {"reason": "INC-9 resolved"}, page=page)
+    run.refresh_from_db()
+    assert run.state == Run.State.ACTIVE
+    assert list(
+        OperatorAction.objects.filter(target_id=str(run.pk), actor="oscar")
+        .order_by("at")
+        .values_list("action", "reason")
+    ) == [("pause_run", "INC-9"), ("resume_run", "INC-9 resolved")]
+
+
+def test_a_refused_action_shows_the_reason_why(client_for, run):
+    client = client_for("oncall")
+    page = reverse("runs:detail", args=[run.pk])
+
+    response = post(client, reverse("runs:resume", args=[run.pk]), {"reason": "go"}, page=page)
+
+    html = response.content.decode()
+    assert "msg-error" in html
+    assert "only a paused run or one needing attention can resume" in html
+    run.refresh_from_db()
+    assert run.state == Run.State.ACTIVE
+
+
+def test_an_action_without_a_reason_is_refused(client_for, run):
+    client = client_for("oncall")
+    page = reverse("runs:detail", args=[run.pk])
+
+    response = post(client, reverse("runs:pause", args=[run.pk]), {"reason": ""}, page=page)
+
+    assert "a reason is required" in response.content.decode()
+    run.refresh_from_db()
+    assert run.state == Run.State.ACTIVE
+
+
+def test_oncall_cancels_a_run(client_for, run):
+    client = client_for("oncall")
+    post(client, reverse("runs:cancel", args=[run.pk]), {"reason": "wrong table"})
+
+    run.refresh_from_db()
+    assert run.state == Run.State.CANCELLED
+    assert not run.chunks.filter(state="pending").exists()
+
+
+def test_a_viewer_sees_no_controls_and_cannot_post_them(client_for, run):
+    client = client_for("viewer")
+    html = client.get(reverse("runs:detail", args=[run.pk])).content.decode()
+    assert 'id="run-controls"' not in html
+
+    response = post(client, reverse("runs:pause", args=[run.pk]), {"reason": "x"}, follow=False)
+
+    assert response.status_code == 403
+    run.refresh_from_db()
+    assert run.state == Run.State.ACTIVE
+
+
+def test_the_run_list_filters_by_policy_and_state(client_for, run):
+    client = client_for("viewer")
+    assert run.run_key in client.get(reverse("runs:list") + "?policy=events").content.decode()
+    assert run.run_key not in client.get(reverse("runs:list") + "?state=drained").content.decode()
