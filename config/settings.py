@@ -29,6 +29,7 @@ RETENTION = {
     "SPLIT_FLOOR_ROWS": env_int("RETENTION_SPLIT_FLOOR_ROWS", 50, minimum=1),
     "SYNCHRONOUS_COMMIT": env_bool("RETENTION_SYNCHRONOUS_COMMIT", True),
     "BROKER": env_str("RETENTION_BROKER", "orm"),
+    "GUARD": env_bool("RETENTION_GUARD", True),
 }
 if RETENTION["BROKER"] not in {"orm", "redis"}:
     raise ConfigError(f"RETENTION_BROKER must be orm or redis, got {RETENTION['BROKER']!r}")
@@ -45,6 +46,10 @@ else:
 DATABASES = {"default": database_from_url("DATABASE_URL", _database_url)}
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 60, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# The guard tells the product's own sessions from foreground traffic by this name.
+DATABASES["default"]["OPTIONS"].setdefault(
+    "application_name", f"retention:{env_str('Q_CLUSTER_NAME', 'web') or 'web'}"
+)
 DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", None)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -32,7 +32,7 @@ GUARD_DEFAULTS = {
     "probe_p95_ms": 25.0,
     "lock_waits": 5,
     "replication_lag_s": 30.0,
-    "dead_tuple_ratio": 0.5,
+    "dead_tuple_ratio": 0.9,
     "connections_headroom": 10,
     "wal_mb_per_s": 200.0,
     "critical_probe_p95_ms": 250.0,

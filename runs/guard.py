@@ -1,8 +1,33 @@
-"""The admission guard: may a chunk start now? (signals, thresholds, reasons)."""
+"""The admission guard: may a chunk start now, and if not, why?
+
+Signals are measured from PostgreSQL itself by one sampler at a time (advisory
+lock) and stored as ``GuardSample`` rows; workers read the latest sample
+instead of each querying the catalog. Each signal has a per-policy threshold
+(``[guard]`` in the policy), and a higher "critical" threshold at which the
+policy is paused and an alert raised instead of just deferring the chunk.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from psycopg import sql
+
+from core import locks
+from runs.models import GuardSample, Run
+
+log = logging.getLogger(__name__)
+
+FRESH_S = 2.0  # a sample younger than this is used as is
+WINDOW_S = 30.0  # sliding window for probe percentiles
+APP_PREFIX = "retention"  # application_name of the product's own connections
+CONFLICTING_MODES = ("ShareLock", "ShareRowExclusiveLock", "ExclusiveLock", "AccessExclusiveLock")
 
 
 @dataclass(frozen=True)
@@ -10,18 +35,285 @@ class Verdict:
     admit: bool
     reason: str = ""
     critical: bool = False
+    signals: dict = field(default_factory=dict)
 
 
 ADMIT = Verdict(True)
+_last_verdict: dict = {}  # the verdict for the latest sample, per process
+
+
+def _rows(query, params=()) -> list[tuple]:
+    with connection.cursor() as cur:
+        if isinstance(query, sql.Composable):
+            query = query.as_string(cur.connection)
+        cur.execute(query, list(params))
+        return cur.fetchall()
+
+
+def _targets() -> list:
+    """Specs of the runs that are draining now (their tables are what we watch)."""
+    specs = {}
+    for run in Run.objects.filter(state=Run.State.ACTIVE).select_related("policy_version"):
+        spec = run.policy_version.parsed
+        specs[spec.qualified_table] = spec
+    return list(specs.values())
+
+
+def _probe_ms(spec) -> float | None:
+    """The default foreground probe: read the newest row of the target by its key index —
+    the hot end of the table, where foreground traffic lives."""
+    if spec.probe == "none":
+        return None
+    query = sql.SQL("SELECT {k} FROM {s}.{t} ORDER BY {k} DESC LIMIT 1").format(
+        k=sql.Identifier(spec.key), s=sql.Identifier(spec.schema), t=sql.Identifier(spec.table)
+    )
+    t0 = time.perf_counter()
+    try:
+        with transaction.atomic():
+            _rows("SELECT set_config('statement_timeout', '2000ms', true)")
+            _rows(query)
+    except Exception:
+        return 2000.0  # a probe that times out is as slow as its timeout
+    return (time.perf_counter() - t0) * 1000
+
+
+def read_signals() -> tuple[dict, dict]:
+    """Measure instance-wide and per-target signals now (one round of catalog queries)."""
+    values: dict = {}
+    (values["connections_used"], values["max_connections"]) = _rows(
+        "SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'),"
+        " current_setting('max_connections')::int"
+    )[0]
+    values["connections_free"] = values["max_connections"] - values["connections_used"]
+    values["lock_waits"] = _rows(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND coalesce(application_name, '') NOT LIKE %s",
+        [APP_PREFIX + "%"],
+    )[0][0]
+    lag = _rows(
+        "SELECT coalesce(max(extract(epoch FROM replay_lag)), 0),"
+        " coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)), 0), count(*)"
+        " FROM pg_stat_replication"
+    )[0]
+    values["replication_lag_s"], values["replication_lag_bytes"], values["replicas"] = (
+        float(lag[0]),
+        int(lag[1]),
+        lag[2],
+    )
+    values["wal_bytes"] = int(_rows("SELECT wal_bytes FROM pg_stat_wal")[0][0])
+    if connection.pg_version >= 170000:
+        values["checkpoints_requested"] = _rows("SELECT num_requested FROM pg_stat_checkpointer")[
+            0
+        ][0]
+    else:
+        values["checkpoints_requested"] = _rows("SELECT checkpoints_req FROM pg_stat_bgwriter")[0][
+            0
+        ]
+
+    tables: dict = {}
+    for spec in _targets():
+        oid_rows = _rows("SELECT to_regclass(%s)::oid", [f'"{spec.schema}"."{spec.table}"'])
+        oid = oid_rows[0][0] if oid_rows else None
+        if oid is None:
+            continue
+        info: dict = {"probe_ms": _probe_ms(spec)}
+        info["lock_waits"] = _rows(
+            "SELECT count(*) FROM pg_locks WHERE relation = %s AND NOT granted", [oid]
+        )[0][0]
+        held = _rows(
+            "SELECT l.mode, l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE l.relation = %s AND l.granted AND l.mode = ANY(%s)"
+            " AND coalesce(a.application_name, '') NOT LIKE %s LIMIT 3",
+            [oid, list(CONFLICTING_MODES), APP_PREFIX + "%"],
+        )
+        info["conflicting_locks"] = [f"{mode} by pid {pid}" for mode, pid in held]
+        live, dead = _rows(
+            "SELECT n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE relid = %s", [oid]
+        )[0]
+        info["dead_tuples"] = dead
+        info["dead_tuple_ratio"] = round(dead / max(1, live + dead), 4)
+        info["autovacuum_running"] = bool(
+            _rows("SELECT count(*) FROM pg_stat_progress_vacuum WHERE relid = %s", [oid])[0][0]
+        )
+        tables[spec.qualified_table] = info
+    return values, tables
+
+
+def sample(*, force: bool = False) -> GuardSample | None:
+    """Take a sample if the latest is stale and no one else is sampling; return the latest."""
+    latest = GuardSample.objects.order_by("-taken_at").first()
+    if (
+        not force
+        and latest is not None
+        and (timezone.now() - latest.taken_at).total_seconds() < FRESH_S
+    ):
+        return latest
+    with transaction.atomic():
+        if not locks.try_xact_lock(locks.SAMPLER, 0):
+            return latest
+        again = GuardSample.objects.order_by("-taken_at").first()
+        if (
+            not force
+            and again is not None
+            and (timezone.now() - again.taken_at).total_seconds() < FRESH_S
+        ):
+            return again
+        values, tables = read_signals()
+        if again is not None:
+            dt = max(0.001, (timezone.now() - again.taken_at).total_seconds())
+            values["wal_mb_per_s"] = round(
+                max(0, values["wal_bytes"] - again.values.get("wal_bytes", 0)) / dt / 1e6, 3
+            )
+        return GuardSample.objects.create(values=values, tables=tables)
+
+
+def probe_percentiles(table: str, *, now=None) -> dict:
+    """p50/p95/p99 of the probe latency over the sliding window."""
+    now = now or timezone.now()
+    since = now - timedelta(seconds=WINDOW_S)
+    values = sorted(
+        v
+        for v in (
+            s.get(table, {}).get("probe_ms")
+            for s in GuardSample.objects.filter(taken_at__gte=since).values_list(
+                "tables", flat=True
+            )
+        )
+        if v is not None
+    )
+    if not values:
+        return {}
+
+    def pct(p: float) -> float:
+        return round(values[min(len(values) - 1, int(round(p * (len(values) - 1))))], 2)
+
+    return {"p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99), "n": len(values)}
+
+
+def evaluate(spec, latest: GuardSample | None) -> Verdict:
+    """Compare the latest sample with the policy's thresholds."""
+    if latest is None:
+        return ADMIT
+    g = spec.guard
+    v = latest.values
+    t = latest.tables.get(spec.qualified_table, {})
+    p = probe_percentiles(spec.qualified_table)
+    signals = {
+        "probe_p95_ms": (p.get("p95"), g["probe_p95_ms"], g["critical_probe_p95_ms"], "ms"),
+        "lock_waits": (v.get("lock_waits", 0) + 0, g["lock_waits"], g["critical_lock_waits"], ""),
+        "replication_lag_s": (
+            v.get("replication_lag_s", 0.0),
+            g["replication_lag_s"],
+            g["critical_replication_lag_s"],
+            "s",
+        ),
+        "dead_tuple_ratio": (t.get("dead_tuple_ratio"), g["dead_tuple_ratio"], None, ""),
+        "wal_mb_per_s": (v.get("wal_mb_per_s"), g["wal_mb_per_s"], None, "MB/s"),
+    }
+    reasons, critical = [], False
+    conflicting = t.get("conflicting_locks") or []
+    if conflicting:
+        reasons.append(f"lock held on {spec.qualified_table}: {conflicting[0]}")
+    if t.get("lock_waits"):
+        reasons.append(f"{t['lock_waits']} session(s) waiting on locks of {spec.qualified_table}")
+    for name, (value, limit, crit, unit) in signals.items():
+        if value is None or limit is None:
+            continue
+        if crit is not None and value > crit:
+            critical = True
+            reasons.append(f"{_label(name)} {_fmt(value)}{unit} > critical {_fmt(crit)}{unit}")
+        elif value > limit:
+            reasons.append(f"{_label(name)} {_fmt(value)}{unit} > {_fmt(limit)}{unit}")
+    free = v.get("connections_free")
+    if free is not None and free < g["connections_headroom"]:
+        reasons.append(
+            f"free connections {free} < reserved headroom {_fmt(g['connections_headroom'])}"
+        )
+    shown = {name: {"value": s[0], "threshold": s[1], "unit": s[3]} for name, s in signals.items()}
+    shown["connections_free"] = {"value": free, "threshold": g["connections_headroom"], "unit": ""}
+    shown["autovacuum_running"] = {
+        "value": t.get("autovacuum_running"),
+        "threshold": None,
+        "unit": "",
+    }
+    if reasons:
+        return Verdict(False, "; ".join(reasons), critical, shown)
+    return Verdict(True, "", False, shown)
+
+
+def _label(name: str) -> str:
+    return {
+        "probe_p95_ms": "probe p95",
+        "lock_waits": "lock waits",
+        "replication_lag_s": "replication lag",
+        "dead_tuple_ratio": "dead tuple ratio",
+        "wal_mb_per_s": "WAL rate",
+    }.get(name, name)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}".rstrip("0").rstrip(".") if value < 100 else f"{value:.0f}"
+    return str(value)
 
 
 def admission(run, spec) -> Verdict:
-    """Decide from the latest shared sample whether ``run`` may start a chunk."""
-    return ADMIT
+    """Decide from the latest shared sample whether ``run`` may start a chunk.
+    A critical verdict pauses the policy (with an alert in the operator log)."""
+    if not settings.RETENTION.get("GUARD", True):
+        return ADMIT
+    latest = sample()
+    key = (latest.pk if latest else None, spec.qualified_table, tuple(sorted(spec.guard.items())))
+    cached = _last_verdict.get(key)
+    if cached is not None:
+        return cached
+    verdict = evaluate(spec, latest)
+    _last_verdict.clear()
+    _last_verdict[key] = verdict
+    if verdict.critical:
+        _pause_for_critical(run, verdict)
+    return verdict
+
+
+def _pause_for_critical(run, verdict: Verdict) -> None:
+    from retention.models import Policy, record_action
+
+    with transaction.atomic():
+        updated = Policy.objects.filter(pk=run.policy_id, paused=False).update(
+            paused=True, paused_reason=f"guard critical: {verdict.reason}"
+        )
+        if updated:
+            record_action(
+                "guard",
+                "pause_policy",
+                run.policy,
+                reason=f"critical: {verdict.reason}",
+                alert=True,
+            )
+            log.error("ALERT policy %s paused by the guard: %s", run.policy.slug, verdict.reason)
 
 
 def current_state(policy) -> dict:
     """The guard as the dashboard shows it for ``policy``:
     ``{"level": "ok"|"throttled"|"critical", "reasons": [str], "signals": {name: {"value", "threshold", "unit"}},
     "sampled_at": datetime|None}``."""
-    return {"level": "ok", "reasons": [], "signals": {}, "sampled_at": None}
+    version = policy.approved_version
+    latest = GuardSample.objects.order_by("-taken_at").first()
+    if version is None or latest is None:
+        return {
+            "level": "ok",
+            "reasons": [],
+            "signals": {},
+            "sampled_at": latest.taken_at if latest else None,
+        }
+    verdict = evaluate(version.parsed, latest)
+    if policy.paused and policy.paused_reason.startswith("guard critical"):
+        level = "critical"
+    else:
+        level = "critical" if verdict.critical else ("ok" if verdict.admit else "throttled")
+    return {
+        "level": level,
+        "reasons": [r for r in verdict.reason.split("; ") if r],
+        "signals": verdict.signals,
+        "sampled_at": latest.taken_at,
+    }

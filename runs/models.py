@@ -246,3 +246,21 @@ class Lease(models.Model):
 
     def __str__(self) -> str:
         return f"lease {self.run_id}/{self.slot} gen {self.generation}"
+
+
+class GuardSample(models.Model):
+    """One reading of the database's pressure signals, shared by every worker.
+
+    ``values`` holds instance-wide signals; ``tables`` holds per-target readings keyed by
+    "schema.table" (probe latency, lock waits and conflicting locks on it, dead tuples,
+    autovacuum). Taken by one sampler at a time (advisory lock); kept for a day."""
+
+    taken_at = models.DateTimeField(default=timezone.now, db_index=True)
+    values = models.JSONField(default=dict)
+    tables = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-taken_at"]
+
+    def __str__(self) -> str:
+        return f"guard sample {self.taken_at:%H:%M:%S}"

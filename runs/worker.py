@@ -115,6 +115,7 @@ def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
     """Run one chunk transaction for ``run`` (or the given chunk). Never raises for a chunk error."""
     spec = run.policy_version.parsed
     cfg = settings.RETENTION
+    verdict = guard.admission(run, spec)  # from the shared sample, before the transaction opens
     with transaction.atomic():
         _set_local("lock_timeout", f"{spec.lock_timeout_ms}ms")
         _set_local("statement_timeout", f"{spec.statement_timeout_ms}ms")
@@ -137,7 +138,6 @@ def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
         if not _slot(locks.CEILING_POLICY, f"policy:{run.policy_id}", spec.policy_workers):
             return Outcome(BUSY, reason="policy ceiling reached")
 
-        verdict = guard.admission(run, spec)
         skip: list[str] = []
         row = None
         for _ in range(4):
@@ -306,6 +306,26 @@ def dead_letter(
     )  # fmt: skip
 
 
+def adapt_chunk_size(run: Run, seconds: float | None) -> int:
+    """Steer the size of chunks planned next toward the policy's target transaction time:
+    grow slowly (+10%) when well under it, halve when over it or under guard pressure
+    (``seconds`` None), within [chunk_size/16, chunk_size×4] of the policy."""
+    spec = run.policy_version.parsed
+    current = run.chunk_size or spec.chunk_size
+    floor, ceiling = max(10, spec.chunk_size // 16), spec.chunk_size * 4
+    target = spec.target_chunk_ms / 1000
+    if seconds is None or seconds > 1.5 * target:
+        new = max(floor, current // 2)
+    elif seconds < 0.5 * target:
+        new = min(ceiling, int(current * 1.1) + 1)
+    else:
+        new = current
+    if new != current:
+        Run.objects.filter(pk=run.pk).update(chunk_size=new)
+        run.chunk_size = new
+    return new
+
+
 def drain(
     run_id: int,
     *,
@@ -361,6 +381,7 @@ def drain(
         if outcome.kind == DONE:
             stats["chunks"] += 1
             stats["rows"] += outcome.rows
+            adapt_chunk_size(run, outcome.seconds)
             continue
         if outcome.kind == FAILED:
             stats["failed"] += 1
@@ -378,6 +399,7 @@ def drain(
                 return stats
         if outcome.kind == THROTTLED:
             stats["throttled"] += 1
+            adapt_chunk_size(run, None)
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     stats["continue"] = True
     return stats

@@ -14,12 +14,14 @@ from django.db import connection
 from tests.runs.conftest import ROOT, worker_env
 
 
-def pg_connect(autocommit: bool = True) -> psycopg.Connection:
-    """A second, independent connection to the test database."""
+def pg_connect(autocommit: bool = True, application_name: str = "test-foreground") -> psycopg.Connection:
+    """A second, independent connection to the test database (by default it looks like
+    foreground traffic to the guard, not like one of the product's own sessions)."""
     params = dict(connection.get_connection_params())
     params.pop("cursor_factory", None)
     params.pop("context", None)
     params.pop("prepare_threshold", None)
+    params["application_name"] = application_name
     return psycopg.connect(**params, autocommit=autocommit)
 
 

@@ -1,0 +1,131 @@
+"""The admission guard: throttles with a reason, pauses at critical levels, resumes by itself."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+
+from retention.models import OperatorAction, Policy
+from runs import guard, planner, worker
+from runs.actions import trigger_run
+from runs.models import Chunk, GuardSample, Run
+from tests.factories import approved_policy
+from tests.runs.conftest import NOW, create_events
+from tests.runs.processes import pg_connect
+
+
+def make_policy(make_user, **guard_overrides):
+    return approved_policy(
+        make_user, slug="events", table="public.rr_events", key="id", timestamp="occurred_at",
+        tenant="tenant_id", retention="20 days", schedule="0 3 * * *", chunk_size=200,
+        limits={"policy_workers": 2, "tenant_workers": 1}, guard=guard_overrides,
+    )  # fmt: skip
+
+
+def fake_sample(spec, **values) -> GuardSample:
+    base = {"lock_waits": 0, "replication_lag_s": 0.0, "connections_free": 100, "wal_mb_per_s": 0.0}
+    base.update(values.pop("instance", {}))
+    return GuardSample.objects.create(values=base, tables={spec.qualified_table: values})
+
+
+@pytest.fixture
+def policy(db, make_user):
+    create_events(2000)
+    return make_policy(make_user, lock_waits=10)
+
+
+def test_a_signal_over_its_threshold_names_value_and_threshold(policy):
+    spec = policy.approved_version.parsed
+    verdict = guard.evaluate(spec, fake_sample(spec, instance={"lock_waits": 14}))
+    assert not verdict.admit
+    assert verdict.reason == "lock waits 14 > 10"
+    assert not verdict.critical
+
+
+def test_signals_within_thresholds_admit(policy):
+    spec = policy.approved_version.parsed
+    verdict = guard.evaluate(spec, fake_sample(spec, probe_ms=1.0, dead_tuple_ratio=0.1))
+    assert verdict.admit
+    assert verdict.signals["lock_waits"]["threshold"] == 10
+
+
+def test_a_critical_level_pauses_the_policy_and_raises_an_alert(policy):
+    spec = policy.approved_version.parsed
+    run, _ = trigger_run(policy, tick=NOW)
+    fake_sample(spec, instance={"lock_waits": 500})
+    verdict = guard.admission(run, spec)
+    policy.refresh_from_db()
+    assert verdict.critical
+    assert policy.paused
+    assert "critical" in policy.paused_reason
+    alert = OperatorAction.objects.get(action="pause_policy", actor="guard")
+    assert alert.details["alert"] is True
+    assert guard.current_state(Policy.objects.get(pk=policy.pk))["level"] == "critical"
+
+
+@pytest.fixture
+def committed_policy(transactional_db, make_user):
+    create_events(2000)
+    yield make_policy(make_user, lock_waits=10)
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
+
+
+def test_a_lock_held_on_the_target_admits_no_chunk_and_says_so(committed_policy):
+    run, _ = trigger_run(committed_policy, tick=NOW)
+    planner.plan(run)
+    foreground = pg_connect(autocommit=False, application_name="foreground")
+    foreground.execute("LOCK TABLE public.rr_events IN SHARE MODE")
+    try:
+        guard.sample(force=True)
+        outcome = worker.process_one(Run.objects.get(pk=run.pk))
+        assert outcome.kind == worker.THROTTLED
+        assert outcome.reason.startswith("lock held on public.rr_events: ShareLock by pid")
+        chunk = Chunk.objects.get(pk=outcome.chunk_id)
+        assert chunk.throttle_reason == outcome.reason
+        assert chunk.state == Chunk.State.PENDING
+    finally:
+        foreground.rollback()
+        foreground.close()
+    # the pressure ended: the next sample admits, and the run drains without an operator
+    guard.sample(force=True)
+    Chunk.objects.filter(run=run).update(not_before=NOW)
+    worker.drain(run.pk, budget_s=60, until_idle=True)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_sampler_at_a_time_for_the_whole_pool(make_user):
+    create_events(500)
+    make_policy(make_user)
+    GuardSample.objects.all().delete()
+    barrier = threading.Barrier(6)
+
+    def take():
+        barrier.wait()
+        try:
+            guard.sample()
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=take) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert GuardSample.objects.count() == 1
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
+
+
+def test_chunk_size_halves_under_pressure_and_grows_slowly(policy):
+    run, _ = trigger_run(policy, tick=NOW)
+    assert worker.adapt_chunk_size(run, None) == 100
+    assert worker.adapt_chunk_size(run, 0.01) == 111
+    assert worker.adapt_chunk_size(run, 5.0) == 55
+    for _ in range(200):
+        worker.adapt_chunk_size(run, 0.001)
+    assert Run.objects.get(pk=run.pk).chunk_size == 800  # the ceiling: 4 × the policy's size
