@@ -127,6 +127,28 @@ def finish_run(run: Run) -> str:
         return run.state
 
 
+def after_run_maintenance(run: Run) -> dict:
+    """Report the dead tuples the run left on its target, and recommend or schedule
+    ``VACUUM (ANALYZE)`` as the policy says."""
+    spec = run.policy_version.parsed
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE schemaname = %s AND relname = %s",
+            [spec.schema, spec.table],
+        )
+        row = cur.fetchone()
+    dead, live = row or (None, None)
+    out = {"dead_tuples": dead, "live_tuples": live, "vacuum": spec.vacuum}
+    if spec.vacuum == "run":
+        dispatch.enqueue("runs.tasks.vacuum_target", run.id)
+        out["vacuum_note"] = f"VACUUM (ANALYZE) {spec.qualified_table} scheduled"
+    elif spec.vacuum == "recommend" and dead:
+        out["vacuum_note"] = (
+            f"recommended: VACUUM (ANALYZE) {spec.qualified_table} ({dead:,} dead tuples)"
+        )
+    return out
+
+
 def start_waiting_runs(policy: Policy) -> None:
     from runs.actions import start_run
 

@@ -45,4 +45,12 @@ def run_status(run: Run) -> dict:
         ).count(),
         "skipped_ticks": len(run.skipped_ticks or []),
         "verification": run.verification,
+        "drain_window": _window(run),
     }
+
+
+def _window(run: Run) -> dict:
+    from runs.forecast import drain_window
+
+    window = drain_window(run.policy)
+    return {k: window[k] for k in ("backlog_rows", "rows_per_s", "eta_s", "verdict", "explanation")}

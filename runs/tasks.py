@@ -75,3 +75,25 @@ def reconcile() -> dict:
     close_old_connections()
     report = run_reconciler()
     return {k: v for k, v in report.items() if v}
+
+
+def vacuum_target(run_id=None) -> str:
+    """``VACUUM (ANALYZE)`` the target of a drained run (outside any transaction)."""
+    from django.db import connection
+    from psycopg import sql
+
+    from runs.models import Run
+
+    close_old_connections()
+    if not isinstance(run_id, int):
+        return _malformed("vacuum", "needs an integer run_id", {"run_id": repr(run_id)})
+    run = Run.objects.select_related("policy_version").filter(pk=run_id).first()
+    if run is None:
+        return _malformed("vacuum", f"run {run_id} not found", {"run_id": run_id})
+    spec = run.policy_version.parsed
+    statement = sql.SQL("VACUUM (ANALYZE) {}.{}").format(
+        sql.Identifier(spec.schema), sql.Identifier(spec.table)
+    )
+    with connection.cursor() as cur:
+        cur.execute(statement.as_string(cur.connection))
+    return f"vacuumed {spec.qualified_table}"
