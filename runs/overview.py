@@ -256,20 +256,22 @@ CHART_BUCKETS = 60
 
 
 def rate_series(run: Run, buckets: int = CHART_BUCKETS) -> dict:
-    """Rows deleted per second over the run, from audit ``committed_at``, bucketed in SQL."""
+    """Rows deleted per second over the run, from audit ``committed_at``, bucketed in SQL
+    into at most ``buckets`` buckets of at least one second."""
     sql = """
         WITH span AS (
-            SELECT min(committed_at) AS lo, max(committed_at) AS hi
+            SELECT min(committed_at) AS lo, max(committed_at) AS hi,
+                   greatest(extract(epoch FROM max(committed_at) - min(committed_at)) / %(n)s,
+                            1.0)::float8 AS width
             FROM runs_auditrecord WHERE run_id = %(run)s
         )
-        SELECT span.lo, span.hi,
-               width_bucket(extract(epoch FROM a.committed_at),
-                            extract(epoch FROM span.lo),
-                            extract(epoch FROM span.hi) + 0.001, %(n)s) AS bucket,
+        SELECT span.lo, span.hi, span.width,
+               least(floor(extract(epoch FROM a.committed_at - span.lo) / span.width)::int,
+                     %(n)s - 1) AS bucket,
                sum(a.rows_deleted), count(*)
         FROM runs_auditrecord a CROSS JOIN span
         WHERE a.run_id = %(run)s
-        GROUP BY span.lo, span.hi, bucket
+        GROUP BY span.lo, span.hi, span.width, bucket
         ORDER BY bucket
     """
     with connection.cursor() as cur:
@@ -277,16 +279,15 @@ def rate_series(run: Run, buckets: int = CHART_BUCKETS) -> dict:
         rows = cur.fetchall()
     if not rows:
         return {"points": [], "lo": None, "hi": None, "bucket_s": 0, "peak": 0}
-    lo, hi = rows[0][0], rows[0][1]
-    span_s = max((hi - lo).total_seconds(), 0.001)
-    bucket_s = max(span_s / buckets, 0.001)
-    by_bucket = {b: (rows_deleted, n) for _, _, b, rows_deleted, n in rows}
+    lo, hi, width = rows[0][0], rows[0][1], float(rows[0][2])
+    used = min(buckets, int((hi - lo).total_seconds() // width) + 1)
+    by_bucket = {b: (deleted, n) for _, _, _, b, deleted, n in rows}
     points = []
-    for b in range(1, buckets + 1):
+    for b in range(used):
         deleted, n = by_bucket.get(b, (0, 0))
-        points.append({"bucket": b, "rate": float(deleted) / bucket_s, "chunks": n})
+        points.append({"bucket": b, "rate": float(deleted) / width, "chunks": n})
     peak = max(p["rate"] for p in points)
-    return {"points": points, "lo": lo, "hi": hi, "bucket_s": bucket_s, "peak": peak}
+    return {"points": points, "lo": lo, "hi": hi, "bucket_s": width, "peak": peak}
 
 
 def svg_bars(values: list[float], *, width: int = 600, height: int = 140) -> list[dict]:
