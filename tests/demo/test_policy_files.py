@@ -102,7 +102,7 @@ def test_the_demo_policies_are_written_by_alice_and_approved_by_carol(marketplac
     alice, carol = User.objects.get(username="alice"), User.objects.get(username="carol")
 
     outcomes = apply_demo_policies(author=alice, approver=carol)
-    assert {o.slug: o.status for o in outcomes} == dict.fromkeys(SLUGS, "approved")
+    assert {o.slug: o.status for o in outcomes} == dict.fromkeys(SLUGS, "approved"), outcomes
     for spec in load_specs():
         version = Policy.objects.get(slug=spec.slug).approved_version
         assert version.content_hash == spec.content_hash()
