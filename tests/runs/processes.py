@@ -14,7 +14,9 @@ from django.db import connection
 from tests.runs.conftest import ROOT, worker_env
 
 
-def pg_connect(autocommit: bool = True, application_name: str = "test-foreground") -> psycopg.Connection:
+def pg_connect(
+    autocommit: bool = True, application_name: str = "test-foreground"
+) -> psycopg.Connection:
     """A second, independent connection to the test database (by default it looks like
     foreground traffic to the guard, not like one of the product's own sessions)."""
     params = dict(connection.get_connection_params())

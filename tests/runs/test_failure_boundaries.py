@@ -82,7 +82,8 @@ def test_a_worker_killed_before_commit_leaves_rows_and_no_audit_row(table, make_
     before = count("rr_events")
     blocker = pg_connect(autocommit=False)
     blocker.execute("LOCK TABLE public.rr_events IN SHARE MODE")  # DELETE must wait
-    worker = spawn("retention", "drain", run.run_key, "--until-idle")
+    # guard off: this test needs the DELETE itself to be in flight, not refused for the lock
+    worker = spawn("retention", "drain", run.run_key, "--until-idle", env={"RETENTION_GUARD": "0"})
     observer = pg_connect()
     try:
         wait_for(
@@ -183,7 +184,13 @@ def test_a_lost_message_is_republished_by_the_reconciler(table, make_user):
     assert OrmQ.objects.count() == 2
 
 
-def test_a_lock_timeout_is_retried_with_backoff(table, make_user):
+@pytest.fixture
+def guard_off(settings):
+    """The lock in these tests must reach the DELETE (with the guard on, no chunk would start)."""
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+
+
+def test_a_lock_timeout_is_retried_with_backoff(table, make_user, guard_off):
     from runs import worker
 
     policy = make_policy(make_user, timeouts={"lock_ms": 200, "statement_ms": 5000})
@@ -206,7 +213,7 @@ def test_a_lock_timeout_is_retried_with_backoff(table, make_user):
     assert_converged(run)
 
 
-def test_a_statement_timeout_splits_the_chunk(table, make_user):
+def test_a_statement_timeout_splits_the_chunk(table, make_user, guard_off):
     from runs import worker
 
     policy = make_policy(make_user, timeouts={"lock_ms": 60000, "statement_ms": 300})

@@ -47,7 +47,12 @@ def state_of(run: Run) -> str:
 def test_a_cleanup_cluster_drains_a_run_from_its_leases(run):
     cluster = spawn("qcluster", env=CLUSTER_ENV)
     try:
-        wait_for(lambda: state_of(run) == Run.State.DRAINED, timeout=120, interval=0.5, what="the run to drain")
+        wait_for(
+            lambda: state_of(run) == Run.State.DRAINED,
+            timeout=120,
+            interval=0.5,
+            what="the run to drain",
+        )
     finally:
         kill_group(cluster, signal.SIGTERM)
     assert check_run(run, shadow=("public", "rr_events_shadow")) == []
@@ -56,13 +61,23 @@ def test_a_cleanup_cluster_drains_a_run_from_its_leases(run):
 def test_a_cluster_killed_after_commit_is_redelivered_without_a_second_audit_row(run):
     cluster = spawn("qcluster", env=CLUSTER_ENV)
     try:
-        wait_for(lambda: AuditRecord.objects.filter(run=run).count() >= 3, timeout=60, interval=0.05, what="commits")
+        wait_for(
+            lambda: AuditRecord.objects.filter(run=run).count() >= 3,
+            timeout=60,
+            interval=0.05,
+            what="commits",
+        )
     finally:
         kill_group(cluster, signal.SIGKILL)  # committed chunks, unacknowledged messages
     assert state_of(run) == Run.State.ACTIVE
     survivor = spawn("qcluster", env=CLUSTER_ENV)
     try:
-        wait_for(lambda: state_of(run) == Run.State.DRAINED, timeout=150, interval=0.5, what="redelivery to drain")
+        wait_for(
+            lambda: state_of(run) == Run.State.DRAINED,
+            timeout=150,
+            interval=0.5,
+            what="redelivery to drain",
+        )
     finally:
         kill_group(survivor, signal.SIGTERM)
     done = Chunk.objects.filter(run=run, state=Chunk.State.DONE).count()
@@ -72,7 +87,12 @@ def test_a_cluster_killed_after_commit_is_redelivered_without_a_second_audit_row
 
 def test_sigterm_lets_in_flight_chunks_finish_and_leaves_nothing_half_done(run):
     cluster = spawn("qcluster", env=CLUSTER_ENV)
-    wait_for(lambda: AuditRecord.objects.filter(run=run).count() >= 2, timeout=60, interval=0.05, what="commits")
+    wait_for(
+        lambda: AuditRecord.objects.filter(run=run).count() >= 2,
+        timeout=60,
+        interval=0.05,
+        what="commits",
+    )
     cluster.send_signal(signal.SIGTERM)  # the main PID only, as a supervisor should
     cluster.wait(timeout=60)
     assert cluster.returncode is not None
@@ -82,6 +102,11 @@ def test_sigterm_lets_in_flight_chunks_finish_and_leaves_nothing_half_done(run):
     # and the run goes on when a cluster comes back
     again = spawn("qcluster", env=CLUSTER_ENV)
     try:
-        wait_for(lambda: state_of(run) == Run.State.DRAINED, timeout=150, interval=0.5, what="the run to finish")
+        wait_for(
+            lambda: state_of(run) == Run.State.DRAINED,
+            timeout=150,
+            interval=0.5,
+            what="the run to finish",
+        )
     finally:
         kill_group(again, signal.SIGTERM)
