@@ -1,0 +1,78 @@
+"""Shared helpers of the benchmark scripts: where the bench database is, percentiles, timing.
+
+The benchmarks use their own database (``retention_bench``) on the project's embedded
+PostgreSQL server, so they never touch the dev or test database. ``BENCH_SERVER_URL``
+points them at another server instead (any database URL on it; the bench database is
+created next to it).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DB = os.environ.get("BENCH_DATABASE", "retention_bench")
+SCHEMA = "bench"
+
+
+def server_url() -> str:
+    """A URL of any database on the bench server (starts the embedded server if needed)."""
+    url = os.environ.get("BENCH_SERVER_URL")
+    if url:
+        return url
+    sys.path.insert(0, str(ROOT))
+    from core import embedded_pg
+
+    return embedded_pg.database_url()
+
+
+def with_database(url: str, name: str) -> str:
+    """The same server URL, naming database ``name``."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(url)
+    params["dbname"] = name
+    # Django's settings want a postgresql:// URL; rebuild one from the parts.
+    host = params.pop("host", "")
+    port = params.pop("port", "")
+    user = params.pop("user", "postgres")
+    password = params.pop("password", "")
+    dbname = params.pop("dbname")
+    auth = f"{user}:{password}@" if password else f"{user}@"
+    query = []
+    if host.startswith("/"):
+        query.append(f"host={host}")
+        if port:
+            query.append(f"port={port}")
+        netloc = ""
+    else:
+        netloc = host + (f":{port}" if port else "")
+    query += [f"{k}={v}" for k, v in params.items()]
+    out = f"postgresql://{auth}{netloc}/{dbname}"
+    if query:
+        out += "?" + "&".join(query)
+    make_conninfo(out)  # fail early on a malformed URL
+    return out
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile (p in [0, 100]); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1)))))
+    return ordered[rank]
+
+
+def peak_rss_kb() -> int:
+    """Peak resident set size of this process (VmHWM), in KiB."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

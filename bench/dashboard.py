@@ -1,0 +1,279 @@
+#!/usr/bin/env python
+"""Dashboard benchmark: page latency and evidence-export throughput on a large ledger.
+
+    RETENTION_DEMO=1 .venv/bin/python bench/dashboard.py [--chunks 100000] [--audit 1000000]
+                                                        [--requests 50] [--keep]
+
+Builds a throwaway database (``bench_dashboard``, dropped at the end unless --keep) with
+set-based SQL: one active run of ``--chunks`` chunks (half done), earlier drained runs
+holding the rest of ``--audit`` audit rows (each audit row has its own chunk: audit is
+one-to-one with chunks), five policies. Audit rows are inserted directly, outside the
+hash chain (the append-only trigger only rejects UPDATE and DELETE).
+
+Prints a table; asserts nothing. Targets: page p95 <= 150 ms, CSV >= 100k rows/s, flat RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.setdefault("RETENTION_DEMO", "1")
+os.environ["TEST_DATABASE_NAME"] = "bench_dashboard"
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.db import connection  # noqa: E402
+from django.test import Client  # noqa: E402
+from django.test.utils import setup_test_environment  # noqa: E402
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE_SIZE / 2**20
+
+
+def build(chunks: int, audit_rows: int) -> dict:
+    from datetime import timedelta
+
+    from django.contrib.auth.models import Group, User
+    from django.utils import timezone
+
+    from retention import actions
+    from retention.spec import PolicySpec
+    from runs.models import Run
+
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.bench_events")
+        cur.execute(
+            """CREATE TABLE public.bench_events (id bigint PRIMARY KEY, tenant_id int NOT NULL,
+               occurred_at timestamptz NOT NULL, status text)"""
+        )
+        cur.execute(
+            """INSERT INTO public.bench_events SELECT g, g %% 7,
+               now() - make_interval(days => 60) + make_interval(secs => g * 50), 'closed'
+               FROM generate_series(1, %s) g""",
+            [20_000],
+        )
+        cur.execute("CREATE INDEX ON public.bench_events (tenant_id, id)")
+        cur.execute("CREATE INDEX ON public.bench_events (occurred_at)")
+        cur.execute("ANALYZE public.bench_events")
+    groups = {n: Group.objects.get_or_create(name=n)[0] for n in ("compliance", "viewer")}
+    author = User.objects.create_user("bench-author", password="x")
+    approver = User.objects.create_user("bench-approver", password="x")
+    author.groups.add(groups["compliance"])
+    approver.groups.add(groups["compliance"])
+    admin = User.objects.create_superuser("bench-admin", password="x")
+    policies = []
+    for i in range(5):
+        spec = PolicySpec.parse(
+            dict(
+                slug=f"bench-{i}", table="public.bench_events", key="id", timestamp="occurred_at",
+                tenant="tenant_id", retention="30 days", schedule="0 3 * * *", timezone="UTC",
+                chunk_size=1000,
+            )
+        )  # fmt: skip
+        version = actions.apply_spec(spec, author=author)
+        version = actions.submit_version(version, actor=author, reason="bench")
+        actions.approve_version(version, actor=approver, reason="bench")
+        policies.append(version.policy)
+    policy = policies[0]
+    version = policy.approved_version
+    now = timezone.now()
+    history_chunks = max(0, audit_rows - chunks // 2)
+    history_runs = 19
+    runs = []
+    for i in range(history_runs):
+        tick = now - timedelta(days=history_runs - i)
+        runs.append(
+            Run.objects.create(
+                run_key=f"{policy.slug}/hist-{i}", policy=policy, policy_version=version,
+                tick=tick, cutoff=tick - timedelta(days=30), state=Run.State.DRAINED,
+                started_at=tick, finished_at=tick + timedelta(hours=1), planner_done=True,
+            )
+        )  # fmt: skip
+    current = Run.objects.create(
+        run_key=f"{policy.slug}/current", policy=policy, policy_version=version, tick=now,
+        cutoff=now - timedelta(days=30), state=Run.State.ACTIVE, started_at=now,
+        expected_rows=chunks * 1000, planner_done=True,
+    )  # fmt: skip
+    per_run = history_chunks // history_runs
+    with connection.cursor() as cur:
+        # Earlier runs: every chunk done.
+        cur.execute(
+            """INSERT INTO runs_chunk (run_id, pass_no, tenant, seq, key_from, key_to, planned_rows,
+                   state, attempts, not_before, last_error, last_sqlstate, throttle_reason,
+                   created_at, done_at)
+               SELECT r.id, 1, (g %% 7)::text, g, g * 1000, g * 1000 + 1000, 1000, 'done',
+                      CASE WHEN g %% 50 = 0 THEN 2 ELSE 1 END, r.tick, '', '', '', r.tick, r.tick
+               FROM unnest(%s::bigint[]) AS r_id
+               JOIN runs_run r ON r.id = r_id
+               CROSS JOIN generate_series(1, %s) AS g""",
+            [[r.pk for r in runs], per_run],
+        )
+        # The current run: half done, the rest pending (a few throttled, a few dead).
+        cur.execute(
+            """INSERT INTO runs_chunk (run_id, pass_no, tenant, seq, key_from, key_to, planned_rows,
+                   state, attempts, not_before, last_error, last_sqlstate, throttle_reason,
+                   created_at, done_at)
+               SELECT %s, 1, (g %% 7)::text, g, g * 1000, g * 1000 + 1000, 1000,
+                      CASE WHEN g <= %s THEN 'done' WHEN g %% 5000 = 0 THEN 'dead'
+                           ELSE 'pending' END,
+                      CASE WHEN g <= %s THEN 1 + (g %% 97 = 0)::int ELSE 0 END,
+                      CASE WHEN g > %s AND g %% 1000 = 1 THEN now() + interval '1 minute'
+                           ELSE now() - interval '1 hour' END,
+                      '', '',
+                      CASE WHEN g > %s AND g %% 1000 = 1 THEN 'probe p95 41 ms > 25 ms' ELSE '' END,
+                      now() - interval '1 hour' + make_interval(secs => g * 0.05),
+                      CASE WHEN g <= %s THEN now() - interval '1 hour' + make_interval(secs => g * 0.05) END
+               FROM generate_series(1, %s) AS g""",
+            [current.pk, chunks // 2, chunks // 2, chunks // 2, chunks // 2, chunks // 2, chunks],
+        )
+        # One audit row per done chunk, outside the hash chain.
+        cur.execute(
+            """INSERT INTO runs_auditrecord (chain_seq, chunk_id, run_id, policy_version_id,
+                   policy_slug, table_name, cutoff, tenant, key_from, key_to, attempt, worker_host,
+                   worker_pid, rows_deleted, started_at, committed_at, outcome, prev_hash, hash)
+               SELECT row_number() OVER (ORDER BY c.id), c.id, c.run_id, %s, %s,
+                      'public.bench_events', r.cutoff, c.tenant, c.key_from, c.key_to, c.attempts,
+                      'bench-host', 4242, 900 + (c.id %% 100), c.done_at - interval '12 ms',
+                      c.done_at, 'deleted', md5(c.id::text) || md5((c.id - 1)::text),
+                      md5(c.id::text || 'x') || md5(c.id::text || 'y')
+               FROM runs_chunk c JOIN runs_run r ON r.id = c.run_id
+               WHERE c.state = 'done'""",
+            [version.pk, policy.slug],
+        )
+        cur.execute("ANALYZE runs_chunk")
+        cur.execute("ANALYZE runs_auditrecord")
+        cur.execute("ANALYZE runs_run")
+        cur.execute("SELECT count(*) FROM runs_chunk WHERE run_id = %s", [current.pk])
+        current_chunks = cur.fetchone()[0]
+        cur.execute("SELECT count(*) FROM runs_chunk")
+        all_chunks = cur.fetchone()[0]
+        cur.execute("SELECT count(*) FROM runs_auditrecord")
+        audit_count = cur.fetchone()[0]
+    return {
+        "admin": admin,
+        "current": current,
+        "current_chunks": current_chunks,
+        "all_chunks": all_chunks,
+        "audit_rows": audit_count,
+    }
+
+
+def timed_gets(client: Client, url: str, n: int, **headers) -> dict:
+    client.get(url, **headers)  # warm caches and connections
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        response = client.get(url, **headers)
+        times.append((time.perf_counter() - start) * 1000)
+        assert response.status_code == 200, (url, response.status_code)
+    times.sort()
+    return {
+        "p50": statistics.median(times),
+        "p95": times[max(0, round(0.95 * len(times)) - 1)],
+        "max": times[-1],
+    }
+
+
+def stream(client: Client, url: str) -> dict:
+    rss_start = rss_mb()
+    peak = rss_start
+    start = time.perf_counter()
+    response = client.get(url)
+    assert response.status_code == 200 and response.streaming
+    lines = 0
+    size = 0
+    for i, piece in enumerate(response.streaming_content):
+        lines += piece.count(b"\n")
+        size += len(piece)
+        if i % 20 == 0:
+            peak = max(peak, rss_mb())
+    seconds = time.perf_counter() - start
+    peak = max(peak, rss_mb())
+    return {
+        "rows": lines - 1,
+        "seconds": seconds,
+        "rows_per_s": (lines - 1) / seconds if seconds else 0,
+        "mb": size / 2**20,
+        "rss_start": rss_start,
+        "rss_peak": peak,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--chunks", type=int, default=100_000)
+    parser.add_argument("--audit", type=int, default=1_000_000)
+    parser.add_argument("--requests", type=int, default=50)
+    parser.add_argument("--keep", action="store_true", help="keep the bench database")
+    args = parser.parse_args()
+
+    setup_test_environment()
+    old_name = connection.settings_dict["NAME"]
+    print("» creating the throwaway database bench_dashboard", flush=True)
+    connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+    try:
+        t0 = time.perf_counter()
+        world = build(args.chunks, args.audit)
+        print(
+            f"» built {world['all_chunks']:,} chunks ({world['current_chunks']:,} in the active run) "
+            f"and {world['audit_rows']:,} audit rows in {time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
+        client = Client()
+        client.force_login(world["admin"])
+        run = world["current"]
+        n = args.requests
+        results = [
+            ("overview (full page)", timed_gets(client, "/", n)),
+            ("overview (HTMX fragment)", timed_gets(client, "/", n, HTTP_HX_REQUEST="true")),
+            ("overview ?policy=bench-0", timed_gets(client, "/?policy=bench-0", n)),
+            ("run page (full)", timed_gets(client, f"/runs/{run.pk}/", n)),
+            ("run page (HTMX fragment)", timed_gets(client, f"/runs/{run.pk}/", n, HTTP_HX_REQUEST="true")),
+            ("audit page (first 200)", timed_gets(client, "/runs/audit/", n)),
+            ("/metrics", timed_gets(client, "/metrics", min(n, 10))),
+        ]  # fmt: skip
+        print()
+        print(f"{'page':32} {'p50 ms':>9} {'p95 ms':>9} {'max ms':>9}   target p95 <= 150 ms")
+        for name, r in results:
+            print(f"{name:32} {r['p50']:9.1f} {r['p95']:9.1f} {r['max']:9.1f}")
+        exports = [
+            (
+                f"CSV, active run ({run.pk})",
+                stream(client, f"/runs/audit/export.csv?run={run.pk}"),
+            ),
+            ("CSV, whole trail", stream(client, "/runs/audit/export.csv")),
+            ("manifest JSON, active run", stream(client, f"/runs/{run.pk}/manifest.json")),
+        ]
+        print()
+        print(
+            f"{'export':30} {'rows':>10} {'seconds':>8} {'rows/s':>10} {'MB':>7} "
+            f"{'RSS start':>10} {'RSS peak':>9}   target >= 100k rows/s, flat RSS"
+        )
+        for name, r in exports:
+            print(
+                f"{name:30} {r['rows']:10,} {r['seconds']:8.2f} {r['rows_per_s']:10,.0f} "
+                f"{r['mb']:7.1f} {r['rss_start']:9.1f}M {r['rss_peak']:8.1f}M"
+            )
+    finally:
+        if args.keep:
+            print("» kept database bench_dashboard")
+        else:
+            connection.creation.destroy_test_db(old_name, verbosity=0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The product as a contender, in child processes pointed at the bench database by
+``DATABASE_URL`` (``python -m bench.product setup|drain SPEC_JSON``).
+
+``setup``: migrate-free preparation through the real actions — two users in the
+compliance group, ``apply_spec`` → ``submit_version`` (validation and dry-run preview)
+→ ``approve_version`` by the second person, then ``trigger_run`` for the dataset's tick.
+Prints the run key and how long approval, trigger and the first planning window took.
+
+``drain``: a worker. After ``django.setup()`` it prints ``ready`` and waits for ``go`` on
+stdin, then runs exactly ``manage.py retention drain RUN_KEY --until-idle`` in-process
+(``call_command``), so Django's start-up is not timed but everything the worker does is.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+from datetime import datetime
+
+from bench.common import ROOT, peak_rss_kb
+
+
+def _django() -> None:
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+
+    django.setup()
+
+
+def _user(username: str):
+    from django.contrib.auth.models import Group, User
+
+    from core.roles import COMPLIANCE
+
+    user, _ = User.objects.get_or_create(username=username)
+    user.groups.add(Group.objects.get_or_create(name=COMPLIANCE)[0])
+    return user
+
+
+def setup(spec: dict) -> dict:
+    _django()
+    from retention import actions
+    from retention.models import Policy, PolicyVersion
+    from retention.spec import PolicySpec
+    from runs import planner
+    from runs.actions import trigger_run
+
+    fields = {
+        "slug": spec["slug"],
+        "name": f"bench {spec['slug']}",
+        "table": f"bench.{spec['table']}",
+        "key": "id",
+        "timestamp": "occurred_at",
+        "retention": spec["retention"],
+        "schedule": "0 0 * * *",
+        "timezone": "UTC",
+        "chunk_size": spec["chunk_size"],
+        "target_chunk_ms": spec["target_chunk_ms"],
+        "blast_radius": 1000.0,
+        "limits": {"policy_workers": spec["workers"], "tenant_workers": spec["workers"]},
+    }
+    if spec.get("tenant"):
+        fields["tenant"] = "tenant_id"
+        fields["limits"]["tenant_workers"] = 1
+    if spec.get("cascade_ack"):
+        fields["cascade_ack"] = spec["cascade_ack"]
+    author, approver = _user("bench-author"), _user("bench-approver")
+    t0 = time.monotonic()
+    version = actions.apply_spec(PolicySpec.parse(fields), author=author)
+    if version.state == PolicyVersion.State.DRAFT:
+        version = actions.submit_version(version, actor=author)
+    if version.state == PolicyVersion.State.SUBMITTED:
+        actions.approve_version(version, actor=approver, reason="benchmark")
+    t1 = time.monotonic()
+    policy = Policy.objects.get(slug=spec["slug"])
+    run, _ = trigger_run(
+        policy, tick=datetime.fromisoformat(spec["tick"]), source="manual", actor="bench"
+    )
+    t2 = time.monotonic()
+    if run.cutoff != datetime.fromisoformat(spec["cutoff"]):
+        raise SystemExit(f"run cutoff {run.cutoff} differs from the dataset's {spec['cutoff']}")
+    if run.state != run.State.ACTIVE:
+        raise SystemExit(f"run {run.run_key} is {run.state}: {run.state_reason}")
+    planned = planner.plan(run)  # the first window, as the first worker would plan it
+    t3 = time.monotonic()
+    return {
+        "run_id": run.id,
+        "run_key": run.run_key,
+        "expected_rows": run.expected_rows,
+        "approve_s": t1 - t0,
+        "trigger_s": t2 - t1,
+        "plan_s": t3 - t2,
+        "planned": planned,
+        "rss_kb": peak_rss_kb(),
+    }
+
+
+def drain(spec: dict) -> dict:
+    _django()
+    from django.core.management import call_command
+    from django.db import connection
+
+    connection.ensure_connection()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    started = time.time()
+    out = io.StringIO()
+    call_command("retention", "drain", spec["run_key"], "--until-idle", stdout=out)
+    ended = time.time()
+    return {
+        "started": started,
+        "ended": ended,
+        "pid": os.getpid(),
+        "summary": out.getvalue().strip(),
+        "rss_kb": peak_rss_kb(),
+    }
+
+
+if __name__ == "__main__":
+    mode, arg = sys.argv[1], json.loads(sys.argv[2])
+    result = {"setup": setup, "drain": drain}[mode](arg)
+    print(json.dumps(result, default=str), flush=True)

@@ -1,0 +1,282 @@
+"""Tables, target checks and the chart of a benchmark run (``bench/run.py`` results)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from html import escape
+from pathlib import Path
+
+
+def _f(value, digits: int = 0, suffix: str = "") -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float | int):
+        return f"{value:,.{digits}f}{suffix}"
+    return str(value)
+
+
+def _by(data: dict, dataset: str) -> dict:
+    return {r["contender"]: r for r in data["runs"] if r["dataset"] == dataset}
+
+
+def _ratio(a, b) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def main_table(data: dict, dataset: str) -> list[str]:
+    runs = _by(data, dataset)
+    idle = data["idle"].get(dataset, {})
+    single = runs.get("single", {})
+    out = [
+        "| contender | rows deleted | wall s | rows/s | × single | WAL B/row (× single) | chunk p50 / p99 ms"
+        " | flatness | overhead p50 ms | fg p50 / p95 / p99 / max ms | fg p99 × idle | worker RSS MB |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        f"| *no cleanup (idle baseline)* | | | | | | | | | {_f(idle.get('p50'), 1)} / {_f(idle.get('p95'), 1)}"
+        f" / {_f(idle.get('p99'), 1)} / {_f(idle.get('max'), 1)} | 1.00 | |",
+    ]
+    for name, r in runs.items():
+        c, fg = r["chunks"], r["foreground"]
+        label = r["label"] + (" (stopped at time cap)" if r.get("capped") else "")
+        out.append(
+            f"| {label} | {_f(r['rows'])} | {_f(r['wall_s'], 2)} | {_f(r['rows_per_s'])}"
+            f" | {_f(_ratio(r['rows_per_s'], single.get('rows_per_s')), 2)}"
+            f" | {_f(r['wal_per_row'], 0)} ({_f(_ratio(r['wal_per_row'], single.get('wal_per_row')), 2)})"
+            f" | {_f(c.get('p50_ms'), 1)} / {_f(c.get('p99_ms'), 1)} | {_f(c.get('flatness'), 2)}"
+            f" | {_f(c.get('overhead_p50_ms'), 2) if name != 'single' else '–'}"
+            f" | {_f(fg.get('p50'), 1)} / {_f(fg.get('p95'), 1)} / {_f(fg.get('p99'), 1)} / {_f(fg.get('max'), 1)}"
+            f" | {_f(_ratio(fg.get('p99'), idle.get('p99')), 2)} | {_f(r['worker_rss_kb'] / 1024, 0)} |"
+        )
+    return out
+
+
+def guard_table(data: dict, dataset: str) -> list[str]:
+    """Issue 5's view: foreground latency and drain rate without cleanup, unguarded, guarded."""
+    runs = _by(data, dataset)
+    idle = data["idle"].get(dataset, {})
+    rows = [("no cleanup", idle, None)]
+    for name, label in (
+        ("product-2w", "cleanup, guard off"),
+        ("product-2w-guard", "cleanup, guard on"),
+    ):
+        if name in runs:
+            rows.append((label, runs[name]["foreground"], runs[name]["rows_per_s"]))
+    out = [
+        "| foreground during | p50 ms | p99 ms | max ms | ops > 50 ms | drain rows/s |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for label, fg, rate in rows:
+        out.append(
+            f"| {label} | {_f(fg.get('p50'), 1)} | {_f(fg.get('p99'), 1)} | {_f(fg.get('max'), 1)}"
+            f" | {_f(fg.get('over_50ms'))} of {_f(fg.get('n'))} | {_f(rate)} |"
+        )
+    return out
+
+
+def scale_table(data: dict) -> list[str]:
+    out = [
+        "| dataset | contender | approve (preview) s | trigger (eligible count) s | first plan window s"
+        " | planner process RSS MB | worker peak RSS MB |",
+        "|---|---|--:|--:|--:|--:|--:|",
+    ]
+    for r in data["runs"]:
+        s = r.get("setup")
+        if not s or not r["dataset"].startswith("base/"):
+            continue
+        out.append(
+            f"| {r['dataset']} | {r['contender']} | {_f(s['approve_s'], 2)} | {_f(s['trigger_s'], 2)}"
+            f" | {_f(s['plan_s'], 3)} ({s['planned']} chunks) | {_f(s['rss_kb'] / 1024, 0)}"
+            f" | {_f(r['worker_rss_kb'] / 1024, 0)} |"
+        )
+    return out
+
+
+def variant_table(data: dict) -> list[str]:
+    out = [
+        "| dataset | contender | rows/s | × single | WAL B/row (× single) | chunk p99 ms | fg p99 ms | check |",
+        "|---|---|--:|--:|--:|--:|--:|---|",
+    ]
+    for key in data["datasets"]:
+        if key.startswith("base/"):
+            continue
+        runs = _by(data, key)
+        single = runs.get("single", {})
+        for r in runs.values():
+            check = f"{r['remaining_eligible']} eligible left"
+            if "orphans" in r:
+                check += f", {r['orphans']} orphan children"
+            out.append(
+                f"| {key} | {r['label']} | {_f(r['rows_per_s'])} | {_f(_ratio(r['rows_per_s'], single.get('rows_per_s')), 2)}"
+                f" | {_f(r['wal_per_row'], 0)} ({_f(_ratio(r['wal_per_row'], single.get('wal_per_row')), 2)})"
+                f" | {_f(r['chunks'].get('p99_ms'), 1)} | {_f(r['foreground'].get('p99'), 1)} | {check} |"
+            )
+    return out
+
+
+def targets(data: dict, dataset: str) -> list[tuple[str, str, str, bool | None]]:
+    """(target, measured, ratio/threshold, met) for the issue's targets on ``dataset``."""
+    runs = _by(data, dataset)
+    idle = data["idle"].get(dataset, {})
+    single = runs.get("single", {}).get("rows_per_s")
+    p2, pg = runs.get("product-2w"), runs.get("product-2w-guard")
+    out: list = []
+
+    def add(name, value, limit, ok_if_ge: bool, fmt="{:.2f}"):
+        if value is None:
+            out.append((name, "not measured", "", None))
+            return
+        met = value >= limit if ok_if_ge else value <= limit
+        out.append((name, fmt.format(value), ("≥ " if ok_if_ge else "≤ ") + fmt.format(limit), met))
+
+    if p2:
+        add(
+            "guard off, 2 workers: rows/s ÷ single DELETE",
+            _ratio(p2["rows_per_s"], single),
+            0.70,
+            True,
+        )
+        add("guard off, 2 workers: rows/s ÷ key-range loop",
+            _ratio(p2["rows_per_s"], runs.get("keyrange", {}).get("rows_per_s")), 1.0, True)  # fmt: skip
+        add("guard off, 2 workers: rows/s ÷ naive loop",
+            _ratio(p2["rows_per_s"], runs.get("naive", {}).get("rows_per_s")), 3.0, True)  # fmt: skip
+        add(
+            "chunk duration flatness (last 10% ÷ first 10%), 2 workers",
+            p2["chunks"].get("flatness"),
+            1.2,
+            False,
+        )
+        add("WAL bytes per row ÷ single DELETE, 2 workers",
+            _ratio(p2["wal_per_row"], runs.get("single", {}).get("wal_per_row")), 1.3, False)  # fmt: skip
+        add(
+            "per-chunk overhead median, 2 workers (ms)",
+            p2["chunks"].get("overhead_p50_ms"),
+            5.0,
+            False,
+        )
+    if pg:
+        add("guard on: rows/s ÷ single DELETE", _ratio(pg["rows_per_s"], single), 0.50, True)
+        add(
+            "guard on: foreground p99 ÷ idle p99",
+            _ratio(pg["foreground"].get("p99"), idle.get("p99")),
+            1.3,
+            False,
+        )
+        add("guard on: longest chunk (ms)", pg["chunks"].get("max_ms"), 1000.0, False, "{:.0f}")
+        add(
+            "guard on: max foreground stall (ms)",
+            pg["foreground"].get("max"),
+            50.0,
+            False,
+            "{:.1f}",
+        )
+    sizes = [k for k in data["datasets"] if k.startswith("base/")]
+    if len(sizes) >= 2:
+        small, large = _by(data, sizes[0]).get("product-2w"), _by(data, sizes[-1]).get("product-2w")
+        if small and large:
+            add(f"planner/worker memory {sizes[-1]} ÷ {sizes[0]}",
+                _ratio(large["worker_rss_kb"], small["worker_rss_kb"]), 1.1, False)  # fmt: skip
+    return out
+
+
+def markdown(data: dict) -> str:
+    m = data["machine"]
+    lines = [
+        f"Benchmark ({data['mode']} mode), {data['started_at']} — {m.get('cpus')} CPUs ({m.get('cpu', '')}),"
+        f" {m.get('mem_gb')} GB, PostgreSQL {data['server']}; chunk size {data['chunk_size']},"
+        f" foreground {data['rate']:.0f} ops/s; total {data['total_s']:.0f} s.",
+        "",
+    ]
+    for key in data["datasets"]:
+        if not key.startswith("base/"):
+            continue
+        facts = data["datasets"][key]
+        lines += [
+            f"### {key}: {facts['rows']:,} rows, {facts['eligible']:,} eligible",
+            "",
+            *main_table(data, key),
+            "",
+            f"Foreground latency and drain rate, {key}:",
+            "",
+            *guard_table(data, key),
+            "",
+            f"Targets, {key} (ratios of this run):",
+            "",
+            "| target | measured | wanted | met |",
+            "|---|--:|--:|---|",
+            *[
+                f"| {t} | {v} | {w} | {'yes' if ok else ('–' if ok is None else '**no**')} |"
+                for t, v, w, ok in targets(data, key)
+            ],
+            "",
+        ]
+    if any(not k.startswith("base/") for k in data["datasets"]):
+        lines += ["### Variants", "", *variant_table(data), ""]
+    lines += ["### Planning cost and memory", "", *scale_table(data), ""]
+    return "\n".join(lines)
+
+
+def svg_chart(data: dict) -> str:
+    """Two bar panels for the largest base dataset: drain rate (× single DELETE) and foreground
+    p99 (ms, with the idle baseline). Hand-drawn SVG: no plotting library."""
+    keys = [k for k in data["datasets"] if k.startswith("base/")]
+    key = keys[-1]
+    runs = list(_by(data, key).values())
+    idle = data["idle"].get(key, {})
+    single = next((r["rows_per_s"] for r in runs if r["contender"] == "single"), None) or 1
+    bar_h, gap, left, width = 22, 8, 330, 380
+    panel1 = [
+        (
+            r["label"],
+            r["rows_per_s"] or 0,
+            f"{(r['rows_per_s'] or 0):,.0f} rows/s  ({(r['rows_per_s'] or 0) / single:.2f}×)",
+        )
+        for r in runs
+    ]
+    panel2 = [("no cleanup (idle)", idle.get("p99") or 0, f"{idle.get('p99') or 0:.1f} ms")] + [
+        (r["label"], r["foreground"].get("p99") or 0, f"{r['foreground'].get('p99') or 0:.1f} ms")
+        for r in runs
+    ]
+    height = 70 + (len(panel1) + len(panel2)) * (bar_h + gap) + 70
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 190}" height="{height}"'
+        ' font-family="DejaVu Sans, Arial, sans-serif" font-size="12">',
+        '<rect width="100%" height="100%" fill="white"/>',
+        f'<text x="10" y="22" font-size="15" font-weight="bold">Retention Runner vs hand-written deletes — {escape(key)}'
+        f" rows, {data['machine'].get('cpus')} CPUs, one run</text>",
+    ]
+    y = 50
+
+    def panel(title, items, color):
+        nonlocal y
+        parts.append(f'<text x="10" y="{y}" font-weight="bold">{escape(title)}</text>')
+        y += 10
+        top = max((v for _, v, _ in items), default=1) or 1
+        for label, value, text in items:
+            w = max(1, value / top * width)
+            parts.append(
+                f'<text x="{left - 8}" y="{y + 15}" text-anchor="end">{escape(label)}</text>'
+            )
+            parts.append(
+                f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{color}"/>'
+            )
+            parts.append(f'<text x="{left + w + 6:.1f}" y="{y + 15}">{escape(text)}</text>')
+            y += bar_h + gap
+        y += 24
+
+    panel("Drain rate (rows deleted per second, wall clock)", panel1, "#3b6ea8")
+    panel("Foreground p99 latency under the same load (open loop, ms)", panel2, "#c0504d")
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def to_png(svg: Path) -> Path | None:
+    """Render ``svg`` to PNG beside it with rsvg-convert or ImageMagick, if installed."""
+    png = svg.with_suffix(".png")
+    if shutil.which("rsvg-convert"):
+        cmd = ["rsvg-convert", "-o", str(png), str(svg)]
+    elif shutil.which("convert"):
+        cmd = ["convert", "-density", "110", str(svg), str(png)]
+    else:
+        return None
+    done = subprocess.run(cmd, capture_output=True, check=False)
+    return png if done.returncode == 0 and png.exists() else None

@@ -1,0 +1,449 @@
+"""Benchmarks side by side: the product against a single DELETE and hand-written loops,
+on identical copies of one fresh dataset, under the same foreground load, in one run.
+
+    .venv/bin/python bench/run.py --quick          # 1M rows (+ 200k variants), < 3 minutes
+    .venv/bin/python bench/run.py --full           # 1M and 10M rows (+ 1M variants)
+    .venv/bin/python bench/run.py --sizes 1M --only single,product-2w --variants base
+
+Prints the tables (Markdown), checks the targets as ratios of the same run, saves
+``bench/results/<mode>.json`` and ``.md``, and draws ``docs/performance.svg`` (plus a PNG
+when ``rsvg-convert`` or ImageMagick's ``convert`` is installed). See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psycopg
+
+from bench import dataset, report
+from bench.common import BENCH_DB, ROOT, SCHEMA, percentile, server_url, with_database
+
+RESULTS = ROOT / "bench" / "results"
+
+CONTENDERS: dict[str, dict] = {
+    "single": {"kind": "loop", "loop": "single", "label": "single DELETE (ceiling)"},
+    "naive": {"kind": "loop", "loop": "naive", "label": "naive IN (SELECT … LIMIT n) loop"},
+    "keyrange": {"kind": "loop", "loop": "keyrange", "label": "key-range loop"},
+    "product-1w": {"kind": "product", "workers": 1, "guard": False, "label": "product, 1 worker, guard off"},
+    "product-2w": {"kind": "product", "workers": 2, "guard": False, "label": "product, 2 workers, guard off"},
+    "product-2w-guard": {"kind": "product", "workers": 2, "guard": True, "label": "product, 2 workers, guard on"},
+    "product-2w-async": {
+        "kind": "product", "workers": 2, "guard": False, "sync_commit": False,
+        "label": "product, 2 workers, guard off, synchronous_commit off",
+    },
+    "product-2w-tenant": {
+        "kind": "product", "workers": 2, "guard": False, "tenant": True,
+        "label": "product, 2 workers, guard off, per-tenant chunks",
+    },
+}  # fmt: skip
+VARIANT_CONTENDERS = ("single", "keyrange", "product-2w")
+
+MODES = {
+    "quick": {"sizes": ["1M"], "variant_rows": "200k", "idle_s": 5.0, "naive_cap_s": 60.0},
+    "full": {"sizes": ["1M", "10M"], "variant_rows": "1M", "idle_s": 15.0, "naive_cap_s": 600.0},
+}
+
+
+class Bench:
+    def __init__(self, args) -> None:
+        self.args = args
+        self.server = server_url()
+        self.url = with_database(self.server, BENCH_DB)
+        self.stamp = format(int(time.time()), "x")[-6:]
+        self.logs = RESULTS / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        now = datetime.now(UTC)
+        # The tick of the daily schedule "0 0 * * *" at or before now: the product's run and the
+        # loops share its cutoff.
+        self.tick = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        self.cutoff = dataset.cutoff_for(self.tick)
+
+    # -- infrastructure -------------------------------------------------------
+    def log(self, text: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+    def prepare_database(self) -> None:
+        with psycopg.connect(self.server, autocommit=True) as admin:
+            exists = admin.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DB]
+            ).fetchone()
+            if not exists:
+                admin.execute(f'CREATE DATABASE "{BENCH_DB}"')
+        env = self.child_env()
+        for cmd in (["migrate", "--no-input", "-v", "0"], ["createcachetable"]):
+            subprocess.run([sys.executable, "manage.py", *cmd], cwd=ROOT, env=env, check=True)
+        self.conn = psycopg.connect(self.url, autocommit=True, application_name="bench-run")
+        self.conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+        self.walinspect = False
+        if not self.args.no_wal_attribution:
+            try:
+                self.conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+                self.walinspect = True
+            except psycopg.Error:
+                self.walinspect = False
+        self.db_oid = self.conn.execute(
+            "SELECT oid FROM pg_database WHERE datname = current_database()"
+        ).fetchone()[0]
+
+    def child_env(self, **extra) -> dict:
+        env = dict(os.environ)
+        env.update(
+            DATABASE_URL=self.url, RETENTION_DEMO="1", DEBUG="0", LOG_LEVEL="WARNING",
+            PYTHONPATH=str(ROOT),
+        )  # fmt: skip
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def spawn(self, module: str, *args: str, env: dict | None = None, tag: str) -> subprocess.Popen:
+        err = open(self.logs / f"{tag}.log", "w")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args], cwd=ROOT, env=env or self.child_env(),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+        )  # fmt: skip
+        proc.tag = tag  # type: ignore[attr-defined]
+        return proc
+
+    def wait_ready(self, proc: subprocess.Popen) -> None:
+        line = proc.stdout.readline().strip()
+        if line != "ready":
+            proc.kill()
+            raise SystemExit(f"{proc.tag} did not start ({line!r}); see {self.logs / proc.tag}.log")
+
+    def finish(self, proc: subprocess.Popen, send: str | None = None) -> dict:
+        out, _ = proc.communicate(input=send, timeout=self.args.timeout)
+        lines = [x for x in out.splitlines() if x.strip()]
+        if proc.returncode != 0 or not lines:
+            raise SystemExit(
+                f"{proc.tag} failed (exit {proc.returncode}); see {self.logs / proc.tag}.log"
+            )
+        return json.loads(lines[-1])
+
+    def lsn(self) -> str:
+        return self.conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+
+    def wal_bytes(self, start: str, end: str) -> tuple[int, int]:
+        """WAL written between two LSNs, and the part of it that belongs to other databases
+        of the server (other users' work during the measurement), when pg_walinspect is there."""
+        total = self.conn.execute(
+            "SELECT pg_wal_lsn_diff(%s, %s)::bigint", [end, start]
+        ).fetchone()[0]
+        other = 0
+        if self.walinspect and total > 0:
+            other = self.conn.execute(
+                "SELECT coalesce(sum(record_length), 0)::bigint FROM ("
+                " SELECT DISTINCT ON (start_lsn) start_lsn, record_length"
+                " FROM pg_get_wal_block_info(%s, %s, false)"
+                " WHERE reldatabase NOT IN (0, %s)) AS r",
+                [start, end, self.db_oid],
+            ).fetchone()[0]
+        return total, other
+
+    # -- one contender ------------------------------------------------------
+    def load_spec(self, table: str, rows: int, variant: str) -> dict:
+        retained_from = int(rows * (1 - dataset.RETENTION_DAYS / dataset.SPAN_DAYS)) + 1
+        return {
+            "dsn": self.url, "table": table, "rate": self.args.rate, "seed": 7,
+            "read_lo": min(rows, retained_from + 1000),
+            "read_hi": rows, "payload_bytes": 2500 if variant == "toast" else 90,
+        }  # fmt: skip
+
+    def idle_baseline(self, template: str, rows: int, variant: str, seconds: float) -> dict:
+        table = f"c_{variant}_idle"
+        dataset.make_copy(self.conn, template, variant, table)
+        load = self.spawn(
+            "bench.load",
+            json.dumps(self.load_spec(table, rows, variant)),
+            tag=f"{variant}-{rows}-idle-load",
+        )
+        self.wait_ready(load)
+        load.stdin.write("go\n")
+        load.stdin.flush()
+        time.sleep(seconds)
+        result = self.finish(load, "stop\n")
+        dataset.drop_copy(self.conn, table)
+        return foreground_stats(result["ops"], result["t0"], result["t0"], result["t0"] + seconds)
+
+    def run_contender(
+        self, name: str, template: str, facts: dict, variant: str, mode: dict
+    ) -> dict:
+        spec = CONTENDERS[name]
+        rows = facts["rows"]
+        table = f"c_{variant}_{name.replace('-', '_')}"
+        tag = f"{variant}-{dataset.size_label(rows)}-{name}"
+        self.log(f"{tag}: copying {template}")
+        copy = dataset.make_copy(self.conn, template, variant, table)
+        result: dict = {"contender": name, "label": spec["label"], "variant": variant, "rows_in_table": rows,
+                        "eligible": facts["eligible"], "copy_s": round(copy["seconds"], 2)}  # fmt: skip
+        setup = None
+        workers: list[subprocess.Popen] = []
+        if spec["kind"] == "loop":
+            loop_spec = {
+                "dsn": self.url, "table": table, "kind": spec["loop"], "cutoff": self.cutoff.isoformat(),
+                "chunk_size": self.args.chunk_size,
+                "time_cap_s": mode["naive_cap_s"] if spec["loop"] == "naive" else None,
+            }  # fmt: skip
+            workers.append(self.spawn("bench.loops", json.dumps(loop_spec), tag=tag))
+        else:
+            env = self.child_env(
+                RETENTION_GUARD="1" if spec["guard"] else "0",
+                RETENTION_SYNCHRONOUS_COMMIT="0" if spec.get("sync_commit") is False else "1",
+                CLEANUP_WORKERS=spec["workers"],
+            )
+            setup_spec = {
+                "slug": f"b{self.stamp}-{variant}-{dataset.size_label(rows).lower()}-{name}",
+                "table": table, "retention": f"{dataset.RETENTION_DAYS} days",
+                "chunk_size": self.args.chunk_size, "target_chunk_ms": self.args.target_chunk_ms,
+                "workers": spec["workers"], "tenant": spec.get("tenant", False),
+                "cascade_ack": [f"{SCHEMA}.{table}_items"] if variant == "cascade" else [],
+                "tick": self.tick.isoformat(), "cutoff": self.cutoff.isoformat(),
+            }  # fmt: skip
+            proc = self.spawn(
+                "bench.product", "setup", json.dumps(setup_spec), env=env, tag=tag + "-setup"
+            )
+            setup = self.finish(proc)
+            result["setup"] = setup
+            for i in range(spec["workers"]):
+                workers.append(
+                    self.spawn(
+                        "bench.product",
+                        "drain",
+                        json.dumps({"run_key": setup["run_key"]}),
+                        env=env,
+                        tag=f"{tag}-w{i}",
+                    )  # fmt: skip
+                )
+        load = self.spawn(
+            "bench.load", json.dumps(self.load_spec(table, rows, variant)), tag=tag + "-load"
+        )
+        for proc in [*workers, load]:
+            self.wait_ready(proc)
+        self.conn.execute("CHECKPOINT")
+        lsn0 = self.lsn()
+        load.stdin.write("go\n")
+        load.stdin.flush()
+        time.sleep(0.2)  # the load runs a moment before cleanup starts
+        for proc in workers:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        self.log(f"{tag}: running")
+        outs = [self.finish(proc) for proc in workers]
+        lsn1 = self.lsn()
+        fg = self.finish(load, "stop\n")
+        started, ended = min(o["started"] for o in outs), max(o["ended"] for o in outs)
+        wall = ended - started
+        if spec["kind"] == "loop":
+            out = outs[0]
+            deleted, capped = out["rows"], out["capped"]
+            chunks = [
+                {"pid": 0, "start": c[0], "seconds": c[1], "rows": c[2]} for c in out["chunks"]
+            ]
+        else:
+            deleted, capped = None, False
+            chunks = self.ledger(setup["run_id"])
+            deleted = sum(c["rows"] for c in chunks)
+            result["run_state"] = self.conn.execute(
+                "SELECT state || coalesce(': ' || nullif(state_reason, ''), '') FROM runs_run WHERE id = %s",
+                [setup["run_id"]],
+            ).fetchone()[0]
+            result["worker_summaries"] = [o["summary"] for o in outs]
+        total_wal, other_wal = self.wal_bytes(lsn0, lsn1)
+        remaining = dataset.remaining_eligible(self.conn, table, self.cutoff)
+        result.update(
+            rows=deleted, capped=capped, wall_s=round(wall, 3),
+            rows_per_s=deleted / wall if wall > 0 else None,
+            wal_bytes=total_wal - other_wal, wal_other_db_bytes=other_wal,
+            wal_per_row=(total_wal - other_wal) / deleted if deleted else None,
+            remaining_eligible=remaining,
+            worker_rss_kb=max(o["rss_kb"] for o in outs),
+            setup_rss_kb=setup["rss_kb"] if setup else None,
+            chunks=chunk_stats(chunks),
+            foreground=foreground_stats(fg["ops"], fg["t0"], started, ended),
+        )  # fmt: skip
+        if variant == "cascade":
+            result["orphans"] = dataset.orphans(self.conn, table)
+        if remaining and not capped:
+            self.log(f"{tag}: WARNING {remaining} eligible rows left")
+        dataset.drop_copy(self.conn, table)
+        self.log(
+            f"{tag}: {deleted:,} rows in {wall:.2f}s = {result['rows_per_s'] or 0:,.0f} rows/s,"
+            f" fg p99 {result['foreground']['p99']} ms"
+        )
+        return result
+
+    def ledger(self, run_id: int) -> list[dict]:
+        rows = self.conn.execute(
+            "SELECT worker_pid, extract(epoch FROM started_at), extract(epoch FROM committed_at),"
+            " rows_deleted FROM runs_auditrecord WHERE run_id = %s ORDER BY started_at",
+            [run_id],
+        ).fetchall()
+        return [
+            {"pid": pid, "start": float(s), "seconds": float(c) - float(s), "rows": n}
+            for pid, s, c, n in rows
+        ]
+
+    # -- the whole run ------------------------------------------------------
+    def main(self) -> dict:
+        args = self.args
+        mode = MODES[args.mode]
+        sizes = [
+            dataset.parse_size(s) for s in (args.sizes.split(",") if args.sizes else mode["sizes"])
+        ]
+        only = args.only.split(",") if args.only else None
+        default_names = [n for n in CONTENDERS if n != "product-2w-tenant" or args.mode == "full"]
+        names = only or default_names
+        variants = args.variants.split(",") if args.variants else list(dataset.VARIANTS)
+        t_start = time.monotonic()
+        self.log(
+            f"bench database {BENCH_DB}; tick {self.tick:%Y-%m-%d}, cutoff {self.cutoff:%Y-%m-%d}"
+        )
+        self.prepare_database()
+        out = {
+            "mode": args.mode, "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": machine(), "server": self.conn.execute("SHOW server_version").fetchone()[0],
+            "chunk_size": args.chunk_size, "target_chunk_ms": args.target_chunk_ms, "rate": args.rate,
+            "retention_days": dataset.RETENTION_DAYS, "runs": [], "idle": {}, "datasets": {},
+        }  # fmt: skip
+        plan = [(rows, "base", names) for rows in sizes]
+        variant_rows = dataset.parse_size(mode["variant_rows"])
+        for variant in variants:
+            if variant != "base":
+                plan.append((variant_rows, variant, [n for n in names if n in VARIANT_CONTENDERS]))
+        for rows, variant, contenders in plan:
+            if not contenders:
+                continue
+            self.log(f"dataset {variant} {dataset.size_label(rows)}: generating")
+            facts = dataset.create_template(self.conn, rows, variant, self.tick)
+            key = f"{variant}/{dataset.size_label(rows)}"
+            out["datasets"][key] = facts
+            self.log(
+                f"dataset {key}: {facts['eligible']:,} eligible of {rows:,} ({facts['seconds']:.1f}s)"
+            )
+            out["idle"][key] = self.idle_baseline(facts["table"], rows, variant, mode["idle_s"])
+            self.log(f"idle {key}: fg p99 {out['idle'][key]['p99']} ms")
+            for name in contenders:
+                res = self.run_contender(name, facts["table"], facts, variant, mode)
+                res["dataset"] = key
+                out["runs"].append(res)
+            self.conn.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{facts['table']}_items")
+            self.conn.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{facts['table']}")
+        out["total_s"] = round(time.monotonic() - t_start, 1)
+        return out
+
+
+def chunk_stats(chunks: list[dict]) -> dict:
+    """Chunk durations (p50/p99/max), flatness (median of the last 10% of chunks over the first
+    10%, in start order) and per-chunk overhead: for each worker, the time between one chunk's
+    end and its next chunk's start (dispatch, claim, admission, audit, commit, ack, planning)."""
+    work = [c for c in chunks if c["rows"] > 0]
+    if not work:
+        return {"count": 0}
+    secs = [c["seconds"] * 1000 for c in work]
+    tenth = max(1, len(work) // 10)
+    head = percentile([c["seconds"] for c in work[:tenth]], 50)
+    tail = percentile([c["seconds"] for c in work[-tenth:]], 50)
+    gaps: list[float] = []
+    by_pid: dict = {}
+    for c in chunks:
+        by_pid.setdefault(c["pid"], []).append(c)
+    for items in by_pid.values():
+        items.sort(key=lambda c: c["start"])
+        for a, b in zip(items, items[1:], strict=False):
+            gaps.append((b["start"] - a["start"] - a["seconds"]) * 1000)
+    return {
+        "count": len(chunks),
+        "rows_mean": sum(c["rows"] for c in work) / len(work),
+        "p50_ms": percentile(secs, 50),
+        "p99_ms": percentile(secs, 99),
+        "max_ms": max(secs),
+        "flatness": tail / head if head else None,
+        "overhead_p50_ms": percentile(gaps, 50),
+        "overhead_p90_ms": percentile(gaps, 90),
+    }
+
+
+def foreground_stats(ops: list, t0: float, start: float, end: float) -> dict:
+    """Latency percentiles (ms, from the scheduled time) of the foreground operations scheduled
+    inside [start, end] (epoch seconds); ``t0`` is the epoch of the load's schedule origin."""
+    lat = [op[1] for op in ops if start <= t0 + op[0] <= end]
+    if not lat:
+        return {"n": 0}
+    return {
+        "n": len(lat),
+        "p50": percentile(lat, 50),
+        "p95": percentile(lat, 95),
+        "p99": percentile(lat, 99),
+        "max": max(lat),
+        "over_50ms": sum(1 for x in lat if x > 50),
+    }
+
+
+def machine() -> dict:
+    info = {"cpus": os.cpu_count()}
+    try:
+        mem = Path("/proc/meminfo").read_text().split("\n")[0].split()[1]
+        info["mem_gb"] = round(int(mem) / 1024 / 1024)
+        model = [
+            x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("model name")
+        ]
+        info["cpu"] = model[0].split(":", 1)[1].strip() if model else ""
+    except OSError:
+        pass
+    return info
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quick", dest="mode", action="store_const", const="quick")
+    group.add_argument("--full", dest="mode", action="store_const", const="full")
+    parser.set_defaults(mode="quick")
+    parser.add_argument(
+        "--sizes", help="comma-separated table sizes, e.g. 1M,10M (default by mode)"
+    )
+    parser.add_argument("--only", help=f"comma-separated contenders: {', '.join(CONTENDERS)}")
+    parser.add_argument("--variants", help="comma-separated: base,toast,cascade (default all)")
+    parser.add_argument("--chunk-size", type=int, default=5000)
+    parser.add_argument("--target-chunk-ms", type=int, default=300)
+    parser.add_argument(
+        "--rate", type=float, default=200.0, help="foreground operations per second"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=7200.0, help="seconds before a contender is given up"
+    )
+    parser.add_argument("--no-wal-attribution", action="store_true",
+                        help="do not subtract other databases' WAL (pg_walinspect)")  # fmt: skip
+    parser.add_argument("--no-chart", action="store_true")
+    args = parser.parse_args()
+    data = Bench(args).main()
+    RESULTS.mkdir(exist_ok=True)
+    name = args.mode if not (args.only or args.sizes or args.variants) else f"{args.mode}-partial"
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
+    text = report.markdown(data)
+    (RESULTS / f"{name}.md").write_text(text)
+    print(text)
+    if not args.no_chart:
+        svg = ROOT / "docs" / "performance.svg" if name in MODES else RESULTS / f"{name}.svg"
+        svg.write_text(report.svg_chart(data))
+        png = report.to_png(svg)
+        print(
+            f"chart: {svg}"
+            + (f", {png}" if png else " (no PNG: install librsvg2-bin or ImageMagick)")
+        )
+    print(f"total {data['total_s']:.0f}s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
