@@ -246,3 +246,24 @@ def test_the_incident_drill_takes_at_most_two_clicks_per_question(
         active_run.run_key,
         active_run.cutoff,
     )
+
+
+def test_oncall_flips_the_global_kill_switch_with_a_reason(login, live_server, active_run):
+    from retention.models import KillSwitch
+
+    page = login("oncall")
+    page.goto(f"{live_server.url}/")
+    page.click("#kill-switch-form summary")
+    page.fill('#kill-switch-form input[name="reason"]', "INC-52 primary at 95% CPU")
+    page.click("#kill-switch-form button[type=submit]")
+
+    expect(page.locator('[data-testid="kill-switch-on"]')).to_contain_text(
+        "INC-52 primary at 95% CPU"
+    )
+    assert KillSwitch.is_on()
+    shoot(page, "kill-switch")
+
+    page.fill('#kill-switch-form input[name="reason"]', "INC-52 over")
+    page.click("#kill-switch-form button[type=submit]")
+    expect(page.locator('[data-testid="kill-switch-on"]')).to_have_count(0)
+    assert not KillSwitch.is_on()
