@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import sys
 import time
 from datetime import datetime
@@ -99,6 +100,14 @@ def setup(spec: dict) -> dict:
     }
 
 
+class TimeCap(Exception):
+    """The contender's time cap ran out (the chunk in flight rolls back)."""
+
+
+def _raise_cap(signum, frame):
+    raise TimeCap
+
+
 def drain(spec: dict) -> dict:
     _django()
     from django.core.management import call_command
@@ -109,13 +118,22 @@ def drain(spec: dict) -> dict:
     sys.stdin.readline()
     started = time.time()
     out = io.StringIO()
-    call_command("retention", "drain", spec["run_key"], "--until-idle", stdout=out)
+    capped = False
+    if spec.get("time_cap_s"):
+        signal.signal(signal.SIGALRM, _raise_cap)
+        signal.setitimer(signal.ITIMER_REAL, spec["time_cap_s"])
+    try:
+        call_command("retention", "drain", spec["run_key"], "--until-idle", stdout=out)
+    except TimeCap:
+        capped = True
+    signal.setitimer(signal.ITIMER_REAL, 0)
     ended = time.time()
     return {
         "started": started,
         "ended": ended,
         "pid": os.getpid(),
-        "summary": out.getvalue().strip(),
+        "summary": out.getvalue().strip() or "stopped at the time cap",
+        "capped": capped,
         "rss_kb": peak_rss_kb(),
     }
 

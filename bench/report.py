@@ -29,10 +29,10 @@ def main_table(data: dict, dataset: str) -> list[str]:
     idle = data["idle"].get(dataset, {})
     single = runs.get("single", {})
     out = [
-        "| contender | rows deleted | wall s | rows/s | × single | WAL B/row (× single) | chunk p50 / p99 ms"
+        "| contender | rows deleted | wall s | rows/s | × single | WAL B/row (× single) | rows/chunk | chunk p50 / p99 ms"
         " | flatness | overhead p50 ms | fg p50 / p95 / p99 / max ms | fg p99 × idle | worker RSS MB |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
-        f"| *no cleanup (idle baseline)* | | | | | | | | | {_f(idle.get('p50'), 1)} / {_f(idle.get('p95'), 1)}"
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        f"| *no cleanup (idle baseline)* | | | | | | | | | | {_f(idle.get('p50'), 1)} / {_f(idle.get('p95'), 1)}"
         f" / {_f(idle.get('p99'), 1)} / {_f(idle.get('max'), 1)} | 1.00 | |",
     ]
     for name, r in runs.items():
@@ -42,7 +42,8 @@ def main_table(data: dict, dataset: str) -> list[str]:
             f"| {label} | {_f(r['rows'])} | {_f(r['wall_s'], 2)} | {_f(r['rows_per_s'])}"
             f" | {_f(_ratio(r['rows_per_s'], single.get('rows_per_s')), 2)}"
             f" | {_f(r['wal_per_row'], 0)} ({_f(_ratio(r['wal_per_row'], single.get('wal_per_row')), 2)})"
-            f" | {_f(c.get('p50_ms'), 1)} / {_f(c.get('p99_ms'), 1)} | {_f(c.get('flatness'), 2)}"
+            f" | {_f(c.get('rows_mean'))} | {_f(c.get('p50_ms'), 1)} / {_f(c.get('p99_ms'), 1)}"
+            f" | {_f(c.get('flatness'), 2)}"
             f" | {_f(c.get('overhead_p50_ms'), 2) if name != 'single' else '–'}"
             f" | {_f(fg.get('p50'), 1)} / {_f(fg.get('p95'), 1)} / {_f(fg.get('p99'), 1)} / {_f(fg.get('max'), 1)}"
             f" | {_f(_ratio(fg.get('p99'), idle.get('p99')), 2)} | {_f(r['worker_rss_kb'] / 1024, 0)} |"

@@ -50,8 +50,8 @@ CONTENDERS: dict[str, dict] = {
 VARIANT_CONTENDERS = ("single", "keyrange", "product-2w")
 
 MODES = {
-    "quick": {"sizes": ["1M"], "variant_rows": "200k", "idle_s": 5.0, "naive_cap_s": 60.0},
-    "full": {"sizes": ["1M", "10M"], "variant_rows": "1M", "idle_s": 15.0, "naive_cap_s": 600.0},
+    "quick": {"sizes": ["1M"], "variant_rows": "200k", "idle_s": 4.0, "time_cap_s": 60.0},
+    "full": {"sizes": ["1M", "10M"], "variant_rows": "1M", "idle_s": 10.0, "time_cap_s": 150.0},
 }
 
 
@@ -191,7 +191,7 @@ class Bench:
             loop_spec = {
                 "dsn": self.url, "table": table, "kind": spec["loop"], "cutoff": self.cutoff.isoformat(),
                 "chunk_size": self.args.chunk_size,
-                "time_cap_s": mode["naive_cap_s"] if spec["loop"] == "naive" else None,
+                "time_cap_s": self.args.time_cap or mode["time_cap_s"],
             }  # fmt: skip
             workers.append(self.spawn("bench.loops", json.dumps(loop_spec), tag=tag))
         else:
@@ -218,7 +218,12 @@ class Bench:
                     self.spawn(
                         "bench.product",
                         "drain",
-                        json.dumps({"run_key": setup["run_key"]}),
+                        json.dumps(
+                            {
+                                "run_key": setup["run_key"],
+                                "time_cap_s": self.args.time_cap or mode["time_cap_s"],
+                            }
+                        ),
                         env=env,
                         tag=f"{tag}-w{i}",
                     )  # fmt: skip
@@ -249,7 +254,7 @@ class Bench:
                 {"pid": 0, "start": c[0], "seconds": c[1], "rows": c[2]} for c in out["chunks"]
             ]
         else:
-            deleted, capped = None, False
+            capped = any(o.get("capped") for o in outs)
             chunks = self.ledger(setup["run_id"])
             deleted = sum(c["rows"] for c in chunks)
             result["run_state"] = self.conn.execute(
@@ -425,8 +430,20 @@ def main() -> None:
     )
     parser.add_argument("--no-wal-attribution", action="store_true",
                         help="do not subtract other databases' WAL (pg_walinspect)")  # fmt: skip
+    parser.add_argument("--time-cap", type=float, help="seconds after which a contender is stopped")
     parser.add_argument("--no-chart", action="store_true")
+    parser.add_argument(
+        "--report", type=Path, help="only redraw tables and chart from a results JSON"
+    )
     args = parser.parse_args()
+    if args.report:
+        data = json.loads(args.report.read_text())
+        print(report.markdown(data))
+        if not args.no_chart:
+            svg = ROOT / "docs" / "performance.svg"
+            svg.write_text(report.svg_chart(data))
+            print(f"chart: {svg}, {report.to_png(svg)}")
+        return
     data = Bench(args).main()
     RESULTS.mkdir(exist_ok=True)
     name = args.mode if not (args.only or args.sizes or args.variants) else f"{args.mode}-partial"
