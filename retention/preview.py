@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime
+import zoneinfo
+from datetime import UTC, datetime
 
 import psycopg
 from django.db import DatabaseError, connection, transaction
@@ -30,82 +31,114 @@ MAX_MONTH_BUCKETS = 36
 ASSUMED_ROWS_PER_SECOND = 50_000
 
 
-def _bucket_expr(spec: PolicySpec, ts_type: str) -> predicate.Fragment:
-    """Month label of the row's timestamp, in the policy's wall clock for timestamptz."""
-    column = predicate.col(spec.timestamp)
-    if ts_type == "timestamptz":
-        return predicate.Fragment(
-            sql.SQL("to_char({} AT TIME ZONE %s, 'YYYY-MM')").format(column), [spec.timezone]
-        )
-    return predicate.Fragment(sql.SQL("to_char({}::timestamp, 'YYYY-MM')").format(column), [])
+def age_boundaries(oldest: datetime, cutoff: datetime, tz_name: str) -> tuple[list[datetime], str]:
+    """Bucket starts from the month (or, past 36 months, the year) of ``oldest`` up to
+    ``cutoff``, at midnight on the first in ``tz_name``; and the unit's name."""
+    tz = zoneinfo.ZoneInfo(tz_name)
+    first, last = oldest.astimezone(tz), cutoff.astimezone(tz)
+    months = (last.year - first.year) * 12 + last.month - first.month + 1
+    unit = "month" if months <= MAX_MONTH_BUCKETS else "year"
+    year, month = first.year, first.month if unit == "month" else 1
+    starts = []
+    while (year, month) <= (last.year, last.month):
+        starts.append(datetime(year, month, 1, tzinfo=tz).astimezone(UTC))
+        if unit == "month":
+            year, month = (year + 1, 1) if month == 12 else (year, month + 1)
+        else:
+            year += 1
+    return starts, unit
 
 
-def _summary_query(spec: PolicySpec, *, policy_id: int, cutoff: datetime, ts_type: str):
-    """One scan of the rows older than the cutoff, grouped by tenant, by month and overall."""
-    eligible = predicate.eligible(spec, policy_id=policy_id, cutoff=cutoff)
+def _label(start: datetime, unit: str, tz_name: str) -> str:
+    local = start.astimezone(zoneinfo.ZoneInfo(tz_name))
+    return f"{local:%Y-%m}" if unit == "month" else f"{local:%Y}"
+
+
+def _oldest_query(spec: PolicySpec, cutoff: datetime):
+    ts = predicate.col(spec.timestamp)
+    text = sql.SQL("SELECT min({ts}) FROM {table} WHERE {ts} < %s").format(
+        ts=ts, table=predicate.table(spec)
+    )
+    return text, [cutoff]
+
+
+def _summary_query(
+    spec: PolicySpec, *, policy_id: int, cutoff: datetime, boundaries: list[datetime]
+):
+    """One scan of the rows older than the cutoff, aggregated by tenant with a hash table
+    and overall (GROUPING SETS); age buckets are FILTERed counts (at most 36 of them).
+
+    Kept and held are the predicate's own fragments; "eligible" is "not kept and not held"
+    among rows older than the cutoff — ``predicate.eligible``. The inner subquery (kept
+    from being flattened by ``OFFSET 0``) evaluates each fragment once per row, and the
+    hold test only for rows no keep rule protects.
+    """
     kept = predicate.kept(spec)
     held = predicate.held(spec, policy_id)
-    bucket = _bucket_expr(spec, ts_type)
-    tenant = (
-        sql.SQL("{}::text").format(predicate.col(spec.tenant))
-        if spec.tenant
-        else sql.SQL("NULL::text")
+    ts = predicate.col(spec.timestamp)
+    tenant = predicate.col(spec.tenant) if spec.tenant else sql.SQL("NULL::text")
+    rules = [predicate.keep_condition(rule) for rule in spec.keep]
+    rule_select = sql.SQL("").join(
+        sql.SQL(", ({}) IS NOT FALSE AS {}").format(frag.sql, sql.Identifier(f"r{i}"))
+        for i, frag in enumerate(rules)
     )
-    rule_cols: list[predicate.Fragment] = []
-    for i, rule in enumerate(spec.keep):
-        cond = predicate.keep_condition(rule)
-        rule_cols.append(
-            predicate.Fragment(
-                sql.SQL("({}) IS NOT FALSE AS {}").format(cond.sql, sql.Identifier(f"r{i}")),
-                cond.params,
-            )
-        )
-    rule_counts = sql.SQL("").join(
+    rule_count = sql.SQL("").join(
         sql.SQL(", count(*) FILTER (WHERE {}) AS {}").format(
             sql.Identifier(f"r{i}"), sql.Identifier(f"kr{i}")
         )
-        for i in range(len(spec.keep))
+        for i in range(len(rules))
     )
-    rule_select = sql.SQL("").join(sql.SQL(", ") + frag.sql for frag in rule_cols)
+    # width_bucket gives 1..n for rows at or after boundaries[0]
+    bucket_count = sql.SQL("").join(
+        sql.SQL(", count(*) FILTER (WHERE e AND b = {}) AS {}").format(
+            sql.Literal(n), sql.Identifier(f"b{n}")
+        )
+        for n in range(1, len(boundaries) + 1)
+    )
     text = sql.SQL(
-        "WITH s AS ("
-        "  SELECT {tenant} AS tn, {bucket} AS mo, {key} AS k_, {ts} AS ts_,"
-        "         ({eligible}) AS e, ({kept}) AS kp, ({held}) AS h{rule_select}"
-        "  FROM {table} WHERE {ts} < %s"
+        "WITH f AS ("
+        "  SELECT tn, b, k_, ts_, kp, h, NOT kp AND NOT h AS e{rule_names} FROM ("
+        "    SELECT {tenant} AS tn, width_bucket({ts}::timestamptz, %s::timestamptz[]) AS b,"
+        "           {key} AS k_, {ts} AS ts_, ({kept}) AS kp,"
+        "           CASE WHEN ({kept}) THEN FALSE ELSE ({held}) END AS h{rule_select}"
+        "    FROM {table} WHERE {ts} < %s OFFSET 0"
+        "  ) AS per_row"
         "), g AS ("
-        "  SELECT GROUPING(tn) AS gt, GROUPING(mo) AS gm, tn, mo,"
+        "  SELECT GROUPING(tn) AS gt, tn::text AS tn,"
         "         count(*) FILTER (WHERE e) AS eligible,"
         "         count(*) FILTER (WHERE kp) AS kept,"
-        "         count(*) FILTER (WHERE h AND NOT kp) AS held,"
+        "         count(*) FILTER (WHERE h) AS held,"
         "         count(*) AS older,"
         "         min(ts_) FILTER (WHERE e) AS oldest,"
         "         min(k_) FILTER (WHERE e) AS min_key,"
         "         max(k_) FILTER (WHERE e) AS max_key"
-        "         {rule_counts}"
-        "  FROM s GROUP BY GROUPING SETS ((tn), (mo), ())"
+        "         {rule_count}{bucket_count}"
+        "  FROM f GROUP BY GROUPING SETS ((tn), ())"
         "), r AS ("
-        "  SELECT g.*, count(*) OVER (PARTITION BY gt, gm) AS n_groups,"
-        "         row_number() OVER (PARTITION BY gt, gm ORDER BY eligible DESC, tn) AS rank"
+        "  SELECT g.*, count(*) OVER (PARTITION BY gt) AS n_groups,"
+        "         row_number() OVER (PARTITION BY gt ORDER BY eligible DESC, tn) AS rank"
         "  FROM g"
-        ") SELECT * FROM r WHERE NOT (gt = 0 AND gm = 1) OR rank <= %s"
+        ") SELECT * FROM r WHERE gt = 1 OR rank <= %s"
     ).format(
+        rule_names=sql.SQL("").join(
+            sql.SQL(", {}").format(sql.Identifier(f"r{i}")) for i in range(len(rules))
+        ),
         tenant=tenant,
-        bucket=bucket.sql,
+        ts=ts,
         key=predicate.col(spec.key),
-        ts=predicate.col(spec.timestamp),
-        eligible=eligible.sql,
         kept=kept.sql,
         held=held.sql,
         rule_select=rule_select,
         table=predicate.table(spec),
-        rule_counts=rule_counts,
+        rule_count=rule_count,
+        bucket_count=bucket_count,
     )
     params = [
-        *bucket.params,
-        *eligible.params,
+        boundaries,
+        *kept.params,
         *kept.params,
         *held.params,
-        *[p for frag in rule_cols for p in frag.params],
+        *[p for frag in rules for p in frag.params],
         cutoff,
         TOP_TENANTS,
     ]
@@ -118,14 +151,6 @@ def _sample_query(spec: PolicySpec, *, policy_id: int, cutoff: datetime):
         key=predicate.col(spec.key), table=predicate.table(spec), cond=eligible.sql
     )
     return text, [*eligible.params, SAMPLE_KEYS]
-
-
-def _merge_years(buckets: list[dict]) -> list[dict]:
-    years: dict[str, int] = {}
-    for bucket in buckets:
-        label = bucket["label"][:4]
-        years[label] = years.get(label, 0) + bucket["eligible"]
-    return [{"label": label, "eligible": n} for label, n in sorted(years.items())]
 
 
 def measured_rate(slug: str) -> float | None:
@@ -189,7 +214,6 @@ def preview(
         validation = introspect.validate(spec)
     tick = latest_tick(spec, now)
     cutoff = spec.cutoff_for(tick)
-    ts_type = validation.columns[spec.timestamp].typname
     result: dict = {
         "taken_at": now.isoformat(),
         "tick": tick.isoformat(),
@@ -227,13 +251,27 @@ def preview(
     try:
         with transaction.atomic(), connection.cursor() as cur:
             cur.execute("SELECT set_config('statement_timeout', %s, true)", [str(timeout_ms)])
-            text, params = _summary_query(spec, policy_id=policy_id, cutoff=cutoff, ts_type=ts_type)
+            text, params = _oldest_query(spec, cutoff)
             cur.execute(text, params)
-            names = [d[0] for d in cur.description]
-            rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
-            text, params = _sample_query(spec, policy_id=policy_id, cutoff=cutoff)
-            cur.execute(text, params)
-            result["sample_keys"] = [row[0] for row in cur.fetchall()]
+            oldest = cur.fetchone()[0]
+            rows: list[dict] = []
+            unit = "month"
+            if oldest is not None:
+                if not isinstance(oldest, datetime):  # a date column
+                    oldest = datetime(oldest.year, oldest.month, oldest.day, tzinfo=UTC)
+                elif oldest.tzinfo is None:  # timestamp without time zone: read as UTC
+                    oldest = oldest.replace(tzinfo=UTC)
+                boundaries, unit = age_boundaries(oldest, cutoff, spec.timezone)
+                text, params = _summary_query(
+                    spec, policy_id=policy_id, cutoff=cutoff, boundaries=boundaries
+                )
+                cur.execute(text, params)
+                names = [d[0] for d in cur.description]
+                rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+                result["age_bucket_unit"] = unit
+                text, params = _sample_query(spec, policy_id=policy_id, cutoff=cutoff)
+                cur.execute(text, params)
+                result["sample_keys"] = [row[0] for row in cur.fetchall()]
     except DatabaseError as exc:
         if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
             result["timed_out"] = True
@@ -246,12 +284,15 @@ def preview(
         result["duration_ms"] = round((time.monotonic() - started) * 1000)
         return result
     result["duration_ms"] = round((time.monotonic() - started) * 1000)
-    _fill(result, spec, rows)
+    if rows:
+        _fill(result, spec, rows, boundaries, unit)
     return result
 
 
-def _fill(result: dict, spec: PolicySpec, rows: list[dict]) -> None:
-    total = next((r for r in rows if r["gt"] == 1 and r["gm"] == 1), None)
+def _fill(
+    result: dict, spec: PolicySpec, rows: list[dict], boundaries: list[datetime], unit: str
+) -> None:
+    total = next((r for r in rows if r["gt"] == 1), None)
     if total is None:  # no row older than the cutoff at all
         return
     result["eligible"] = int(total["eligible"])
@@ -266,7 +307,7 @@ def _fill(result: dict, spec: PolicySpec, rows: list[dict]) -> None:
     ]
     if spec.tenant:
         tenants = sorted(
-            (r for r in rows if r["gt"] == 0 and r["gm"] == 1),
+            (r for r in rows if r["gt"] == 0),
             key=lambda r: (-r["eligible"], r["tn"] is None, r["tn"] or ""),
         )
         result["tenants"] = [
@@ -286,18 +327,10 @@ def _fill(result: dict, spec: PolicySpec, rows: list[dict]) -> None:
                 "tenants": count - len(tenants),
                 "eligible": result["eligible"] - shown,
             }
-    buckets = sorted(
-        (
-            {"label": r["mo"], "eligible": int(r["eligible"])}
-            for r in rows
-            if r["gt"] == 1 and r["gm"] == 0 and r["mo"] is not None
-        ),
-        key=lambda b: b["label"],
-    )
-    if len(buckets) > MAX_MONTH_BUCKETS:
-        buckets = _merge_years(buckets)
-        result["age_bucket_unit"] = "year"
-    result["age_buckets"] = buckets
+    result["age_buckets"] = [
+        {"label": _label(start, unit, spec.timezone), "eligible": int(total[f"b{i + 1}"])}
+        for i, start in enumerate(boundaries)
+    ]
     eligible = result["eligible"]
     result["estimated_chunks"] = math.ceil(eligible / spec.chunk_size) if eligible else 0
     rate = measured_rate(spec.slug)
