@@ -30,6 +30,7 @@ RETENTION = {
     "SYNCHRONOUS_COMMIT": env_bool("RETENTION_SYNCHRONOUS_COMMIT", True),
     "BROKER": env_str("RETENTION_BROKER", "orm"),
     "GUARD": env_bool("RETENTION_GUARD", True),
+    "LEASE_STALE_S": env_int("RETENTION_LEASE_STALE_S", 0, minimum=0),  # 0: 3 × budget + 30 s
 }
 if RETENTION["BROKER"] not in {"orm", "redis"}:
     raise ConfigError(f"RETENTION_BROKER must be orm or redis, got {RETENTION['BROKER']!r}")

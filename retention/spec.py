@@ -189,6 +189,7 @@ class PolicySpec:
     blast_radius: float = 3.0
     max_passes: int = 3
     vacuum: str = "recommend"
+    pace_rows_per_s: int = 0
     owner: str = ""
 
     TOP_KEYS = {
@@ -214,6 +215,7 @@ class PolicySpec:
         "max_passes",
         "vacuum",
         "owner",
+        "pace_rows_per_s",
     }
 
     @classmethod
@@ -309,6 +311,7 @@ class PolicySpec:
             blast_radius=_number(data.get("blast_radius", 3.0), "blast_radius", 1.0, 1000.0),
             max_passes=_int(data.get("max_passes", 3), "max_passes", 1, 20),
             vacuum=_choice(data.get("vacuum", "recommend"), "vacuum", VACUUM_MODES),
+            pace_rows_per_s=_int(data.get("pace_rows_per_s", 0), "pace_rows_per_s", 0, 100_000_000),
             owner=owner.strip(),
         )
         if spec.tenant_workers > spec.policy_workers:

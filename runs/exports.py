@@ -11,9 +11,11 @@ import io
 import json
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 
+from django.db import connection, transaction
 from django.db.models import Count, Func, Max, Min, Sum, TextField
 from django.http import StreamingHttpResponse
 from django.utils import timezone
@@ -132,6 +134,21 @@ def _start_of(day: date) -> datetime:
     return datetime.combine(day, time.min, tzinfo=timezone.get_current_timezone())
 
 
+@contextmanager
+def whole_result_cursor():
+    """A transaction for a server-side cursor that will read its whole result.
+
+    Inside a transaction the cursor needs no ``WITH HOLD`` (which would make PostgreSQL
+    materialize the whole result at the first commit), and ``cursor_tuple_fraction = 1``
+    makes the planner pick the plan for all rows rather than for the first 10 %
+    (e.g. the run's own index instead of a walk of the whole chain filtered by run).
+    """
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("SET LOCAL cursor_tuple_fraction = 1.0")
+        yield
+
+
 def audit_queryset(filters: AuditFilters):
     """Audit records matching ``filters``, in chain order. Dates are whole days, inclusive."""
     qs = AuditRecord.objects.all()
@@ -170,14 +187,15 @@ def csv_rows(filters: AuditFilters) -> Iterator[str]:
     writer = csv.writer(buffer)
     writer.writerow([name for name, _ in CSV_COLUMNS])
     batch: list[tuple] = []
-    for row in rows.iterator(chunk_size=BATCH):
-        batch.append(row)
-        if len(batch) >= BATCH:
-            writer.writerows(batch)
-            batch.clear()
-            yield buffer.getvalue()
-            buffer.seek(0)
-            buffer.truncate()
+    with whole_result_cursor():
+        for row in rows.iterator(chunk_size=BATCH):
+            batch.append(row)
+            if len(batch) >= BATCH:
+                writer.writerows(batch)
+                batch.clear()
+                yield buffer.getvalue()
+                buffer.seek(0)
+                buffer.truncate()
     writer.writerows(batch)
     yield buffer.getvalue()
 
@@ -319,17 +337,19 @@ def manifest_chunks(run: Run) -> Iterator[dict]:
 
 
 def manifest_json(run: Run) -> Iterator[str]:
-    """The manifest as JSON text, streamed: the header, then one entry per chunk."""
-    header = json.dumps(manifest_header(run), indent=1, sort_keys=False)
-    yield header[:-2] + ',\n "chunks": [\n'
-    first = True
-    batch: list[str] = []
-    for item in manifest_chunks(run):
-        batch.append(("  " if first else ",\n  ") + json.dumps(item))
-        first = False
-        if len(batch) >= BATCH:
-            yield "".join(batch)
-            batch = []
+    """The manifest as JSON text, streamed: the header, then one entry per chunk.
+    All of it is read in one transaction, so the header and the chunks agree."""
+    with whole_result_cursor():
+        header = json.dumps(manifest_header(run), indent=1, sort_keys=False)
+        yield header[:-2] + ',\n "chunks": [\n'
+        first = True
+        batch: list[str] = []
+        for item in manifest_chunks(run):
+            batch.append(("  " if first else ",\n  ") + json.dumps(item))
+            first = False
+            if len(batch) >= BATCH:
+                yield "".join(batch)
+                batch = []
     batch.append("\n ]\n}\n")
     yield "".join(batch)
 

@@ -255,39 +255,104 @@ def overview_context(request) -> dict:
 CHART_BUCKETS = 60
 
 
-def rate_series(run: Run, buckets: int = CHART_BUCKETS) -> dict:
-    """Rows deleted per second over the run, from audit ``committed_at``, bucketed in SQL
-    into at most ``buckets`` buckets of at least one second."""
+def chunk_breakdown(run: Run, now: datetime) -> tuple[dict, list[dict], int]:
+    """One scan of the run's chunks, grouped by (tenant, state): the run's progress numbers
+    (as ``run_progress``), per-tenant progress, and how many chunks are admissible now."""
+    p = {
+        "chunks": {s: 0 for s in Chunk.State.values},
+        "planned_rows": 0,
+        "retries": 0,
+        "oldest_pending": None,
+    }
+    tenants: dict[str, dict] = {}
+    admissible = 0
+    for row in (
+        Chunk.objects.filter(run=run)
+        .values("tenant", "state")
+        .annotate(
+            n=Count("id"),
+            planned=Sum("planned_rows"),
+            retries=Sum(F("attempts") - 1, filter=Q(attempts__gt=1)),
+            oldest=Min("created_at"),
+            ready=Count("id", filter=Q(not_before__lte=now)),
+        )
+        .order_by()
+    ):
+        state = row["state"]
+        p["chunks"][state] += row["n"]
+        p["retries"] += row["retries"] or 0
+        if state == Chunk.State.PENDING:
+            admissible += row["ready"]
+            if p["oldest_pending"] is None or row["oldest"] < p["oldest_pending"]:
+                p["oldest_pending"] = row["oldest"]
+        if state == Chunk.State.SPLIT:
+            continue
+        p["planned_rows"] += row["planned"] or 0
+        t = tenants.setdefault(
+            row["tenant"],
+            {"tenant": row["tenant"], "chunks": 0, "done": 0, "dead": 0, "planned": 0},
+        )
+        t["chunks"] += row["n"]
+        t["planned"] += row["planned"] or 0
+        if state == Chunk.State.DONE:
+            t["done"] += row["n"]
+        elif state == Chunk.State.DEAD:
+            t["dead"] += row["n"]
+    p["chunks_total"] = sum(n for s, n in p["chunks"].items() if s != Chunk.State.SPLIT)
+    p["chunks_done"] = p["chunks"][Chunk.State.DONE]
+    p["queue_age_s"] = _age(now, p["oldest_pending"])
+    p["queue_age"] = human_duration(p["queue_age_s"])
+    for t in tenants.values():
+        t["rows_deleted"] = 0
+        t["percent"] = round(100 * t["done"] / t["chunks"]) if t["chunks"] else 100
+    return p, sorted(tenants.values(), key=lambda t: t["tenant"]), admissible
+
+
+def audit_breakdown(run: Run, buckets: int = CHART_BUCKETS) -> dict:
+    """One scan of the run's audit rows: rows deleted per tenant and per time bucket (for the
+    rows/s chart: at most ``buckets`` buckets of at least one second), first and last commit."""
     sql = """
-        WITH span AS (
+        WITH a AS MATERIALIZED (
+            SELECT tenant, rows_deleted, committed_at FROM runs_auditrecord WHERE run_id = %(run)s
+        ), span AS (
             SELECT min(committed_at) AS lo, max(committed_at) AS hi,
                    greatest(extract(epoch FROM max(committed_at) - min(committed_at)) / %(n)s,
                             1.0)::float8 AS width
-            FROM runs_auditrecord WHERE run_id = %(run)s
+            FROM a
         )
-        SELECT span.lo, span.hi, span.width,
+        SELECT span.lo, span.hi, span.width, GROUPING(a.tenant) AS by_bucket, a.tenant,
                least(floor(extract(epoch FROM a.committed_at - span.lo) / span.width)::int,
                      %(n)s - 1) AS bucket,
                sum(a.rows_deleted), count(*)
-        FROM runs_auditrecord a CROSS JOIN span
-        WHERE a.run_id = %(run)s
-        GROUP BY span.lo, span.hi, span.width, bucket
-        ORDER BY bucket
+        FROM a CROSS JOIN span
+        GROUP BY span.lo, span.hi, span.width, GROUPING SETS ((a.tenant), (bucket))
     """
     with connection.cursor() as cur:
         cur.execute(sql, {"run": run.pk, "n": buckets})
         rows = cur.fetchall()
+    out = {"points": [], "lo": None, "hi": None, "bucket_s": 0, "peak": 0, "by_tenant": {}}
     if not rows:
-        return {"points": [], "lo": None, "hi": None, "bucket_s": 0, "peak": 0}
+        out["rows_deleted"] = 0
+        return out
     lo, hi, width = rows[0][0], rows[0][1], float(rows[0][2])
+    by_bucket: dict[int, tuple[int, int]] = {}
+    for _, _, _, is_bucket_row, tenant, bucket, deleted, n in rows:
+        if is_bucket_row:
+            by_bucket[bucket] = (deleted, n)
+        else:
+            out["by_tenant"][tenant] = deleted
     used = min(buckets, int((hi - lo).total_seconds() // width) + 1)
-    by_bucket = {b: (deleted, n) for _, _, _, b, deleted, n in rows}
-    points = []
     for b in range(used):
         deleted, n = by_bucket.get(b, (0, 0))
-        points.append({"bucket": b, "rate": float(deleted) / width, "chunks": n})
-    peak = max(p["rate"] for p in points)
-    return {"points": points, "lo": lo, "hi": hi, "bucket_s": width, "peak": peak}
+        out["points"].append({"bucket": b, "rate": float(deleted) / width, "chunks": n})
+    out.update(
+        lo=lo,
+        hi=hi,
+        bucket_s=width,
+        peak=max(pt["rate"] for pt in out["points"]),
+        rows_deleted=sum(out["by_tenant"].values()),
+    )
+    return out
 
 
 def svg_bars(values: list[float], *, width: int = 600, height: int = 140) -> list[dict]:
@@ -305,42 +370,22 @@ def svg_bars(values: list[float], *, width: int = 600, height: int = 140) -> lis
     return bars
 
 
-def tenant_progress(run: Run) -> list[dict]:
-    """Done vs planned per tenant: chunks and rows (two grouped queries)."""
-    tenants: dict[str, dict] = {}
-    for row in (
-        Chunk.objects.filter(run=run)
-        .exclude(state=Chunk.State.SPLIT)
-        .values("tenant")
-        .annotate(
-            chunks=Count("id"),
-            done=Count("id", filter=Q(state=Chunk.State.DONE)),
-            dead=Count("id", filter=Q(state=Chunk.State.DEAD)),
-            planned=Sum("planned_rows"),
-        )
-        .order_by("tenant")
-    ):
-        tenants[row["tenant"]] = {**row, "rows_deleted": 0}
-    for row in (
-        AuditRecord.objects.filter(run=run)
-        .values("tenant")
-        .annotate(rows=Sum("rows_deleted"))
-        .order_by()
-    ):
-        tenants.setdefault(
-            row["tenant"],
-            {"tenant": row["tenant"], "chunks": 0, "done": 0, "dead": 0, "planned": 0},
-        )["rows_deleted"] = row["rows"] or 0
-    out = []
-    for t in tenants.values():
-        t["percent"] = round(100 * t["done"] / t["chunks"]) if t["chunks"] else 100
-        out.append(t)
-    return out
-
-
 def run_page_context(run: Run) -> dict:
     now = timezone.now()
-    p = run_progress([run.pk], now)[run.pk]
+    p, tenants, admissible = chunk_breakdown(run, now)
+    rates = audit_breakdown(run)
+    p["rows_deleted"] = rates["rows_deleted"]
+    p["last_commit"] = rates["hi"]
+    p["throttle_reason"] = (
+        Chunk.objects.filter(run=run, state=Chunk.State.PENDING, not_before__gt=now)
+        .exclude(throttle_reason="")
+        .order_by("-not_before")
+        .values_list("throttle_reason", flat=True)
+        .first()
+        or ""
+    )
+    for t in tenants:
+        t["rows_deleted"] = rates["by_tenant"].get(t["tenant"], 0)
     window = forecast.drain_window(run.policy)
     guard_state = guard.current_state(run.policy)
     last = (
@@ -358,8 +403,6 @@ def run_page_context(run: Run) -> dict:
         {"state": s, "count": c, "bar": b}
         for s, c, b in zip(histogram_states, counts, hist_bars, strict=True)
     ]
-    rates = rate_series(run)
-    rate_bars = svg_bars([pt["rate"] for pt in rates["points"]])
     troubled = list(
         Chunk.objects.filter(run=run)
         .filter(Q(attempts__gt=1) | ~Q(throttle_reason="") | ~Q(last_error=""))
@@ -378,7 +421,6 @@ def run_page_context(run: Run) -> dict:
     for lease in leases:
         lease.enqueued_age = human_duration(_age(now, lease.enqueued_at))
         lease.heartbeat_age = human_duration(_age(now, lease.heartbeat_at))
-    admissible = Chunk.objects.filter(run=run).admissible().count()
     eta = _eta_s(run, p, window, now)
     return {
         "run": run,
@@ -392,13 +434,13 @@ def run_page_context(run: Run) -> dict:
         "last_age": human_duration(_age(now, last["committed_at"])) if last else "—",
         "histogram": histogram,
         "rates": rates,
-        "rate_bars": rate_bars,
+        "rate_bars": svg_bars([pt["rate"] for pt in rates["points"]]),
         "peak_rate": round(rates["peak"]),
         "troubled": troubled,
         "letters": letters,
         "leases": leases,
         "admissible": admissible,
-        "tenants": tenant_progress(run),
+        "tenants": tenants,
         "broker": broker_queue(now),
         "now": now,
     }

@@ -223,7 +223,9 @@ def reconcile(now=None) -> dict:
                 log.exception("catch-up failed for policy %s", policy.slug)
             start_waiting_runs(policy)
         kill = KillSwitch.is_on()
-        stale_s = settings.RETENTION["LEASE_BUDGET_S"] * 3 + 30
+        stale_s = (
+            settings.RETENTION["LEASE_STALE_S"] or settings.RETENTION["LEASE_BUDGET_S"] * 3 + 30
+        )
         for run in Run.objects.filter(state=Run.State.ACTIVE).select_related(
             "policy", "policy_version"
         ):

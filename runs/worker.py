@@ -306,6 +306,17 @@ def dead_letter(
     )  # fmt: skip
 
 
+def _pace(run: Run, outcome: Outcome, deadline: float) -> None:
+    """Honour the policy's optional rate cap (rows/s across its workers)."""
+    spec = run.policy_version.parsed
+    if not spec.pace_rows_per_s:
+        return
+    per_worker = spec.pace_rows_per_s / spec.policy_workers
+    wait = outcome.rows / per_worker - outcome.seconds
+    if wait > 0:
+        time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+
+
 def adapt_chunk_size(run: Run, seconds: float | None) -> int:
     """Steer the size of chunks planned next toward the policy's target transaction time:
     grow slowly (+10%) when well under it, halve when over it or under guard pressure
@@ -382,6 +393,7 @@ def drain(
             stats["chunks"] += 1
             stats["rows"] += outcome.rows
             adapt_chunk_size(run, outcome.seconds)
+            _pace(run, outcome, deadline)
             continue
         if outcome.kind == FAILED:
             stats["failed"] += 1

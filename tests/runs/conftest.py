@@ -41,6 +41,7 @@ def create_events(rows: int, *, tenants: int = 5, name: str = "rr_events", days:
         cur.execute(f"CREATE INDEX ON public.{name} (occurred_at)")
         cur.execute(f"CREATE TABLE public.{name}_shadow AS SELECT * FROM public.{name}")
         cur.execute(f"ANALYZE public.{name}")
+        cur.execute(f"ANALYZE public.{name}_shadow")
 
 
 def count(table: str, where: str = "TRUE", params=None) -> int:

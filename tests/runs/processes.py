@@ -41,15 +41,22 @@ def spawn(*args: str, env: dict | None = None) -> subprocess.Popen:
 
 
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """SIGKILL: the whole process group dies at once (a crash). SIGTERM: to the main PID only,
+    as a supervisor must signal qcluster (a group-wide SIGTERM can hang it), then the
+    group is cleaned up."""
     try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
+        if sig == signal.SIGKILL:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        proc.wait(timeout=60)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
     try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
 
 
 def wait_for(predicate, *, timeout: float = 60, interval: float = 0.1, what: str = "condition"):
