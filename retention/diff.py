@@ -33,6 +33,8 @@ def flatten(spec: PolicySpec) -> dict[str, str]:
         "vacuum": spec.vacuum,
         "guard.probe": spec.probe,
     }
+    if hasattr(spec, "pace_rows_per_s"):
+        out["pace_rows_per_s"] = str(spec.pace_rows_per_s or 0)
     for name in sorted(data["guard"]):
         out[f"guard.{name}"] = str(data["guard"][name])
     for i, rule in enumerate(spec.keep):
@@ -43,8 +45,8 @@ def flatten(spec: PolicySpec) -> dict[str, str]:
 def spec_diff(old: PolicySpec | None, new: PolicySpec) -> list[dict]:
     """Rows ``{"field", "old", "new", "changed"}`` for every field of either spec.
 
-    With no ``old`` (nothing approved yet) every field is new. Keep rules are compared as
-    a set of descriptions by position, so a reordered list shows as changed positions.
+    With no ``old`` (nothing approved yet) every field is new. Keep rules are compared by
+    position (``keep[0]``, ``keep[1]``, ...), so a reordered list shows as changed rules.
     """
     before = flatten(old) if old is not None else {}
     after = flatten(new)
