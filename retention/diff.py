@@ -33,8 +33,7 @@ def flatten(spec: PolicySpec) -> dict[str, str]:
         "vacuum": spec.vacuum,
         "guard.probe": spec.probe,
     }
-    if hasattr(spec, "pace_rows_per_s"):
-        out["pace_rows_per_s"] = str(spec.pace_rows_per_s or 0)
+    out["pace_rows_per_s"] = str(spec.pace_rows_per_s)
     for name in sorted(data["guard"]):
         out[f"guard.{name}"] = str(data["guard"][name])
     for i, rule in enumerate(spec.keep):

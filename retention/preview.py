@@ -339,8 +339,7 @@ def _fill(
     else:
         rate = float(ASSUMED_ROWS_PER_SECOND)
     result["rows_per_second"] = round(rate * spec.policy_workers)
-    pace = getattr(spec, "pace_rows_per_s", 0) or 0  # a configured ceiling, 0 = none
-    if pace and pace < result["rows_per_second"]:
-        result["rows_per_second"] = pace
+    if spec.pace_rows_per_s and spec.pace_rows_per_s < result["rows_per_second"]:
+        result["rows_per_second"] = spec.pace_rows_per_s
         result["rate_source"] += ", capped by pace_rows_per_s"
     result["drain_seconds"] = round(eligible / result["rows_per_second"], 1)

@@ -369,6 +369,10 @@ class PolicySpec:
             f"blast_radius = {value(self.blast_radius)}",
             f"max_passes = {self.max_passes}",
             f"vacuum = {value(self.vacuum)}",
+        ]
+        if self.pace_rows_per_s:
+            lines.append(f"pace_rows_per_s = {self.pace_rows_per_s}")
+        lines += [
             "",
             "[limits]",
             f"policy_workers = {self.policy_workers}",

@@ -28,7 +28,12 @@ op = "is null"
 
 def test_a_spec_written_back_as_toml_parses_to_the_same_spec_and_hash():
     spec = load_toml(
-        policy_toml(owner='"data \\"platform\\""', cascade_ack='["a.b"]', tables=RULES)
+        policy_toml(
+            owner='"data \\"platform\\""',
+            cascade_ack='["a.b"]',
+            pace_rows_per_s="20000",
+            tables=RULES,
+        )
     )
 
     again = load_toml(spec.to_toml())
