@@ -63,6 +63,9 @@ class Command(BaseCommand):
         else:
             self.stdout.write("demo users already present")
         self._policies()
+        from demo.tasks import ensure_schedule
+
+        ensure_schedule()
 
     def _policies(self) -> None:
         # Two compliance officers: one writes, the other approves (never their own).
