@@ -192,6 +192,7 @@ def stream(client: Client, url: str) -> dict:
     rss_start = rss_mb()
     peak = rss_start
     start = time.perf_counter()
+    cpu_start = time.process_time()
     response = client.get(url)
     assert response.status_code == 200 and response.streaming
     lines = 0
@@ -202,11 +203,13 @@ def stream(client: Client, url: str) -> dict:
         if i % 20 == 0:
             peak = max(peak, rss_mb())
     seconds = time.perf_counter() - start
+    cpu = time.process_time() - cpu_start
     peak = max(peak, rss_mb())
     return {
         "rows": lines - 1,
         "seconds": seconds,
         "rows_per_s": (lines - 1) / seconds if seconds else 0,
+        "rows_per_cpu_s": (lines - 1) / cpu if cpu else 0,
         "mb": size / 2**20,
         "rss_start": rss_start,
         "rss_peak": peak,
@@ -260,12 +263,13 @@ def main() -> None:
         ]
         print()
         print(
-            f"{'export':30} {'rows':>10} {'seconds':>8} {'rows/s':>10} {'MB':>7} "
+            f"{'export':30} {'lines':>10} {'seconds':>8} {'rows/s':>10} {'/web CPU s':>10} {'MB':>7} "
             f"{'RSS start':>10} {'RSS peak':>9}   target >= 100k rows/s, flat RSS"
         )
         for name, r in exports:
             print(
                 f"{name:30} {r['rows']:10,} {r['seconds']:8.2f} {r['rows_per_s']:10,.0f} "
+                f"{r['rows_per_cpu_s']:10,.0f} "
                 f"{r['mb']:7.1f} {r['rss_start']:9.1f}M {r['rss_peak']:8.1f}M"
             )
     finally:
@@ -276,4 +280,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(f"» load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
     main()
+    print(f"» load average after: {os.getloadavg()[0]:.2f}")

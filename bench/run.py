@@ -140,14 +140,20 @@ class Bench:
         ).fetchone()[0]
         other = 0
         if self.walinspect and total > 0:
-            other = self.conn.execute(
-                "SELECT coalesce(sum(record_length), 0)::bigint FROM ("
-                " SELECT DISTINCT ON (start_lsn) start_lsn, record_length"
-                " FROM pg_get_wal_block_info(%s, %s, false)"
-                " WHERE reldatabase NOT IN (0, %s)) AS r",
-                [start, end, self.db_oid],
-            ).fetchone()[0]
+            try:
+                other = self._other_wal(start, end)
+            except psycopg.Error:  # the segments were recycled already (a checkpoint in between)
+                other = None
         return total, other
+
+    def _other_wal(self, start: str, end: str) -> int:
+        return self.conn.execute(
+            "SELECT coalesce(sum(record_length), 0)::bigint FROM ("
+            " SELECT DISTINCT ON (start_lsn) start_lsn, record_length"
+            " FROM pg_get_wal_block_info(%s, %s, false)"
+            " WHERE reldatabase NOT IN (0, %s)) AS r",
+            [start, end, self.db_oid],
+        ).fetchone()[0]
 
     # -- one contender ------------------------------------------------------
     def load_spec(self, table: str, rows: int, variant: str) -> dict:
@@ -267,8 +273,8 @@ class Bench:
         result.update(
             rows=deleted, capped=capped, wall_s=round(wall, 3),
             rows_per_s=deleted / wall if wall > 0 else None,
-            wal_bytes=total_wal - other_wal, wal_other_db_bytes=other_wal,
-            wal_per_row=(total_wal - other_wal) / deleted if deleted else None,
+            wal_bytes=total_wal - (other_wal or 0), wal_other_db_bytes=other_wal,
+            wal_per_row=(total_wal - (other_wal or 0)) / deleted if deleted else None,
             remaining_eligible=remaining,
             worker_rss_kb=max(o["rss_kb"] for o in outs),
             setup_rss_kb=setup["rss_kb"] if setup else None,
