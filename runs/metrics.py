@@ -11,6 +11,7 @@ import hmac
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
+from django.core.cache import cache
 from django.db import connection
 from django.db.models import Count, F, Max, Min, Q, Sum
 from django.http import HttpResponse
@@ -44,25 +45,59 @@ def reason_class(reason: str) -> str:
     return " ".join(words)[:60] or "other"
 
 
-def chunk_durations() -> dict[str, tuple[list[int], float, int]]:
-    """Per policy: cumulative counts per bucket, sum and count of audit committed_at - started_at,
-    computed in one grouped SQL statement."""
+AUDIT_TOTALS_KEY = "metrics:audit-totals:v1"
+
+
+def _empty_totals() -> dict:
+    return {"buckets": [0] * len(DURATION_BUCKETS), "sum": 0.0, "count": 0, "rows": 0}
+
+
+def audit_totals() -> dict[str, dict]:
+    """Per policy, over every audit record: rows deleted and the chunk-duration histogram
+    (cumulative bucket counts, sum and count of committed_at - started_at).
+
+    The audit trail is append-only and ``chain_seq`` is assigned under a lock held to
+    commit, so records up to the highest visible ``chain_seq`` never change: the totals up
+    to there are kept in the shared cache with that record's hash, and a scrape reads only
+    newer records (one index range). If the remembered record is gone or different (a
+    restored or rebuilt database), the totals are computed again from the start.
+    """
+    state = cache.get(AUDIT_TOTALS_KEY)
+    if state:
+        still = AuditRecord.objects.filter(chain_seq=state["seq"], hash=state["hash"]).exists()
+        if not still:
+            state = None
+    if not state:
+        state = {"seq": 0, "hash": "", "policies": {}}
     bounds = ", ".join(
         f"count(*) FILTER (WHERE d <= {float(b)!r})" for b in DURATION_BUCKETS
     )  # constants only
     sql = f"""
-        SELECT policy_slug, {bounds}, coalesce(sum(d), 0), count(*)
-        FROM (SELECT policy_slug, extract(epoch FROM committed_at - started_at)::float8 AS d
-              FROM runs_auditrecord) AS t
+        SELECT policy_slug, {bounds}, coalesce(sum(d), 0), count(*),
+               coalesce(sum(rows_deleted), 0), max(chain_seq)
+        FROM (SELECT policy_slug, rows_deleted, chain_seq,
+                     extract(epoch FROM committed_at - started_at)::float8 AS d
+              FROM runs_auditrecord WHERE chain_seq > %s) AS t
         GROUP BY policy_slug
     """  # noqa: S608
-    out = {}
+    k = len(DURATION_BUCKETS)
     with connection.cursor() as cur:
-        cur.execute(sql)
-        for row in cur.fetchall():
-            slug, counts, total, n = row[0], list(row[1:-2]), row[-2], row[-1]
-            out[slug] = (counts, float(total), n)
-    return out
+        cur.execute(sql, [state["seq"]])
+        rows = cur.fetchall()
+    if not rows:
+        return state["policies"]
+    for row in rows:
+        slug = row[0]
+        totals = state["policies"].setdefault(slug, _empty_totals())
+        totals["buckets"] = [a + b for a, b in zip(totals["buckets"], row[1 : 1 + k], strict=True)]
+        totals["sum"] += float(row[1 + k])
+        totals["count"] += row[2 + k]
+        totals["rows"] += int(row[3 + k])
+    top = max(row[4 + k] for row in rows)
+    state["seq"] = top
+    state["hash"] = AuditRecord.objects.filter(chain_seq=top).values_list("hash", flat=True).get()
+    cache.set(AUDIT_TOTALS_KEY, state, timeout=None)
+    return state["policies"]
 
 
 class LedgerCollector:
@@ -107,13 +142,15 @@ class LedgerCollector:
                     guard_threshold.add_metric([policy.slug, name], float(signal["threshold"]))
         yield from (backlog, guard_value, guard_threshold, guard_level)
 
+        # Ids first: a join would make the planner walk every chunk of every run.
+        open_runs = list(Run.objects.filter(state__in=Run.OPEN).values_list("id", flat=True))
         queue_age = GaugeMetricFamily(
             "retention_queue_age_seconds",
             "Age of the oldest pending chunk of an open run",
             labels=["policy"],
         )
         for row in (
-            Chunk.objects.filter(state=Chunk.State.PENDING, run__state__in=Run.OPEN)
+            Chunk.objects.filter(state=Chunk.State.PENDING, run_id__in=open_runs)
             .values("run__policy_id")
             .annotate(oldest=Min("created_at"))
             .order_by()
@@ -138,16 +175,17 @@ class LedgerCollector:
         )
 
         chunks = GaugeMetricFamily(
-            "retention_chunks", "Chunks by state", labels=["policy", "state"]
+            "retention_chunks", "Chunks of open runs by state", labels=["policy", "state"]
         )
         retries = GaugeMetricFamily(
             "retention_chunk_retries",
-            "Retries: sum of attempts - 1 over chunks tried more than once",
+            "Retries in open runs: sum of attempts - 1 over chunks tried more than once",
             labels=["policy"],
         )
         retry_sum: dict[str, int] = {}
         for row in (
-            Chunk.objects.values("run__policy_id", "state")
+            Chunk.objects.filter(run_id__in=open_runs)
+            .values("run__policy_id", "state")
             .annotate(n=Count("id"), r=Sum(F("attempts") - 1, filter=Q(attempts__gt=1)))
             .order_by()
         ):
@@ -178,15 +216,12 @@ class LedgerCollector:
             throttled.add_metric(list(key), n)
         yield throttled
 
+        totals = audit_totals()
         deleted = CounterMetricFamily(
             "retention_rows_deleted", "Rows deleted (sum over audit records)", labels=["policy"]
         )
-        for slug, rows in (
-            AuditRecord.objects.values_list("policy_slug")
-            .annotate(rows=Sum("rows_deleted"))
-            .order_by()
-        ):
-            deleted.add_metric([slug], rows or 0)
+        for slug, t in totals.items():
+            deleted.add_metric([slug], t["rows"])
         yield deleted
 
         letters = GaugeMetricFamily(
@@ -210,10 +245,10 @@ class LedgerCollector:
             "Chunk transaction time (audit committed_at - started_at)",
             labels=["policy"],
         )
-        for slug, (cumulative, total, n) in chunk_durations().items():
-            buckets = [(repr(b), c) for b, c in zip(DURATION_BUCKETS, cumulative, strict=True)]
-            buckets.append(("+Inf", n))
-            durations.add_metric([slug], buckets, total)
+        for slug, t in totals.items():
+            buckets = [(repr(b), c) for b, c in zip(DURATION_BUCKETS, t["buckets"], strict=True)]
+            buckets.append(("+Inf", t["count"]))
+            durations.add_metric([slug], buckets, t["sum"])
         yield durations
 
         drained = GaugeMetricFamily(

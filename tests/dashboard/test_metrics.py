@@ -99,3 +99,29 @@ def test_a_signed_in_user_without_a_role_is_refused(make_user):
     client = Client()
     client.force_login(make_user("nobody"))
     assert client.get(reverse("metrics")).status_code == 403
+
+
+def test_audit_totals_count_new_records_once_and_survive_a_rebuilt_trail(client_for, run):
+    from django.core.cache import cache
+
+    from runs import worker
+    from runs.metrics import AUDIT_TOTALS_KEY
+
+    client = client_for("viewer")
+    first = scrape(client)[("retention_chunk_duration_seconds_count", (("policy", "events"),))]
+    again = scrape(client)[("retention_chunk_duration_seconds_count", (("policy", "events"),))]
+    assert first == again == 3
+
+    assert worker.process_one(run).kind == worker.DONE
+    m = scrape(client)
+    assert m[("retention_chunk_duration_seconds_count", (("policy", "events"),))] == 4
+    assert (
+        m[("retention_rows_deleted_total", (("policy", "events"),))]
+        == run.chunk_totals()["rows_deleted"]
+    )
+
+    # A remembered position that no longer matches the trail is recomputed from the start.
+    state = cache.get(AUDIT_TOTALS_KEY)
+    cache.set(AUDIT_TOTALS_KEY, {**state, "hash": "not-this-trail"}, timeout=None)
+    m = scrape(client)
+    assert m[("retention_chunk_duration_seconds_count", (("policy", "events"),))] == 4
