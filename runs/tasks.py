@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from django.db import close_old_connections
-
 log = logging.getLogger(__name__)
 
 
@@ -25,7 +23,6 @@ def trigger_scheduled(policy_id=None, tick=None, **_ignored) -> str:
     from runs import schedules
     from runs.actions import ActionError, trigger_run
 
-    close_old_connections()
     try:
         tick_at = datetime.fromisoformat(tick) if isinstance(tick, str) else None
     except ValueError:
@@ -55,7 +52,6 @@ def drain_lease(run_id=None, slot=None, generation=None, *extra) -> dict | str:
     """One lease: drain chunks of the run for a time budget, then publish the next generation."""
     from runs import dispatch, worker
 
-    close_old_connections()
     if extra or not all(
         isinstance(v, int) and not isinstance(v, bool) for v in (run_id, slot, generation)
     ):
@@ -72,7 +68,6 @@ def drain_lease(run_id=None, slot=None, generation=None, *extra) -> dict | str:
 def reconcile() -> dict:
     from runs.reconciler import reconcile as run_reconciler
 
-    close_old_connections()
     report = run_reconciler()
     return {k: v for k, v in report.items() if v}
 
@@ -84,7 +79,6 @@ def vacuum_target(run_id=None) -> str:
 
     from runs.models import Run
 
-    close_old_connections()
     if not isinstance(run_id, int):
         return _malformed("vacuum", "needs an integer run_id", {"run_id": repr(run_id)})
     run = Run.objects.select_related("policy_version").filter(pk=run_id).first()
