@@ -40,7 +40,9 @@ def busy_table(transactional_db):
 
 
 def max_overlap(intervals: list[tuple]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda x: (x[0], x[1]))
+    events = sorted(
+        [(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda x: (x[0], x[1])
+    )
     current = peak = 0
     for _, delta in events:
         current += delta
@@ -58,12 +60,19 @@ def test_ceilings_hold_across_two_clusters_and_quiet_tenants_are_not_starved(bus
     clusters = [spawn("qcluster", env=CLUSTER_ENV) for _ in range(2)]
     try:
         wait_for(
-            lambda: Run.objects.get(pk=run.pk).state == Run.State.DRAINED, timeout=240, interval=0.5, what="drained"
+            lambda: Run.objects.get(pk=run.pk).state == Run.State.DRAINED,
+            timeout=240,
+            interval=0.5,
+            what="drained",
         )
     finally:
         for cluster in clusters:
             kill_group(cluster, signal.SIGTERM)
-    records = list(AuditRecord.objects.filter(run=run).values_list("tenant", "started_at", "committed_at", "worker_pid"))
+    records = list(
+        AuditRecord.objects.filter(run=run).values_list(
+            "tenant", "started_at", "committed_at", "worker_pid"
+        )
+    )
     assert len({pid for *_, pid in records}) >= 2, "both clusters should have worked"
     by_tenant: dict[str, list] = {}
     for tenant, start, end, _ in records:
@@ -76,7 +85,9 @@ def test_ceilings_hold_across_two_clusters_and_quiet_tenants_are_not_starved(bus
     half_busy = busy[len(busy) // 2]
     for tenant, intervals in by_tenant.items():
         if tenant != "1":
-            assert max(end for _, end in intervals) <= half_busy, f"tenant {tenant} waited behind tenant 1"
+            assert max(end for _, end in intervals) <= half_busy, (
+                f"tenant {tenant} waited behind tenant 1"
+            )
     assert check_run(run, shadow=("public", "rr_events_shadow")) == []
 
 
@@ -88,10 +99,16 @@ def lateness_of_deadline_jobs(count: int) -> list[float]:
     ids = []
     for _ in range(count):
         ids.append(
-            async_task("demo.tasks.send_due_reminders", due=timezone.now().isoformat(), cluster="deadline")
+            async_task(
+                "demo.tasks.send_due_reminders", due=timezone.now().isoformat(), cluster="deadline"
+            )
         )
         time.sleep(0.3)
-    wait_for(lambda: Success.objects.filter(id__in=ids).count() == count, timeout=60, what="deadline jobs")
+    wait_for(
+        lambda: Success.objects.filter(id__in=ids).count() == count,
+        timeout=60,
+        what="deadline jobs",
+    )
     return sorted(s.result["lateness_s"] for s in Success.objects.filter(id__in=ids))
 
 
@@ -117,6 +134,8 @@ def test_a_saturated_cleanup_lane_leaves_the_deadline_lane_on_time(busy_table, m
         kill_group(deadline, signal.SIGTERM)
         if cleanup is not None:
             kill_group(cleanup, signal.SIGTERM)
-    assert waiting >= 4 and still_waiting >= 4, "the cleanup lane should have had a backlog of leases"
+    assert waiting >= 4 and still_waiting >= 4, (
+        "the cleanup lane should have had a backlog of leases"
+    )
     p95_idle, p95_busy = idle[-1], busy[-1]
     assert p95_busy <= max(1.0, p95_idle + timedelta(seconds=0.5).total_seconds())
