@@ -17,9 +17,11 @@ class Command(BaseCommand):
         areas = parser.add_subparsers(dest="area", required=True, metavar="AREA")
         from retention import cli as policy_cli
         from runs import cli as run_cli
+        from runs import cli_check
 
         policy_cli.register(areas)
         run_cli.register(areas)
+        cli_check.register(areas)
 
     def handle(self, *args, **options):
         handler = options.get("handler")
