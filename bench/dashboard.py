@@ -197,11 +197,14 @@ def stream(client: Client, url: str) -> dict:
     assert response.status_code == 200 and response.streaming
     lines = 0
     size = 0
+    rss_at_100k = None
     for i, piece in enumerate(response.streaming_content):
         lines += piece.count(b"\n")
         size += len(piece)
         if i % 20 == 0:
             peak = max(peak, rss_mb())
+        if rss_at_100k is None and lines >= 100_000:
+            rss_at_100k = peak
     seconds = time.perf_counter() - start
     cpu = time.process_time() - cpu_start
     peak = max(peak, rss_mb())
@@ -213,6 +216,7 @@ def stream(client: Client, url: str) -> dict:
         "mb": size / 2**20,
         "rss_start": rss_start,
         "rss_peak": peak,
+        "rss_at_100k": rss_at_100k,
     }
 
 
@@ -264,13 +268,15 @@ def main() -> None:
         print()
         print(
             f"{'export':30} {'lines':>10} {'seconds':>8} {'rows/s':>10} {'/web CPU s':>10} {'MB':>7} "
-            f"{'RSS start':>10} {'RSS peak':>9}   target >= 100k rows/s, flat RSS"
+            f"{'RSS start':>10} {'@100k':>8} {'RSS peak':>9}   target >= 100k rows/s, flat RSS"
         )
         for name, r in exports:
+            at_100k = f"{r['rss_at_100k']:.1f}M" if r["rss_at_100k"] else "-"
             print(
                 f"{name:30} {r['rows']:10,} {r['seconds']:8.2f} {r['rows_per_s']:10,.0f} "
                 f"{r['rows_per_cpu_s']:10,.0f} "
-                f"{r['mb']:7.1f} {r['rss_start']:9.1f}M {r['rss_peak']:8.1f}M"
+                f"{r['mb']:7.1f} {r['rss_start']:9.1f}M "
+                f"{at_100k:>8} {r['rss_peak']:8.1f}M"
             )
     finally:
         if args.keep:
