@@ -133,6 +133,21 @@ SESSION_COOKIE_SECURE = SECURE_COOKIES
 CSRF_COOKIE_SECURE = SECURE_COOKIES
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+# HTTPS: redirect and HSTS are on whenever cookies are Secure (production); each can be set.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", SECURE_COOKIES)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # load-balancer probes over plain HTTP
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000 if SECURE_COOKIES else 0, minimum=0)
+# On with HSTS; set them to 0 if a subdomain still serves plain HTTP (docs/security.md).
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", SECURE_COOKIES)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", SECURE_COOKIES)
+if env_bool("SECURE_PROXY_SSL_HEADER", False):  # behind a TLS-terminating proxy that sets it
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# Failed sign-ins per (username, address) before a lock-out, and the window (core.throttle).
+AUTHENTICATION_BACKENDS = ["core.throttle.ThrottledModelBackend"]
+LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1, maximum=1000)
+LOGIN_FAILURE_WINDOW_S = env_int("LOGIN_FAILURE_WINDOW_S", 15 * 60, minimum=1)
 
 # The cache is shared by every process (django-q2 keeps cluster stats in it).
 CACHES = {
