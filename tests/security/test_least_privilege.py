@@ -1,0 +1,140 @@
+"""The workers can run as a least-privilege role (docs/least-privilege.sql): it drains a run,
+and it cannot run DDL, rewrite the audit trail or touch target rows beyond DELETE."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+import sys
+
+import psycopg
+import pytest
+from django.db import connection
+from psycopg import sql
+
+from runs.actions import trigger_run
+from runs.invariants import check_run
+from runs.models import AuditRecord, Run
+from tests.factories import approved_policy
+from tests.runs.conftest import NOW, ROOT, create_events, worker_env
+
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
+
+SCRIPT = ROOT / "docs" / "least-privilege.sql"
+
+
+def grant_statements(role: str, target: tuple[str, str]) -> list[sql.Composed]:
+    """docs/least-privilege.sql with its psql variables bound as identifiers."""
+    text = "\n".join(
+        line for line in SCRIPT.read_text().splitlines() if not line.lstrip().startswith("--")
+    )
+    out = []
+    for statement in filter(None, (s.strip() for s in text.split(";"))):
+        template = (
+            statement.replace(':"worker_role"', "{role}")
+            .replace(':"DBNAME"', "{db}")
+            .replace(":target", "{target}")
+        )
+        assert not re.search(r":\w|:\"", template), f"unbound psql variable in {statement!r}"
+        out.append(
+            sql.SQL(template).format(
+                role=sql.Identifier(role),
+                db=sql.Identifier(connection.settings_dict["NAME"]),
+                target=sql.Identifier(*target),
+            )
+        )
+    return out
+
+
+@pytest.fixture
+def worker_role():
+    role = f"rr_worker_{os.getpid()}_{secrets.token_hex(3)}"
+    password = secrets.token_urlsafe(16)
+    with connection.cursor() as cur:
+        cur.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}")
+            .format(sql.Identifier(role), sql.Literal(password))
+            .as_string(cur.connection)
+        )
+    yield role, password
+    with connection.cursor() as cur:
+        cur.execute(
+            sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)).as_string(cur.connection)
+        )
+        cur.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)).as_string(cur.connection))
+
+
+@pytest.fixture
+def run(make_user):
+    create_events(2400)
+    policy = approved_policy(
+        make_user, slug="events", table="public.rr_events", key="id", timestamp="occurred_at",
+        tenant="tenant_id", retention="20 days", schedule="0 3 * * *", chunk_size=200,
+        keep=[{"column": "status", "op": "=", "value": "disputed"}],
+    )  # fmt: skip
+    run, _ = trigger_run(policy, tick=NOW)
+    yield run
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
+
+
+def url_as(role: str, password: str) -> str:
+    url = worker_env()["DATABASE_URL"]
+    return re.sub(r"^postgresql://[^@/]*@", f"postgresql://{role}:{password}@", url)
+
+
+def connect_as(role: str, password: str) -> psycopg.Connection:
+    params = dict(connection.get_connection_params())
+    for key in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(key, None)
+    params.update(user=role, password=password, application_name="retention:least-privilege")
+    return psycopg.connect(**params, autocommit=True)
+
+
+def test_a_least_privilege_role_drains_a_run_and_can_do_nothing_else(run, worker_role):
+    role, password = worker_role
+    with connection.cursor() as cur:
+        for statement in grant_statements(role, ("public", "rr_events")):
+            cur.execute(statement.as_string(cur.connection))
+
+    env = {**os.environ, **worker_env(), "DATABASE_URL": url_as(role, password)}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "retention", "drain", run.run_key, "--until-idle",
+         "--budget", "60"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert AuditRecord.objects.filter(run=run).exists()
+    assert check_run(run, shadow=("public", "rr_events_shadow")) == []
+
+    refused = {
+        "CREATE TABLE public.rr_new (id int)",
+        "CREATE SCHEMA rr_new",
+        "DROP TABLE public.rr_events",
+        "ALTER TABLE public.rr_events ADD COLUMN x int",
+        "CREATE INDEX ON public.rr_events (status)",
+        "TRUNCATE public.rr_events",
+        "UPDATE public.rr_events SET status = 'x'",
+        "INSERT INTO public.rr_events (id, tenant_id, occurred_at) VALUES (-1, 1, now())",
+        "UPDATE runs_auditrecord SET rows_deleted = 0",
+        "DELETE FROM runs_auditrecord",
+        "TRUNCATE runs_auditrecord",
+        "UPDATE retention_operatoraction SET reason = ''",
+        "DELETE FROM retention_operatoraction",
+        "UPDATE retention_policyversion SET state = 'approved'",
+        "INSERT INTO retention_legalhold (reason) VALUES ('x')",
+        "DELETE FROM retention_legalhold",
+        'UPDATE retention_killswitch SET "on" = false',
+        "SELECT * FROM auth_user",
+        "SET ROLE postgres",
+    }
+    rows = AuditRecord.objects.count()
+    with connect_as(role, password) as conn:
+        for statement in sorted(refused):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(statement)
+    assert AuditRecord.objects.count() == rows
