@@ -63,7 +63,7 @@ def trigger_run(
             )  # fmt: skip
     except IntegrityError:
         return Run.objects.get(run_key=key), False
-    record_action(actor, "trigger_run", run, reason=f"{source} trigger for tick {tick.isoformat()}",
+    record_action(actor, "run.trigger", run, reason=f"{source} trigger for tick {tick.isoformat()}",
                   cutoff=run.cutoff.isoformat(), version=version.number, skipped=len(skipped_ticks))  # fmt: skip
     _admit_new_run(run, spec)
     run.refresh_from_db()
@@ -148,7 +148,7 @@ def start_run(run: Run, *, actor, reason: str = "") -> Run:
     run.state_reason = ""
     run.started_at = run.started_at or timezone.now()
     run.save(update_fields=["state", "state_reason", "started_at"])
-    record_action(actor, "start_run", run, reason=reason)
+    record_action(actor, "run.start", run, reason=reason)
     if not KillSwitch.is_on() and not run.policy.paused:
         dispatch.ensure_leases(run)
     return run
@@ -161,7 +161,7 @@ def confirm_run(run: Run, *, actor, reason: str) -> Run:
     _need_reason(reason)
     if run.state != Run.State.CONFIRM:
         raise ActionError(f"run {run.run_key} is {run.state}, not held for confirmation")
-    record_action(actor, "confirm_run", run, reason=reason)
+    record_action(actor, "run.confirm", run, reason=reason)
     return start_run(run, actor=actor, reason=reason)
 
 
@@ -180,7 +180,7 @@ def pause_run(run: Run, *, actor, reason: str) -> Run:
         raise ActionError(f"run {run.run_key} is {run.state}; only an active run can be paused")
     run.state, run.state_reason = Run.State.PAUSED, f"paused by {_actor_name(actor)}: {reason}"
     run.save(update_fields=["state", "state_reason"])
-    record_action(actor, "pause_run", run, reason=reason)
+    record_action(actor, "run.pause", run, reason=reason)
     return run
 
 
@@ -196,7 +196,7 @@ def resume_run(run: Run, *, actor, reason: str) -> Run:
         )
     run.state, run.state_reason = Run.State.ACTIVE, ""
     run.save(update_fields=["state", "state_reason"])
-    record_action(actor, "resume_run", run, reason=reason)
+    record_action(actor, "run.resume", run, reason=reason)
     dispatch.republish_all(run)
     return run
 
@@ -218,7 +218,7 @@ def cancel_run(run: Run, *, actor, reason: str) -> Run:
     )
     run.finished_at = timezone.now()
     run.save(update_fields=["state", "state_reason", "finished_at"])
-    record_action(actor, "cancel_run", run, reason=reason, chunks_cancelled=cancelled)
+    record_action(actor, "run.cancel", run, reason=reason, chunks_cancelled=cancelled)
     from runs.reconciler import start_waiting_runs
 
     start_waiting_runs(run.policy)
@@ -245,7 +245,7 @@ def replay_dead_letter(letter: DeadLetter, *, actor, reason: str) -> Chunk | Non
         reason,
     )
     letter.save(update_fields=["resolution", "resolved_by", "resolved_at", "resolution_reason"])
-    record_action(actor, "replay_dead_letter", letter, reason=reason, chunk=letter.chunk_id)
+    record_action(actor, "dead_letter.replay", letter, reason=reason, chunk=letter.chunk_id)
     run = letter.run
     if run is not None and run.state in (Run.State.ATTENTION, Run.State.ACTIVE):
         if run.state == Run.State.ATTENTION:
@@ -270,7 +270,7 @@ def discard_dead_letter(letter: DeadLetter, *, actor, reason: str) -> DeadLetter
         reason,
     )
     letter.save(update_fields=["resolution", "resolved_by", "resolved_at", "resolution_reason"])
-    record_action(actor, "discard_dead_letter", letter, reason=reason, chunk=letter.chunk_id)
+    record_action(actor, "dead_letter.discard", letter, reason=reason, chunk=letter.chunk_id)
     return letter
 
 
@@ -287,7 +287,7 @@ def set_kill_switch(on: bool, *, actor, reason: str) -> KillSwitch:
         timezone.now(),
     )
     switch.save()
-    record_action(actor, "kill_switch_on" if on else "kill_switch_off", switch, reason=reason)
+    record_action(actor, "kill_switch.on" if on else "kill_switch.off", switch, reason=reason)
     if not on:
         for run in Run.objects.filter(state=Run.State.ACTIVE, policy__paused=False):
             dispatch.republish_all(run)

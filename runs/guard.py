@@ -285,7 +285,7 @@ def _pause_for_critical(run, verdict: Verdict) -> None:
         if updated:
             record_action(
                 "guard",
-                "pause_policy",
+                "policy.pause",
                 run.policy,
                 reason=f"critical: {verdict.reason}",
                 alert=True,

@@ -147,7 +147,11 @@ class Chunk(models.Model):
             models.Index(
                 fields=["run", "seq", "id"], condition=Q(state="pending"), name="chunk_pending"
             ),
-            models.Index(fields=["run", "state"], name="chunk_run_state"),
+            models.Index(
+                fields=["run", "state"],
+                include=["tenant", "planned_rows", "attempts", "created_at", "not_before"],
+                name="chunk_run_state",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -183,6 +187,11 @@ class AuditRecord(models.Model):
         ordering = ["chain_seq"]
         indexes = [
             models.Index(fields=["run", "chain_seq"], name="audit_run"),
+            models.Index(
+                fields=["run"],
+                include=["rows_deleted", "committed_at", "tenant"],
+                name="audit_run_totals",
+            ),
             models.Index(fields=["policy_slug", "committed_at"], name="audit_policy_time"),
         ]
 

@@ -14,7 +14,7 @@ def test_the_activity_page_lists_operator_actions_and_filters_them(client_for, r
     client = client_for("viewer")
 
     everything = client.get(reverse("runs:activity")).content.decode()
-    pauses = client.get(reverse("runs:activity") + "?action=pause_run").content.decode()
+    pauses = client.get(reverse("runs:activity") + "?action=run.pause").content.decode()
     by_oscar = client.get(reverse("runs:activity") + "?actor=oscar").content.decode()
     by_nobody = client.get(reverse("runs:activity") + "?actor=nobody").content.decode()
 
@@ -22,6 +22,6 @@ def test_the_activity_page_lists_operator_actions_and_filters_them(client_for, r
     assert "version.approve" in everything
     assert "INC-1 lock waits" in pauses and "INC-1 over" not in pauses
     assert (
-        'data-action="resume_run"' in by_oscar and 'data-action="version.approve"' not in by_oscar
+        'data-action="run.resume"' in by_oscar and 'data-action="version.approve"' not in by_oscar
     )
     assert "No action recorded." in by_nobody

@@ -137,7 +137,7 @@ def test_oncall_pauses_and_resumes_from_the_run_page(login, live_server, active_
         OperatorAction.objects.filter(target_id=str(active_run.pk), actor="oscar")
         .order_by("at")
         .values_list("action", flat=True)
-    ) == ["pause_run", "resume_run"]
+    ) == ["run.pause", "run.resume"]
 
 
 def test_oncall_replays_a_dead_letter(login, live_server, make_user):

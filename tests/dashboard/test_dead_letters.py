@@ -37,7 +37,7 @@ def test_replay_puts_back_the_same_chunk(client_for, dead_letter):
     assert chunk.state == Chunk.State.PENDING
     assert (chunk.run_id, chunk.tenant, chunk.key_from, chunk.key_to) == identity
     assert "Replay dead letter" in response.content.decode()
-    assert OperatorAction.objects.filter(action="replay_dead_letter", actor="oscar").exists()
+    assert OperatorAction.objects.filter(action="dead_letter.replay", actor="oscar").exists()
 
 
 def test_discard_records_the_reason(client_for, dead_letter):

@@ -120,7 +120,7 @@ def test_oncall_flips_the_kill_switch_with_a_reason(client_for, run):
 
     assert KillSwitch.is_on()
     assert "Global kill switch is ON" in response.content.decode()
-    action = OperatorAction.objects.get(action="kill_switch_on")
+    action = OperatorAction.objects.get(action="kill_switch.on")
     assert (action.actor, action.reason) == ("oscar", "INC-7 primary overloaded")
 
 

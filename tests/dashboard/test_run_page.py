@@ -69,7 +69,7 @@ def test_oncall_pauses_and_resumes_the_same_run(client_for, run):
         OperatorAction.objects.filter(target_id=str(run.pk), actor="oscar")
         .order_by("at")
         .values_list("action", "reason")
-    ) == [("pause_run", "INC-9"), ("resume_run", "INC-9 resolved")]
+    ) == [("run.pause", "INC-9"), ("run.resume", "INC-9 resolved")]
 
 
 def test_a_refused_action_shows_the_reason_why(client_for, run):

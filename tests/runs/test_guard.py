@@ -60,7 +60,7 @@ def test_a_critical_level_pauses_the_policy_and_raises_an_alert(policy):
     assert verdict.critical
     assert policy.paused
     assert "critical" in policy.paused_reason
-    alert = OperatorAction.objects.get(action="pause_policy", actor="guard")
+    alert = OperatorAction.objects.get(action="policy.pause", actor="guard")
     assert alert.details["alert"] is True
     assert guard.current_state(Policy.objects.get(pk=policy.pk))["level"] == "critical"
 
