@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db.models import Max, Min
 from django.utils import timezone
 
@@ -21,8 +22,22 @@ def run_status(run: Run) -> dict:
         .values_list("throttle_reason", flat=True)
         .first()
     )
+    pending = totals[Chunk.State.PENDING]
+    reference = last or run.started_at or run.created_at
+    since_progress = (now - reference).total_seconds()
+    if run.state != Run.State.ACTIVE:
+        health = run.state
+    elif throttled:
+        health = "throttled"
+    elif pending and (
+        since_progress is None or since_progress > 3 * settings.RETENTION["LEASE_BUDGET_S"]
+    ):
+        health = "stuck"
+    else:
+        health = "progressing" if pending or not run.planner_done else "finishing"
     return {
         "run_key": run.run_key,
+        "health": health,
         "state": run.state,
         "state_reason": run.state_reason,
         "policy": run.policy.slug,

@@ -108,3 +108,25 @@ def test_the_global_kill_switch_stops_admission(events_policy, make_user, state)
     outcome = worker.process_one(run)
     assert outcome.kind == worker.STOP
     assert "kill switch" in outcome.reason
+
+
+def test_status_tells_throttled_from_stuck(events_policy):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs.status import run_status
+
+    run, _ = trigger_run(events_policy, tick=NOW)
+    planner.plan(run)
+    assert run_status(run)["health"] == "progressing"
+    Run.objects.filter(pk=run.pk).update(started_at=timezone.now() - timedelta(minutes=10))
+    run.refresh_from_db()
+    assert run_status(run)["health"] == "stuck"  # pending work, no commit for ten minutes
+    chunk = Chunk.objects.filter(run=run).first()
+    Chunk.objects.filter(pk=chunk.pk).update(
+        not_before=timezone.now() + timedelta(minutes=5), throttle_reason="lock waits 14 > 10"
+    )
+    status = run_status(run)
+    assert status["health"] == "throttled"
+    assert status["throttle_reason"] == "lock waits 14 > 10"
