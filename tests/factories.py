@@ -9,6 +9,27 @@ from retention.models import Policy, PolicyVersion
 from retention.spec import PolicySpec
 
 
+def events_spec(slug: str = "events", table: str = "rr_events", **overrides) -> dict:
+    """The policy most tests use on ``tests.runs.conftest.create_events`` tables: rows older
+    than 20 days, 'disputed' kept, per tenant, chunks of 200."""
+    spec = dict(
+        slug=slug,
+        name=f"{slug.capitalize()} older than 20 days",
+        table=f"public.{table}",
+        key="id",
+        timestamp="occurred_at",
+        tenant="tenant_id",
+        retention="20 days",
+        schedule="0 3 * * *",
+        timezone="UTC",
+        chunk_size=200,
+        keep=[{"column": "status", "op": "=", "value": "disputed"}],
+        limits={"policy_workers": 2, "tenant_workers": 1},
+    )
+    spec.update(overrides)
+    return spec
+
+
 def approved_policy(make_user, **spec_fields) -> Policy:
     spec = PolicySpec.parse(spec_fields)
     author = _user(make_user, "author-" + spec.slug, "compliance")

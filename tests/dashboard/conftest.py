@@ -10,7 +10,7 @@ from django.test import Client
 from runs import planner, worker
 from runs.actions import trigger_run
 from runs.models import DeadLetter, Run
-from tests.factories import approved_policy
+from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events
 
 ROLE_USERS = {
@@ -37,25 +37,6 @@ def client_for(users):
         return client
 
     return make
-
-
-def events_spec(slug: str = "events", table: str = "rr_events", **overrides) -> dict:
-    spec = dict(
-        slug=slug,
-        name=f"{slug.capitalize()} older than 20 days",
-        table=f"public.{table}",
-        key="id",
-        timestamp="occurred_at",
-        tenant="tenant_id",
-        retention="20 days",
-        schedule="0 3 * * *",
-        timezone="UTC",
-        chunk_size=200,
-        keep=[{"column": "status", "op": "=", "value": "disputed"}],
-        limits={"policy_workers": 2, "tenant_workers": 1},
-    )
-    spec.update(overrides)
-    return spec
 
 
 @pytest.fixture

@@ -63,10 +63,8 @@ def test_the_export_is_an_attachment(client_for, run):
 def test_a_formula_in_the_data_is_neutralized_in_the_export(client_for, make_user):
     from runs import planner
     from runs.actions import trigger_run
-    from tests.factories import approved_policy
+    from tests.factories import approved_policy, events_spec
     from tests.runs.conftest import NOW, create_events
-
-    from .conftest import events_spec
 
     create_events(800)
     with connection.cursor() as cur:

@@ -24,9 +24,10 @@ from retention.spec import PolicySpec  # noqa: E402
 from runs import planner, worker  # noqa: E402
 from runs.actions import pause_run, trigger_run  # noqa: E402
 from runs.models import Chunk, DeadLetter, Run  # noqa: E402
+from tests.factories import events_spec  # noqa: E402
 from tests.runs.conftest import NOW, create_events  # noqa: E402
 
-from .conftest import events_spec, make_dead_letter  # noqa: E402
+from .conftest import make_dead_letter  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -13,7 +13,7 @@ from django.db.models import Max, Min
 from runs.actions import trigger_run
 from runs.invariants import check_run
 from runs.models import Run
-from tests.factories import approved_policy
+from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, ROOT, create_events
 from tests.runs.processes import spawn
 
@@ -35,11 +35,14 @@ def dsn() -> str:
 def test_foreground_p99_stays_within_budget_while_a_guarded_drain_runs(transactional_db, make_user):
     create_events(60000, tenants=6)
     policy = approved_policy(
-        make_user, slug="events", table="public.rr_events", key="id", timestamp="occurred_at",
-        tenant="tenant_id", retention="20 days", schedule="0 3 * * *", chunk_size=500,
-        limits={"policy_workers": 2, "tenant_workers": 1}, guard={"probe_p95_ms": BUDGET_MS},
-        pace_rows_per_s=4000,  # spread the drain over most of the load window
-    )  # fmt: skip
+        make_user,
+        **events_spec(
+            keep=[],
+            chunk_size=500,
+            guard={"probe_p95_ms": BUDGET_MS},
+            pace_rows_per_s=4000,  # spread the drain over most of the load window
+        ),
+    )
     run, _ = trigger_run(policy, tick=NOW)
     try:
         load = subprocess.Popen(

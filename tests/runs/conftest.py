@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tests.factories import approved_policy
+from tests.factories import approved_policy, events_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -59,20 +59,7 @@ def events(db):
 @pytest.fixture
 def events_policy(events, make_user):
     """Approved: delete rr_events older than 20 days, keep 'disputed', per tenant, chunks of 200."""
-    return approved_policy(
-        make_user,
-        slug="events",
-        table="public.rr_events",
-        key="id",
-        timestamp="occurred_at",
-        tenant="tenant_id",
-        retention="20 days",
-        schedule="0 3 * * *",
-        timezone="UTC",
-        chunk_size=200,
-        keep=[{"column": "status", "op": "=", "value": "disputed"}],
-        limits={"policy_workers": 2, "tenant_workers": 1},
-    )
+    return approved_policy(make_user, **events_spec())
 
 
 def manage(

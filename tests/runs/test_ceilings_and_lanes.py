@@ -14,7 +14,7 @@ from django.utils import timezone
 from runs.actions import trigger_run
 from runs.invariants import check_run
 from runs.models import AuditRecord, Run
-from tests.factories import approved_policy
+from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events
 from tests.runs.processes import kill_group, spawn, wait_for
 
@@ -52,10 +52,9 @@ def max_overlap(intervals: list[tuple]) -> int:
 
 def test_ceilings_hold_across_two_clusters_and_quiet_tenants_are_not_starved(busy_table, make_user):
     policy = approved_policy(
-        make_user, slug="events", table="public.rr_events", key="id", timestamp="occurred_at",
-        tenant="tenant_id", retention="20 days", schedule="0 3 * * *", chunk_size=60,
-        limits={"policy_workers": 4, "tenant_workers": 1},
-    )  # fmt: skip
+        make_user,
+        **events_spec(keep=[], chunk_size=60, limits={"policy_workers": 4, "tenant_workers": 1}),
+    )
     run, _ = trigger_run(policy, tick=NOW)
     clusters = [spawn("qcluster", env=CLUSTER_ENV) for _ in range(2)]
     try:
@@ -120,10 +119,14 @@ def test_a_saturated_cleanup_lane_leaves_the_deadline_lane_on_time(busy_table, m
     try:
         idle = lateness_of_deadline_jobs(6)
         policy = approved_policy(
-            make_user, slug="events", table="public.rr_events", key="id", timestamp="occurred_at",
-            tenant="tenant_id", retention="20 days", schedule="0 3 * * *", chunk_size=30,
-            limits={"policy_workers": 8, "tenant_workers": 2}, pace_rows_per_s=2000,
-        )  # fmt: skip
+            make_user,
+            **events_spec(
+                keep=[],
+                chunk_size=30,
+                limits={"policy_workers": 8, "tenant_workers": 2},
+                pace_rows_per_s=2000,
+            ),
+        )
         trigger_run(policy, tick=NOW)
         cleanup = spawn("qcluster", env={**CLUSTER_ENV, "CLEANUP_WORKERS": "1"})
         wait_for(lambda: AuditRecord.objects.exists(), timeout=60, what="cleanup to start")

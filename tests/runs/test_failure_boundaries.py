@@ -15,7 +15,7 @@ from runs import planner
 from runs.actions import trigger_run
 from runs.invariants import check_run
 from runs.models import AuditRecord, Chunk, Run
-from tests.factories import approved_policy
+from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, count, create_events, manage
 from tests.runs.processes import (
     backends_running,
@@ -32,14 +32,7 @@ SHADOW = ("public", "rr_events_shadow")
 
 
 def make_policy(make_user, **overrides):
-    fields = dict(
-        slug="events", table="public.rr_events", key="id", timestamp="occurred_at", tenant="tenant_id",
-        retention="20 days", schedule="0 3 * * *", timezone="UTC", chunk_size=200,
-        keep=[{"column": "status", "op": "=", "value": "disputed"}],
-        limits={"policy_workers": 2, "tenant_workers": 1},
-    )  # fmt: skip
-    fields.update(overrides)
-    return approved_policy(make_user, **fields)
+    return approved_policy(make_user, **events_spec(**overrides))
 
 
 @pytest.fixture

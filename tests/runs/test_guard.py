@@ -11,17 +11,13 @@ from retention.models import OperatorAction, Policy
 from runs import guard, planner, worker
 from runs.actions import trigger_run
 from runs.models import Chunk, GuardSample, Run
-from tests.factories import approved_policy
+from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events
 from tests.runs.processes import pg_connect
 
 
 def make_policy(make_user, **guard_overrides):
-    return approved_policy(
-        make_user, slug="events", table="public.rr_events", key="id", timestamp="occurred_at",
-        tenant="tenant_id", retention="20 days", schedule="0 3 * * *", chunk_size=200,
-        limits={"policy_workers": 2, "tenant_workers": 1}, guard=guard_overrides,
-    )  # fmt: skip
+    return approved_policy(make_user, **events_spec(keep=[], guard=guard_overrides))
 
 
 def fake_sample(spec, **values) -> GuardSample:

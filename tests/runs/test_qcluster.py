@@ -11,7 +11,7 @@ from django.db import connection
 from runs.actions import trigger_run
 from runs.invariants import check_run
 from runs.models import AuditRecord, Chunk, Run
-from tests.factories import approved_policy
+from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events
 from tests.runs.processes import kill_group, spawn, wait_for
 
@@ -47,12 +47,7 @@ def broker_is_reachable(settings):
 @pytest.fixture
 def run(transactional_db, make_user):
     create_events(12000)
-    policy = approved_policy(
-        make_user, slug="events", table="public.rr_events", key="id", timestamp="occurred_at",
-        tenant="tenant_id", retention="20 days", schedule="0 3 * * *", chunk_size=60,
-        keep=[{"column": "status", "op": "=", "value": "disputed"}],
-        limits={"policy_workers": 2, "tenant_workers": 1},
-    )  # fmt: skip
+    policy = approved_policy(make_user, **events_spec(chunk_size=60))
     run, _ = trigger_run(policy, tick=NOW)
     yield run
     with connection.cursor() as cur:
