@@ -1,7 +1,7 @@
 """The dashboard in headless Chromium (Debian's system browser driven by Playwright), one
 user per role, against a live server on the test database.
 
-Screenshots go to artifacts/ (test artifacts, not committed) with copies under docs/img/
+Screenshots go to artifacts/ (test artifacts, not committed); UPDATE_DOC_SCREENSHOTS=1 refreshes docs/img/
 for the runbook.
 """
 
@@ -80,11 +80,15 @@ def login(browser, live_server, users):
 
 
 def shoot(page, name: str) -> None:
+    """Save a screenshot under artifacts/; with UPDATE_DOC_SCREENSHOTS=1 also refresh the
+    runbook's copy under docs/img/."""
     ARTIFACTS.mkdir(exist_ok=True)
-    DOC_IMAGES.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
-    shutil.copyfile(path, DOC_IMAGES / f"{name}.png")
+    assert path.stat().st_size > 10_000, f"screenshot {name} looks empty"
+    if os.environ.get("UPDATE_DOC_SCREENSHOTS") == "1":
+        DOC_IMAGES.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, DOC_IMAGES / f"{name}.png")
 
 
 @pytest.fixture
