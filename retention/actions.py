@@ -33,6 +33,8 @@ def _require_reason(reason: str, what: str) -> str:
     reason = (reason or "").strip()
     if not reason:
         raise ActionError(f"{what} needs a reason")
+    if "\x00" in reason:
+        raise ActionError("the reason contains a NUL character")
     return reason
 
 
@@ -223,6 +225,12 @@ def place_hold(
     tenant = tenant.strip() if isinstance(tenant, str) else tenant
     if tenant == "":
         tenant = None
+    if tenant is not None:
+        limit = LegalHold._meta.get_field("tenant").max_length
+        if len(tenant) > limit:
+            raise ActionError(f"tenant must be at most {limit} characters, got {len(tenant)}")
+        if "\x00" in tenant:
+            raise ActionError("tenant contains a NUL character")
     if key_from is not None and key_to is not None and key_from >= key_to:
         raise ActionError(f"key interval [{key_from}, {key_to}) is empty")
     hold_fence(exclusive=True)

@@ -46,7 +46,7 @@ class SpecError(ValueError):
 
 
 def _ident(value, where: str) -> str:
-    if not isinstance(value, str) or not _IDENT.match(value):
+    if not isinstance(value, str) or not _IDENT.fullmatch(value):
         raise SpecError(
             f"{where} must be a plain SQL identifier (letters, digits, _), got {value!r}"
         )
@@ -83,10 +83,23 @@ def _no_unknown(data: dict, allowed: set[str], where: str) -> None:
         )
 
 
+def _no_nul(value, where: str) -> None:
+    """PostgreSQL text cannot hold NUL; refuse it up front with the field's name."""
+    if isinstance(value, str) and "\x00" in value:
+        raise SpecError(f"{where} contains a NUL character")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _no_nul(key, where)
+            _no_nul(item, f"{key}" if where == "the policy" else f"{where}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _no_nul(item, f"{where}[{index}]")
+
+
 def parse_retention(text) -> timedelta:
     if not isinstance(text, str):
         raise SpecError(f'retention must be a string like "90 days", got {text!r}')
-    match = _RETENTION.match(text)
+    match = _RETENTION.fullmatch(text)
     if not match:
         raise SpecError(
             f'retention must look like "90 days" (minutes, hours, days or weeks), got {text!r}'
@@ -102,7 +115,11 @@ def validate_schedule(expr, tz) -> None:
         raise SpecError(f'timezone must be an IANA name such as "Europe/Berlin", got {tz!r}')
     try:
         zoneinfo.ZoneInfo(tz)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (
+        zoneinfo.ZoneInfoNotFoundError,
+        ValueError,
+        OSError,
+    ):  # OSError: a tz directory, a long name
         raise SpecError(f"timezone {tz!r} is not a known IANA timezone") from None
     if not isinstance(expr, str) or len(expr.split()) != 5 or not croniter.is_valid(expr):
         raise SpecError(f"schedule must be a five-field cron expression, got {expr!r}")
@@ -223,12 +240,13 @@ class PolicySpec:
         """Build a spec from a TOML-shaped mapping; raise SpecError naming the first problem."""
         if not isinstance(data, dict):
             raise SpecError("a policy must be a table of keys")
+        _no_nul(data, "the policy")
         _no_unknown(data, cls.TOP_KEYS, "the policy")
         for required in ("slug", "table", "key", "timestamp", "retention", "schedule"):
             if required not in data:
                 raise SpecError(f"missing required key: {required}")
         slug = data["slug"]
-        if not isinstance(slug, str) or not _SLUG.match(slug):
+        if not isinstance(slug, str) or not _SLUG.fullmatch(slug):
             raise SpecError(f"slug must be lowercase letters, digits and dashes, got {slug!r}")
         table = data["table"]
         if not isinstance(table, str):

@@ -168,6 +168,8 @@ def confirm_run(run: Run, *, actor, reason: str) -> Run:
 def _need_reason(reason: str) -> None:
     if not reason or not reason.strip():
         raise ActionError("a reason is required")
+    if "\x00" in reason:
+        raise ActionError("the reason contains a NUL character")
 
 
 @transaction.atomic

@@ -3,7 +3,8 @@ apply`` and the web upload), CLI arguments (--tenant, --period, --policy, run ke
 and the web forms (holds, run controls, list filters). Each input either fails with one clear
 error or is stored and matched literally — and no table is dropped, created or changed.
 
-Known defects found here are pinned by the ``xfail(strict=True)`` tests at the end.
+Defects found here (NUL characters, a trailing newline in a slug, an overlong tenant, a
+timezone naming a directory) are fixed; their cases stand as tests at the end.
 """
 
 from __future__ import annotations
@@ -147,24 +148,6 @@ def policy_text(field: str, value: str) -> str:
     return "\n".join(f"{k} = {v}" for k, v in fields.items()) + "\n" + keep
 
 
-def known_defect(field: str, value: str) -> bool:
-    """Inputs that hit a defect pinned by an xfail test below (kept out of the fuzzing)."""
-    if "\x00" in value:
-        return True
-    if field == "slug" and value.endswith("\n"):
-        return True
-    if field == "timezone":
-        import zoneinfo
-
-        try:
-            zoneinfo.ZoneInfo(value)
-        except OSError:
-            return True
-        except Exception:
-            return False
-    return False
-
-
 TOML_TEXT = st.one_of(
     st.sampled_from(HOSTILE), st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
 )
@@ -178,7 +161,6 @@ TOML_TEXT = st.one_of(
 def test_a_hostile_policy_file_is_refused_in_one_line_or_taken_literally(
     fortress, tmp_path_factory, field, value
 ):
-    assume(not known_defect(field, value))
     path = tmp_path_factory.mktemp("p") / "policy.toml"
     path.write_text(policy_text(field, value), encoding="utf-8")
     output, error = cli("policy", "apply", str(path), "--author", "alice")
@@ -276,7 +258,6 @@ def test_run_controls_and_list_filters_take_hostile_text_as_data(
 def test_a_hostile_policy_upload_on_the_web_is_refused_or_taken_literally(
     fortress, client, field, value
 ):
-    assume(not known_defect(field, value))
     client.force_login(fortress["alice"])
     response = client.post("/policies/drafts/", {"toml": policy_text(field, value)})
     assert response.status_code in (302, 400)
@@ -285,23 +266,12 @@ def test_a_hostile_policy_upload_on_the_web_is_refused_or_taken_literally(
 # -- defects found by the fuzzing above --------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a NUL character in a form field reaches PostgreSQL and the page fails with 500 "
-    "(retention/views.py hold_place → actions.place_hold; text columns cannot hold NUL)",
-)
 def test_a_nul_character_in_the_hold_form_is_one_clear_error(fortress, client):
     client.force_login(fortress["alice"])
     response = client.post("/policies/holds/place/", {"tenant": "a\x00b", "reason": "x"})
     assert response.status_code in (302, 400)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a NUL (\\u0000) in a policy file's name passes the parser and fails on save "
-    "(jsonb cannot hold \\u0000) as an uncaught DataError instead of one clear error "
-    "(retention/spec.py PolicySpec.parse → retention/actions.py apply_spec)",
-)
 def test_a_nul_in_a_policy_name_is_one_clear_error(fortress, tmp_path):
     path = tmp_path / "policy.toml"
     path.write_text(policy_text("name", "a\x00b"), encoding="utf-8")
@@ -309,11 +279,6 @@ def test_a_nul_in_a_policy_name_is_one_clear_error(fortress, tmp_path):
     assert output is None and error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: retention/spec.py checks slugs and identifiers with re.match and a '$' anchor, "
-    "which also matches before a trailing newline: slug 'inj-fuzz\\n' is accepted and stored",
-)
 def test_a_slug_with_a_trailing_newline_is_refused(fortress, tmp_path):
     path = tmp_path / "policy.toml"
     path.write_text(policy_text("slug", "inj-fuzz\n"), encoding="utf-8")
@@ -321,12 +286,6 @@ def test_a_slug_with_a_trailing_newline_is_refused(fortress, tmp_path):
     assert output is None and "slug" in error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a tenant longer than LegalHold.tenant's 200 characters is not validated by "
-    "retention/actions.py place_hold; the INSERT fails with an uncaught DataError (CLI "
-    "traceback, 500 on the holds page) instead of one clear error",
-)
 def test_an_overlong_tenant_is_one_clear_error(fortress, client):
     output, error = cli(
         "hold", "place", "--by", "alice", "--policy", "inj", "--tenant", "x" * 300, "--reason", "r"
@@ -334,12 +293,6 @@ def test_an_overlong_tenant_is_one_clear_error(fortress, client):
     assert output is None and "tenant" in error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: retention/spec.py validate_schedule catches ZoneInfoNotFoundError and "
-    "ValueError but not OSError: timezone 'America' (a directory of the tz database) or an "
-    "overlong name raises IsADirectoryError / OSError — a traceback on the CLI, 500 on the web",
-)
 @pytest.mark.parametrize("tz", ["America", "x" * 300])
 def test_a_timezone_that_names_a_directory_is_one_clear_error(fortress, tmp_path, tz):
     path = tmp_path / "policy.toml"
