@@ -224,7 +224,7 @@ def svg_chart(data: dict) -> str:
     runs = list(_by(data, key).values())
     idle = data["idle"].get(key, {})
     single = next((r["rows_per_s"] for r in runs if r["contender"] == "single"), None) or 1
-    bar_h, gap, left, width = 22, 8, 330, 380
+    bar_h, gap, left, width = 22, 8, 390, 360
     panel1 = [
         (
             r["label"],
