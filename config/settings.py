@@ -27,7 +27,9 @@ RETENTION = {
     "PLANNER_WINDOW": env_int("RETENTION_PLANNER_WINDOW", 32, minimum=2, maximum=10_000),
     "MAX_ATTEMPTS": env_int("RETENTION_MAX_ATTEMPTS", 5, minimum=1, maximum=100),
     "SPLIT_FLOOR_ROWS": env_int("RETENTION_SPLIT_FLOOR_ROWS", 50, minimum=1),
-    "SYNCHRONOUS_COMMIT": env_bool("RETENTION_SYNCHRONOUS_COMMIT", True),
+    # Off by default: a chunk's DELETE, audit row and state commit together, so a commit
+    # lost in a crash loses all three and the chunk is simply redone (docs/engine.md).
+    "SYNCHRONOUS_COMMIT": env_bool("RETENTION_SYNCHRONOUS_COMMIT", False),
     "BROKER": env_str("RETENTION_BROKER", "orm"),
     "GUARD": env_bool("RETENTION_GUARD", True),
     "LEASE_STALE_S": env_int("RETENTION_LEASE_STALE_S", 0, minimum=0),  # 0: 3 × budget + 30 s

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone as dj_timezone
+from django.utils.functional import cached_property
 
 
 class Policy(models.Model):
@@ -91,8 +92,9 @@ class PolicyVersion(models.Model):
     def __str__(self) -> str:
         return f"{self.policy.slug} v{self.number}"
 
-    @property
+    @cached_property
     def parsed(self):
+        """The spec as a PolicySpec (cached: a submitted version never changes)."""
         from retention.spec import PolicySpec
 
         return PolicySpec.from_json(self.spec)

@@ -88,12 +88,12 @@ def kept(spec: PolicySpec) -> Fragment:
 
 
 def held(spec: PolicySpec, policy_id: int) -> Fragment:
-    """An active legal hold covers the row.
+    """An active legal hold covers the row: one correlated ``EXISTS``.
 
-    The first, uncorrelated EXISTS ("any active hold applies to this policy") is an
-    InitPlan evaluated once per statement; when it is FALSE the per-row test never runs,
-    so a table-wide preview or verification pays nothing for holds that do not exist.
-    Both read the statement's snapshot, so the result is the per-row test's exactly."""
+    Used as a top-level ``NOT EXISTS`` in the eligibility predicate, so the planner turns it
+    into an anti-join against the (small) hold table and keeps the chunk's key-range index
+    scan; wrapping it in a larger boolean expression would push the planner towards
+    combining indexes over the whole timestamp range on every chunk."""
     from retention.models import LegalHold
 
     hold = sql.Identifier("h")
@@ -103,21 +103,18 @@ def held(spec: PolicySpec, policy_id: int) -> Fragment:
         else sql.SQL("FALSE")
     )
     text = sql.SQL(
-        "(EXISTS (SELECT 1 FROM {holds} AS {g} WHERE {g}.released_at IS NULL"
-        " AND ({g}.policy_id IS NULL OR {g}.policy_id = %s))"
-        " AND EXISTS (SELECT 1 FROM {holds} AS {h} WHERE {h}.released_at IS NULL"
+        "EXISTS (SELECT 1 FROM {holds} AS {h} WHERE {h}.released_at IS NULL"
         " AND ({h}.policy_id IS NULL OR {h}.policy_id = %s)"
         " AND ({h}.tenant IS NULL OR {tenant_match})"
         " AND ({h}.key_from IS NULL OR {key} >= {h}.key_from)"
-        " AND ({h}.key_to IS NULL OR {key} < {h}.key_to)))"
+        " AND ({h}.key_to IS NULL OR {key} < {h}.key_to))"
     ).format(
         holds=sql.Identifier(LegalHold._meta.db_table),
-        g=sql.Identifier("g"),
         h=hold,
         tenant_match=tenant_match,
         key=col(spec.key),
     )
-    return Fragment(text, [policy_id, policy_id])
+    return Fragment(text, [policy_id])
 
 
 def eligible(

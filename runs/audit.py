@@ -36,13 +36,16 @@ def append(**values) -> dict:
     from runs.models import AuditRecord
 
     locks.xact_lock(locks.AUDIT_CHAIN, 0)
-    last = AuditRecord.objects.order_by("-chain_seq").values("chain_seq", "hash").first()
-    seq = (last["chain_seq"] + 1) if last else 1
-    prev = last["hash"] if last else GENESIS
-    values = {**values, "chain_seq": seq}
     with connection.cursor() as cur:
-        cur.execute("SELECT clock_timestamp()")
-        values["committed_at"] = cur.fetchone()[0]
+        # after the lock, in its own statement: the head read must see every earlier commit
+        cur.execute(
+            "SELECT clock_timestamp(), (SELECT chain_seq FROM runs_auditrecord ORDER BY chain_seq DESC LIMIT 1),"
+            " (SELECT hash FROM runs_auditrecord ORDER BY chain_seq DESC LIMIT 1)"
+        )
+        committed_at, last_seq, last_hash = cur.fetchone()
+    seq = (last_seq + 1) if last_seq else 1
+    prev = last_hash or GENESIS
+    values = {**values, "chain_seq": seq, "committed_at": committed_at}
     values["hash"] = record_hash(values, prev)
     values["prev_hash"] = prev
     AuditRecord.objects.create(**values)

@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from core import locks
 from retention import predicate as P
-from retention.models import KillSwitch, Policy, PolicyVersion
+from retention.models import PolicyVersion
 from runs import audit, guard
 from runs.errors import PERMANENT, classify
 from runs.models import Chunk, DeadLetter, Lease, Run
@@ -58,11 +58,6 @@ def backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0) -> float:
     return random.uniform(0, min(cap, base * (2 ** max(0, attempts - 1)))) + base / 2
 
 
-def _set_local(name: str, value: str) -> None:
-    with connection.cursor() as cur:
-        cur.execute("SELECT set_config(%s, %s, true)", [name, value])
-
-
 def _claim(run: Run, *, chunk_id: int | None, skip_tenants: list[str]):
     """Lock the next admissible chunk of the run (round-robin over tenants by ``seq``)."""
     query = (
@@ -87,28 +82,42 @@ def _slot(namespace: int, scope: str, ceiling: int) -> bool:
     return any(locks.try_xact_lock(namespace, locks.int4(f"{scope}:{n}")) for n in range(ceiling))
 
 
-def _refusal(run: Run) -> str:
-    """Why the run may not start a chunk now ('' when it may). Read inside the chunk transaction."""
-    if KillSwitch.is_on():
-        return "global kill switch is on"
-    state = Run.objects.filter(pk=run.pk).values_list("state", flat=True).first()
+def _open_chunk_transaction(run: Run, spec) -> tuple[str, bool]:
+    """First statement of a chunk transaction, in one round trip: set its timeouts and commit
+    mode, take the legal-hold fence (shared), and read what admission depends on.
+    Returns (why the run may not start a chunk — '' when it may, version still approved)."""
+    sync = "on" if settings.RETENTION["SYNCHRONOUS_COMMIT"] else "off"
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true),"
+            " set_config('synchronous_commit', %s, true), pg_advisory_xact_lock_shared(%s, 0),"
+            " coalesce((SELECT k.on FROM retention_killswitch k WHERE k.name = 'global'), false),"
+            " (SELECT r.state FROM runs_run r WHERE r.id = %s),"
+            " (SELECT p.enabled FROM retention_policy p WHERE p.id = %s),"
+            " (SELECT p.paused FROM retention_policy p WHERE p.id = %s),"
+            " (SELECT v.state FROM retention_policyversion v WHERE v.id = %s)",
+            [
+                f"{spec.lock_timeout_ms}ms",
+                f"{spec.statement_timeout_ms}ms",
+                sync,
+                locks.HOLDS,
+                run.pk,
+                run.policy_id,
+                run.policy_id,
+                run.policy_version_id,
+            ],
+        )
+        *_, kill, state, enabled, paused, version_state = cur.fetchone()
+    approved = version_state == PolicyVersion.State.APPROVED
+    if kill:
+        return "global kill switch is on", approved
     if state != Run.State.ACTIVE:
-        return f"run is {state}"
-    policy = Policy.objects.filter(pk=run.policy_id).values("enabled", "paused").first()
-    if not policy["enabled"]:
-        return "policy is disabled"
-    if policy["paused"]:
-        return "policy is paused"
-    return ""
-
-
-def _version_still_approved(run: Run) -> bool:
-    state = (
-        PolicyVersion.objects.filter(pk=run.policy_version_id)
-        .values_list("state", flat=True)
-        .first()
-    )
-    return state == PolicyVersion.State.APPROVED
+        return f"run is {state}", approved
+    if not enabled:
+        return "policy is disabled", approved
+    if paused:
+        return "policy is paused", approved
+    return "", approved
 
 
 def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
@@ -117,16 +126,10 @@ def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
     cfg = settings.RETENTION
     verdict = guard.admission(run, spec)  # from the shared sample, before the transaction opens
     with transaction.atomic():
-        _set_local("lock_timeout", f"{spec.lock_timeout_ms}ms")
-        _set_local("statement_timeout", f"{spec.statement_timeout_ms}ms")
-        if not cfg["SYNCHRONOUS_COMMIT"]:
-            _set_local("synchronous_commit", "off")
-        locks.hold_fence(exclusive=False)
-
-        refusal = _refusal(run)
+        refusal, approved = _open_chunk_transaction(run, spec)  # includes the hold fence (shared)
         if refusal:
             return Outcome(STOP, reason=refusal)
-        if not _version_still_approved(run):
+        if not approved:
             Run.objects.filter(pk=run.pk, state=Run.State.ACTIVE).update(
                 state=Run.State.SUPERSEDED,
                 state_reason=f"policy version v{run.policy_version.number} is no longer approved",
@@ -353,30 +356,25 @@ def drain(
     deadline = time.monotonic() + budget
     stats = {"chunks": 0, "rows": 0, "failed": 0, "throttled": 0, "stopped": "", "continue": False}
     last_beat = 0.0
+    window = settings.RETENTION["PLANNER_WINDOW"]
+
+    def load() -> Run | None:
+        return Run.objects.select_related("policy_version", "policy").filter(pk=run_id).first()
+
+    run = load()
+    if run is None:
+        stats["stopped"] = "run not found"
+        return stats
     while time.monotonic() < deadline:
-        run = Run.objects.select_related("policy_version", "policy").filter(pk=run_id).first()
-        if run is None:
-            stats["stopped"] = "run not found"
-            return stats
-        if slot is not None:
-            lease = (
-                Lease.objects.filter(run_id=run_id, slot=slot)
-                .values_list("generation", flat=True)
-                .first()
-            )
-            if lease != generation:
+        if slot is not None and time.monotonic() - last_beat > 2:
+            # the heartbeat doubles as the generation check: a superseded lease updates nothing
+            if not Lease.objects.filter(run_id=run_id, slot=slot, generation=generation).update(
+                heartbeat_at=timezone.now()
+            ):
                 stats["stopped"] = "lease superseded"
                 return stats
-            if time.monotonic() - last_beat > 2:
-                Lease.objects.filter(run_id=run_id, slot=slot, generation=generation).update(
-                    heartbeat_at=timezone.now()
-                )
-                last_beat = time.monotonic()
-        if run.state != Run.State.ACTIVE:
-            stats["stopped"] = f"run is {run.state}"
-            return stats
+            last_beat = time.monotonic()
         if not run.planner_done:
-            window = settings.RETENTION["PLANNER_WINDOW"]
             if Chunk.objects.filter(run=run, state=Chunk.State.PENDING).count() <= window // 2:
                 planner.plan(run, window=window)
         try:
@@ -402,13 +400,17 @@ def drain(
             stats["stopped"] = outcome.reason
             return stats
         if outcome.kind == NO_WORK:
+            run = load()
+            if run is None or run.state != Run.State.ACTIVE:
+                stats["stopped"] = f"run is {run.state if run else 'gone'}"
+                return stats
             has_pending = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).exists()
             if run.planner_done and not has_pending:
                 reconciler.finish_run(run)
                 stats["stopped"] = "no work left"
                 return stats
-            if until_idle and not has_pending and run.planner_done:
-                return stats
+            if not run.planner_done and not has_pending:
+                continue  # plan at once
         if outcome.kind == THROTTLED:
             stats["throttled"] += 1
             adapt_chunk_size(run, None)

@@ -237,7 +237,7 @@ def test_a_missing_table_dead_letters_with_context_and_the_run_needs_attention(t
         cur.execute("CREATE TABLE public.rr_doomed AS SELECT * FROM public.rr_events")
         cur.execute("ALTER TABLE public.rr_doomed ADD PRIMARY KEY (id)")
         cur.execute("CREATE INDEX ON public.rr_doomed (tenant_id, id)")
-    policy = make_policy(make_user, slug="doomed", table="public.rr_doomed")
+    policy = make_policy(make_user, slug="doomed", table="rr_doomed")
     run, _ = trigger_run(policy, tick=NOW)
     planner.plan(run, window=1000)
     with connection.cursor() as cur:
