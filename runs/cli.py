@@ -203,6 +203,15 @@ def audit_verify(cmd, o):
     )
 
 
+def explain(cmd, o):
+    from runs.explain import explain as explain_policy
+
+    for title, lines in explain_policy(_policy(o["slug"])):
+        cmd.stdout.write(f"== {title}")
+        for line in lines:
+            cmd.stdout.write(f"   {line}")
+
+
 def register(areas) -> None:
     """Add this app's sub-commands to the ``retention`` command's sub-parsers."""
 
@@ -258,6 +267,12 @@ def register(areas) -> None:
     p.add_argument("--by", help="acting username")
 
     add("reconcile", reconcile, "one reconciler pass now")
+    p = add(
+        "explain",
+        explain,
+        "EXPLAIN (ANALYZE, BUFFERS) of the engine's statements on a policy's table",
+    )
+    p.add_argument("slug")
     add("startup", startup, "arm schedules; start a first run for policies that never ran")
     audit = areas.add_parser("audit", help="audit trail")
     audit_sub = audit.add_subparsers(dest="audit_cmd", required=True)
