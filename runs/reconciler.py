@@ -193,14 +193,22 @@ def catch_up(policy: Policy, now) -> Run | None:
 
 
 def prune_own_tables(now) -> dict:
-    """Keep django-q2's results bounded (it never prunes failures)."""
+    """Keep the app's own bulky tables bounded, a batch per pass: django-q2's results (it
+    never prunes failures) after a week, guard samples after a day. Audit rows and the
+    operator log are evidence and are never pruned here."""
     from django_q.models import Failure, Success
 
-    keep_days = settings.RETENTION.get("QUEUE_RESULTS_DAYS", 7)
-    horizon = now - timedelta(days=keep_days)
+    from runs.models import GuardSample
+
     out = {}
-    for model in (Success, Failure):
-        ids = list(model.objects.filter(stopped__lt=horizon).values_list("id", flat=True)[:5000])
+    for model, field, age in (
+        (Success, "stopped", timedelta(days=7)),
+        (Failure, "stopped", timedelta(days=7)),
+        (GuardSample, "taken_at", timedelta(days=1)),
+    ):
+        ids = list(
+            model.objects.filter(**{f"{field}__lt": now - age}).values_list("id", flat=True)[:5000]
+        )
         out[model.__name__] = model.objects.filter(id__in=ids).delete()[0] if ids else 0
     return out
 

@@ -56,3 +56,19 @@ def test_daily_ticks_keep_their_wall_clock_across_dst(make_user, events):
     assert third == datetime(2026, 11, 2, 7, 30, tzinfo=UTC)
     assert latest_tick(policy, second) == second
     assert latest_tick(policy, datetime(2026, 11, 1, 7, 29, tzinfo=UTC)) == first
+
+
+def test_the_reconciler_keeps_guard_samples_and_queue_results_bounded(db):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs.models import GuardSample
+    from runs.reconciler import prune_own_tables
+
+    old = GuardSample.objects.create(values={}, tables={})
+    GuardSample.objects.filter(pk=old.pk).update(taken_at=timezone.now() - timedelta(days=2))
+    fresh = GuardSample.objects.create(values={}, tables={})
+    report = prune_own_tables(timezone.now())
+    assert report["GuardSample"] == 1
+    assert list(GuardSample.objects.values_list("pk", flat=True)) == [fresh.pk]

@@ -73,3 +73,35 @@ def test_a_policy_without_an_approved_version_cannot_run(db):
     with pytest.raises(ActionError, match="no approved version"):
         trigger_run(policy, tick=NOW)
     assert Run.objects.count() == 0
+
+
+def test_a_run_far_larger_than_its_preview_is_held_for_confirmation(events_policy, make_user):
+    from django.db import connection
+
+    from runs.actions import confirm_run
+
+    baseline = events_policy.approved_version.preview["eligible"]
+    with connection.cursor() as cur:  # a burst of old rows arrives after approval
+        cur.execute(
+            "INSERT INTO public.rr_events SELECT 100000 + g, 2, %s, 'closed', 'x'"
+            " FROM generate_series(1, %s) AS g",
+            [NOW - timedelta(days=30), max(10_001, baseline * 4)],
+        )
+    run, _ = trigger_run(events_policy, tick=NOW)
+    assert run.state == Run.State.CONFIRM
+    assert "held for confirmation" in run.state_reason
+    assert not Lease.objects.filter(run=run).exists()
+    confirm_run(run, actor=make_user("oscar", "oncall"), reason="expected: backfill of old events")
+    run.refresh_from_db()
+    assert run.state == Run.State.ACTIVE
+    assert Lease.objects.filter(run=run).count() == 2
+
+
+def test_a_run_within_its_preview_starts_at_once_and_knows_its_size(events_policy):
+    from tests.runs.conftest import count
+
+    run, _ = trigger_run(events_policy, tick=NOW)
+    assert run.state == Run.State.ACTIVE
+    # rows whose keep rule is undecidable (status NULL) are kept too
+    expected = count("rr_events", "occurred_at < %s AND status <> 'disputed'", [run.cutoff])
+    assert run.expected_rows == expected
