@@ -21,13 +21,14 @@ GRANT USAGE ON SCHEMA public TO :"worker_role";
 -- Target tables: read to plan and verify, delete rows. Nothing else.
 GRANT SELECT, DELETE ON TABLE :target TO :"worker_role";
 
--- The ledger the workers write (FOR UPDATE needs UPDATE).
-GRANT SELECT, UPDATE ON TABLE runs_run TO :"worker_role";
+-- The ledger the workers write (FOR UPDATE needs UPDATE). The cleanup cluster also runs the
+-- scheduled triggers and the reconciler, which create runs (catch-up) and prune guard samples.
+GRANT SELECT, INSERT, UPDATE ON TABLE runs_run TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE ON TABLE runs_chunk TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE ON TABLE runs_plannercursor TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE ON TABLE runs_lease TO :"worker_role";
 GRANT SELECT, INSERT ON TABLE runs_deadletter TO :"worker_role";
-GRANT SELECT, INSERT ON TABLE runs_guardsample TO :"worker_role";
+GRANT SELECT, INSERT, DELETE ON TABLE runs_guardsample TO :"worker_role";
 
 -- The audit trail: append only (SELECT for the chain head and INSERT ... RETURNING).
 GRANT SELECT, INSERT ON TABLE runs_auditrecord TO :"worker_role";

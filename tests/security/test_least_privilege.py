@@ -8,6 +8,7 @@ import re
 import secrets
 import subprocess
 import sys
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -16,7 +17,7 @@ from psycopg import sql
 
 from runs.actions import trigger_run
 from runs.invariants import check_run
-from runs.models import AuditRecord, Run
+from runs.models import AuditRecord, GuardSample, Run
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW, ROOT, create_events, worker_env
 
@@ -132,6 +133,19 @@ def test_a_least_privilege_role_drains_a_run_and_can_do_nothing_else(run, worker
         "SELECT * FROM auth_user",
         "SET ROLE postgres",
     }
+    # the cleanup cluster's other tasks: a reconciler pass (it prunes old guard samples)
+    # and a trigger (scheduled triggers and catch-up runs create runs)
+    old = GuardSample.objects.create(values={}, tables={})
+    GuardSample.objects.filter(pk=old.pk).update(taken_at=NOW - timedelta(days=30))
+    for args in (("reconcile",), ("trigger", "events", "--period", "2026-11-29")):
+        result = subprocess.run(
+            [sys.executable, "manage.py", "retention", *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert not GuardSample.objects.filter(pk=old.pk).exists()
+    assert Run.objects.filter(run_key="events/2026-11-29T03:00").exists()
+
     rows = AuditRecord.objects.count()
     with connect_as(role, password) as conn:
         for statement in sorted(refused):
