@@ -37,11 +37,6 @@ GRANT SELECT, INSERT ON TABLE retention_operatoraction TO :"worker_role";
 -- Policies are read; the guard may pause a policy at a critical level (UPDATE on the policy row).
 GRANT SELECT, UPDATE ON TABLE retention_policy TO :"worker_role";
 GRANT SELECT ON TABLE retention_policyversion TO :"worker_role";
--- runs.reconciler.finish_run locks its run with SELECT ... FOR UPDATE joined to the policy
--- version, which locks the version row too and so needs UPDATE on one of its columns.
--- Until it locks only the run (select_for_update(of=("self",))), grant the key column only:
--- a worker still cannot change a version's state, content or approval.
-GRANT UPDATE (id) ON TABLE retention_policyversion TO :"worker_role";
 GRANT SELECT ON TABLE retention_legalhold TO :"worker_role";
 GRANT SELECT ON TABLE retention_killswitch TO :"worker_role";
 

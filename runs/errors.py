@@ -27,6 +27,7 @@ _PERMANENT_CODES = {
     "42P01": "undefined table",
     "42703": "undefined column",
     "23503": "foreign key restricts the delete",
+    "23001": "foreign key restricts the delete (ON DELETE RESTRICT)",
     "42501": "insufficient privilege",
     "42883": "undefined function",
     "42804": "datatype mismatch",

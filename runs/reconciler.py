@@ -67,7 +67,11 @@ def finish_run(run: Run) -> str:
     """Close an active run whose planner is done and which has no pending chunk:
     verify, then drained / another pass / needs attention. Returns the new state."""
     with transaction.atomic():
-        run = Run.objects.select_for_update().select_related("policy_version").get(pk=run.pk)
+        run = (
+            Run.objects.select_for_update(of=("self",))
+            .select_related("policy_version")
+            .get(pk=run.pk)
+        )
         if run.state != Run.State.ACTIVE or not run.planner_done:
             return run.state
         if Chunk.objects.filter(run=run, state=Chunk.State.PENDING).exists():

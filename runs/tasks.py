@@ -57,11 +57,19 @@ def drain_lease(run_id=None, slot=None, generation=None, *extra) -> dict | str:
     ):
         return _malformed("drain", "needs integer run_id, slot and generation",
                           {"args": repr((run_id, slot, generation, *extra))})  # fmt: skip
-    stats = worker.drain(run_id, slot=slot, generation=generation)
-    if stats.get("stopped") == "run not found":
-        return _malformed("drain", f"run {run_id} not found", {"run_id": run_id})
-    if stats["continue"]:
-        dispatch.continue_lease(run_id, slot, generation)
+    from django.db import DatabaseError, connection
+
+    try:
+        stats = worker.drain(run_id, slot=slot, generation=generation)
+        if stats.get("stopped") == "run not found":
+            return _malformed("drain", f"run {run_id} not found", {"run_id": run_id})
+        if stats["continue"]:
+            dispatch.continue_lease(run_id, slot, generation)
+    except DatabaseError as exc:
+        # The database went away: the lease shows no heartbeat and the reconciler re-publishes it.
+        connection.close()
+        log.warning("lease %s/%s ended on a database error: %s", run_id, slot, exc)
+        return {"stopped": f"database error: {exc.__class__.__name__}", "continue": False}
     return stats
 
 

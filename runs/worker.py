@@ -366,23 +366,23 @@ def drain(
         stats["stopped"] = "run not found"
         return stats
     while time.monotonic() < deadline:
-        if slot is not None and time.monotonic() - last_beat > 2:
-            # the heartbeat doubles as the generation check: a superseded lease updates nothing
-            if not Lease.objects.filter(run_id=run_id, slot=slot, generation=generation).update(
-                heartbeat_at=timezone.now()
-            ):
-                stats["stopped"] = "lease superseded"
-                return stats
-            last_beat = time.monotonic()
-        if not run.planner_done:
-            if Chunk.objects.filter(run=run, state=Chunk.State.PENDING).count() <= window // 2:
-                planner.plan(run, window=window)
         try:
+            if slot is not None and time.monotonic() - last_beat > 2:
+                # the heartbeat doubles as the generation check: a superseded lease updates nothing
+                if not Lease.objects.filter(run_id=run_id, slot=slot, generation=generation).update(
+                    heartbeat_at=timezone.now()
+                ):
+                    stats["stopped"] = "lease superseded"
+                    return stats
+                last_beat = time.monotonic()
+            if not run.planner_done:
+                if Chunk.objects.filter(run=run, state=Chunk.State.PENDING).count() <= window // 2:
+                    planner.plan(run, window=window)
             outcome = process_one(run)
         except DatabaseError as exc:
-            # The connection itself failed (killed backend, restart): nothing was recorded;
-            # the chunk is still pending. Reconnect after a pause.
-            log.warning("chunk transaction lost its connection: %s", exc)
+            # The connection failed (killed backend, server restart) between or inside chunk
+            # transactions: whatever was not committed is still pending. Reconnect and go on.
+            log.warning("lost the database connection: %s", exc)
             connection.close()
             stats["failed"] += 1
             time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
