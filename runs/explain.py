@@ -32,17 +32,13 @@ def _plan(frag: P.Fragment) -> list[str]:
 
 
 def statements(policy) -> list[tuple[str, P.Fragment]]:
-    """The engine's statements on the target, with realistic parameters for ``policy`` now."""
+    """The engine's statements on the target, built by the engine's own functions, with
+    realistic parameters for ``policy`` now (its first eligible key and that key's tenant)."""
+    from runs.planner import bounds_query, step_query, tenants_query
+
     spec = policy.approved_version.parsed
     cutoff = spec.cutoff_for(latest_tick(policy, timezone.now()))
-    key = P.col(spec.key)
-    plan_filter = P.eligible(spec, policy_id=policy.id, cutoff=cutoff, include_holds=False)
-    bounds = P.Fragment(
-        sql.SQL("SELECT min({k}), max({k}) FROM {t} WHERE {w}").format(
-            k=key, t=P.table(spec), w=plan_filter.sql
-        ),
-        plan_filter.params,
-    )
+    bounds = bounds_query(policy.id, cutoff, spec)
     with connection.cursor() as cur:
         cur.execute(bounds.sql.as_string(cur.connection), bounds.params)
         lo, hi = cur.fetchone()
@@ -51,19 +47,14 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
     if spec.tenant:
         with connection.cursor() as cur:
             query = sql.SQL("SELECT {c}::text FROM {t} WHERE {k} = %s").format(
-                c=sql.Identifier(spec.tenant), t=P.table(spec), k=key
+                c=sql.Identifier(spec.tenant), t=P.table(spec), k=P.col(spec.key)
             )
             cur.execute(query.as_string(cur.connection), [lo])
             row = cur.fetchone()
             tenant = row[0] if row else None
     scope = P.in_scope(spec, tenant=tenant, key_from=lo, key_to=hi + 1)
+    plan_filter = P.eligible(spec, policy_id=policy.id, cutoff=cutoff, include_holds=False)
     where = P.Fragment.join([scope, plan_filter], " AND ")
-    probe = P.Fragment(
-        sql.SQL("SELECT {k} FROM {t} WHERE {w} ORDER BY {k} OFFSET %s LIMIT 1").format(
-            k=key, t=P.table(spec), w=where.sql
-        ),
-        [*where.params, spec.chunk_size - 1],
-    )
     delete = P.delete_chunk(
         spec,
         policy_id=policy.id,
@@ -75,23 +66,17 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
     verify = P.count_where(
         spec, P.eligible(spec, policy_id=policy.id, cutoff=cutoff), limit=100_000
     )
-    out = [
-        ("planner: eligible key bounds", bounds),
-        ("planner: one step (key chunk_size rows ahead)", probe),
+    out = [("planner: eligible key bounds", bounds)]
+    if spec.tenant:
+        out.append(("planner: distinct tenants (loose index scan)", tenants_query(spec)))
+    out += [
+        (
+            "planner: one step (the key chunk_size rows ahead)",
+            step_query(spec, where, spec.chunk_size),
+        ),
         ("worker: chunk DELETE (rolled back)", delete),
         ("reconciler: verification count", verify),
     ]
-    if spec.tenant:
-        from runs.planner import tenants  # noqa: F401 - the same loose index scan
-
-        tcol = sql.Identifier(spec.tenant)
-        tbl = sql.SQL("{}.{}").format(sql.Identifier(spec.schema), sql.Identifier(spec.table))
-        walk = sql.SQL(
-            "WITH RECURSIVE walk(v) AS ( (SELECT {t} FROM {tbl} WHERE {t} IS NOT NULL ORDER BY {t} LIMIT 1)"
-            " UNION ALL SELECT (SELECT {t} FROM {tbl} WHERE {t} > walk.v ORDER BY {t} LIMIT 1) FROM walk"
-            " WHERE walk.v IS NOT NULL) SELECT v::text FROM walk WHERE v IS NOT NULL"
-        ).format(t=tcol, tbl=tbl)
-        out.insert(1, ("planner: distinct tenants (loose index scan)", P.Fragment(walk, [])))
     return out
 
 

@@ -39,7 +39,7 @@ def _planning_filter(run: Run, spec: PolicySpec) -> P.Fragment:
     return P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff, include_holds=False)
 
 
-def tenants(spec: PolicySpec) -> list[str]:
+def tenants_query(spec: PolicySpec) -> P.Fragment:
     """Distinct tenants, by a loose index scan over the (tenant, key) index."""
     tcol = sql.Identifier(spec.tenant)
     tbl = sql.SQL("{}.{}").format(sql.Identifier(spec.schema), sql.Identifier(spec.table))
@@ -50,7 +50,34 @@ def tenants(spec: PolicySpec) -> list[str]:
         " SELECT (SELECT {t} FROM {tbl} WHERE {t} > walk.v ORDER BY {t} LIMIT 1) FROM walk WHERE walk.v IS NOT NULL"
         ") SELECT v::text FROM walk WHERE v IS NOT NULL"
     ).format(t=tcol, tbl=tbl)
-    return [row[0] for row in _fetchall(P.Fragment(query, []))]
+    return P.Fragment(query, [])
+
+
+def tenants(spec: PolicySpec) -> list[str]:
+    return [row[0] for row in _fetchall(tenants_query(spec))]
+
+
+def bounds_query(run_policy_id: int, cutoff, spec: PolicySpec) -> P.Fragment:
+    """First and last eligible key (holds left to the DELETE)."""
+    where = P.eligible(spec, policy_id=run_policy_id, cutoff=cutoff, include_holds=False)
+    key = P.col(spec.key)
+    return P.Fragment(
+        sql.SQL("SELECT min({k}), max({k}) FROM {tbl} WHERE {w}").format(
+            k=key, tbl=P.table(spec), w=where.sql
+        ),
+        where.params,
+    )
+
+
+def step_query(spec: PolicySpec, where: P.Fragment, chunk_size: int) -> P.Fragment:
+    """The key ``chunk_size`` eligible rows ahead of the cursor."""
+    key = P.col(spec.key)
+    return P.Fragment(
+        sql.SQL("SELECT {k} FROM {tbl} WHERE {w} ORDER BY {k} OFFSET %s LIMIT 1").format(
+            k=key, tbl=P.table(spec), w=where.sql
+        ),
+        [*where.params, chunk_size - 1],
+    )
 
 
 def ensure_cursors(run: Run, spec: PolicySpec) -> None:
@@ -59,16 +86,7 @@ def ensure_cursors(run: Run, spec: PolicySpec) -> None:
         locks.xact_lock(locks.PLANNER, run.id)
         if PlannerCursor.objects.filter(run=run, pass_no=run.pass_no).exists():
             return
-        where = _planning_filter(run, spec)
-        key = P.col(spec.key)
-        lo, hi = _fetchone(
-            P.Fragment(
-                sql.SQL("SELECT min({k}), max({k}) FROM {tbl} WHERE {w}").format(
-                    k=key, tbl=P.table(spec), w=where.sql
-                ),
-                where.params,
-            )
-        )
+        lo, hi = _fetchone(bounds_query(run.policy_id, run.cutoff, spec))
         if lo is None:
             PlannerCursor.objects.create(run=run, pass_no=run.pass_no, tenant="", exhausted=True)
             return
@@ -98,14 +116,7 @@ def step(run: Run, spec: PolicySpec, chunk_size: int) -> bool | None:
         )
         where = P.Fragment.join([scope, _planning_filter(run, spec)], " AND ")
         key = P.col(spec.key)
-        row = _fetchone(
-            P.Fragment(
-                sql.SQL("SELECT {k} FROM {tbl} WHERE {w} ORDER BY {k} OFFSET %s LIMIT 1").format(
-                    k=key, tbl=P.table(spec), w=where.sql
-                ),
-                [*where.params, chunk_size - 1],
-            )
-        )
+        row = _fetchone(step_query(spec, where, chunk_size))
         if row is not None:
             key_to, planned = row[0] + 1, chunk_size
         else:
