@@ -15,7 +15,8 @@ def deploy_check(**overrides: str) -> subprocess.CompletedProcess:
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("SECURE_", "SESSION_", "CSRF_"))
-        and k not in ("RETENTION_DEMO", "DEBUG")
+        # DJANGO_ALLOW_ASYNC_UNSAFE is set by the browser tests for Playwright in this process
+        and k not in ("RETENTION_DEMO", "DEBUG", "DJANGO_ALLOW_ASYNC_UNSAFE")
     }
     env.update(
         SECRET_KEY=secrets.token_urlsafe(64),
