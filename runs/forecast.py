@@ -42,7 +42,25 @@ def observed_rate(policy, now=None) -> float | None:
     return agg["rows"] / seconds
 
 
-def drain_window(policy) -> dict:
+CACHE_SECONDS = 15
+
+
+def drain_window(policy, *, fresh: bool = False) -> dict:
+    """The policy's drain window, computed at most every CACHE_SECONDS (the overview polls it;
+    the counts behind it read the target table). ``fresh`` bypasses the cache."""
+    from django.core.cache import cache
+
+    key = f"retention:drain-window:{policy.pk}:{policy.created_at.timestamp()}"
+    if not fresh:
+        cached = cache.get(key)
+        if cached is not None:
+            return cached
+    result = _drain_window(policy)
+    cache.set(key, result, CACHE_SECONDS)
+    return result
+
+
+def _drain_window(policy) -> dict:
     """``{"backlog_rows", "oldest_eligible_age_s", "overdue_s", "inflow_per_day", "rows_per_s", "eta_s",
     "next_tick", "verdict": "converges"|"at risk"|"idle"|"unknown", "explanation"}``."""
     now = timezone.now()

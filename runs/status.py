@@ -67,5 +67,5 @@ def run_status(run: Run) -> dict:
 def _window(run: Run) -> dict:
     from runs.forecast import drain_window
 
-    window = drain_window(run.policy)
+    window = drain_window(run.policy, fresh=True)
     return {k: window[k] for k in ("backlog_rows", "rows_per_s", "eta_s", "verdict", "explanation")}
