@@ -177,6 +177,19 @@ def test_a_lost_message_is_republished_by_the_reconciler(table, make_user):
     assert OrmQ.objects.count() == 2
 
 
+def one_chunk_while_the_table_is_locked(run: Run):
+    """One chunk transaction while another session holds a SHARE lock on the target."""
+    from runs import worker
+
+    blocker = pg_connect(autocommit=False)
+    blocker.execute("LOCK TABLE public.rr_events IN SHARE MODE")
+    try:
+        return worker.process_one(Run.objects.get(pk=run.pk))
+    finally:
+        blocker.rollback()
+        blocker.close()
+
+
 @pytest.fixture
 def guard_off(settings):
     """The lock in these tests must reach the DELETE (with the guard on, no chunk would start)."""
@@ -189,13 +202,7 @@ def test_a_lock_timeout_is_retried_with_backoff(table, make_user, guard_off):
     policy = make_policy(make_user, timeouts={"lock_ms": 200, "statement_ms": 5000})
     run, _ = trigger_run(policy, tick=NOW)
     planner.plan(run)
-    blocker = pg_connect(autocommit=False)
-    blocker.execute("LOCK TABLE public.rr_events IN SHARE MODE")
-    try:
-        outcome = worker.process_one(Run.objects.get(pk=run.pk))
-    finally:
-        blocker.rollback()
-        blocker.close()
+    outcome = one_chunk_while_the_table_is_locked(run)
     assert outcome.kind == worker.FAILED
     chunk = Chunk.objects.get(pk=outcome.chunk_id)
     assert chunk.state == Chunk.State.PENDING
@@ -207,18 +214,11 @@ def test_a_lock_timeout_is_retried_with_backoff(table, make_user, guard_off):
 
 
 def test_a_statement_timeout_splits_the_chunk(table, make_user, guard_off):
-    from runs import worker
 
     policy = make_policy(make_user, timeouts={"lock_ms": 60000, "statement_ms": 300})
     run, _ = trigger_run(policy, tick=NOW)
     planner.plan(run)
-    blocker = pg_connect(autocommit=False)
-    blocker.execute("LOCK TABLE public.rr_events IN SHARE MODE")
-    try:
-        outcome = worker.process_one(Run.objects.get(pk=run.pk))
-    finally:
-        blocker.rollback()
-        blocker.close()
+    outcome = one_chunk_while_the_table_is_locked(run)
     parent = Chunk.objects.get(pk=outcome.chunk_id)
     assert parent.state == Chunk.State.SPLIT
     halves = Chunk.objects.filter(parent=parent).order_by("key_from")
