@@ -227,26 +227,34 @@ def cancel_run(run: Run, *, actor, reason: str) -> Run:
     return run
 
 
-@transaction.atomic
-def replay_dead_letter(letter: DeadLetter, *, actor, reason: str) -> Chunk | None:
-    """Put the dead-lettered chunk back, with the same identity and scope."""
+def _resolve_open_letter(letter: DeadLetter, resolution: str, *, actor, reason: str) -> DeadLetter:
+    """Lock an open dead letter and record the decision on it (inside the caller's transaction)."""
     _check_oncall(actor)
     _need_reason(reason)
     letter = DeadLetter.objects.select_for_update().get(pk=letter.pk)
     if letter.resolution != DeadLetter.Resolution.OPEN:
         raise ActionError(f"dead letter #{letter.pk} is already {letter.resolution}")
-    chunk = None
-    if letter.chunk_id:
-        chunk = Chunk.objects.select_for_update().get(pk=letter.chunk_id)
-        chunk.state, chunk.attempts, chunk.not_before = Chunk.State.PENDING, 0, timezone.now()
-        chunk.save(update_fields=["state", "attempts", "not_before"])
-    letter.resolution = DeadLetter.Resolution.REPLAYED
+    letter.resolution = resolution
     letter.resolved_by, letter.resolved_at, letter.resolution_reason = (
         _actor_name(actor),
         timezone.now(),
         reason,
     )
     letter.save(update_fields=["resolution", "resolved_by", "resolved_at", "resolution_reason"])
+    return letter
+
+
+@transaction.atomic
+def replay_dead_letter(letter: DeadLetter, *, actor, reason: str) -> Chunk | None:
+    """Put the dead-lettered chunk back, with the same identity and scope."""
+    letter = _resolve_open_letter(
+        letter, DeadLetter.Resolution.REPLAYED, actor=actor, reason=reason
+    )
+    chunk = None
+    if letter.chunk_id:
+        chunk = Chunk.objects.select_for_update().get(pk=letter.chunk_id)
+        chunk.state, chunk.attempts, chunk.not_before = Chunk.State.PENDING, 0, timezone.now()
+        chunk.save(update_fields=["state", "attempts", "not_before"])
     record_action(actor, "dead_letter.replay", letter, reason=reason, chunk=letter.chunk_id)
     run = letter.run
     if run is not None and run.state in (Run.State.ATTENTION, Run.State.ACTIVE):
@@ -260,18 +268,9 @@ def replay_dead_letter(letter: DeadLetter, *, actor, reason: str) -> Chunk | Non
 @transaction.atomic
 def discard_dead_letter(letter: DeadLetter, *, actor, reason: str) -> DeadLetter:
     """Give up on the chunk: it stays dead, its rows stay; the decision is on record."""
-    _check_oncall(actor)
-    _need_reason(reason)
-    letter = DeadLetter.objects.select_for_update().get(pk=letter.pk)
-    if letter.resolution != DeadLetter.Resolution.OPEN:
-        raise ActionError(f"dead letter #{letter.pk} is already {letter.resolution}")
-    letter.resolution = DeadLetter.Resolution.DISCARDED
-    letter.resolved_by, letter.resolved_at, letter.resolution_reason = (
-        _actor_name(actor),
-        timezone.now(),
-        reason,
+    letter = _resolve_open_letter(
+        letter, DeadLetter.Resolution.DISCARDED, actor=actor, reason=reason
     )
-    letter.save(update_fields=["resolution", "resolved_by", "resolved_at", "resolution_reason"])
     record_action(actor, "dead_letter.discard", letter, reason=reason, chunk=letter.chunk_id)
     return letter
 
