@@ -15,7 +15,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from django.apps import apps
+from django.conf import settings
+from django.core.cache.backends.db import DatabaseCache
 from django.db import DatabaseError, connection, transaction
+from django.utils.module_loading import import_string
 from psycopg import sql
 
 from retention import predicate
@@ -102,6 +106,40 @@ def table_oid(schema: str, table: str) -> int:
     return int(oid)
 
 
+# PostgreSQL's own schemas: never a target, whoever owns the connection.
+SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
+
+
+def product_table_names() -> list[str]:
+    """Every table Retention Runner, Django and the installed apps keep their state in:
+    each installed model's table (auth, sessions, django-q2, holds, audit, runs, ...),
+    the migration ledger and the database cache tables."""
+    names = {"django_migrations"}
+    names.update(model._meta.db_table for model in apps.get_models(include_auto_created=True))
+    for cache in settings.CACHES.values():
+        if issubclass(import_string(cache["BACKEND"]), DatabaseCache):
+            names.add(cache["LOCATION"])
+    return sorted(names)
+
+
+def refuse_product_table(oid: int, where: str) -> None:
+    """SpecError when ``oid`` is one of the product's own tables or a system catalog:
+    a policy must never delete legal holds, audit rows, users or queued tasks."""
+    # Django's tables are unqualified names resolved by the search path, as Django does.
+    rows = _fetch(
+        "SELECT n.nspname = ANY(%s) OR c.oid IN"
+        " (SELECT to_regclass(quote_ident(t)) FROM unnest(%s::text[]) AS t)"
+        " FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE c.oid = %s",
+        [list(SYSTEM_SCHEMAS), product_table_names(), oid],
+    )
+    if rows and rows[0][0]:
+        raise SpecError(
+            f"{where} belongs to Retention Runner, Django or PostgreSQL itself; "
+            "policies may only target application tables"
+        )
+
+
 def table_columns(oid: int) -> dict[str, Column]:
     rows = _fetch(
         "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), t.typname,"
@@ -184,7 +222,7 @@ def _probe_keep_rules(spec: PolicySpec) -> None:
 def validate(spec: PolicySpec) -> Validation:
     """Check ``spec`` against the database; raise SpecError on the first blocking problem.
 
-    Blocking: missing table or column, incompatible key/timestamp/tenant/keep column type,
+    Blocking: one of the product's own tables, missing table or column, incompatible key/timestamp/tenant/keep column type,
     a keep value the column cannot compare with, a cascading foreign key not listed in
     ``cascade_ack``. Warnings: no supporting index, restrict/no-action references (chunks
     will fail while referencing rows exist), set-null/set-default references, a nullable
@@ -192,6 +230,7 @@ def validate(spec: PolicySpec) -> Validation:
     """
     where = spec.qualified_table
     oid = table_oid(spec.schema, spec.table)
+    refuse_product_table(oid, where)
     columns = table_columns(oid)
     key = _column(columns, spec.key, "key", where)
     if key.typname not in KEY_TYPES:

@@ -91,3 +91,40 @@ def test_a_view_is_not_a_table(events_table):
     sql("CREATE VIEW public.t_events_view AS SELECT * FROM public.t_events")
     with pytest.raises(SpecError, match="public.t_events_view is not a table"):
         validate(table='"public.t_events_view"')
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        "public.retention_legalhold",
+        "public.runs_auditrecord",
+        "public.runs_chunk",
+        "public.retention_operatoraction",
+        "public.auth_user",
+        "public.django_session",
+        "public.django_q_schedule",
+        "public.core_cache",
+        "public.django_migrations",
+        "pg_catalog.pg_class",
+    ],
+)
+def test_the_products_own_tables_are_never_targets(db, alice, table):
+    with pytest.raises(SpecError) as excinfo:
+        validate(table=f'"{table}"', timestamp='"placed_at"', tenant=None)
+    assert str(excinfo.value) == (
+        f"{table} belongs to Retention Runner, Django or PostgreSQL itself; "
+        "policies may only target application tables"
+    )
+
+
+def test_a_policy_on_the_legal_hold_table_is_refused_and_nothing_is_stored(db, alice):
+    from retention.models import LegalHold, Policy, PolicyVersion
+
+    spec = load_toml(
+        policy_toml(table='"public.retention_legalhold"', timestamp='"placed_at"', tenant=None)
+    )
+    with pytest.raises(SpecError, match="retention_legalhold belongs to Retention Runner"):
+        actions.apply_spec(spec, author=alice)
+    assert not Policy.objects.exists()
+    assert not PolicyVersion.objects.exists()
+    assert LegalHold.objects.count() == 0
