@@ -49,6 +49,15 @@ def _locked_version(version: PolicyVersion) -> PolicyVersion:
     )
 
 
+def _check_four_eyes(version: PolicyVersion, actor, verb: str) -> None:
+    hand = version.hand_of(actor)
+    if hand is not None:
+        raise ActionError(
+            f"{actor.username} {hand} {version} and cannot {verb} it; "
+            f"another member of compliance must"
+        )
+
+
 @transaction.atomic
 def apply_spec(spec: PolicySpec, *, author) -> PolicyVersion:
     """Create a draft version of ``spec`` (and its policy, if the slug is new).
@@ -111,7 +120,8 @@ def submit_version(version: PolicyVersion, *, actor, reason: str = "", now=None)
     )
     version.state = State.SUBMITTED
     version.submitted_at = timezone.now()
-    version.save(update_fields=["validation", "preview", "state", "submitted_at"])
+    version.submitted_by = actor
+    version.save(update_fields=["validation", "preview", "state", "submitted_at", "submitted_by"])
     record_action(
         actor,
         "version.submit",
@@ -128,7 +138,7 @@ def submit_version(version: PolicyVersion, *, actor, reason: str = "", now=None)
 @transaction.atomic
 def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> PolicyVersion:
     """submitted → approved, superseding the previously approved version in the same
-    transaction. Never by the author; bound to the content hash and to the preview taken
+    transaction. Never by anyone who wrote or submitted it; bound to the content hash and to the preview taken
     at submission. Copies name, schedule and timezone to the policy and syncs its schedule."""
     from runs.schedules import sync_policy_schedule
 
@@ -136,11 +146,7 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
     version = _locked_version(version)
     if version.state != State.SUBMITTED:
         raise ActionError(f"{version} is {version.state}, only a submitted version can be approved")
-    if version.author_id == actor.pk:
-        raise ActionError(
-            f"{actor.username} wrote {version} and cannot approve it; "
-            f"another member of compliance must"
-        )
+    _check_four_eyes(version, actor, "approve")
     spec = version.parsed
     if spec.content_hash() != version.content_hash:
         raise ActionError(f"{version}: content does not match the hash it was submitted with")
@@ -185,17 +191,13 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
 
 @transaction.atomic
 def reject_version(version: PolicyVersion, *, actor, reason: str) -> PolicyVersion:
-    """submitted → rejected, with a reason; never by the author."""
+    """submitted → rejected, with a reason; never by anyone who wrote or submitted it."""
     check_role(actor, COMPLIANCE)
     reason = _require_reason(reason, "rejecting a version")
     version = _locked_version(version)
     if version.state != State.SUBMITTED:
         raise ActionError(f"{version} is {version.state}, only a submitted version can be rejected")
-    if version.author_id == actor.pk:
-        raise ActionError(
-            f"{actor.username} wrote {version} and cannot decide on it; "
-            f"another member of compliance must"
-        )
+    _check_four_eyes(version, actor, "decide on")
     version.state = State.REJECTED
     version.decided_by = actor
     version.decided_at = timezone.now()

@@ -59,6 +59,13 @@ class PolicyVersion(models.Model):
     )
     created_at = models.DateTimeField(default=dj_timezone.now)
     submitted_at = models.DateTimeField(null=True, blank=True)
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="submitted_versions",
+    )
     preview = models.JSONField(
         null=True, blank=True, help_text="dry-run preview taken at submission"
     )
@@ -98,6 +105,15 @@ class PolicyVersion(models.Model):
         from retention.spec import PolicySpec
 
         return PolicySpec.from_json(self.spec)
+
+    def hand_of(self, user) -> str | None:
+        """How ``user`` had a hand in this version's content ("wrote", "submitted"), or None.
+        Four-eyes: nobody with a hand in it may decide on it."""
+        if user.pk == self.author_id:
+            return "wrote"
+        if user.pk == self.submitted_by_id:
+            return "submitted"
+        return None
 
 
 class LegalHold(models.Model):

@@ -31,7 +31,7 @@ def _refused(request, exc: Exception) -> None:
 
 def _version_or_404(slug: str, number: int) -> PolicyVersion:
     return get_object_or_404(
-        PolicyVersion.objects.select_related("policy", "author", "decided_by"),
+        PolicyVersion.objects.select_related("policy", "author", "submitted_by", "decided_by"),
         policy__slug=slug,
         number=number,
     )
@@ -193,7 +193,7 @@ def version_detail(request, slug: str, number: int):
         "warnings": validation.get("warnings", []),
         "foreign_keys": validation.get("foreign_keys", []),
         "toml": spec.to_toml(),
-        "is_author": version.author_id == request.user.pk,
+        "hand": version.hand_of(request.user),
         **preview_context(version.preview),
     }
     return render(request, "retention/version_detail.html", context)

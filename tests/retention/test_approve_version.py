@@ -165,3 +165,36 @@ def test_pausing_needs_oncall_and_a_reason(events_table, alice, olga):
         ("policy.pause", "replica lag incident"),
         ("policy.resume", "lag recovered"),
     ]
+
+
+def test_whoever_submitted_a_version_written_by_someone_else_cannot_approve_it(
+    events_table, alice, bob, make_user
+):
+    carol = make_user("carol", "compliance")
+    draft = actions.apply_spec(load_toml(policy_toml()), author=alice)
+    version = actions.submit_version(draft, actor=bob)
+
+    with pytest.raises(ActionError, match="bob submitted events v1 and cannot approve it"):
+        actions.approve_version(version, actor=bob, reason="looks fine")
+    with pytest.raises(ActionError, match="bob submitted events v1"):
+        actions.reject_version(version, actor=bob, reason="withdrawn")
+    version.refresh_from_db()
+    assert version.state == "submitted"
+    assert version.submitted_by == bob
+
+    actions.approve_version(version, actor=carol, reason="a third pair of eyes")
+    version.refresh_from_db()
+    assert (version.state, version.decided_by) == ("approved", carol)
+
+
+def test_submitting_the_same_content_again_is_writing_it_too(events_table, alice, bob):
+    """apply_spec returns an existing draft for identical content; whoever submits it then
+    is one of its hands and cannot approve it."""
+    actions.apply_spec(load_toml(policy_toml()), author=alice)
+    same = actions.apply_spec(load_toml(policy_toml()), author=bob)
+    version = actions.submit_version(same, actor=bob)
+
+    for officer in (alice, bob):
+        with pytest.raises(ActionError, match="cannot approve it"):
+            actions.approve_version(version, actor=officer, reason="mine")
+    assert PolicyVersion.objects.get().state == "submitted"

@@ -80,6 +80,17 @@ def test_the_approver_sees_the_forms_but_the_author_does_not(events_table, alice
     assert version_url("version_reject", version) in html
 
 
+def test_whoever_submitted_sees_no_decision_forms_and_is_named_on_the_page(
+    events_table, alice, bob, as_user
+):
+    draft = actions.apply_spec(load_toml(policy_toml()), author=alice)
+    version = actions.submit_version(draft, actor=bob)
+    html = as_user(bob).get(version_url("version_detail", version)).content.decode()
+    assert "You submitted this version; another member of compliance must approve" in html
+    assert "submitted by bob" in html
+    assert version_url("version_approve", version) not in html
+
+
 def test_the_author_cannot_approve_by_posting_the_form_directly(events_table, alice, as_user):
     version = submitted(alice)
 
