@@ -5,16 +5,27 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from core.env import ConfigError, database_from_url, env_bool, env_int, env_list, env_str
+from core.env import (
+    ConfigError,
+    database_from_url,
+    env_bool,
+    env_int,
+    env_list,
+    env_str,
+    is_local_database,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEBUG = env_bool("DEBUG", False)
+# Demo mode: public demo key and plain-HTTP cookies, on this machine's database only.
+DEMO = env_bool("RETENTION_DEMO", False)
+DEMO_SECRET_KEY = "insecure-demo-key-do-not-use-in-production"
 SECRET_KEY = env_str("SECRET_KEY")
 if not SECRET_KEY:
-    if not DEBUG and not env_bool("RETENTION_DEMO", False):
+    if not DEBUG and not DEMO:
         raise ConfigError("SECRET_KEY must be set when DEBUG is off (or set RETENTION_DEMO=1)")
-    SECRET_KEY = "insecure-demo-key-do-not-use-in-production"
+    SECRET_KEY = DEMO_SECRET_KEY
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")  # bearer token for /metrics; empty: sign-in only
@@ -47,6 +58,14 @@ if not _database_url:
 else:
     EMBEDDED_DATABASE = False
 DATABASES = {"default": database_from_url("DATABASE_URL", _database_url)}
+if DEMO and not EMBEDDED_DATABASE and not is_local_database(DATABASES["default"]):
+    raise ConfigError(
+        "RETENTION_DEMO=1 weakens security (the public demo SECRET_KEY when none is set, "
+        "cookies without Secure, no HTTPS redirect or HSTS) and is refused with a database "
+        f"that is not on this machine (host {DATABASES['default']['HOST'] or '?'!s}, "
+        f"hostaddr {DATABASES['default']['OPTIONS'].get('hostaddr', '-')}): "
+        "unset RETENTION_DEMO and set SECRET_KEY"
+    )
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 60, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # The guard tells the product's own sessions from foreground traffic by this name.
@@ -127,7 +146,7 @@ STORAGES = {
 }
 
 # Sessions and cookies: short-lived, HTTP-only; Secure when served over TLS.
-SECURE_COOKIES = env_bool("SECURE_COOKIES", not DEBUG and not env_bool("RETENTION_DEMO", False))
+SECURE_COOKIES = env_bool("SECURE_COOKIES", not DEBUG and not DEMO)
 SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600, minimum=60)
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
@@ -160,6 +179,8 @@ CACHES = {
 }
 
 HOSTNAME = socket.gethostname()
+# Error reports (DEBUG pages, admin mails) mask passwords in connection URLs too.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "core.reporting.ReporterFilter"
 
 # django-q2: the ORM broker keeps the queue in this database, so publishing
 # work is an INSERT in the same transaction that records it (the ledger is the

@@ -7,7 +7,10 @@ silent default.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
+from urllib.parse import urlsplit
 
 
 class ConfigError(Exception):
@@ -59,6 +62,47 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+_PASSWORD_PARAM = re.compile(r"(?i)(\bpassword=)([^&\s]*)")
+MASK = "***"
+
+
+def url_secrets(url: str) -> list[str]:
+    """The passwords written in a connection URL (userinfo and ``password=`` parameters)."""
+    found = [m.group(2) for m in _PASSWORD_PARAM.finditer(url) if m.group(2)]
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError:
+        netloc = url.partition("://")[2].partition("/")[0]
+    userinfo = netloc.rpartition("@")[0]
+    if ":" in userinfo and userinfo.partition(":")[2]:
+        found.append(userinfo.partition(":")[2])
+    return found
+
+
+def redact(text: str, url: str | None = None) -> str:
+    """``text`` with every password of ``url`` (or of ``text`` itself, when it is a URL)
+    replaced by ``***``: messages and error reports never show credentials."""
+    for secret in sorted(url_secrets(url if url is not None else text), key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    return _PASSWORD_PARAM.sub(lambda m: m.group(1) + (MASK if m.group(2) else ""), text)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "" or host.startswith(("/", "@")) or host.lower() == "localhost":
+        return True  # a Unix socket (libpq's default when no host is given) or this machine
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def is_local_database(entry: dict) -> bool:
+    """True when every host (and host address) of a DATABASES entry is this machine."""
+    hosts = str(entry.get("HOST") or os.environ.get("PGHOST", "")).split(",")
+    addrs = str(entry["OPTIONS"].get("hostaddr") or os.environ.get("PGHOSTADDR", "")).split(",")
+    return all(_is_loopback(h.strip()) for h in hosts + addrs)
+
+
 def database_from_url(name: str, url: str) -> dict:
     """Turn a ``postgresql://`` URL into Django's DATABASES entry.
 
@@ -68,18 +112,18 @@ def database_from_url(name: str, url: str) -> dict:
     from psycopg.conninfo import conninfo_to_dict
 
     if not url.startswith(("postgresql://", "postgres://")):
-        raise ConfigError(f"{name} must be a postgresql:// URL, got {url!r}")
+        raise ConfigError(f"{name} must be a postgresql:// URL, got {redact(url)!r}")
     try:
         params = conninfo_to_dict(url)
     except Exception as exc:  # psycopg raises ProgrammingError with libpq's words
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"{name} is not a valid PostgreSQL URL ({reason})") from None
+        raise ConfigError(f"{name} is not a valid PostgreSQL URL ({redact(reason, url)})") from None
     port = params.get("port", "")
-    if port and not all(part.isdigit() for part in str(port).split(",")):
-        raise ConfigError(f"{name} has a non-numeric port {port!r}")
+    if port and not all(part.isdigit() or not part for part in str(port).split(",")):
+        raise ConfigError(f"{name} has a non-numeric port {redact(str(port), url)!r}")
     dbname = params.pop("dbname", None)
     if not dbname:
-        raise ConfigError(f"{name} must name a database, got {url!r}")
+        raise ConfigError(f"{name} must name a database, got {redact(url)!r}")
     entry = {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": dbname,

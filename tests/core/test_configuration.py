@@ -51,3 +51,78 @@ def test_good_configuration_passes_the_system_check():
     result = run_check(SECRET_KEY="a-real-secret-for-this-test", DEBUG="0")
     assert result.returncode == 0, result.stderr
     assert "no issues" in result.stdout
+
+
+SECRET = "hunter2-not-for-your-eyes"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"mysql://root:{SECRET}@localhost/x",
+        f"postgresql://u:{SECRET}@h:notaport/db",
+        f"postgresql://u:{SECRET}@h/",
+        f"postgresql://u:{SECRET}@h/db?nosuchoption=1",
+        f"postgresql://u@h:notaport/db?password={SECRET}",
+        f"postgresql://u@h/?sslmode=require&password={SECRET}",
+    ],
+)
+def test_a_bad_database_url_is_named_without_its_password(url):
+    result = run_check(DATABASE_URL=url, SECRET_KEY="k")
+    assert result.returncode == 2
+    assert result.stderr.startswith("configuration error: DATABASE_URL")
+    assert SECRET not in result.stderr + result.stdout
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://retention@db.example.com:5432/retention",
+        "postgresql://retention@10.0.0.7/retention",
+        "postgresql://retention@127.0.0.1,db.example.com/retention",
+        "postgresql://retention@/retention?host=db.example.com",
+        "postgresql://retention@localhost/retention?hostaddr=10.0.0.7",
+    ],
+)
+def test_demo_mode_refuses_a_database_that_is_not_local(url):
+    result = run_check(DATABASE_URL=url, RETENTION_DEMO="1", DEBUG="0")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("configuration error: RETENTION_DEMO=1")
+    for weakened in ("public demo SECRET_KEY", "Secure", "HTTPS"):
+        assert weakened in lines[0]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://postgres@127.0.0.1:5432/test",
+        "postgresql://postgres@localhost/test",
+        "postgresql://postgres@[::1]/test",
+        "postgresql://postgres@/test?host=/tmp/sockets",
+    ],
+)
+def test_demo_mode_on_a_local_database_starts_and_says_what_it_weakens(url):
+    result = run_check(DATABASE_URL=url, RETENTION_DEMO="1", DEBUG="0")
+    assert result.returncode == 0, result.stderr
+    assert "core.W001" in result.stderr
+    for weakened in ("public demo SECRET_KEY", "without Secure", "no HTTPS redirect"):
+        assert weakened in result.stderr
+
+
+def test_production_settings_have_no_demo_warning():
+    result = run_check(SECRET_KEY="a-real-secret-for-this-test", DEBUG="0")
+    assert "core.W001" not in result.stderr + result.stdout
+
+
+def test_error_reports_hide_connection_urls_from_the_environment(settings):
+    from django.test import RequestFactory
+    from django.views.debug import get_default_exception_reporter_filter
+
+    request = RequestFactory().get("/", DATABASE_URL=f"postgresql://u:{SECRET}@h/db")
+    request.META["REDIS_URL"] = f"redis://:{SECRET}@cache:6379/0"
+    meta = get_default_exception_reporter_filter().get_safe_request_meta(request)
+    assert SECRET not in repr(meta)
+    assert meta["DATABASE_URL"] != request.META["DATABASE_URL"]
