@@ -27,7 +27,7 @@ from django.utils import timezone
 from core import locks
 from retention import predicate as P
 from retention.models import PolicyVersion
-from runs import audit, guard
+from runs import audit, guard, stopping
 from runs.errors import PERMANENT, classify
 from runs.models import Chunk, DeadLetter, Lease, Run
 
@@ -317,7 +317,7 @@ def _pace(run: Run, outcome: Outcome, deadline: float) -> None:
     per_worker = spec.pace_rows_per_s / spec.policy_workers
     wait = outcome.rows / per_worker - outcome.seconds
     if wait > 0:
-        time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+        stopping.sleep(min(wait, max(0.0, deadline - time.monotonic())))
 
 
 def adapt_chunk_size(run: Run, seconds: float | None) -> int:
@@ -366,6 +366,10 @@ def drain(
         stats["stopped"] = "run not found"
         return stats
     while time.monotonic() < deadline:
+        if stopping.requested():  # the worker is stopping: end at this chunk boundary
+            stats["stopped"] = "worker stopping"
+            stats["continue"] = True  # the next generation waits in the queue for a live worker
+            return stats
         try:
             if slot is not None and time.monotonic() - last_beat > 2:
                 # the heartbeat doubles as the generation check: a superseded lease updates nothing
@@ -385,7 +389,7 @@ def drain(
             log.warning("lost the database connection: %s", exc)
             connection.close()
             stats["failed"] += 1
-            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+            stopping.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
             continue
         if outcome.kind == DONE:
             stats["chunks"] += 1
@@ -414,6 +418,6 @@ def drain(
         if outcome.kind == THROTTLED:
             stats["throttled"] += 1
             adapt_chunk_size(run, None)
-        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        stopping.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     stats["continue"] = True
     return stats

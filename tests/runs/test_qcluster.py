@@ -124,3 +124,55 @@ def test_sigterm_lets_in_flight_chunks_finish_and_leaves_nothing_half_done(run):
         )
     finally:
         kill_group(again, signal.SIGTERM)
+
+
+def test_sigterm_ends_each_lease_at_its_next_chunk_boundary_and_requeues_it(
+    transactional_db, make_user
+):
+    """One worker, three slots: one lease drains (paced, with a long budget), two wait in the
+    worker's in-memory queue. After SIGTERM at most the chunk in flight commits, no waiting
+    lease starts a chunk, and every slot's next generation is back in the queue."""
+    from django.utils import timezone
+    from django_q.models import OrmQ, Task
+
+    from runs.models import Lease
+
+    create_events(12000)
+    policy = approved_policy(
+        make_user,
+        **events_spec(chunk_size=60, pace_rows_per_s=300, limits={"policy_workers": 3}),
+    )
+    run, _ = trigger_run(policy, tick=NOW)
+    env = dict(
+        CLUSTER_ENV,
+        CLEANUP_WORKERS="1",
+        RETENTION_LEASE_BUDGET_S="40",
+        RETENTION_Q_TIMEOUT="50",
+        RETENTION_Q_RETRY="60",
+    )
+    cluster = spawn("qcluster", env=env)
+    try:
+        wait_for(
+            lambda: AuditRecord.objects.filter(run=run).count() >= 3,
+            timeout=60,
+            interval=0.05,
+            what="commits",
+        )
+        stop_requested = timezone.now()
+        cluster.send_signal(signal.SIGTERM)  # the main PID only, as a supervisor should
+        cluster.wait(timeout=120)
+    finally:
+        kill_group(cluster, signal.SIGKILL)
+    after_stop = AuditRecord.objects.filter(run=run, started_at__gt=stop_requested).count()
+    assert after_stop <= 1, f"{after_stop} chunks started after SIGTERM"
+    results = [t.result for t in Task.objects.filter(func="runs.tasks.drain_lease") if t.success]
+    assert results and all(r["stopped"] == "worker stopping" for r in results), results
+    queued = {
+        tuple(q.task["args"]) for q in OrmQ.objects.all() if q.func() == "runs.tasks.drain_lease"
+    }
+    current = {(run.pk, lease.slot, lease.generation) for lease in Lease.objects.filter(run=run)}
+    assert len(current) == 3 and current <= queued
+    assert state_of(run) == Run.State.ACTIVE
+    assert check_run(run, shadow=("public", "rr_events_shadow"), expect_drained=False) == []
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
