@@ -158,6 +158,56 @@ def table_columns(oid: int) -> dict[str, Column]:
     return columns
 
 
+@dataclass(frozen=True)
+class ColumnType:
+    """What the engine's statements need to know of a column: its type as a schema-qualified
+    name (to cast a value to it), its collation (to compare in it) and whether it can be NULL."""
+
+    schema: str
+    typname: str
+    base: str  # the typname of the base type for a domain, else typname
+    collation: tuple[str, str] | None  # (schema, name) of a non-default collation
+    not_null: bool
+
+    def cast(self) -> sql.Composed:
+        """The type to cast to, without a length or precision (so nothing is truncated)."""
+        return sql.SQL("{}.{}").format(sql.Identifier(self.schema), sql.Identifier(self.typname))
+
+    def collate(self) -> sql.Composable:
+        if self.collation is None:
+            return sql.SQL("")
+        return sql.SQL(" COLLATE {}.{}").format(*map(sql.Identifier, self.collation))
+
+
+def column_types(schema: str, table: str, names) -> dict[str, ColumnType]:
+    """The types of the named columns of ``schema.table`` as the catalog says now (missing
+    columns are left out: the statement that uses them then fails with PostgreSQL's own
+    error). One small catalog query, run in the caller's transaction."""
+    rows = _fetch(
+        "SELECT a.attname, tn.nspname, t.typname, coalesce(b.typname, t.typname),"
+        " cn.nspname, co.collname, a.attnotnull"
+        " FROM pg_catalog.pg_attribute a"
+        " JOIN pg_catalog.pg_class c ON c.oid = a.attrelid"
+        " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
+        " JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace"
+        " LEFT JOIN pg_catalog.pg_type b ON t.typtype = 'd' AND b.oid = t.typbasetype"
+        " LEFT JOIN pg_catalog.pg_collation co"
+        "   ON co.oid = a.attcollation AND a.attcollation <> t.typcollation"
+        "   AND co.collname <> 'default'"
+        " LEFT JOIN pg_catalog.pg_namespace cn ON cn.oid = co.collnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped"
+        " AND a.attname = ANY(%s)",
+        [schema, table, list(names)],
+    )
+    return {
+        name: ColumnType(
+            tschema, typname, base, (cschema, collname) if collname else None, bool(not_null)
+        )
+        for name, tschema, typname, base, cschema, collname, not_null in rows
+    }
+
+
 def _column(columns: dict[str, Column], name: str, where: str, table: str) -> Column:
     col = columns.get(name)
     if col is None:
@@ -273,10 +323,12 @@ def validate(spec: PolicySpec) -> Validation:
             f"no btree index on {where} {cols}: every chunk would scan the whole table; "
             f"create one before the first run"
         )
-    if not key.not_null:
-        result.warnings.append(
-            f"key column {spec.key!r} is nullable: rows with a NULL key are never deleted"
-        )
+    for what, name in (("key", spec.key), ("timestamp", spec.timestamp), ("tenant", spec.tenant)):
+        if name and not columns[name].not_null:
+            result.warnings.append(
+                f"{what} column {name!r} is nullable: rows with a NULL {what} are never "
+                f"deleted (runs and the preview report them as not eligible: NULL)"
+            )
 
     acknowledged = set(spec.cascade_ack)
     for fk in _foreign_keys(oid):

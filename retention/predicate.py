@@ -117,12 +117,56 @@ def held(spec: PolicySpec, policy_id: int) -> Fragment:
     return Fragment(text, [policy_id])
 
 
+def column_types(spec: PolicySpec) -> dict:
+    """The catalog's types of the key, timestamp and tenant columns (``introspect.ColumnType``)."""
+    from retention import introspect
+
+    names = [spec.key, spec.timestamp] + ([spec.tenant] if spec.tenant else [])
+    return introspect.column_types(spec.schema, spec.table, names)
+
+
+def planned_columns(spec: PolicySpec) -> list[str]:
+    """The columns a run plans by: a row with NULL in any of them is never eligible (it has no
+    age, no key interval or no tenant to be planned in)."""
+    return [spec.timestamp, spec.key] + ([spec.tenant] if spec.tenant else [])
+
+
+def has_values(spec: PolicySpec) -> Fragment:
+    """Key and tenant are not NULL (the timestamp comparison already excludes a NULL one)."""
+    cols = planned_columns(spec)[1:]
+    return Fragment(
+        sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(col(c)) for c in cols), []
+    )
+
+
+def null_rows(spec: PolicySpec, *, cutoff: datetime, nullable=None) -> Fragment | None:
+    """Rows that are not eligible only because a planned column is NULL: a NULL timestamp, or
+    older than the cutoff with a NULL key or tenant. ``nullable``: the columns that can be NULL
+    (default: all of them); None when none can."""
+    cols = [c for c in planned_columns(spec) if nullable is None or c in nullable]
+    if not cols:
+        return None
+    parts: list[Fragment] = []
+    if spec.timestamp in cols:
+        parts.append(Fragment(sql.SQL("{} IS NULL").format(col(spec.timestamp)), []))
+    others = [c for c in cols if c != spec.timestamp]
+    if others:
+        any_null = sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(col(c)) for c in others)
+        parts.append(
+            Fragment(sql.SQL("({} < %s AND ({}))").format(col(spec.timestamp), any_null), [cutoff])
+        )
+    joined = Fragment.join(parts, " OR ")
+    return Fragment(sql.SQL("({})").format(joined.sql), joined.params)
+
+
 def eligible(
     spec: PolicySpec, *, policy_id: int, cutoff: datetime, include_holds: bool = True
 ) -> Fragment:
-    """Older than the cutoff, not kept, and (unless told otherwise) not held."""
+    """Older than the cutoff, key and tenant not NULL, not kept, and (unless told otherwise)
+    not held. The planner (holds left out), the DELETE and verification all use this."""
     parts = [
         Fragment(sql.SQL("{} < %s").format(col(spec.timestamp)), [cutoff]),
+        has_values(spec),
         not_kept(spec),
     ]
     if include_holds:

@@ -97,10 +97,11 @@ def _summary_query(
     )
     text = sql.SQL(
         "WITH f AS ("
-        "  SELECT tn, b, k_, ts_, kp, h, NOT kp AND NOT h AS e{rule_names} FROM ("
+        "  SELECT tn, b, k_, ts_, kp, h, pv AND NOT kp AND NOT h AS e{rule_names} FROM ("
         "    SELECT {tenant} AS tn, width_bucket({ts}::timestamptz, %s::timestamptz[]) AS b,"
-        "           {key} AS k_, {ts} AS ts_, ({kept}) AS kp,"
-        "           CASE WHEN ({kept}) THEN FALSE ELSE ({held}) END AS h{rule_select}"
+        "           {key} AS k_, {ts} AS ts_, ({kept}) AS kp, ({present}) AS pv,"
+        "           CASE WHEN ({kept}) OR NOT ({present}) THEN FALSE ELSE ({held}) END AS h"
+        "           {rule_select}"
         "    FROM {table} WHERE {ts} < %s OFFSET 0"
         "  ) AS per_row"
         "), g AS ("
@@ -109,6 +110,8 @@ def _summary_query(
         "         count(*) FILTER (WHERE kp) AS kept,"
         "         count(*) FILTER (WHERE h) AS held,"
         "         count(*) AS older,"
+        "         count(*) FILTER (WHERE k_ IS NULL) AS null_key,"
+        "         count(*) FILTER (WHERE tn IS NULL) AS null_tenant,"
         "         min(ts_) FILTER (WHERE e) AS oldest,"
         "         min(k_) FILTER (WHERE e) AS min_key,"
         "         max(k_) FILTER (WHERE e) AS max_key"
@@ -127,6 +130,7 @@ def _summary_query(
         ts=ts,
         key=predicate.col(spec.key),
         kept=kept.sql,
+        present=predicate.has_values(spec).sql,
         held=held.sql,
         rule_select=rule_select,
         table=predicate.table(spec),
@@ -143,6 +147,14 @@ def _summary_query(
         TOP_TENANTS,
     ]
     return text, params
+
+
+def _null_timestamp_query(spec: PolicySpec):
+    ts = predicate.col(spec.timestamp)
+    text = sql.SQL("SELECT count(*) FROM {table} WHERE {ts} IS NULL").format(
+        ts=ts, table=predicate.table(spec)
+    )
+    return text, []
 
 
 def _sample_query(spec: PolicySpec, *, policy_id: int, cutoff: datetime):
@@ -231,6 +243,12 @@ def preview(
         "other_tenants": None,
         "age_buckets": [],
         "age_bucket_unit": "month",
+        # rows never eligible because a planned column is NULL (see predicate.null_rows)
+        "not_eligible_null": {
+            **({"tenant": 0} if spec.tenant else {}),
+            "key": 0,
+            "timestamp": 0,
+        },
         "oldest_eligible": None,
         "key_range": None,
         "sample_keys": [],
@@ -251,6 +269,9 @@ def preview(
     try:
         with transaction.atomic(), connection.cursor() as cur:
             cur.execute("SELECT set_config('statement_timeout', %s, true)", [str(timeout_ms)])
+            text, params = _null_timestamp_query(spec)
+            cur.execute(text, params)
+            result["not_eligible_null"]["timestamp"] = cur.fetchone()[0]
             text, params = _oldest_query(spec, cutoff)
             cur.execute(text, params)
             oldest = cur.fetchone()[0]
@@ -299,6 +320,9 @@ def _fill(
     result["older_than_cutoff"] = int(total["older"])
     result["kept"] = int(total["kept"])
     result["held"] = int(total["held"])
+    result["not_eligible_null"]["key"] = int(total["null_key"])
+    if spec.tenant:
+        result["not_eligible_null"]["tenant"] = int(total["null_tenant"])
     result["oldest_eligible"] = total["oldest"].isoformat() if total["oldest"] else None
     if total["min_key"] is not None:
         result["key_range"] = [int(total["min_key"]), int(total["max_key"])]

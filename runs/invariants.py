@@ -60,9 +60,16 @@ def check_run(
     if shadow is not None:
         shadow_spec = dataclasses.replace(spec, schema=shadow[0], table=shadow[1])
         target = sql.SQL("{}.{}").format(sql.Identifier(spec.schema), sql.Identifier(spec.table))
-        gone = sql.SQL("NOT EXISTS (SELECT 1 FROM {target} AS x WHERE x.{k} = {tk})").format(
-            target=target, k=sql.Identifier(spec.key), tk=P.col(spec.key)
-        )
+        gone = sql.SQL(
+            "{tk} IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {target} AS x WHERE x.{k} = {tk})"
+        ).format(target=target, k=sql.Identifier(spec.key), tk=P.col(spec.key))
+        # Rows without a key cannot be matched one by one; they are never eligible, so all
+        # of them must still be there.
+        null_keys = sql.SQL("SELECT count(*) FROM {} WHERE {} IS NULL")
+        before = _scalar(null_keys.format(P.table(shadow_spec), P.col(spec.key)), [])
+        after = _scalar(null_keys.format(P.table(spec), P.col(spec.key)), [])
+        if after != before:
+            problems.append(f"{before - after} row(s) with a NULL key are gone")
         gone_count = _scalar(
             sql.SQL("SELECT count(*) FROM {} WHERE {}").format(P.table(shadow_spec), gone), []
         )

@@ -57,10 +57,20 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
     return {
         "remaining": remaining,
         "deferred_by_holds": deferred,
+        "not_eligible_null": null_count(spec, run.cutoff, limit=limit),
         "limit": limit,
         "checked_at": timezone.now().isoformat(),
         "pass": run.pass_no,
     }
+
+
+def null_count(spec, cutoff, *, limit: int) -> int:
+    """Rows never eligible because a planned column is NULL (``predicate.null_rows``); no query
+    when the catalog says none of those columns can be NULL."""
+    known_not_null = {name for name, t in P.column_types(spec).items() if t.not_null}
+    nullable = [c for c in P.planned_columns(spec) if c not in known_not_null]
+    where = P.null_rows(spec, cutoff=cutoff, nullable=nullable)
+    return 0 if where is None else _count(P.count_where(spec, where, limit=limit))
 
 
 def finish_run(run: Run) -> str:
@@ -98,12 +108,11 @@ def finish_run(run: Run) -> str:
             run.state_reason = f"verification failed: {result['error']}"
         elif result["remaining"] == 0:
             run.state = Run.State.DRAINED
-            held = result["deferred_by_holds"]
-            run.state_reason = (
-                f"verified: no eligible row left; {held} row(s) deferred by legal holds"
-                if held
-                else "verified: no eligible row left"
-            )
+            held, nulls = result["deferred_by_holds"], result.get("not_eligible_null", 0)
+            notes = [f"{held} row(s) deferred by legal holds"] if held else []
+            if nulls:
+                notes.append(f"{nulls} row(s) not eligible: NULL timestamp, key or tenant")
+            run.state_reason = "; ".join(["verified: no eligible row left", *notes])
             run.finished_at = timezone.now()
         elif run.pass_no < run.policy_version.parsed.max_passes:
             run.pass_no += 1

@@ -38,7 +38,7 @@ def _create_events(cur) -> None:
         """
         CREATE TABLE public.t_events (
             id bigint PRIMARY KEY,
-            tenant_id int,
+            tenant_id int NOT NULL,
             occurred_at timestamptz NOT NULL,
             status text
         );
