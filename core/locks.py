@@ -12,7 +12,7 @@ import zlib
 from django.db import connection
 
 # namespaces (first int4 of the key)
-HOLDS = 0x52520001  # legal-hold fence: placing a hold takes it exclusive, every chunk shared
+HOLDS = 0x52520001  # the global fence (legal holds, the kill switch): decisions exclusive, chunks shared
 RECONCILER = 0x52520002  # one reconciler pass at a time
 SAMPLER = 0x52520003  # one guard sampler at a time
 AUDIT_CHAIN = 0x52520004  # appending to the audit hash chain
@@ -20,6 +20,9 @@ CEILING_GLOBAL = 0x52520010
 CEILING_POLICY = 0x52520011
 CEILING_TENANT = 0x52520012
 PLANNER = 0x52520020  # one planner per run
+POLICY_FENCE = (
+    0x52520030  # per-policy fence (approval, pause, cancel): decisions exclusive, chunks shared
+)
 
 
 def int4(text: str) -> int:
@@ -38,6 +41,27 @@ def try_xact_lock(namespace: int, key: int) -> bool:
     with connection.cursor() as cur:
         cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [namespace, key])
         return bool(cur.fetchone()[0])
+
+
+def decision_fence(policy_id: int | None = None) -> None:
+    """Order an operator decision against chunk transactions in flight (design invariant 6).
+
+    Every chunk transaction takes the global fence and its policy's fence shared in its first
+    statement and reads what admission depends on (kill switch, run and policy state, approved
+    version) in a later one. A decision takes the fence exclusive before it changes any of that,
+    so it waits for the chunks already past their fence to commit, and a chunk that starts after
+    it sees the decision. ``None``: the global fence (kill switch, holds on all policies) — it
+    waits for every chunk; a policy's fence (approving a version, pausing or cancelling) waits
+    only for that policy's chunks. A chunk queued behind a waiting decision gives up after its
+    policy's lock timeout and is retried; the decision itself waits at most one chunk.
+
+    Take it before any row lock: a chunk in flight takes key-share locks on its run and version
+    (the audit row's foreign keys), so a decision holding those rows while waiting here would
+    deadlock with it."""
+    if policy_id is None:
+        xact_lock(HOLDS, 0)
+    else:
+        xact_lock(POLICY_FENCE, policy_id)
 
 
 def hold_fence(*, exclusive: bool) -> None:

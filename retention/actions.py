@@ -15,7 +15,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from core.locks import hold_fence
+from core.locks import decision_fence, hold_fence
 from core.roles import COMPLIANCE, ONCALL, check_role
 from retention import introspect
 from retention.models import LegalHold, Policy, PolicyVersion, record_action
@@ -143,6 +143,7 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
     from runs.schedules import sync_policy_schedule
 
     check_role(actor, COMPLIANCE)
+    decision_fence(version.policy_id)  # chunks of the old version in flight commit first
     version = _locked_version(version)
     if version.state != State.SUBMITTED:
         raise ActionError(f"{version} is {version.state}, only a submitted version can be approved")
@@ -280,6 +281,7 @@ def pause_policy(policy: Policy, *, actor, reason: str) -> Policy:
 
     check_role(actor, ONCALL)
     reason = _require_reason(reason, "pausing a policy")
+    decision_fence(policy.pk)  # chunks in flight commit first; none starts after the pause
     policy = Policy.objects.select_for_update().get(pk=policy.pk)
     if policy.paused:
         raise ActionError(f"policy {policy.slug} is already paused")

@@ -8,6 +8,7 @@ from datetime import datetime
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from core.locks import decision_fence
 from core.roles import ONCALL, check_role
 from retention import predicate as P
 from retention.models import KillSwitch, Policy, record_action
@@ -177,6 +178,7 @@ def pause_run(run: Run, *, actor, reason: str) -> Run:
     """Stop admitting new chunks of the run; a chunk transaction in flight finishes."""
     _check_oncall(actor)
     _need_reason(reason)
+    decision_fence(run.policy_id)  # chunks in flight commit first; none starts after the pause
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.state not in (Run.State.ACTIVE, Run.State.ATTENTION):
         raise ActionError(f"run {run.run_key} is {run.state}; only an active run can be paused")
@@ -208,6 +210,7 @@ def cancel_run(run: Run, *, actor, reason: str) -> Run:
     """End the run for good: pending chunks are cancelled; what was deleted stays audited."""
     _check_oncall(actor)
     _need_reason(reason)
+    decision_fence(run.policy_id)  # chunks in flight commit first; none starts after the cancel
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.is_terminal:
         raise ActionError(f"run {run.run_key} is already {run.state}")
@@ -280,6 +283,8 @@ def set_kill_switch(on: bool, *, actor, reason: str) -> KillSwitch:
     """Flip the global kill switch. On: no chunk is admitted anywhere. Off: leases restart."""
     _check_oncall(actor)
     _need_reason(reason)
+    if on:
+        decision_fence()  # every chunk in flight commits first; none starts after the switch
     switch, _ = KillSwitch.objects.select_for_update().get_or_create(name="global")
     switch.on, switch.reason, switch.changed_by, switch.changed_at = (
         on,

@@ -279,6 +279,7 @@ def _pause_for_critical(run, verdict: Verdict) -> None:
     from retention.models import Policy, record_action
 
     with transaction.atomic():
+        locks.decision_fence(run.policy_id)  # ordered like an operator's pause
         updated = Policy.objects.filter(pk=run.policy_id, paused=False).update(
             paused=True, paused_reason=f"guard critical: {verdict.reason}"
         )

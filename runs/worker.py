@@ -28,7 +28,7 @@ from core import locks
 from retention import predicate as P
 from retention.models import PolicyVersion
 from runs import audit, guard, stopping
-from runs.errors import PERMANENT, classify
+from runs.errors import PERMANENT, classify, sqlstate_of
 from runs.models import Chunk, DeadLetter, Lease, Run
 
 log = logging.getLogger(__name__)
@@ -83,31 +83,39 @@ def _slot(namespace: int, scope: str, ceiling: int) -> bool:
 
 
 def _open_chunk_transaction(run: Run, spec) -> tuple[str, bool]:
-    """First statement of a chunk transaction, in one round trip: set its timeouts and commit
-    mode, take the legal-hold fence (shared), and read what admission depends on.
-    Returns (why the run may not start a chunk — '' when it may, version still approved)."""
+    """The first two statements of a chunk transaction.
+
+    First: set its timeouts and commit mode and take the global fence (legal holds, the kill
+    switch) and the policy's fence (approval, pause, cancel) shared. Then, in a statement of
+    its own — so its snapshot is taken after the fences were granted and it sees every decision
+    that committed before — read what admission depends on. A decision takes its fence
+    exclusive, so it either committed before this chunk's fences (and is seen here) or waits
+    until this chunk has committed. Returns (why the run may not start a chunk — '' when it
+    may, version still approved)."""
     sync = "on" if settings.RETENTION["SYNCHRONOUS_COMMIT"] else "off"
     with connection.cursor() as cur:
         cur.execute(
             "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true),"
             " set_config('synchronous_commit', %s, true), pg_advisory_xact_lock_shared(%s, 0),"
-            " coalesce((SELECT k.on FROM retention_killswitch k WHERE k.name = 'global'), false),"
-            " (SELECT r.state FROM runs_run r WHERE r.id = %s),"
-            " (SELECT p.enabled FROM retention_policy p WHERE p.id = %s),"
-            " (SELECT p.paused FROM retention_policy p WHERE p.id = %s),"
-            " (SELECT v.state FROM retention_policyversion v WHERE v.id = %s)",
+            " pg_advisory_xact_lock_shared(%s, %s)",
             [
                 f"{spec.lock_timeout_ms}ms",
                 f"{spec.statement_timeout_ms}ms",
                 sync,
                 locks.HOLDS,
-                run.pk,
+                locks.POLICY_FENCE,
                 run.policy_id,
-                run.policy_id,
-                run.policy_version_id,
             ],
         )
-        *_, kill, state, enabled, paused, version_state = cur.fetchone()
+        cur.execute(
+            "SELECT coalesce((SELECT k.on FROM retention_killswitch k WHERE k.name = 'global'), false),"
+            " (SELECT r.state FROM runs_run r WHERE r.id = %s),"
+            " (SELECT p.enabled FROM retention_policy p WHERE p.id = %s),"
+            " (SELECT p.paused FROM retention_policy p WHERE p.id = %s),"
+            " (SELECT v.state FROM retention_policyversion v WHERE v.id = %s)",
+            [run.pk, run.policy_id, run.policy_id, run.policy_version_id],
+        )
+        kill, state, enabled, paused, version_state = cur.fetchone()
     approved = version_state == PolicyVersion.State.APPROVED
     if kill:
         return "global kill switch is on", approved
@@ -126,7 +134,14 @@ def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
     cfg = settings.RETENTION
     verdict = guard.admission(run, spec)  # from the shared sample, before the transaction opens
     with transaction.atomic():
-        refusal, approved = _open_chunk_transaction(run, spec)  # includes the hold fence (shared)
+        try:
+            refusal, approved = _open_chunk_transaction(run, spec)  # the fences (shared)
+        except DatabaseError as exc:
+            if sqlstate_of(exc) != "55P03":
+                raise
+            # queued behind a decision that waits for the chunks in flight: retry shortly
+            transaction.set_rollback(True)
+            return Outcome(BUSY, reason="waiting for an operator decision to commit")
         if refusal:
             return Outcome(STOP, reason=refusal)
         if not approved:
