@@ -45,7 +45,7 @@ def home(request):
         **overview_context(request),
     }
     template = "core/_overview.html" if request.htmx else "core/home.html"
-    return render(request, template, context)
+    return render(request, template, context, status=400 if context["filter_errors"] else 200)
 
 
 @require_GET

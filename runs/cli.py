@@ -11,6 +11,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from core.filters import as_id
+
 
 def _actor(options):
     name = options.get("by")
@@ -26,8 +28,8 @@ def _run(key: str):
     from runs.models import Run
 
     run = Run.objects.select_related("policy", "policy_version").filter(run_key=key).first()
-    if run is None and key.isdigit():
-        run = Run.objects.select_related("policy", "policy_version").filter(pk=int(key)).first()
+    if run is None and as_id(key) is not None:
+        run = Run.objects.select_related("policy", "policy_version").filter(pk=as_id(key)).first()
     if run is None:
         raise CommandError(f"no run with key {key!r}")
     return run

@@ -17,9 +17,10 @@ from datetime import date, datetime, time, timedelta
 
 from django.db import connection, transaction
 from django.db.models import Count, Func, Max, Min, Sum, TextField
-from django.http import StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 
+from core.filters import QueryFilters, as_id
 from runs import audit
 from runs.models import AuditRecord, Chunk, Run
 
@@ -92,32 +93,25 @@ class AuditFilters:
 
     @classmethod
     def from_query(cls, query) -> AuditFilters:
-        errors = []
-
-        def day(name: str) -> date | None:
-            raw = (query.get(name) or "").strip()
-            if not raw:
-                return None
-            try:
-                return date.fromisoformat(raw)
-            except ValueError:
-                errors.append(f"{name}: not a date (YYYY-MM-DD): {raw!r}")
-                return None
-
-        return cls(
-            policy=(query.get("policy") or "").strip(),
-            run=(query.get("run") or "").strip(),
-            tenant=(query.get("tenant") or "").strip(),
-            date_from=day("from"),
-            date_to=day("to"),
-            errors=tuple(errors),
+        read = QueryFilters(query)
+        filters = cls(
+            policy=read.text("policy"),
+            run=read.text("run"),
+            tenant=read.text("tenant"),
+            date_from=read.day("from"),
+            date_to=read.day("to"),
         )
+        if filters.run and filters.run_obj() is None:
+            read.errors.append(f"run: no run with id or key {filters.run[:80]!r}")
+        filters.errors = tuple(read.errors)
+        return filters
 
     def run_obj(self) -> Run | None:
         if not self.run:
             return None
-        if self.run.isdigit():
-            return Run.objects.filter(pk=int(self.run)).first()
+        run_id = as_id(self.run)
+        if run_id is not None:
+            return Run.objects.filter(pk=run_id).first()
         return Run.objects.filter(run_key=self.run).first()
 
     def label(self) -> str:
@@ -152,11 +146,14 @@ def whole_result_cursor():
 def audit_queryset(filters: AuditFilters):
     """Audit records matching ``filters``, in chain order. Dates are whole days, inclusive."""
     qs = AuditRecord.objects.all()
+    if filters.errors:  # a filter that could not be read selects nothing, never everything
+        return qs.none()
     if filters.policy:
         qs = qs.filter(policy_slug=filters.policy)
     if filters.run:
-        if filters.run.isdigit():
-            qs = qs.filter(run_id=int(filters.run))
+        run_id = as_id(filters.run)
+        if run_id is not None:
+            qs = qs.filter(run_id=run_id)
         else:
             qs = qs.filter(run__run_key=filters.run)
     if filters.tenant:
@@ -194,7 +191,10 @@ def csv_rows(filters: AuditFilters) -> Iterator[bytes]:
                 yield bytes(block)
 
 
-def csv_response(filters: AuditFilters) -> StreamingHttpResponse:
+def csv_response(filters: AuditFilters) -> HttpResponse:
+    if filters.errors:
+        text = "error: " + "\nerror: ".join(filters.errors) + "\n"
+        return HttpResponse(text, status=400, content_type="text/plain; charset=utf-8")
     response = StreamingHttpResponse(csv_rows(filters), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="audit_{filters.label()}.csv"'
     response["Cache-Control"] = "no-store"

@@ -13,6 +13,7 @@ from django.db import connection
 from django.db.models import Count, Exists, F, Max, Min, OuterRef, Q, Sum
 from django.utils import timezone
 
+from core.filters import QueryFilters
 from retention.models import KillSwitch, Policy, PolicyVersion
 from retention.schedule_math import period_label
 from runs import forecast, guard
@@ -184,7 +185,8 @@ def policy_state(policy: Policy, run: Run | None, dead_letters: int, guard_level
 
 def overview_context(request) -> dict:
     now = timezone.now()
-    slug = (request.GET.get("policy") or "").strip()
+    read = QueryFilters(request.GET)
+    slug = read.text("policy")
     policies_qs = Policy.objects.annotate(
         has_approved=Exists(
             PolicyVersion.objects.filter(policy=OuterRef("pk"), state=PolicyVersion.State.APPROVED)
@@ -195,6 +197,8 @@ def overview_context(request) -> dict:
     )
     if slug:
         policies_qs = policies_qs.filter(slug=slug)
+    if read.errors:
+        policies_qs = policies_qs.none()
     policies = list(policies_qs)
     ids = [p.id for p in policies]
     current, latest = _current_and_latest_runs(ids)
@@ -243,6 +247,7 @@ def overview_context(request) -> dict:
     return {
         "policy_rows": rows,
         "policy_filter": slug,
+        "filter_errors": read.errors,
         "kill_switch": switch,
         "kill_switch_on": bool(switch and switch.on),
         "broker": broker_queue(now),

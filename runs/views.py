@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
+from core.filters import QueryFilters, as_id
 from core.roles import AUDITOR, COMPLIANCE, ONCALL, require_role
 from retention.models import OperatorAction, Policy
 from runs import actions, exports
@@ -40,6 +41,13 @@ def _back(request, default: str) -> HttpResponseRedirect:
     return redirect(default)
 
 
+def _filter_errors(request, read: QueryFilters) -> int:
+    """Show each bad filter as an error message; the page's status (400 if any)."""
+    for error in read.errors:
+        messages.error(request, f"filter {error}")
+    return 400 if read.errors else 200
+
+
 def _perform(request, func, target, *, label: str) -> None:
     """Call an action with the posted reason; report the outcome as a message."""
     reason = request.POST.get("reason", "").strip()
@@ -55,12 +63,16 @@ def _perform(request, func, target, *, label: str) -> None:
 @require_role()
 def run_list(request):
     runs = Run.objects.select_related("policy", "policy_version")
-    policy = request.GET.get("policy", "").strip()
-    state = request.GET.get("state", "").strip()
+    read = QueryFilters(request.GET)
+    policy = read.text("policy")
+    state = read.choice("state", Run.State.values)
     if policy:
         runs = runs.filter(policy__slug=policy)
     if state:
         runs = runs.filter(state=state)
+    status = _filter_errors(request, read)
+    if status != 200:
+        runs = runs.none()
     return render(
         request,
         "runs/run_list.html",
@@ -71,6 +83,7 @@ def run_list(request):
             "policy_filter": policy,
             "state_filter": state,
         },
+        status=status,
     )
 
 
@@ -95,20 +108,29 @@ def run_action(request, run_id: int, action: str):
 @require_GET
 @require_role()
 def dead_letters(request):
-    show = request.GET.get("show", "open")
+    read = QueryFilters(request.GET)
+    show = read.choice("show", ("open", "all"), default="open")
     letters = DeadLetter.objects.select_related("run", "run__policy", "chunk")
     if show != "all":
         letters = letters.filter(resolution=DeadLetter.Resolution.OPEN)
-    run = request.GET.get("run", "").strip()
-    if run.isdigit():
-        letters = letters.filter(run_id=int(run))
-    policy = request.GET.get("policy", "").strip()
+    run = read.text("run")
+    if run:
+        run_id = as_id(run)
+        if run_id is None:
+            read.errors.append(f"run: must be a run id (a whole number), got {run[:40]!r}")
+        else:
+            letters = letters.filter(run_id=run_id)
+    policy = read.text("policy")
     if policy:
         letters = letters.filter(run__policy__slug=policy)
+    status = _filter_errors(request, read)
+    if status != 200:
+        letters = letters.none()
     return render(
         request,
         "runs/dead_letters.html",
         {"letters": letters[:500], "show": show, "run_filter": run, "policy_filter": policy},
+        status=status,
     )
 
 
@@ -154,6 +176,7 @@ def audit(request):
             "policies": Policy.objects.values_list("slug", flat=True),
             "run": filters.run_obj(),
         },
+        status=400 if filters.errors else 200,
     )
 
 
@@ -178,13 +201,17 @@ def run_manifest(request, run_id: int):
 @require_GET
 @require_role()
 def activity(request):
-    actor = request.GET.get("actor", "").strip()
-    action = request.GET.get("action", "").strip()
+    read = QueryFilters(request.GET)
+    actor = read.text("actor")
+    action = read.text("action")
     rows = OperatorAction.objects.all()
     if actor:
         rows = rows.filter(actor=actor)
     if action:
         rows = rows.filter(action=action)
+    status = _filter_errors(request, read)
+    if status != 200:
+        rows = rows.none()
     distinct = OperatorAction.objects.order_by()
     return render(
         request,
@@ -196,4 +223,5 @@ def activity(request):
             "actor_filter": actor,
             "action_filter": action,
         },
+        status=status,
     )
