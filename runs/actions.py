@@ -8,6 +8,7 @@ from datetime import datetime
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from core import timeouts
 from core.locks import decision_fence
 from core.roles import ONCALL, check_role
 from retention import predicate as P
@@ -76,8 +77,7 @@ def _eligible_count(run: Run, spec, limit: int) -> int | None:
         spec, P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff), limit=limit
     )
     try:
-        with transaction.atomic(), connection.cursor() as cur:
-            cur.execute("SELECT set_config('statement_timeout', '20s', true)")
+        with transaction.atomic(), timeouts.bounded(20_000), connection.cursor() as cur:
             cur.execute(frag.sql.as_string(cur.connection), frag.params)
             return cur.fetchone()[0]
     except Exception:  # a slow count must not stop the trigger; the run starts without an estimate

@@ -1,4 +1,4 @@
-"""The reconciler: every minute, one instance at a time (advisory lock).
+"""The reconciler: every minute, each policy in its own transaction (one advisory lock each).
 
 It re-publishes lost or stale leases, starts runs that waited for an earlier
 one, creates one catch-up run for missed schedule windows, finishes runs
@@ -8,14 +8,17 @@ one, creates one catch-up run for missed schedule windows, finishes runs
 from __future__ import annotations
 
 import logging
+import random
+import time
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 from psycopg import sql
 
-from core import locks
+from core import locks, timeouts
 from retention import predicate as P
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import latest_tick, ticks_between
@@ -26,6 +29,7 @@ log = logging.getLogger(__name__)
 
 CATCH_UP_GRACE = timedelta(minutes=2)  # a tick is "missed" this long after it was due
 MAX_SKIPPED_RECORDED = 500
+TIMED_OUT = ("57014", "55P03")  # statement timeout / lock timeout: try again later
 
 
 def _count(frag: P.Fragment) -> int:
@@ -93,7 +97,13 @@ def finish_run(run: Run) -> str:
             with transaction.atomic():
                 result = verify(run)
         except DatabaseError as exc:
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            reason = _first_line(exc)
+            sqlstate = getattr(getattr(exc, "__cause__", None), "sqlstate", None)
+            if sqlstate in TIMED_OUT:
+                # a slow or locked target: the run stays active and is verified again next pass
+                run.state_reason = f"verification postponed ({reason}); tried again next pass"
+                run.save(update_fields=["state_reason"])
+                return run.state
             result = {
                 "error": reason,
                 "checked_at": timezone.now().isoformat(),
@@ -226,38 +236,85 @@ def prune_own_tables(now) -> dict:
     return out
 
 
-def reconcile(now=None) -> dict:
-    """One reconciler pass; returns what it did. Does nothing if another pass holds the lock."""
-    now = now or timezone.now()
-    report = {"republished": 0, "caught_up": [], "finished": [], "started": 0, "pruned": {}}
-    with transaction.atomic():
-        if not locks.try_xact_lock(locks.RECONCILER, 0):
-            report["skipped"] = "another reconciler is running"
-            return report
-        for policy in Policy.objects.filter(enabled=True):
-            try:
-                with transaction.atomic():
-                    run = catch_up(policy, now)
-                if run is not None:
-                    report["caught_up"].append(run.run_key)
-            except Exception:  # one bad policy must not block the others
-                log.exception("catch-up failed for policy %s", policy.slug)
-            start_waiting_runs(policy)
-        kill = KillSwitch.is_on()
-        stale_s = (
-            settings.RETENTION["LEASE_STALE_S"] or settings.RETENTION["LEASE_BUDGET_S"] * 3 + 30
-        )
-        for run in Run.objects.filter(state=Run.State.ACTIVE).select_related(
-            "policy", "policy_version"
+def _policies_to_reconcile() -> list[Policy]:
+    """Every enabled policy, and every other policy that still has an open run; in a fresh
+    random order each pass, so a policy that uses up the pass's time never starves the same
+    others twice."""
+    has_open = Run.objects.filter(policy=OuterRef("pk"), state__in=Run.OPEN)
+    policies = list(Policy.objects.filter(Q(enabled=True) | Exists(has_open)))
+    random.shuffle(policies)
+    return policies
+
+
+def reconcile_policy(policy: Policy, now, report: dict, *, kill: bool, stale_s: float) -> None:
+    """Everything one pass does for one policy (inside that policy's own transaction): repair
+    its schedule, catch up a missed tick, start a waiting run, finish or re-publish active runs."""
+    from runs.schedules import sync_policy_schedule
+
+    if policy.enabled and sync_policy_schedule(policy, now=now):
+        report["rearmed"].append(policy.slug)
+    if policy.enabled:
+        with transaction.atomic():
+            run = catch_up(policy, now)
+        if run is not None:
+            report["caught_up"].append(run.run_key)
+    start_waiting_runs(policy)
+    for run in Run.objects.filter(policy=policy, state=Run.State.ACTIVE).select_related(
+        "policy", "policy_version"
+    ):
+        if (
+            run.planner_done
+            and not Chunk.objects.filter(run=run, state=Chunk.State.PENDING).exists()
         ):
-            if (
-                run.planner_done
-                and not Chunk.objects.filter(run=run, state=Chunk.State.PENDING).exists()
-            ):
-                report["finished"].append((run.run_key, finish_run(run)))
-                continue
-            if kill or run.policy.paused:
-                continue
-            report["republished"] += dispatch.ensure_leases(run, stale_after_s=stale_s)
-        report["pruned"] = prune_own_tables(now)
+            report["finished"].append((run.run_key, finish_run(run)))
+            continue
+        if kill or run.policy.paused:
+            continue
+        report["republished"] += dispatch.ensure_leases(run, stale_after_s=stale_s)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def reconcile(now=None) -> dict:
+    """One reconciler pass; returns what it did.
+
+    Each policy is reconciled in its own transaction under its own advisory lock (a policy
+    another pass is still working on is skipped), with every statement bounded by a timeout
+    well inside django-q2's task timeout: one policy's failure, lock queue or slow table never
+    rolls back or holds up another's. Policies left when the pass's time is spent wait for
+    the next pass (reported as ``deferred``)."""
+    now = now or timezone.now()
+    report = {
+        "republished": 0, "caught_up": [], "finished": [], "started": 0, "rearmed": [],
+        "failed": [], "busy": [], "deferred": [], "pruned": {},
+    }  # fmt: skip
+    pass_s, statement_ms = timeouts.reconciler_budget()
+    deadline = time.monotonic() + pass_s
+    kill = KillSwitch.is_on()
+    stale_s = settings.RETENTION["LEASE_STALE_S"] or settings.RETENTION["LEASE_BUDGET_S"] * 3 + 30
+    for policy in _policies_to_reconcile():
+        # a policy runs a handful of bounded statements; start one only if they all fit
+        if time.monotonic() + 4 * statement_ms / 1000 > deadline:
+            report["deferred"].append(policy.slug)
+            continue
+        try:
+            with transaction.atomic():
+                timeouts.set_local(statement_ms)
+                if not locks.try_xact_lock(locks.RECONCILER, policy.pk):
+                    report["busy"].append(policy.slug)
+                    continue
+                reconcile_policy(policy, now, report, kill=kill, stale_s=stale_s)
+        except Exception as exc:  # one bad policy must not block the others
+            log.exception("reconciling policy %s failed", policy.slug)
+            report["failed"].append((policy.slug, _first_line(exc)))
+    try:
+        with transaction.atomic():
+            timeouts.set_local(statement_ms)
+            if locks.try_xact_lock(locks.RECONCILER, 0):
+                report["pruned"] = prune_own_tables(now)
+    except Exception as exc:
+        log.exception("pruning the app's own tables failed")
+        report["failed"].append(("prune", _first_line(exc)))
     return report

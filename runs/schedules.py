@@ -10,7 +10,7 @@ ticks are the reconciler's job (one catch-up run), never django-q2's.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from croniter import croniter
 from django.utils import timezone
@@ -26,11 +26,18 @@ def schedule_name(policy) -> str:
     return f"retention:trigger:{policy.slug}"
 
 
+DUE_GRACE = timedelta(minutes=2)  # a firing this late is still on time (django-q2 polls ~30 s)
+
+
 def arm(policy, *, after: datetime):
-    """Set the policy's schedule to fire at its first tick after ``after``."""
+    """Set the policy's schedule to fire at its first tick after ``after``.
+
+    Only a policy without an approved version loses its schedule here; a disabled one
+    keeps it (its firings create nothing) — the enable/disable actions decide, not a
+    firing that happens to see ``enabled`` off."""
     from django_q.models import Schedule
 
-    if not policy.enabled or policy.approved_version is None:
+    if policy.approved_version is None:
         Schedule.objects.filter(name=schedule_name(policy)).delete()
         return None
     schedule, _ = Schedule.objects.update_or_create(
@@ -55,17 +62,45 @@ def _fits(policy, when: datetime) -> bool:
     return croniter.match(policy.schedule, local)
 
 
-def sync_policy_schedule(policy) -> None:
-    """Create, update or remove the policy's trigger schedule to match the policy."""
+def schedule_problem(policy, schedule, now: datetime) -> str:
+    """Why the policy's schedule is not armed for its true next tick ('' when it is).
+
+    A schedule that is due (its tick passed less than ``DUE_GRACE`` ago and django-q2 has
+    not fired it yet) is left alone: re-arming it would lose that tick."""
+    if schedule is None:
+        return "missing"
+    if schedule.func != TRIGGER_TASK or schedule.cluster != CLUSTER:
+        return "not the policy's trigger"
+    if schedule.repeats == 0:
+        return "already fired and not re-armed"
+    if schedule.next_run is None:
+        return "no next run"
+    if not _fits(policy, schedule.next_run):
+        return "armed for a time the policy's schedule does not have"
+    if schedule.next_run <= now:
+        return "" if now - schedule.next_run < DUE_GRACE else "armed for a time in the past"
+    if schedule.next_run != next_tick(policy, now):
+        return "armed for a later tick than the next one"
+    return ""
+
+
+def sync_policy_schedule(policy, *, now: datetime | None = None) -> str:
+    """Create, repair or remove the policy's trigger schedule to match the policy: armed for
+    its true next tick while it is enabled and approved, absent otherwise. Returns what was
+    wrong ('' when nothing was). Missed ticks are the catch-up rule's, never re-fired here."""
     from django_q.models import Schedule
 
+    now = now or timezone.now()
     current = Schedule.objects.filter(name=schedule_name(policy)).first()
     if not policy.enabled or policy.approved_version is None:
         if current is not None:
             current.delete()
-        return
-    if current is None or current.repeats == 0 or not _fits(policy, current.next_run):
-        arm(policy, after=timezone.now())
+            return "removed"
+        return ""
+    problem = schedule_problem(policy, current, now)
+    if problem:
+        arm(policy, after=now)
+    return problem
 
 
 def ensure_system_schedules() -> None:

@@ -1,0 +1,114 @@
+"""Reconciler passes, in process: per-policy isolation, bounded statements, schedule repair."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+from django_q.models import Schedule
+
+from core import timeouts
+from retention.schedule_math import next_tick
+from runs import schedules
+from runs.actions import _eligible_count, trigger_run
+from runs.models import Run
+from runs.reconciler import reconcile
+from tests.liveness.conftest import drop_tables, policy_on
+from tests.runs.processes import pg_connect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def show(name: str) -> str:
+    with connection.cursor() as cur:
+        cur.execute(f"SHOW {name}")
+        return cur.fetchone()[0]
+
+
+def test_the_eligible_counts_timeout_does_not_outlive_its_savepoint(make_user):
+    policy = policy_on(make_user, "alpha", "rr_alpha")
+    run, _ = trigger_run(policy, tick=timezone.now())
+    try:
+        with transaction.atomic():
+            timeouts.set_local(5000)
+            assert _eligible_count(run, run.policy_version.parsed, 10) is not None
+            # a later statement of the same transaction (a verification) keeps its 5 s bound
+            assert show("statement_timeout") == "5s"
+    finally:
+        drop_tables("rr_alpha")
+
+
+def test_a_policy_whose_table_is_locked_does_not_hold_back_the_others(make_user):
+    policy_on(make_user, "alpha", "rr_alpha", approved_ago=timedelta(days=3))
+    beta = policy_on(make_user, "beta", "rr_beta", approved_ago=timedelta(days=3))
+    blocker = pg_connect(autocommit=False)
+    blocker.execute("LOCK TABLE public.rr_alpha IN ACCESS EXCLUSIVE MODE")
+    try:
+        report = reconcile()
+        assert Run.objects.filter(policy=beta, source="catch-up").exists(), report
+    finally:
+        blocker.rollback()
+        blocker.close()
+        drop_tables("rr_alpha", "rr_beta")
+
+
+def armed(policy) -> Schedule | None:
+    return Schedule.objects.filter(name=schedules.schedule_name(policy)).first()
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["fired but not re-armed", "next run in the past", "missing"],
+)
+def test_the_reconciler_repairs_a_dead_schedule(make_user, damage):
+    policy = policy_on(make_user, "alpha", "rr_alpha", catch_up="none")
+    now = timezone.now()
+    if damage == "fired but not re-armed":  # a trigger that failed before arm()
+        Schedule.objects.filter(name=schedules.schedule_name(policy)).update(
+            repeats=0, next_run=now - timedelta(hours=5)
+        )
+    elif damage == "next run in the past":  # a lost trigger message
+        Schedule.objects.filter(name=schedules.schedule_name(policy)).update(
+            next_run=now - timedelta(days=1)
+        )
+    else:
+        Schedule.objects.filter(name=schedules.schedule_name(policy)).delete()
+    try:
+        report = reconcile(now=now)
+        schedule = armed(policy)
+        assert schedule is not None and schedule.repeats == 1, report
+        assert schedule.next_run == next_tick(policy, now)
+        assert report["rearmed"] == ["alpha"]
+        assert reconcile(now=now)["rearmed"] == []  # a healthy schedule is left alone
+    finally:
+        drop_tables("rr_alpha")
+
+
+def test_a_due_schedule_is_left_for_the_scheduler(make_user):
+    policy = policy_on(make_user, "alpha", "rr_alpha")
+    due = armed(policy).next_run
+    reconcile(now=due + timedelta(seconds=40))  # django-q2 polls every ~30 s
+    try:
+        assert armed(policy).next_run == due
+    finally:
+        drop_tables("rr_alpha")
+
+
+def test_a_cron_change_rearms_to_the_true_next_tick(make_user):
+    """daily 03:00 → hourly: tomorrow 03:00 fits the new cron, but it is not the next tick."""
+    from tests.factories import approved_policy, events_spec
+
+    policy = policy_on(make_user, "alpha", "rr_alpha", schedule="0 3 * * *")
+    try:
+        approved_policy(
+            make_user, **events_spec(slug="alpha", table="rr_alpha", schedule="0 * * * *")
+        )
+        policy.refresh_from_db()
+        now = timezone.now()
+        expected = next_tick(policy, now)
+        assert armed(policy).next_run == expected
+        assert expected - now <= timedelta(hours=1)
+    finally:
+        drop_tables("rr_alpha")

@@ -1,0 +1,86 @@
+"""The reconciler under a real cleanup cluster with a lowered task timeout: one policy's slow
+or locked table never holds back another policy's reconciliation."""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+from django_q.models import Failure, Success
+
+from runs.models import Run
+from tests.liveness.conftest import CLUSTER_ENV, drop_tables, policy_on
+from tests.runs.processes import kill_group, pg_connect, spawn, wait_for
+
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
+
+
+def enqueue_reconcile() -> None:
+    from django_q.tasks import async_task
+
+    async_task("runs.tasks.reconcile", cluster="cleanup")
+
+
+def test_a_locked_table_does_not_stop_another_policys_catch_up(make_user):
+    # "alpha" comes first in every order the policies are read in; its table is locked
+    policy_on(make_user, "alpha", "rr_alpha", approved_ago=timedelta(days=3))
+    beta = policy_on(make_user, "beta", "rr_beta", approved_ago=timedelta(days=3))
+    blocker = pg_connect(autocommit=False)
+    blocker.execute("LOCK TABLE public.rr_alpha IN ACCESS EXCLUSIVE MODE")
+    cluster = spawn("qcluster", env=CLUSTER_ENV)
+    try:
+        deadline = time.monotonic() + 25  # the lock is held all along (6 s task timeout)
+
+        def beta_caught_up():
+            if not Run.objects.filter(policy=beta, source="catch-up").exists():
+                if time.monotonic() < deadline:
+                    enqueue_reconcile()
+                return False
+            return True
+
+        enqueue_reconcile()
+        wait_for(beta_caught_up, timeout=30, interval=2, what="beta's catch-up run")
+        # and no reconciler task ever reached the task timeout
+        wait_for(
+            lambda: Success.objects.filter(func="runs.tasks.reconcile").exists(),
+            timeout=20,
+            what="a reconciler pass to finish",
+        )
+        assert not Failure.objects.filter(func="runs.tasks.reconcile").exists(), [
+            f.result[:300] for f in Failure.objects.filter(func="runs.tasks.reconcile")
+        ]
+    finally:
+        blocker.rollback()
+        blocker.close()
+        kill_group(cluster, signal.SIGTERM)
+        drop_tables("rr_alpha", "rr_beta")
+
+
+def test_a_dead_one_shot_schedule_is_rearmed_by_the_clusters_reconciler(make_user):
+    from django.utils import timezone
+    from django_q.models import Schedule
+
+    from retention.schedule_math import next_tick
+    from runs.schedules import schedule_name
+
+    policy = policy_on(make_user, "alpha", "rr_alpha", catch_up="none")
+    # a trigger that failed before arm(): django-q2 already set repeats=0
+    Schedule.objects.filter(name=schedule_name(policy)).update(
+        repeats=0, next_run=timezone.now() - timedelta(hours=5)
+    )
+    cluster = spawn("qcluster", env=CLUSTER_ENV)
+    try:
+        enqueue_reconcile()
+        schedule = wait_for(
+            lambda: Schedule.objects.filter(name=schedule_name(policy), repeats=1).first(),
+            timeout=30,
+            interval=0.5,
+            what="the schedule to be re-armed",
+        )
+        assert schedule.next_run == next_tick(policy, timezone.now())
+        assert schedule.next_run > timezone.now()
+    finally:
+        kill_group(cluster, signal.SIGTERM)
+        drop_tables("rr_alpha")
