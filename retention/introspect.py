@@ -294,6 +294,12 @@ def validate(spec: PolicySpec) -> Validation:
             f"timestamp column {spec.timestamp!r} of {where} must be timestamptz, timestamp "
             f"or date, not {ts.type}"
         )
+    if spec.timestamp_zone and ts.typname == "timestamptz":
+        raise SpecError(
+            f"timestamp_zone applies to timestamp without time zone and date columns; "
+            f"{spec.timestamp!r} of {where} is a timestamp with time zone, whose values "
+            f"are instants already"
+        )
     used = {spec.key: key, spec.timestamp: ts}
     if spec.tenant:
         tenant = _column(columns, spec.tenant, "tenant", where)

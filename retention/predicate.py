@@ -9,6 +9,7 @@ Python beforehand.
 
 from __future__ import annotations
 
+import zoneinfo
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -139,6 +140,43 @@ def has_values(spec: PolicySpec) -> Fragment:
     )
 
 
+WALL_CLOCK_TYPES = ("timestamp", "date")
+
+
+def _timestamp_base(spec: PolicySpec, types: dict | None) -> str | None:
+    types = column_types(spec) if types is None else types
+    found = types.get(spec.timestamp)
+    return found.base if found is not None else None
+
+
+def cutoff_value(spec: PolicySpec, cutoff: datetime, *, types: dict | None = None) -> datetime:
+    """The cutoff as the timestamp column compares with it: the instant itself for a
+    ``timestamptz`` column; for a ``timestamp without time zone`` or ``date`` column, the
+    wall-clock time of that instant in ``spec.column_zone`` (never the session's zone)."""
+    if _timestamp_base(spec, types) in WALL_CLOCK_TYPES:
+        return cutoff.astimezone(zoneinfo.ZoneInfo(spec.column_zone)).replace(tzinfo=None)
+    return cutoff
+
+
+def timestamp_instant(spec: PolicySpec, *, types: dict | None = None) -> sql.Composable:
+    """The row's timestamp as an instant (``timestamptz``), read in ``spec.column_zone`` when
+    the column holds wall-clock time."""
+    base = _timestamp_base(spec, types)
+    if base not in WALL_CLOCK_TYPES:
+        return sql.SQL("{}::timestamptz").format(col(spec.timestamp))
+    return sql.SQL("({}::timestamp AT TIME ZONE {})").format(
+        col(spec.timestamp), sql.Literal(spec.column_zone)
+    )
+
+
+def older_than(spec: PolicySpec, cutoff: datetime, *, types: dict | None = None) -> Fragment:
+    """``ts < cutoff`` in the column's own type (so its index serves the comparison)."""
+    return Fragment(
+        sql.SQL("{} < %s").format(col(spec.timestamp)),
+        [cutoff_value(spec, cutoff, types=types)],
+    )
+
+
 def null_rows(spec: PolicySpec, *, cutoff: datetime, nullable=None) -> Fragment | None:
     """Rows that are not eligible only because a planned column is NULL: a NULL timestamp, or
     older than the cutoff with a NULL key or tenant. ``nullable``: the columns that can be NULL
@@ -152,9 +190,8 @@ def null_rows(spec: PolicySpec, *, cutoff: datetime, nullable=None) -> Fragment 
     others = [c for c in cols if c != spec.timestamp]
     if others:
         any_null = sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(col(c)) for c in others)
-        parts.append(
-            Fragment(sql.SQL("({} < %s AND ({}))").format(col(spec.timestamp), any_null), [cutoff])
-        )
+        older = older_than(spec, cutoff)
+        parts.append(Fragment(sql.SQL("({} AND ({}))").format(older.sql, any_null), older.params))
     joined = Fragment.join(parts, " OR ")
     return Fragment(sql.SQL("({})").format(joined.sql), joined.params)
 
@@ -165,7 +202,7 @@ def eligible(
     """Older than the cutoff, key and tenant not NULL, not kept, and (unless told otherwise)
     not held. The planner (holds left out), the DELETE and verification all use this."""
     parts = [
-        Fragment(sql.SQL("{} < %s").format(col(spec.timestamp)), [cutoff]),
+        older_than(spec, cutoff),
         has_values(spec),
         not_kept(spec),
     ]

@@ -55,11 +55,12 @@ def _label(start: datetime, unit: str, tz_name: str) -> str:
 
 
 def _oldest_query(spec: PolicySpec, cutoff: datetime):
-    ts = predicate.col(spec.timestamp)
-    text = sql.SQL("SELECT min({ts}) FROM {table} WHERE {ts} < %s").format(
-        ts=ts, table=predicate.table(spec)
+    """The oldest timestamp before the cutoff, as an instant."""
+    older = predicate.older_than(spec, cutoff)
+    text = sql.SQL("SELECT min({ts}) FROM {table} WHERE {older}").format(
+        ts=predicate.timestamp_instant(spec), table=predicate.table(spec), older=older.sql
     )
-    return text, [cutoff]
+    return text, older.params
 
 
 def _summary_query(
@@ -75,7 +76,8 @@ def _summary_query(
     """
     kept = predicate.kept(spec)
     held = predicate.held(spec, policy_id)
-    ts = predicate.col(spec.timestamp)
+    instant = predicate.timestamp_instant(spec)
+    older = predicate.older_than(spec, cutoff)
     tenant = predicate.col(spec.tenant) if spec.tenant else sql.SQL("NULL::text")
     rules = [predicate.keep_condition(rule) for rule in spec.keep]
     rule_select = sql.SQL("").join(
@@ -98,11 +100,11 @@ def _summary_query(
     text = sql.SQL(
         "WITH f AS ("
         "  SELECT tn, b, k_, ts_, kp, h, pv AND NOT kp AND NOT h AS e{rule_names} FROM ("
-        "    SELECT {tenant} AS tn, width_bucket({ts}::timestamptz, %s::timestamptz[]) AS b,"
+        "    SELECT {tenant} AS tn, width_bucket({ts}, %s::timestamptz[]) AS b,"
         "           {key} AS k_, {ts} AS ts_, ({kept}) AS kp, ({present}) AS pv,"
         "           CASE WHEN ({kept}) OR NOT ({present}) THEN FALSE ELSE ({held}) END AS h"
         "           {rule_select}"
-        "    FROM {table} WHERE {ts} < %s OFFSET 0"
+        "    FROM {table} WHERE {older} OFFSET 0"
         "  ) AS per_row"
         "), g AS ("
         "  SELECT GROUPING(tn) AS gt, tn::text AS tn,"
@@ -127,7 +129,8 @@ def _summary_query(
             sql.SQL(", {}").format(sql.Identifier(f"r{i}")) for i in range(len(rules))
         ),
         tenant=tenant,
-        ts=ts,
+        ts=instant,
+        older=older.sql,
         key=predicate.col(spec.key),
         kept=kept.sql,
         present=predicate.has_values(spec).sql,
@@ -143,7 +146,7 @@ def _summary_query(
         *kept.params,
         *held.params,
         *[p for frag in rules for p in frag.params],
-        cutoff,
+        *older.params,
         TOP_TENANTS,
     ]
     return text, params
@@ -278,10 +281,6 @@ def preview(
             rows: list[dict] = []
             unit = "month"
             if oldest is not None:
-                if not isinstance(oldest, datetime):  # a date column
-                    oldest = datetime(oldest.year, oldest.month, oldest.day, tzinfo=UTC)
-                elif oldest.tzinfo is None:  # timestamp without time zone: read as UTC
-                    oldest = oldest.replace(tzinfo=UTC)
                 boundaries, unit = age_boundaries(oldest, cutoff, spec.timezone)
                 text, params = _summary_query(
                     spec, policy_id=policy_id, cutoff=cutoff, boundaries=boundaries

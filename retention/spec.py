@@ -96,7 +96,8 @@ def _no_nul(value, where: str) -> None:
             _no_nul(item, f"{where}[{index}]")
 
 
-def parse_retention(text) -> timedelta:
+def retention_parts(text) -> tuple[int, str]:
+    """(amount, unit) of a retention such as "90 days" → (90, "day")."""
     if not isinstance(text, str):
         raise SpecError(f'retention must be a string like "90 days", got {text!r}')
     match = _RETENTION.fullmatch(text)
@@ -104,23 +105,28 @@ def parse_retention(text) -> timedelta:
         raise SpecError(
             f'retention must look like "90 days" (minutes, hours, days or weeks), got {text!r}'
         )
-    amount = int(match.group(1))
+    return int(match.group(1)), match.group(2)
+
+
+def validate_zone(tz, where: str) -> str:
+    if not isinstance(tz, str):
+        raise SpecError(f'{where} must be an IANA name such as "Europe/Berlin", got {tz!r}')
+    try:
+        zoneinfo.ZoneInfo(tz)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a directory
+        raise SpecError(f"{where} {tz!r} is not a known IANA timezone") from None
+    return tz
+
+
+def parse_retention(text) -> timedelta:
+    amount, unit = retention_parts(text)
     if amount <= 0:
         raise SpecError(f"retention must be longer than zero, got {text!r}")
-    return timedelta(seconds=amount * RETENTION_UNITS[match.group(2)])
+    return timedelta(seconds=amount * RETENTION_UNITS[unit])
 
 
 def validate_schedule(expr, tz) -> None:
-    if not isinstance(tz, str):
-        raise SpecError(f'timezone must be an IANA name such as "Europe/Berlin", got {tz!r}')
-    try:
-        zoneinfo.ZoneInfo(tz)
-    except (
-        zoneinfo.ZoneInfoNotFoundError,
-        ValueError,
-        OSError,
-    ):  # OSError: a tz directory, a long name
-        raise SpecError(f"timezone {tz!r} is not a known IANA timezone") from None
+    validate_zone(tz, "timezone")
     if not isinstance(expr, str) or len(expr.split()) != 5 or not croniter.is_valid(expr):
         raise SpecError(f"schedule must be a five-field cron expression, got {expr!r}")
 
@@ -208,6 +214,10 @@ class PolicySpec:
     vacuum: str = "recommend"
     pace_rows_per_s: int = 0
     owner: str = ""
+    # The zone whose wall-clock time a `timestamp without time zone` (or `date`) column
+    # holds; None: the policy's timezone. Left out of the stored JSON when None, so the
+    # content hash of a version written before this field existed does not change.
+    timestamp_zone: str | None = None
 
     TOP_KEYS = {
         "slug",
@@ -233,6 +243,7 @@ class PolicySpec:
         "vacuum",
         "owner",
         "pace_rows_per_s",
+        "timestamp_zone",
     }
 
     @classmethod
@@ -269,6 +280,9 @@ class PolicySpec:
         parse_retention(retention)
         timezone_name = data.get("timezone", "UTC")
         validate_schedule(data["schedule"], timezone_name)
+        timestamp_zone = data.get("timestamp_zone")
+        if timestamp_zone is not None:
+            validate_zone(timestamp_zone, "timestamp_zone")
         name_text = data.get("name", slug)
         if not isinstance(name_text, str) or not name_text.strip() or len(name_text) > 200:
             raise SpecError("name must be a non-empty string of at most 200 characters")
@@ -331,6 +345,7 @@ class PolicySpec:
             vacuum=_choice(data.get("vacuum", "recommend"), "vacuum", VACUUM_MODES),
             pace_rows_per_s=_int(data.get("pace_rows_per_s", 0), "pace_rows_per_s", 0, 100_000_000),
             owner=owner.strip(),
+            timestamp_zone=timestamp_zone,
         )
         if spec.tenant_workers > spec.policy_workers:
             raise SpecError("limits.tenant_workers cannot exceed limits.policy_workers")
@@ -341,6 +356,8 @@ class PolicySpec:
         data = asdict(self)
         data["keep"] = [rule.to_json() for rule in self.keep]
         data["cascade_ack"] = list(self.cascade_ack)
+        if data["timestamp_zone"] is None:
+            del data["timestamp_zone"]
         return data
 
     @classmethod
@@ -379,6 +396,7 @@ class PolicySpec:
             f"retention = {value(self.retention)}",
             f"schedule = {value(self.schedule)}",
             f"timezone = {value(self.timezone)}",
+            *([f"timestamp_zone = {value(self.timestamp_zone)}"] if self.timestamp_zone else []),
             f"chunk_size = {self.chunk_size}",
             f"catch_up = {value(self.catch_up)}",
             f"overlap = {value(self.overlap)}",
@@ -422,12 +440,19 @@ class PolicySpec:
     def retention_delta(self) -> timedelta:
         return parse_retention(self.retention)
 
+    @property
+    def column_zone(self) -> str:
+        """The zone a `timestamp without time zone` or `date` column's values are read in."""
+        return self.timestamp_zone or self.timezone
+
     def cutoff_for(self, tick: datetime) -> datetime:
-        """The cutoff of the run for ``tick``: tick minus retention, in the policy's wall clock
-        for whole days and weeks (so a DST change does not shift it by an hour)."""
-        tz = zoneinfo.ZoneInfo(self.timezone)
+        """The cutoff of the run for ``tick``, decided on the unit written: minutes and hours
+        are elapsed time (``tick - 24 hours`` is always 86,400 s earlier); days and weeks are
+        wall-clock time in the policy's timezone (``tick - 1 day`` is the same local time the
+        day before, 23 or 25 hours earlier across a DST change)."""
         delta = self.retention_delta
-        if delta.total_seconds() % 86400 == 0:
+        if retention_parts(self.retention)[1] in ("day", "week"):
+            tz = zoneinfo.ZoneInfo(self.timezone)
             local = tick.astimezone(tz).replace(tzinfo=None) - delta
             return _localize(local, tz)
         return tick - delta
