@@ -36,6 +36,7 @@ _PERMANENT_CLASSES = {
     "22": "data exception",
     "42": "syntax or access rule",
     "23": "integrity constraint",
+    "54": "program limit exceeded",
 }
 
 

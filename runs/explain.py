@@ -34,7 +34,13 @@ def _plan(frag: P.Fragment) -> list[str]:
 def statements(policy) -> list[tuple[str, P.Fragment]]:
     """The engine's statements on the target, built by the engine's own functions, with
     realistic parameters for ``policy`` now (its first eligible key and that key's tenant)."""
-    from runs.planner import bounds_query, step_query, tenants_query
+    from runs.planner import (
+        LEDGER_KEY_MAX,
+        bounds_query,
+        exclusive_end,
+        step_query,
+        tenants_query,
+    )
 
     spec = policy.approved_version.parsed
     cutoff = spec.cutoff_for(latest_tick(policy, timezone.now()))
@@ -52,7 +58,7 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
             cur.execute(query.as_string(cur.connection), [lo])
             row = cur.fetchone()
             tenant = row[0] if row else None
-    scope = P.in_scope(spec, tenant=tenant, key_from=lo, key_to=hi + 1)
+    scope = P.in_scope(spec, tenant=tenant, key_from=lo, key_to=exclusive_end(hi))
     plan_filter = P.eligible(spec, policy_id=policy.id, cutoff=cutoff, include_holds=False)
     where = P.Fragment.join([scope, plan_filter], " AND ")
     delete = P.delete_chunk(
@@ -61,7 +67,7 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
         cutoff=cutoff,
         tenant=tenant,
         key_from=lo,
-        key_to=lo + spec.chunk_size,
+        key_to=exclusive_end(min(lo + spec.chunk_size - 1, LEDGER_KEY_MAX)),
     )
     verify = P.count_where(
         spec, P.eligible(spec, policy_id=policy.id, cutoff=cutoff), limit=100_000

@@ -78,7 +78,7 @@ class PlannerCursor(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="cursors")
     pass_no = models.PositiveIntegerField()
-    tenant = models.CharField(max_length=200, blank=True, default="")
+    tenant = models.TextField(blank=True, default="")  # any value the target column holds
     next_key = models.BigIntegerField(null=True, blank=True)
     bound_key = models.BigIntegerField(
         null=True, blank=True, help_text="last eligible key at planning"
@@ -105,7 +105,8 @@ class ChunkQuerySet(models.QuerySet):
 
 class Chunk(models.Model):
     """An immutable unit of work: rows of ``tenant`` with key in [key_from, key_to) older than the
-    run's cutoff, minus kept and held rows. Identity is (run, pass, tenant, key_from, key_to)."""
+    run's cutoff, minus kept and held rows. Identity is (run, pass, tenant, key_from, key_to).
+    ``key_to`` NULL means "to the end": the chunk that holds the largest bigint key."""
 
     class State(models.TextChoices):
         PENDING = "pending"
@@ -116,10 +117,11 @@ class Chunk(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="chunks")
     pass_no = models.PositiveIntegerField(default=1)
-    tenant = models.CharField(max_length=200, blank=True, default="")
+    tenant = models.TextField(blank=True, default="")  # any value the target column holds
     seq = models.PositiveIntegerField(help_text="order within the tenant; claims go round-robin")
     key_from = models.BigIntegerField()
-    key_to = models.BigIntegerField()
+    # NULL: to the end of the key range (the chunk ends at the largest bigint)
+    key_to = models.BigIntegerField(null=True, blank=True)
     planned_rows = models.PositiveIntegerField(default=0)
     parent = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
@@ -137,7 +139,9 @@ class Chunk(models.Model):
         ordering = ["run", "seq", "id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["run", "pass_no", "tenant", "key_from", "key_to"], name="chunk_identity"
+                fields=["run", "pass_no", "tenant", "key_from", "key_to"],
+                name="chunk_identity",
+                nulls_distinct=False,  # one "to the end" chunk per start, too
             ),
             models.CheckConstraint(
                 condition=Q(key_from__lt=models.F("key_to")), name="chunk_interval"
@@ -156,7 +160,8 @@ class Chunk(models.Model):
 
     def __str__(self) -> str:
         tenant = f" tenant {self.tenant}" if self.tenant else ""
-        return f"chunk #{self.pk}{tenant} [{self.key_from}, {self.key_to})"
+        end = "∞" if self.key_to is None else self.key_to
+        return f"chunk #{self.pk}{tenant} [{self.key_from}, {end})"
 
 
 class AuditRecord(models.Model):
@@ -170,9 +175,9 @@ class AuditRecord(models.Model):
     policy_slug = models.CharField(max_length=80)
     table_name = models.CharField(max_length=130)
     cutoff = models.DateTimeField()
-    tenant = models.CharField(max_length=200, blank=True)
+    tenant = models.TextField(blank=True)
     key_from = models.BigIntegerField()
-    key_to = models.BigIntegerField()
+    key_to = models.BigIntegerField(null=True, blank=True)  # NULL: to the end of the key range
     attempt = models.PositiveIntegerField()
     worker_host = models.CharField(max_length=200)
     worker_pid = models.IntegerField()

@@ -13,13 +13,26 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from psycopg import sql
 
 from core import locks
 from retention import predicate as P
 from retention.spec import PolicySpec
 from runs.models import Chunk, PlannerCursor, Run
+
+LEDGER_KEY_MAX = 2**63 - 1  # chunk bounds are stored as bigint
+
+
+def exclusive_end(key: int) -> int | None:
+    """The exclusive upper bound just past ``key``; None ("to the end") when ``key`` is the
+    largest bigint, where ``key + 1`` fits neither the ledger nor the key column's type."""
+    return key + 1 if key < LEDGER_KEY_MAX else None
+
+
+def _context(exc: BaseException, **context) -> None:
+    """Attach where planning stood to a database error (for the dead letter)."""
+    exc.planning_context = {**context, **getattr(exc, "planning_context", {})}
 
 
 def _fetchone(frag: P.Fragment):
@@ -110,46 +123,60 @@ def step(run: Run, spec: PolicySpec, chunk_size: int) -> bool | None:
         )
         if cursor is None:
             return None
-        tenant = cursor.tenant if spec.tenant else None
-        scope = P.in_scope(
-            spec, tenant=tenant, key_from=cursor.next_key, key_to=cursor.bound_key + 1
-        )
-        where = P.Fragment.join([scope, _planning_filter(run, spec)], " AND ")
-        key = P.col(spec.key)
-        row = _fetchone(step_query(spec, where, chunk_size))
-        if row is not None:
-            key_to, planned = row[0] + 1, chunk_size
-        else:
-            last, count = _fetchone(
-                P.Fragment(
-                    sql.SQL("SELECT max({k}), count(*) FROM {tbl} WHERE {w}").format(
-                        k=key, tbl=P.table(spec), w=where.sql
-                    ),
-                    where.params,
-                )
-            )
-            cursor.exhausted = True
-            key_to, planned = (last + 1 if last is not None else None), count
-        made = False
-        if key_to is not None and planned > 0:
-            try:
-                with transaction.atomic():
-                    Chunk.objects.create(
-                        run=run,
-                        pass_no=run.pass_no,
-                        tenant=cursor.tenant,
-                        seq=cursor.chunks_planned,
-                        key_from=cursor.next_key,
-                        key_to=key_to,
-                        planned_rows=planned,
-                    )
-                made = True
-            except IntegrityError:
-                pass  # the same chunk exists already: a step that crashed after insert is replayed
-            cursor.chunks_planned += 1
-            cursor.next_key = key_to
+        try:
+            made = _plan_chunk(run, spec, cursor, chunk_size)
+        except DatabaseError as exc:
+            _context(exc, stage="planning a chunk", tenant=cursor.tenant, next_key=cursor.next_key)
+            raise
         cursor.save(update_fields=["next_key", "exhausted", "chunks_planned"])
         return made
+
+
+def _plan_chunk(run: Run, spec: PolicySpec, cursor: PlannerCursor, chunk_size: int) -> bool:
+    """The next chunk of ``cursor``: up to ``chunk_size`` eligible keys from its position,
+    or the rest of its walk (then the cursor is exhausted). Advances the cursor in memory."""
+    tenant = cursor.tenant if spec.tenant else None
+    scope = P.in_scope(
+        spec, tenant=tenant, key_from=cursor.next_key, key_to=exclusive_end(cursor.bound_key)
+    )
+    where = P.Fragment.join([scope, _planning_filter(run, spec)], " AND ")
+    key = P.col(spec.key)
+    row = _fetchone(step_query(spec, where, chunk_size))
+    if row is not None:
+        last, planned = row[0], chunk_size
+    else:
+        last, planned = _fetchone(
+            P.Fragment(
+                sql.SQL("SELECT max({k}), count(*) FROM {tbl} WHERE {w}").format(
+                    k=key, tbl=P.table(spec), w=where.sql
+                ),
+                where.params,
+            )
+        )
+        cursor.exhausted = True
+    if last is None or planned <= 0:
+        return False
+    key_to = exclusive_end(last)
+    if key_to is None:  # the top of the key range: nothing can follow this chunk
+        cursor.exhausted = True
+    made = False
+    try:
+        with transaction.atomic():
+            Chunk.objects.create(
+                run=run,
+                pass_no=run.pass_no,
+                tenant=cursor.tenant,
+                seq=cursor.chunks_planned,
+                key_from=cursor.next_key,
+                key_to=key_to,
+                planned_rows=planned,
+            )
+        made = True
+    except IntegrityError:
+        pass  # the same chunk exists already: a step that crashed after insert is replayed
+    cursor.chunks_planned += 1
+    cursor.next_key = key_to if key_to is not None else last
+    return made
 
 
 def plan(run: Run, *, window: int | None = None) -> int:
@@ -160,7 +187,11 @@ def plan(run: Run, *, window: int | None = None) -> int:
     spec = run.policy_version.parsed
     window = window or settings.RETENTION["PLANNER_WINDOW"]
     chunk_size = run.chunk_size or spec.chunk_size
-    ensure_cursors(run, spec)
+    try:
+        ensure_cursors(run, spec)
+    except DatabaseError as exc:
+        _context(exc, stage="finding the first and last eligible keys and the tenants")
+        raise
     created = 0
     pending = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).count()
     while pending < window:

@@ -27,7 +27,7 @@ from django.utils import timezone
 from core import locks
 from retention import predicate as P
 from retention.models import PolicyVersion
-from runs import audit, guard, stopping
+from runs import audit, guard, planner, stopping
 from runs.errors import PERMANENT, classify, sqlstate_of
 from runs.models import Chunk, DeadLetter, Lease, Run
 
@@ -277,9 +277,10 @@ def _record_failure(run: Run, chunk_id: int, attempts: int, exc: BaseException) 
 
 def _split(chunk: Chunk, floor_rows: int) -> bool:
     """Replace a chunk that timed out by its two halves (same run, pass, tenant and order)."""
-    if chunk.key_to - chunk.key_from < 2 or chunk.planned_rows < 2 * floor_rows:
+    end = chunk.key_to if chunk.key_to is not None else planner.LEDGER_KEY_MAX + 1
+    if end - chunk.key_from < 2 or chunk.planned_rows < 2 * floor_rows:
         return False
-    mid = chunk.key_from + (chunk.key_to - chunk.key_from) // 2
+    mid = chunk.key_from + (end - chunk.key_from) // 2
     for lo, hi in ((chunk.key_from, mid), (mid, chunk.key_to)):
         Chunk.objects.get_or_create(
             run_id=chunk.run_id,
@@ -324,6 +325,41 @@ def dead_letter(
     )  # fmt: skip
 
 
+def _connection_lost(exc: BaseException) -> bool:
+    """The connection itself failed (no SQLSTATE from the server, or class 08)."""
+    cls = classify(exc)
+    return cls.label == "connection lost" or cls.sqlstate.startswith("08")
+
+
+def _planning_failed(run: Run, exc: BaseException) -> str:
+    """A permanent error while planning (a column renamed, a value the ledger cannot hold, …):
+    the run needs attention, with a dead letter that says what failed and where planning stood.
+    Replaying the dead letter (after fixing the cause) or resuming the run plans again."""
+    cls = classify(exc)
+    message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:2000]
+    reason = f"planning failed: {cls.label}: {message}"
+    with transaction.atomic():
+        moved = Run.objects.filter(pk=run.pk, state=Run.State.ACTIVE).update(
+            state=Run.State.ATTENTION, state_reason=reason[:2000]
+        )
+        if moved:  # one dead letter, however many leases hit the same error
+            dead_letter(
+                chunk=None,
+                run=run,
+                error_class=PERMANENT,
+                sqlstate=cls.sqlstate,
+                message=reason,
+                attempts=1,
+                extra={
+                    "stage": "planning",
+                    "pass": run.pass_no,
+                    **getattr(exc, "planning_context", {}),
+                },
+            )
+    log.error("run %s needs attention: %s", run.run_key, reason)
+    return reason
+
+
 def _pace(run: Run, outcome: Outcome, deadline: float) -> None:
     """Honour the policy's optional rate cap (rows/s across its workers)."""
     spec = run.policy_version.parsed
@@ -365,7 +401,7 @@ def drain(
 ) -> dict:
     """Drain chunks of one run until the budget ends, the run stops, or (``until_idle``) no work
     is left. Returns counters. With a lease (slot, generation) it stops when superseded."""
-    from runs import planner, reconciler
+    from runs import reconciler
 
     budget = budget_s if budget_s is not None else settings.RETENTION["LEASE_BUDGET_S"]
     deadline = time.monotonic() + budget
@@ -376,6 +412,7 @@ def drain(
     def load() -> Run | None:
         return Run.objects.select_related("policy_version", "policy").filter(pk=run_id).first()
 
+    planning_failures = 0
     run = load()
     if run is None:
         stats["stopped"] = "run not found"
@@ -396,7 +433,25 @@ def drain(
                 last_beat = time.monotonic()
             if not run.planner_done:
                 if Chunk.objects.filter(run=run, state=Chunk.State.PENDING).count() <= window // 2:
-                    planner.plan(run, window=window)
+                    try:
+                        planner.plan(run, window=window)
+                    except DatabaseError as exc:
+                        if _connection_lost(exc):
+                            raise
+                        planning_failures += 1
+                        if classify(exc).kind == PERMANENT:
+                            stats["stopped"] = _planning_failed(run, exc)
+                            return stats
+                        # transient (lock or statement timeout, serialization): back off
+                        log.warning("planning run %s failed, retrying: %s", run.run_key, exc)
+                        stats["failed"] += 1
+                        stopping.sleep(
+                            min(
+                                backoff(planning_failures, cap=10.0),
+                                max(0.0, deadline - time.monotonic()),
+                            )
+                        )
+                        continue
             outcome = process_one(run)
         except DatabaseError as exc:
             # The connection failed (killed backend, server restart) between or inside chunk

@@ -1,0 +1,110 @@
+"""Planning on tables the demo does not look like: a permanent error while planning puts the
+run in "needs attention" with a dead letter (it is not retried for ever as if the connection
+were lost); the ledger holds any tenant value the target column can hold; keys at the top of
+their type's range are planned and deleted."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from runs import worker
+from runs.actions import trigger_run
+from runs.invariants import check_run
+from runs.models import Chunk, DeadLetter, Run
+from tests.factories import approved_policy, events_spec
+from tests.runs.conftest import NOW, count
+
+
+@pytest.fixture(autouse=True)
+def guard_off(settings):
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+
+
+def make_table(name: str, key_type: str, tenant_type: str, rows: list[tuple]) -> None:
+    """``public.<name>`` (id, tenant, occurred_at) and its shadow copy."""
+    with connection.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS public.{name}, public.{name}_shadow")
+        cur.execute(
+            f"CREATE TABLE public.{name} (id {key_type} PRIMARY KEY, tenant {tenant_type} NOT NULL,"
+            " occurred_at timestamptz NOT NULL)"
+        )
+        cur.executemany(f"INSERT INTO public.{name} VALUES (%s, %s, %s)", rows)
+        cur.execute(f"CREATE INDEX ON public.{name} (tenant, id)")
+        cur.execute(f"CREATE TABLE public.{name}_shadow AS SELECT * FROM public.{name}")
+        cur.execute(f"ANALYZE public.{name}")
+
+
+def policy_on(make_user, name: str, **overrides):
+    return approved_policy(
+        make_user,
+        **events_spec(
+            slug=name.replace("_", "-"), table=name, tenant="tenant", keep=[], **overrides
+        ),
+    )
+
+
+def drain(run: Run) -> dict:
+    return worker.drain(run.pk, budget_s=20)
+
+
+def test_a_column_renamed_after_the_trigger_puts_the_run_in_attention_with_a_dead_letter(
+    events_policy, make_user
+):
+    run, _ = trigger_run(events_policy, tick=NOW)
+    with connection.cursor() as cur:
+        cur.execute("ALTER TABLE public.rr_events RENAME COLUMN occurred_at TO happened_at")
+    stats = drain(run)
+    run.refresh_from_db()
+    assert run.state == Run.State.ATTENTION, run.state_reason
+    assert "planning failed" in run.state_reason and "undefined column" in run.state_reason
+    assert stats["continue"] is False
+    letter = DeadLetter.objects.get(run=run)
+    assert (letter.error_class, letter.sqlstate, letter.chunk_id) == ("permanent", "42703", None)
+    for key in ("policy", "policy_version", "run", "table", "cutoff", "stage", "pass"):
+        assert key in letter.context, key
+    assert not Chunk.objects.filter(run=run).exists()
+    # the cause fixed, replaying the dead letter plans and drains the same run
+    from runs.actions import replay_dead_letter
+
+    with connection.cursor() as cur:
+        cur.execute("ALTER TABLE public.rr_events RENAME COLUMN happened_at TO occurred_at")
+    replay_dead_letter(letter, actor=make_user("olga", "oncall"), reason="column restored")
+    drain(run)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert check_run(run, shadow=("public", "rr_events_shadow")) == []
+
+
+def test_a_tenant_longer_than_any_ledger_limit_is_planned_and_deleted(make_user, db):
+    long_tenant = "tenant-" + "x" * 500
+    old = NOW.replace(year=2025)
+    make_table(
+        "rr_wide",
+        "bigint",
+        "text",
+        [(i, long_tenant if i % 2 else "short", old) for i in range(1, 41)],
+    )
+    run, _ = trigger_run(policy_on(make_user, "rr_wide"), tick=NOW)
+    drain(run)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert count("public.rr_wide") == 0
+    assert Chunk.objects.filter(run=run, tenant=long_tenant, state=Chunk.State.DONE).exists()
+    assert check_run(run, shadow=("public", "rr_wide_shadow")) == []
+
+
+@pytest.mark.parametrize(
+    ("key_type", "top"),
+    [("smallint", 2**15 - 1), ("integer", 2**31 - 1), ("bigint", 2**63 - 1)],
+)
+def test_keys_at_the_top_of_their_type_are_planned_and_deleted(make_user, db, key_type, top):
+    old, new = NOW.replace(year=2025), NOW
+    rows = [(top - i, "a", old) for i in range(30)] + [(top - 30, "a", new)]
+    make_table("rr_top", key_type, "text", rows)
+    run, _ = trigger_run(policy_on(make_user, "rr_top", chunk_size=10), tick=NOW)
+    drain(run)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert count("public.rr_top") == 1  # the one newer row
+    assert check_run(run, shadow=("public", "rr_top_shadow")) == []
