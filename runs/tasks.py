@@ -6,6 +6,10 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from django.db import transaction
+
+from core import timeouts
+
 log = logging.getLogger(__name__)
 
 
@@ -33,13 +37,35 @@ def trigger_scheduled(policy_id=None, tick=None, **_ignored) -> str:
     policy = Policy.objects.filter(pk=policy_id).first()
     if policy is None:
         return _malformed("trigger", f"policy {policy_id} not found", {"policy_id": policy_id})
-    try:
-        run, created = trigger_run(policy, tick=tick_at)
-        outcome = f"{'created' if created else 'existing'} run {run.run_key} ({run.state})"
-    except ActionError as exc:
-        outcome = f"not triggered: {exc}"
-    schedules.arm(policy, after=max(tick_at, _now()))
+    now = _now()
+    with transaction.atomic():
+        timeouts.set_local(timeouts.reconciler_budget()[1])
+        try:
+            if now - tick_at > schedules.DUE_GRACE:
+                outcome = _late_firing(policy, tick_at, now)
+            else:
+                run, created = trigger_run(policy, tick=tick_at)
+                outcome = f"{'created' if created else 'existing'} run {run.run_key} ({run.state})"
+        except ActionError as exc:
+            outcome = f"not triggered: {exc}"
+        schedules.arm(policy, after=max(tick_at, now))
     return outcome
+
+
+def _late_firing(policy, tick_at: datetime, now: datetime) -> str:
+    """A firing long after its tick (the cluster was down) follows the policy's catch-up rule,
+    exactly as the reconciler would: ``none`` runs nothing, ``latest`` one run for the newest
+    missed tick with the older ones recorded on it — never a run for the oldest one as well."""
+    from runs.reconciler import catch_up
+
+    version = policy.approved_version
+    late = f"fired {int((now - tick_at).total_seconds())} s after its tick {tick_at.isoformat()}"
+    if version is None or version.parsed.catch_up == "none":
+        return f"{late}: skipped (catch_up = none)"
+    run = catch_up(policy, now)
+    if run is None:
+        return f"{late}: nothing to catch up"
+    return f"{late}: caught up with run {run.run_key} ({len(run.skipped_ticks)} skipped)"
 
 
 def _now():

@@ -84,3 +84,47 @@ def test_a_dead_one_shot_schedule_is_rearmed_by_the_clusters_reconciler(make_use
     finally:
         kill_group(cluster, signal.SIGTERM)
         drop_tables("rr_alpha")
+
+
+def test_a_late_firing_after_an_outage_follows_the_catch_up_rule(make_user):
+    """The cluster was down since yesterday's 03:00: the schedules are still armed for it."""
+    from django.utils import timezone
+    from django_q.models import Schedule
+
+    from retention.schedule_math import latest_tick
+    from runs.schedules import schedule_name
+
+    latest = policy_on(make_user, "alpha", "rr_alpha", approved_ago=timedelta(days=3))
+    none = policy_on(make_user, "beta", "rr_beta", approved_ago=timedelta(days=3), catch_up="none")
+    newest = latest_tick(latest, timezone.now() - timedelta(minutes=2))
+    missed = newest - timedelta(days=1)
+    Schedule.objects.filter(name__in=[schedule_name(latest), schedule_name(none)]).update(
+        next_run=missed, repeats=1
+    )
+    cluster = spawn("qcluster", env=CLUSTER_ENV)
+    try:
+        wait_for(
+            lambda: (
+                Schedule.objects.filter(
+                    name__in=[schedule_name(latest), schedule_name(none)],
+                    next_run__gt=timezone.now(),
+                ).count()
+                == 2
+            ),
+            timeout=90,
+            interval=1,
+            what="both late firings to run and re-arm",
+        )
+        enqueue_reconcile()
+        wait_for(
+            lambda: Success.objects.filter(func="runs.tasks.reconcile").exists(),
+            timeout=30,
+            what="a reconciler pass",
+        )
+    finally:
+        kill_group(cluster, signal.SIGTERM)
+        drop_tables("rr_alpha", "rr_beta")
+    runs = list(Run.objects.filter(policy=latest).values_list("tick", "source", "skipped_ticks"))
+    assert [(tick, source) for tick, source, _ in runs] == [(newest, "catch-up")], runs
+    assert missed.isoformat() in runs[0][2]
+    assert not Run.objects.filter(policy=none).exists()

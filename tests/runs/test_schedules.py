@@ -18,8 +18,13 @@ def test_approving_a_policy_arms_its_schedule_on_the_cleanup_cluster(events_poli
     assert schedule.next_run.astimezone(UTC).strftime("%H:%M") == "03:00"
 
 
-def test_a_scheduled_firing_creates_the_run_of_its_tick_and_rearms_for_the_next(events_policy):
+def test_a_scheduled_firing_creates_the_run_of_its_tick_and_rearms_for_the_next(
+    events_policy, monkeypatch
+):
+    from datetime import timedelta
+
     tick = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
+    monkeypatch.setattr(tasks, "_now", lambda: tick + timedelta(seconds=30))  # on time
     outcome = tasks.trigger_scheduled(policy_id=events_policy.pk, tick=tick.isoformat())
     assert "created run events/2026-11-29T03:00" in outcome
     run = Run.objects.get()
