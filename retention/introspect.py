@@ -143,16 +143,21 @@ def refuse_product_table(oid: int, where: str) -> None:
 def table_columns(oid: int) -> dict[str, Column]:
     rows = _fetch(
         "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), t.typname,"
-        " a.attnotnull, a.attnum, t.typtype, t.typcategory"
+        " a.attnotnull, a.attnum, t.typtype, t.typcategory,"
+        " EXISTS (SELECT 1 FROM pg_catalog.pg_opclass o JOIN pg_catalog.pg_am m ON m.oid = o.opcmethod"
+        "  WHERE m.amname = 'btree' AND o.opcdefault AND o.opcintype = t.oid)"
         " FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
         " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
         [oid],
     )
     columns = {}
-    for name, type_text, typname, not_null, attnum, typtype, category in rows:
+    for name, type_text, typname, not_null, attnum, typtype, category, ordered in rows:
         # base, domain, enum or range types compare as one value; arrays, composites,
         # pseudo-types and JSON documents do not make a tenant or a keep-rule operand.
-        scalar = typtype in ("b", "d", "e", "r") and category not in ("A", "U", "P", "X")
+        # User-defined base types (uuid, extension types) count when they are ordered
+        # (a default btree operator class), as the planner's walk over tenants needs.
+        scalar = typtype in ("b", "d", "e", "r") and category not in ("A", "P", "X")
+        scalar = scalar and (category != "U" or ordered)
         scalar = scalar and typname not in ("json", "jsonb", "xml")
         columns[name] = Column(name, type_text, typname, not_null, attnum, scalar)
     return columns

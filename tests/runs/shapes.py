@@ -1,0 +1,474 @@
+"""Target tables of many shapes, built in real PostgreSQL, and one engine run over each.
+
+A ``Shape`` names a table's column types, its key layout, NULLs, ages around the cutoff,
+the policy's timezone and retention, the tick, and the legal holds placed (with their
+tenants written in other forms than the column's). ``run_shape`` builds the table and its
+shadow copy, applies and approves the policy with the real action functions, places the
+holds, triggers the run, drains it in-process and returns what the invariant checker
+(``runs.invariants.check_run``) finds against the shadow copy.
+
+``defects(shape)`` says which of the engine defects of issue 11 a shape can expose, so
+the matrix marks those shapes expected-to-fail (strictly) while a defect is open, and
+the generator of the long mode leaves them out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from django.db import DatabaseError, connection, transaction
+
+from retention import actions as retention_actions
+from runs import worker
+from runs.actions import trigger_run
+from runs.invariants import HoldScope, Shadow, check_run
+from runs.models import Run
+from tests.factories import approved_policy
+
+# Engine defects not yet fixed on main: the six of issue 11 by number, and the ones this
+# matrix found (100+). A shape that can expose one is an expected failure (strict: it
+# turns red the day the fix lands, and the number goes).
+OPEN_DEFECTS = {1, 4, 6, 101}
+DEFECT_REASONS = {
+    101: "cutoff of an hour or minute retention for a tick given in a DST zone is computed"
+    " on that zone's wall clock (datetime arithmetic in the tick's tzinfo)",
+}
+
+
+def reason(defect: int) -> str:
+    return DEFECT_REASONS.get(defect, f"issue 11 defect {defect}")
+
+
+TABLE = "rr_shape"
+SHADOW = f"{TABLE}_shadow"
+COLLATION = "rr_shape_ci"  # ICU, case-insensitive, nondeterministic
+
+KEY_RANGES = {
+    "smallint": (-(2**15), 2**15 - 1),
+    "integer": (-(2**31), 2**31 - 1),
+    "bigint": (-(2**63), 2**63 - 1),
+}
+TENANT_SQL = {
+    "integer": "integer",
+    "bigint": "bigint",
+    "text": "text",
+    "varchar_c": 'varchar(40) COLLATE "C"',
+    "varchar_ci": f"varchar(40) COLLATE {COLLATION}",
+    "citext": "citext",
+    "uuid": "uuid",
+}
+UUIDS = [
+    uuid.UUID("3f2504e0-4f89-11d3-9a0c-0305e82c3301"),
+    uuid.UUID("a1b2c3d4-0000-4000-8000-00000000000a"),
+    uuid.UUID("ffffffff-ffff-4fff-bfff-fffffffffff0"),
+]
+# Values stored in the tenant column, per type (distinct by the type's own ``=`` unless
+# noted: 'acme' and 'ACME' are one tenant in citext and in the case-insensitive collation).
+TENANT_POOLS = {
+    "integer": [1, 2, 7, 10, 42],
+    "bigint": [1, 7, 5_000_000_000, -3],
+    "text": ["acme", "Acme", " acme", "globex", "007"],
+    "varchar_c": ["acme", "Acme", "globex", "Zeta", "älpha"],
+    "varchar_ci": ["acme", "ACME", "globex", "Globex", "initech"],
+    "citext": ["acme", "ACME", "globex", "Initech"],
+    "uuid": [str(u) for u in UUIDS],
+}
+ZONES = ("UTC", "Europe/Berlin", "America/New_York")
+# Both DST days of 2026 in each zone (UTC has none: two ordinary days).
+DST_DAYS = {
+    "UTC": ["2026-03-29", "2026-10-25"],
+    "Europe/Berlin": ["2026-03-29", "2026-10-25"],
+    "America/New_York": ["2026-03-08", "2026-11-01"],
+}
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hold:
+    """A hold as an operator writes it. ``tenant`` is an index into the tenant pool plus a
+    written form, or a raw string; ``scope`` is the shape's policy or all policies."""
+
+    tenant: str | None = None
+    key_from: int | None = None
+    key_to: int | None = None
+    scope: str = "policy"  # policy | all
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    name: str = "shape"
+    seed: int = 0
+    tenant_type: str | None = "integer"
+    key_type: str = "bigint"
+    key_layout: str = "dense"  # dense | negative | sparse | top | bottom | dup
+    correlated: bool = True  # keys ascend with time
+    ts_type: str = "timestamptz"  # timestamptz | timestamp
+    timezone: str = "UTC"
+    retention: str = "20 days"
+    tick: datetime = NOW
+    rows: int = 120
+    age: str = "mixed"  # mixed | none_eligible | all_eligible
+    null_tenant: bool = False
+    null_ts: bool = False
+    null_key: bool = False
+    null_keep: bool = False
+    keep: bool = True
+    holds: tuple[Hold, ...] = ()
+    chunk_size: int = 20
+
+    def describe(self) -> str:
+        fields = dataclasses.asdict(self)
+        return ", ".join(f"{k}={v!r}" for k, v in fields.items() if k != "name")
+
+
+# -- expected cutoff (for placing rows near it; the checker recomputes it in SQL) --------
+
+
+def _retention(text: str) -> tuple[int, str]:
+    number, unit = text.split()
+    return int(number), unit.rstrip("s")
+
+
+def true_cutoff(shape: Shape) -> datetime:
+    number, unit = _retention(shape.retention)
+    if unit in {"day", "week"}:
+        zone = ZoneInfo(shape.timezone)
+        local = shape.tick.astimezone(zone).replace(tzinfo=None) - timedelta(
+            days=number * (7 if unit == "week" else 1)
+        )
+        return local.replace(tzinfo=zone).astimezone(UTC)
+    return shape.tick.astimezone(UTC) - timedelta(seconds=number * (3600 if unit == "hour" else 60))
+
+
+def wall_clock_cutoff(shape: Shape) -> datetime:
+    """What an engine that treats whole-day hours as days computes."""
+    number, unit = _retention(shape.retention)
+    seconds = number * {"minute": 60, "hour": 3600, "day": 86400, "week": 604800}[unit]
+    if seconds % 86400:
+        return true_cutoff(shape)
+    zone = ZoneInfo(shape.timezone)
+    local = shape.tick.astimezone(zone).replace(tzinfo=None) - timedelta(seconds=seconds)
+    return local.replace(tzinfo=zone).astimezone(UTC)
+
+
+# -- which defects a shape can expose ---------------------------------------------------
+
+
+def canonical_text(tenant_type: str, value) -> str:
+    return str(value)
+
+
+def typed_equal(tenant_type: str, stored, written: str) -> bool | None:
+    """``stored = CAST(written AS type)`` as PostgreSQL decides it (None: does not cast)."""
+    w = written
+    try:
+        if tenant_type in {"integer", "bigint"}:
+            return int(w.strip()) == stored
+        if tenant_type == "uuid":
+            return uuid.UUID(w.strip()) == uuid.UUID(stored)
+    except ValueError:
+        return None
+    if tenant_type in {"citext", "varchar_ci"}:
+        return w.lower() == stored.lower()
+    return w == stored
+
+
+def _hold_tenant_diverges(shape: Shape, hold: Hold, rows) -> bool:
+    """Whether the engine's text comparison of the stored (stripped) hold value with
+    ``tenant::text`` decides differently from the column type's ``=`` on some old row."""
+    if hold.tenant is None:
+        return False
+    if shape.tenant_type is None:
+        return any(r.old and not r.kept for r in rows)
+    stored = hold.tenant.strip()
+    for r in rows:
+        if r.tenant is None or not r.old or r.kept:
+            continue
+        typed = typed_equal(shape.tenant_type, r.tenant, hold.tenant)
+        engine = stored == canonical_text(shape.tenant_type, r.tenant)
+        if bool(typed) != engine:
+            return True
+    return False
+
+
+def defects(shape: Shape, rows=None) -> set[int]:
+    rows = rows if rows is not None else generate_rows(shape)
+    found: set[int] = set()
+    if any(_hold_tenant_diverges(shape, h, rows) for h in shape.holds):
+        found.add(1)
+    eligible_null = [
+        r
+        for r in rows
+        if r.old and not r.kept and (r.key is None or (shape.tenant_type and r.tenant is None))
+    ]
+    if eligible_null:
+        found.add(3)
+    top = KEY_RANGES[shape.key_type][1]
+    if shape.key_type == "bigint" and any(r.key == top and r.old and not r.kept for r in rows):
+        found.add(4)
+    if true_cutoff(shape) != wall_clock_cutoff(shape):
+        found.add(6)
+    elapsed = _retention(shape.retention)[1] in {"minute", "hour"}
+    if elapsed and shape.tick.tzinfo is not UTC:
+        number, unit = _retention(shape.retention)
+        seconds = number * (3600 if unit == "hour" else 60)
+        if (shape.tick - timedelta(seconds=seconds)).astimezone(UTC) != true_cutoff(shape):
+            found.add(101)
+    if shape.ts_type == "timestamp" and shape.timezone != "UTC":
+        offset = true_cutoff(shape).astimezone(ZoneInfo(shape.timezone)).utcoffset()
+        cutoff = true_cutoff(shape)
+        if any(
+            r.at is not None and min(cutoff, cutoff - offset) <= r.at < max(cutoff, cutoff - offset)
+            for r in rows
+        ):
+            found.add(6)
+    return found
+
+
+# -- rows -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Row:
+    key: int | None
+    tenant: object
+    at: datetime | None  # the instant; a naive column stores its wall time in the zone
+    status: str | None
+    old: bool = False
+    kept: bool = False
+
+
+def _keys(shape: Shape, rng: random.Random, n: int) -> list[int]:
+    lo, hi = KEY_RANGES[shape.key_type]
+    n = min(n, hi - lo)
+    if shape.key_layout == "dense":
+        start = rng.randint(1, 1000)
+        return [start + i for i in range(n)]
+    if shape.key_layout == "negative":
+        start = -rng.randint(n, 3 * n)
+        return [start + 2 * i for i in range(n)]
+    if shape.key_layout == "sparse":
+        keys: set[int] = set()
+        while len(keys) < n:
+            keys.add(rng.randint(lo, hi))
+        return sorted(keys)
+    if shape.key_layout == "top":
+        return [hi - n + 1 + i for i in range(n)]
+    if shape.key_layout == "bottom":
+        return [lo + i for i in range(n)]
+    if shape.key_layout == "dup":
+        return sorted(rng.randint(1, max(1, n // 3)) for _ in range(n))
+    raise ValueError(shape.key_layout)
+
+
+def generate_rows(shape: Shape) -> list[Row]:
+    rng = random.Random(shape.seed)
+    cutoff = true_cutoff(shape)
+    n = shape.rows
+    ats: list[datetime] = []
+    for _ in range(n):
+        if shape.age == "all_eligible":
+            delta = -timedelta(days=1, minutes=rng.randint(0, 60 * 24 * 30))
+        elif shape.age == "none_eligible":
+            delta = timedelta(days=1, minutes=rng.randint(0, 60 * 24 * 5))
+        else:
+            pick = rng.random()
+            if pick < 0.45:  # within three hours of the cutoff, both sides
+                delta = timedelta(minutes=rng.choice([-1, 1]) * rng.randint(1, 180))
+            elif pick < 0.75:
+                delta = -timedelta(minutes=rng.randint(181, 60 * 24 * 30))
+            else:
+                delta = timedelta(minutes=rng.randint(181, 60 * 24 * 5))
+        ats.append(cutoff + delta)
+    ats.sort()
+    keys = _keys(shape, rng, n)
+    if not shape.correlated:
+        rng.shuffle(keys)
+    pool = TENANT_POOLS.get(shape.tenant_type or "", [None])
+    rows = []
+    for i in range(len(keys)):
+        tenant = rng.choice(pool) if shape.tenant_type else None
+        status = "keep" if shape.keep and rng.random() < 0.15 else "closed"
+        rows.append(Row(keys[i], tenant, ats[i], status))
+    # NULLs: a few rows each, old and not kept where that matters, so the shape is decisive.
+    olds = [r for r in rows if r.at < cutoff]
+    for flag, field in [
+        (shape.null_tenant and shape.tenant_type, "tenant"),
+        (shape.null_ts, "at"),
+        (shape.null_key, "key"),
+        (shape.null_keep and shape.keep, "status"),
+    ]:
+        if flag and rows:
+            for r in rng.sample(olds or rows, min(3, len(olds or rows))):
+                setattr(r, field, None)
+                if field != "status":
+                    r.status = "closed"
+    if shape.key_layout == "top" and rows:  # the key at the top of the type's range is eligible
+        top = max(rows, key=lambda r: r.key if r.key is not None else -(2**64))
+        if top.at is not None and top.at < cutoff:
+            top.status = "closed"
+    for r in rows:
+        r.old = r.at is not None and r.at < cutoff
+        r.kept = shape.keep and r.status != "closed"
+    return rows
+
+
+# -- building and running ---------------------------------------------------------------
+
+
+def has_icu() -> bool:
+    """Whether the server can make the case-insensitive (ICU, nondeterministic) collation."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_collation WHERE collname = %s", [COLLATION])
+        return cur.fetchone()[0] > 0
+
+
+def prepare_database() -> None:
+    """The extension and collation some shapes use (idempotent; the collation only where
+    the server is built with ICU)."""
+    with connection.cursor() as cur:
+        cur.execute("CREATE EXTENSION IF NOT EXISTS citext")
+    try:
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(
+                f"CREATE COLLATION IF NOT EXISTS {COLLATION}"
+                " (provider = icu, locale = 'und-u-ks-level2', deterministic = false)"
+            )
+    except DatabaseError:
+        pass  # "ICU is not supported in this build": has_icu() says so
+
+
+def _stored_ts(shape: Shape, at: datetime | None):
+    if at is None or shape.ts_type == "timestamptz":
+        return at
+    return at.astimezone(ZoneInfo(shape.timezone)).replace(tzinfo=None)
+
+
+def build_table(shape: Shape, rows: list[Row]) -> None:
+    tenant_col = f", tenant {TENANT_SQL[shape.tenant_type]}" if shape.tenant_type else ""
+    key_null = "" if shape.null_key else " NOT NULL"
+    ts_sql = "timestamptz" if shape.ts_type == "timestamptz" else "timestamp"
+    with connection.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS public.{TABLE}, public.{SHADOW}")
+        cur.execute(
+            f"CREATE TABLE public.{TABLE} (id {shape.key_type}{key_null}{tenant_col},"
+            f" at {ts_sql}, status text, payload text)"
+        )
+        cols = "id, tenant, at, status, payload" if shape.tenant_type else "id, at, status, payload"
+        marks = ", ".join(["%s"] * (5 if shape.tenant_type else 4))
+        data = []
+        for r in rows:
+            values = [r.key] + ([r.tenant] if shape.tenant_type else [])
+            values += [_stored_ts(shape, r.at), r.status, "x" * 20]
+            data.append(values)
+        if data:
+            cur.executemany(f"INSERT INTO public.{TABLE} ({cols}) VALUES ({marks})", data)
+        unique = "UNIQUE " if shape.key_layout != "dup" and not shape.null_key else ""
+        index = "(tenant, id)" if shape.tenant_type else "(id)"
+        cur.execute(f"CREATE {unique}INDEX ON public.{TABLE} {index}")
+        cur.execute(f"CREATE INDEX ON public.{TABLE} (at)")
+        cur.execute(f"ANALYZE public.{TABLE}")
+
+
+def policy_spec(shape: Shape, slug: str = "shape") -> dict:
+    spec = dict(
+        slug=slug,
+        name=f"{shape.name} table",
+        table=f"public.{TABLE}",
+        key="id",
+        timestamp="at",
+        retention=shape.retention,
+        schedule="0 3 * * *",
+        timezone=shape.timezone,
+        chunk_size=shape.chunk_size,
+        limits={"policy_workers": 2, "tenant_workers": 1},
+    )
+    if shape.tenant_type:
+        spec["tenant"] = "tenant"
+    if shape.keep:
+        spec["keep"] = [{"column": "status", "op": "=", "value": "keep"}]
+    return spec
+
+
+def _casts(value: str, tenant_type: str) -> bool:
+    type_sql = {"varchar_c": "varchar", "varchar_ci": "varchar"}.get(tenant_type, tenant_type)
+    try:
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(f"SELECT CAST(%s AS {type_sql})", [value])
+        return True
+    except DatabaseError:
+        return False
+
+
+def place_holds(shape: Shape, policy, actor) -> tuple[list[HoldScope], list[str]]:
+    """Place the shape's holds with the action function. A value the tenant column cannot
+    hold may be refused (one clear error, nothing placed); any other refusal is a problem."""
+    scopes, problems = [], []
+    for hold in shape.holds:
+        try:
+            retention_actions.place_hold(
+                actor=actor,
+                reason="shape matrix",
+                policy=policy if hold.scope == "policy" else None,
+                tenant=hold.tenant,
+                key_from=hold.key_from,
+                key_to=hold.key_to,
+            )
+        except retention_actions.ActionError as exc:
+            # Acceptable refusals: a tenant the column's type cannot hold, or a tenant on a
+            # policy without a tenant column (decided conservatively by refusing).
+            if hold.tenant is not None and (
+                not shape.tenant_type or not _casts(hold.tenant, shape.tenant_type)
+            ):
+                continue
+            problems.append(f"{hold} refused: {exc}")
+            continue
+        scopes.append(HoldScope(hold.tenant, hold.key_from, hold.key_to))
+    return scopes, problems
+
+
+def fast_user(username: str, *roles: str):
+    """A user holding ``roles``, without a password (hashing one costs more than a shape)."""
+    from django.contrib.auth.models import Group, User
+
+    user = User(username=username)
+    user.set_unusable_password()
+    user.save()
+    for role in roles:
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
+    return user
+
+
+def run_shape(shape: Shape, make_user=fast_user, *, budget_s: float = 30) -> list[str]:
+    """Build, run, check. Returns the broken invariants (empty: every invariant holds)."""
+    rows = generate_rows(shape)
+    build_table(shape, rows)
+    policy = approved_policy(make_user, **policy_spec(shape))
+    shadow = Shadow("public", SHADOW, None)
+    with connection.cursor() as cur:
+        cur.execute(f"CREATE TABLE public.{SHADOW} AS SELECT * FROM public.{TABLE}")
+    from django.contrib.auth.models import User
+
+    keeper = User.objects.filter(username="hold-keeper").first() or make_user(
+        "hold-keeper", "compliance"
+    )
+    holds, problems = place_holds(shape, policy, keeper)
+    run, _ = trigger_run(policy, tick=shape.tick)
+    worker.drain(run.pk, budget_s=budget_s, until_idle=True)
+    run.refresh_from_db()
+    if run.state != Run.State.DRAINED:
+        problems.append(f"the run ended {run.state}: {run.state_reason}")
+    problems += check_run(run, shadow=shadow, holds=holds)
+    return problems
+
+
+def run_isolated(shape: Shape, make_user=fast_user, **kwargs) -> list[str]:
+    """``run_shape`` inside a savepoint that is rolled back: nothing stays behind."""
+    with transaction.atomic():
+        problems = run_shape(shape, make_user, **kwargs)
+        transaction.set_rollback(True)
+    return problems
