@@ -157,7 +157,7 @@ def expected_cutoff(run: Run) -> datetime | None:
 
 def naive_timestamp_zone(spec) -> str:
     """The zone a ``timestamp without time zone`` column's values are read in."""
-    return getattr(spec, "timestamp_zone", None) or spec.timezone
+    return spec.timestamp_zone or spec.timezone
 
 
 class Oracle:

@@ -32,7 +32,7 @@ from tests.factories import approved_policy
 # Engine defects not yet fixed on main: the six of issue 11 by number, and the ones this
 # matrix found (100+). A shape that can expose one is an expected failure (strict: it
 # turns red the day the fix lands, and the number goes).
-OPEN_DEFECTS = {1, 4, 6, 101}
+OPEN_DEFECTS = {1, 101}
 DEFECT_REASONS = {
     101: "cutoff of an hour or minute retention for a tick given in a DST zone is computed"
     " on that zone's wall clock (datetime arithmetic in the tick's tzinfo)",

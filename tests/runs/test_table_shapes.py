@@ -84,6 +84,8 @@ CURATED = [
     Shape("smallint-bottom", 34, "integer", key_type="smallint", key_layout="bottom"),
     Shape("integer-top", 35, None, key_type="integer", key_layout="top"),
     Shape("integer-bottom", 36, "text", key_type="integer", key_layout="bottom"),
+    Shape("bigint-top", 46, "integer", key_type="bigint", key_layout="top"),
+    Shape("bigint-top-no-tenant", 48, None, key_type="bigint", key_layout="top", chunk_size=10),
     Shape("bigint-bottom", 37, "integer", key_type="bigint", key_layout="bottom"),
     Shape("negative-keys", 38, "integer", key_layout="negative", holds=(Hold(None, -150, -100),)),
     Shape("sparse-bigint-keys", 39, "uuid", key_layout="sparse", correlated=False),
@@ -96,9 +98,6 @@ CURATED = [
     Shape("every-row-held", 45, "citext", age="all_eligible", holds=(Hold(),)),
 ]
 # fmt: on
-# The key at the very top of bigint: planned in a real worker process (a planner that
-# fails there must not take the test's database connection with it).
-TOP_OF_BIGINT = Shape("bigint-top", 46, "integer", key_type="bigint", key_layout="top")
 
 
 def _param(shape: Shape):
