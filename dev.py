@@ -73,7 +73,6 @@ def up(argv: list[str]) -> None:
     env.setdefault("RETENTION_DEMO", "1")
     env.setdefault("DEBUG", "0")
     manage("migrate", "--no-input", "-v", "0", env=env)
-    manage("createcachetable", env=env)
     manage("demo", "--rows", str(args.rows), env=env)
     manage("collectstatic", "--no-input", "-v", "0", env=env)
     manage("retention", "startup", env=env)

@@ -1,8 +1,17 @@
-"""The admin's one rule: product rows are read here and changed only through their actions."""
+"""The admin's one rule: product rows are read here and changed only through their actions.
+
+Users and role groups too: a role changes with ``retention role grant|revoke``
+(core.accounts: who may, never one's own, an operator-log row), so the role groups are
+read-only here and a user's groups field is read-only; memberships are shown."""
 
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.auth.admin import GroupAdmin as BaseGroupAdmin
+from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.contrib.auth.models import Group, User
+
+from core.roles import ALL_ROLES
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -22,3 +31,40 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+admin.site.unregister(Group)
+admin.site.unregister(User)
+
+
+@admin.register(Group)
+class RoleGroupAdmin(BaseGroupAdmin):
+    list_display = ("name", "members")
+    readonly_fields = ("name", "members")
+    fields = ("name", "members")
+
+    @admin.display(description="members")
+    def members(self, group) -> str:
+        return ", ".join(sorted(group.user_set.values_list("username", flat=True))) or "-"
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(User)
+class RetentionUserAdmin(BaseUserAdmin):
+    list_display = ("username", "email", "roles", "is_active", "is_staff", "is_superuser")
+
+    @admin.display(description="roles")
+    def roles(self, user) -> str:
+        names = sorted(user.groups.filter(name__in=ALL_ROLES).values_list("name", flat=True))
+        return ", ".join(names) or "-"
+
+    def get_readonly_fields(self, request, obj=None):
+        return (*super().get_readonly_fields(request, obj), "groups", "user_permissions")

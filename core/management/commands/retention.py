@@ -15,6 +15,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         areas = parser.add_subparsers(dest="area", required=True, metavar="AREA")
+        from core import cli as people_cli
         from retention import cli as policy_cli
         from runs import cli as run_cli
         from runs import cli_check
@@ -22,6 +23,7 @@ class Command(BaseCommand):
         policy_cli.register(areas)
         run_cli.register(areas)
         cli_check.register(areas)
+        people_cli.register(areas)
 
     def handle(self, *args, **options):
         handler = options.get("handler")

@@ -1,0 +1,104 @@
+"""``retention role grant|revoke|list`` and ``retention user add``: people and their roles
+without the demo or a shell. Every change goes through ``core.accounts`` (checks, the
+operator log)."""
+
+from __future__ import annotations
+
+import getpass
+import sys
+from functools import wraps
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
+from django.core.management.base import CommandError
+
+from core import accounts
+from core.cli_identity import acting_user
+from core.roles import ALL_ROLES, ROLE_DESCRIPTIONS
+
+
+def register(areas) -> None:
+    role = areas.add_parser("role", help="grant, revoke and list roles")
+    sub = role.add_subparsers(dest="role_command", required=True, metavar="COMMAND")
+    for name, handler, text in (
+        ("grant", role_grant, "give a user a role"),
+        ("revoke", role_revoke, "take a role from a user"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("username")
+        p.add_argument("role", choices=ALL_ROLES)
+        p.add_argument("--reason", default="", help="why (kept in the operator log)")
+        p.add_argument("--by", metavar="USERNAME", help="acting superuser or compliance officer")
+        p.set_defaults(handler=handler)
+    p = sub.add_parser("list", help="who holds which role")
+    p.set_defaults(handler=role_list)
+
+    user = areas.add_parser("user", help="add users")
+    sub = user.add_subparsers(dest="user_command", required=True, metavar="COMMAND")
+    p = sub.add_parser("add", help="create a user (no role yet); the password is prompted")
+    p.add_argument("username")
+    p.add_argument("--email", default="")
+    p.add_argument(
+        "--password-stdin", action="store_true", help="read the password from standard input"
+    )
+    p.add_argument("--by", metavar="USERNAME", help="acting superuser or compliance officer")
+    p.set_defaults(handler=user_add)
+
+
+def _one_line(handler):
+    @wraps(handler)
+    def wrapped(command, options):
+        try:
+            return handler(command, options)
+        except PermissionDenied as exc:
+            raise CommandError(str(exc) or "permission denied") from None
+
+    return wrapped
+
+
+def _subject(username: str):
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        raise CommandError(f"unknown user {username!r} (add it with `retention user add`)")
+    return user
+
+
+@_one_line
+def role_grant(command, options) -> None:
+    actor = acting_user(options)
+    user = _subject(options["username"])
+    changed = accounts.grant_role(user, options["role"], actor=actor, reason=options["reason"])
+    verb = "granted to" if changed else "already held by"
+    command.stdout.write(f"{options['role']} {verb} {user.username}")
+
+
+@_one_line
+def role_revoke(command, options) -> None:
+    actor = acting_user(options)
+    user = _subject(options["username"])
+    changed = accounts.revoke_role(user, options["role"], actor=actor, reason=options["reason"])
+    verb = "revoked from" if changed else "not held by"
+    command.stdout.write(f"{options['role']} {verb} {user.username}")
+
+
+def role_list(command, options) -> None:
+    for role, names in accounts.memberships().items():
+        command.stdout.write(f"{role:11} {', '.join(names) or '-'}   ({ROLE_DESCRIPTIONS[role]})")
+    command.stdout.write(
+        f"{'superusers':11} {', '.join(accounts.superusers()) or '-'}   (every role)"
+    )
+
+
+@_one_line
+def user_add(command, options) -> None:
+    actor = acting_user(options)
+    if options["password_stdin"]:
+        password = sys.stdin.readline().rstrip("\n")
+    elif sys.stdin.isatty():
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Password (again): ") != password:
+            raise CommandError("the passwords differ")
+    else:
+        raise CommandError("no terminal to prompt for a password: use --password-stdin")
+    user = accounts.add_user(options["username"], password, actor=actor, email=options["email"])
+    command.stdout.write(f"user {user.username} added (no role yet)")

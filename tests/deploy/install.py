@@ -1,0 +1,389 @@
+"""A deployment the way docs/deploy.md describes it, on a new database: ``migrate``, a
+superuser, users and roles from the command line, gunicorn and a cleanup qcluster as
+real processes (DEBUG off, a real SECRET_KEY, behind a TLS proxy's header)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlencode
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY_TOML = """\
+slug = "events"
+name = "Events older than 20 days"
+table = "public.rr_events"
+key = "id"
+timestamp = "occurred_at"
+tenant = "tenant_id"
+retention = "{retention}"
+schedule = "0 3 * * *"
+timezone = "UTC"
+chunk_size = 100
+
+[limits]
+policy_workers = 2
+tenant_workers = 1
+
+[[keep]]
+column = "status"
+op = "="
+value = "disputed"
+"""
+
+
+@contextmanager
+def new_database(admin: dict):
+    """A uniquely named, empty database on the server ``admin`` connects to; dropped after."""
+    name = f"rr_deploy_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(**admin, dbname="postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield name
+    finally:
+        with psycopg.connect(**admin, dbname="postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def database_url(admin: dict, name: str) -> str:
+    host, port, user = admin.get("host") or "", admin.get("port") or 5432, admin["user"]
+    if host.startswith("/"):
+        return f"postgresql://{user}@/{name}?host={host}&port={port}"
+    return f"postgresql://{user}@{host}:{port}/{name}"
+
+
+def production_env(url: str) -> dict:
+    """DEBUG off, no demo mode, a real secret, behind a proxy that terminates TLS."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RETENTION_", "DJANGO_", "Q_CLUSTER")) and k not in {"DEBUG"}
+    }
+    env.update(
+        DATABASE_URL=url,
+        DEBUG="0",
+        SECRET_KEY=secrets.token_urlsafe(50),
+        METRICS_TOKEN=secrets.token_urlsafe(24),
+        SECURE_PROXY_SSL_HEADER="1",
+        ALLOWED_HOSTS="127.0.0.1,localhost",
+        RETENTION_LEASE_BUDGET_S="5",
+        RETENTION_Q_TIMEOUT="15",
+        RETENTION_Q_RETRY="20",
+    )
+    return env
+
+
+def manage(env: dict, *args: str, stdin: str | None = None, ok: bool = True):
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    if ok:
+        assert result.returncode == 0, (args, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, (args, result.stderr)
+    return result
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(env: dict, *cmd: str, extra: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, *cmd],
+        cwd=ROOT,
+        env=dict(env, **(extra or {})),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the main PID (as systemd's KillMode=mixed does), then clean up the group."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
+
+
+class Browser:
+    """HTTP to gunicorn as the TLS proxy forwards it (X-Forwarded-Proto: https), keeping
+    cookies itself (they are Secure, so a cookie jar would not send them over http)."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.cookies: dict[str, str] = {}
+
+    def request(self, method: str, path: str, data: dict | None = None, headers=None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        head = {"Host": f"127.0.0.1:{self.port}", "X-Forwarded-Proto": "https", **(headers or {})}
+        if self.cookies:
+            head["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        body = None
+        if data is not None:
+            body = urlencode(data)
+            head["Content-Type"] = "application/x-www-form-urlencoded"
+            head["Origin"] = f"https://127.0.0.1:{self.port}"
+        conn.request(method, path, body=body, headers=head)
+        response = conn.getresponse()
+        content = response.read().decode("utf-8", "replace")
+        for key, value in response.getheaders():
+            if key.lower() == "set-cookie":
+                name, _, rest = value.partition("=")
+                self.cookies[name] = rest.split(";", 1)[0]
+        conn.close()
+        return response.status, dict(response.getheaders()), content
+
+    def get(self, path: str, **kw):
+        return self.request("GET", path, **kw)
+
+    def sign_in(self, username: str, password: str) -> None:
+        status, _, page = self.get("/login/")
+        assert status == 200, page
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1)
+        status, headers, page = self.request(
+            "POST",
+            "/login/",
+            {"username": username, "password": password, "csrfmiddlewaretoken": token},
+        )
+        assert status == 302, (status, page[:500])
+
+
+def wait_for(predicate, *, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def create_events(url_params: dict, name: str, rows: int = 3000) -> None:
+    """A target table in the new database: ids increase with age over 40 days; every 17th
+    row is 'disputed' (kept by the policy)."""
+    with psycopg.connect(**url_params, dbname=name, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE public.rr_events (id bigint PRIMARY KEY, tenant_id int NOT NULL,"
+            " occurred_at timestamptz NOT NULL, status text)"
+        )
+        conn.execute(
+            "INSERT INTO public.rr_events SELECT g, 1 + g %% 3,"
+            " now() - make_interval(days => 40) * (1 - g::float8 / %s),"
+            " CASE WHEN g %% 17 = 0 THEN 'disputed' ELSE 'closed' END"
+            " FROM generate_series(1, %s) g",
+            [rows, rows],
+        )
+        conn.execute("ANALYZE public.rr_events")
+
+
+def remaining(admin: dict, name: str, cutoff: str) -> tuple[int, int]:
+    """(rows under the run's cutoff that the policy does not keep, disputed rows) left in
+    the new database's target table."""
+    with psycopg.connect(**admin, dbname=name) as conn:
+        return conn.execute(
+            "SELECT count(*) FILTER (WHERE occurred_at < %s::timestamptz"
+            " AND status <> 'disputed'), count(*) FILTER (WHERE status = 'disputed')"
+            " FROM public.rr_events",
+            [cutoff],
+        ).fetchone()
+
+
+def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> dict:
+    """The whole flow on a new database; returns what it observed for the caller to assert."""
+    seen: dict = {"timings": []}
+    clock = time.monotonic()
+
+    def step(label: str) -> None:
+        nonlocal clock
+        seen["timings"].append((label, round(time.monotonic() - clock, 1)))
+        clock = time.monotonic()
+
+    with new_database(admin) as name:
+        env = production_env(database_url(admin, name))
+        manage(env, "migrate", "--no-input", "-v", "0")
+        step("migrate")
+        manage(env, "check", "--deploy", "--fail-level", "WARNING")
+        step("check --deploy")
+        manage(
+            dict(env, DJANGO_SUPERUSER_PASSWORD="root-password-1234"),
+            "createsuperuser", "--no-input", "--username", "root", "--email", "root@example.com",
+        )  # fmt: skip
+        for user in ("alice", "carol", "oscar"):
+            manage(
+                env, "retention", "user", "add", user, "--by", "root", "--password-stdin",
+                stdin=f"{user}-password-1234\n",
+            )  # fmt: skip
+        manage(env, "retention", "role", "grant", "alice", "compliance", "--by", "root",
+               "--reason", "first compliance officer")  # fmt: skip
+        manage(env, "retention", "role", "grant", "carol", "compliance", "--by", "root")
+        manage(env, "retention", "role", "grant", "oscar", "oncall", "--by", "alice")
+        seen["roles"] = manage(env, "retention", "role", "list").stdout
+        step("superuser, users, roles")
+
+        create_events(admin, name)
+        policy = tmp_path / "events.toml"
+        policy.write_text(POLICY_TOML.format(retention="20 days"))
+        seen["apply"] = manage(
+            env, "retention", "policy", "apply", str(policy), "--author", "alice"
+        ).stdout
+        manage(env, "retention", "policy", "approve", "events", "--version", "1",
+               "--approver", "carol", "--reason", "reviewed")  # fmt: skip
+        run_key = manage(env, "retention", "trigger", "events", "--by", "oscar").stdout.strip()
+        seen["run_key"] = run_key
+        step("target table, policy apply/approve, trigger")
+
+        port = free_port()
+        web = start(
+            env, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py",
+            extra={"GUNICORN_BIND": f"127.0.0.1:{port}", "WEB_CONCURRENCY": "2"},
+        )  # fmt: skip
+        cleanup = start(env, "manage.py", "qcluster", extra={"Q_CLUSTER_NAME": "cleanup"})
+        try:
+            browser = Browser(port)
+
+            def health():
+                try:
+                    status, _, body = browser.get("/healthz")
+                except OSError:
+                    return None
+                return json.loads(body) if status == 200 else None
+
+            seen["health"] = wait_for(
+                lambda: (h := health()) and h["clusters"] and h, timeout=90, what="healthz"
+            )
+            step("gunicorn and qcluster up (healthz shows the cluster)")
+
+            def state() -> str:
+                with psycopg.connect(**admin, dbname=name) as conn:
+                    return conn.execute(
+                        "SELECT state FROM runs_run WHERE run_key = %s", [run_key]
+                    ).fetchone()[0]
+
+            wait_for(lambda: state() == "drained", timeout=150, what="the run to drain")
+            out = manage(env, "retention", "status", run_key, "--json").stdout
+            seen["status"] = json.loads(out)
+            step("run drained by the cluster")
+            seen["left"] = remaining(admin, name, seen["status"]["cutoff"])
+            _, _, seen["metrics"] = browser.get(
+                "/metrics", headers={"Authorization": f"Bearer {env['METRICS_TOKEN']}"}
+            )
+            seen["anonymous_metrics"] = browser.get("/metrics")[0]
+            status, headers, _ = Browser(port).request(
+                "GET", "/", headers={"X-Forwarded-Proto": "http"}
+            )
+            seen["plain_http"] = (status, headers.get("Location", ""))
+            seen["static"] = browser.get("/static/css/app.css")[0]
+            browser.sign_in("alice", "alice-password-1234")
+            run_page = re.search(r'href="(/runs/\d+/)"', browser.get("/runs/")[2]).group(1)
+            pages = ["/", "/policies/", "/policies/events/", "/policies/events/v1/",
+                     "/policies/holds/", "/runs/", run_page, "/runs/audit/",
+                     "/runs/dead-letters/", "/runs/activity/", "/runs/audit/export.csv",
+                     "/metrics"]  # fmt: skip
+            seen["pages"] = {page: browser.get(page)[0] for page in pages}
+            admin_browser = Browser(port)
+            admin_browser.sign_in("root", "root-password-1234")
+            seen["admin"] = {
+                page: admin_browser.get(page)[0]
+                for page in ("/admin/", "/admin/auth/group/", "/admin/auth/user/")
+            }
+            step("metrics, pages, admin over HTTP")
+        finally:
+            stop(cleanup)
+            stop(web)
+        step("web and cluster stopped")
+        seen["check"] = manage(env, "retention", "check", run_key).stdout
+        seen["verify"] = manage(env, "retention", "audit", "verify").stdout
+        if every_command:
+            seen["commands"] = every_other_command(env, run_key, tmp_path)
+            step("every other command")
+    return seen
+
+
+def every_other_command(env: dict, run_key: str, tmp_path: Path) -> dict:
+    """Each remaining CLI command once: (return code, first line of output or error)."""
+    v2 = tmp_path / "events-v2.toml"
+    v2.write_text(POLICY_TOML.format(retention="30 days"))
+    commands = {
+        "policy list": ["retention", "policy", "list"],
+        "policy preview": ["retention", "policy", "preview", "events"],
+        "policy apply v2": ["retention", "policy", "apply", str(v2), "--author", "alice"],
+        "policy reject v2": ["retention", "policy", "reject", "events", "--version", "2",
+                             "--approver", "carol", "--reason", "not now"],
+        "hold place": ["retention", "hold", "place", "--by", "alice", "--reason", "litigation",
+                       "--policy", "events", "--tenant", "2"],
+        "hold list": ["retention", "hold", "list"],
+        "hold release": ["retention", "hold", "release", "1", "--by", "carol", "--reason", "settled"],
+        "kill-switch on": ["retention", "kill-switch", "on", "--by", "oscar", "--reason", "drill"],
+        "kill-switch off": ["retention", "kill-switch", "off", "--by", "oscar", "--reason", "drill over"],
+        "status": ["retention", "status", run_key],
+        "pause": ["retention", "pause", run_key, "--by", "oscar", "--reason", "x"],
+        "resume": ["retention", "resume", run_key, "--by", "oscar", "--reason", "x"],
+        "cancel": ["retention", "cancel", run_key, "--by", "oscar", "--reason", "x"],
+        "confirm": ["retention", "confirm", run_key, "--by", "oscar", "--reason", "x"],
+        "replay": ["retention", "replay", "1", "--by", "oscar", "--reason", "x"],
+        "discard": ["retention", "discard", "1", "--by", "oscar", "--reason", "x"],
+        "drain": ["retention", "drain", "--until-idle"],
+        "reconcile": ["retention", "reconcile"],
+        "explain": ["retention", "explain", "events"],
+        "startup": ["retention", "startup"],
+        "role grant": ["retention", "role", "grant", "oscar", "auditor", "--by", "alice"],
+        "role revoke": ["retention", "role", "revoke", "oscar", "auditor", "--by", "alice",
+                        "--reason", "left"],
+    }  # fmt: skip
+    # One process runs them all (each as `manage.py retention ...` would), to save start-ups.
+    script = (
+        "import io, json, sys, django; django.setup()\n"
+        "from django.core.management import call_command\n"
+        "from django.core.management.base import CommandError\n"
+        "out = {}\n"
+        "for label, args in json.loads(sys.stdin.read()).items():\n"
+        "    buf = io.StringIO()\n"
+        "    try:\n"
+        "        call_command(*args, stdout=buf, stderr=buf)\n"
+        "        lines = buf.getvalue().strip().splitlines()\n"
+        "        out[label] = [0, lines[0] if lines else '']\n"
+        "    except CommandError as exc:\n"
+        "        out[label] = [1, f'CommandError: {exc}']\n"
+        "print('RESULTS' + json.dumps(out))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=dict(env, DJANGO_SETTINGS_MODULE="config.settings"),
+        input=json.dumps(commands),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    return {k: tuple(v) for k, v in json.loads(result.stdout.split("RESULTS", 1)[1]).items()}
