@@ -34,6 +34,7 @@ def flatten(spec: PolicySpec) -> dict[str, str]:
         "guard.probe": spec.probe,
     }
     out["pace_rows_per_s"] = str(spec.pace_rows_per_s)
+    out["slo.max_backlog_age"] = spec.max_backlog_age or ""
     for name in sorted(data["guard"]):
         out[f"guard.{name}"] = str(data["guard"][name])
     for i, rule in enumerate(spec.keep):

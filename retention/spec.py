@@ -218,6 +218,10 @@ class PolicySpec:
     # holds; None: the policy's timezone. Left out of the stored JSON when None, so the
     # content hash of a version written before this field existed does not change.
     timestamp_zone: str | None = None
+    # [slo] max_backlog_age: how long the oldest eligible row may wait past its retention
+    # (exported as retention_backlog_slo_seconds; deploy/prometheus/alerts.yml). None: no
+    # SLO, and left out of the stored JSON like timestamp_zone.
+    max_backlog_age: str | None = None
 
     TOP_KEYS = {
         "slug",
@@ -244,6 +248,7 @@ class PolicySpec:
         "owner",
         "pace_rows_per_s",
         "timestamp_zone",
+        "slo",
     }
 
     @classmethod
@@ -312,6 +317,19 @@ class PolicySpec:
         if not isinstance(timeouts, dict):
             raise SpecError("timeouts must be a table")
         _no_unknown(timeouts, {"lock_ms", "statement_ms"}, "timeouts")
+        slo = data.get("slo", {})
+        if not isinstance(slo, dict):
+            raise SpecError("slo must be a table")
+        _no_unknown(slo, {"max_backlog_age"}, "slo")
+        max_backlog_age = slo.get("max_backlog_age")
+        if max_backlog_age is not None:
+            try:
+                parse_retention(max_backlog_age)
+            except SpecError as exc:
+                raise SpecError(
+                    "slo.max_backlog_age: " + str(exc).replace("retention ", "", 1)
+                ) from None
+            max_backlog_age = " ".join(max_backlog_age.split())
         cascade = data.get("cascade_ack", [])
         if not isinstance(cascade, list) or not all(isinstance(c, str) for c in cascade):
             raise SpecError('cascade_ack must be a list of "schema.table" names')
@@ -346,6 +364,7 @@ class PolicySpec:
             pace_rows_per_s=_int(data.get("pace_rows_per_s", 0), "pace_rows_per_s", 0, 100_000_000),
             owner=owner.strip(),
             timestamp_zone=timestamp_zone,
+            max_backlog_age=max_backlog_age,
         )
         if spec.tenant_workers > spec.policy_workers:
             raise SpecError("limits.tenant_workers cannot exceed limits.policy_workers")
@@ -358,6 +377,8 @@ class PolicySpec:
         data["cascade_ack"] = list(self.cascade_ack)
         if data["timestamp_zone"] is None:
             del data["timestamp_zone"]
+        if data["max_backlog_age"] is None:
+            del data["max_backlog_age"]
         return data
 
     @classmethod
@@ -422,6 +443,8 @@ class PolicySpec:
             f"probe = {value(self.probe)}",
         ]
         lines += [f"{name} = {value(self.guard[name])}" for name in sorted(self.guard)]
+        if self.max_backlog_age:
+            lines += ["", "[slo]", f"max_backlog_age = {value(self.max_backlog_age)}"]
         for rule in self.keep:
             lines += ["", "[[keep]]"]
             lines += [f"{k} = {value(v)}" for k, v in rule.to_json().items()]
@@ -432,6 +455,13 @@ class PolicySpec:
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     # -- derived ----------------------------------------------------------
+    @property
+    def max_backlog_age_s(self) -> float | None:
+        """The backlog SLO in seconds (None when the policy sets none)."""
+        if not self.max_backlog_age:
+            return None
+        return parse_retention(self.max_backlog_age).total_seconds()
+
     @property
     def qualified_table(self) -> str:
         return f"{self.schema}.{self.table}"

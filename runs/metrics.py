@@ -27,6 +27,7 @@ from prometheus_client.core import (
 
 from core.roles import roles_of
 from retention.models import KillSwitch, Policy
+from retention.schedule_math import latest_tick
 from runs import forecast, guard
 from runs.models import AuditRecord, Chunk, DeadLetter, Run
 
@@ -126,10 +127,45 @@ class LedgerCollector:
             "1 when the guard is refusing new chunks (2 when critical)",
             labels=["policy"],
         )
+        overdue = GaugeMetricFamily(
+            "retention_backlog_overdue_seconds",
+            "How long the oldest eligible row has waited past its retention",
+            labels=["policy"],
+        )
+        slo = GaugeMetricFamily(
+            "retention_backlog_slo_seconds",
+            "The policy's backlog SLO: [slo] max_backlog_age of its approved version",
+            labels=["policy"],
+        )
+        due_tick = GaugeMetricFamily(
+            "retention_last_scheduled_tick_timestamp_seconds",
+            "The policy's newest scheduled tick since its version was approved (unix time;"
+            " enabled, unpaused policies only)",
+            labels=["policy"],
+        )
+        run_tick = GaugeMetricFamily(
+            "retention_last_run_tick_timestamp_seconds",
+            "The tick of the policy's newest run (unix time)",
+            labels=["policy"],
+        )
+        for policy_id, tick in (
+            Run.objects.values_list("policy_id").annotate(t=Max("tick")).order_by()
+        ):
+            run_tick.add_metric([by_id.get(policy_id, "?")], tick.timestamp())
         for policy in policies:
-            age = forecast.drain_window(policy).get("oldest_eligible_age_s")
+            window = forecast.drain_window(policy)
+            age = window.get("oldest_eligible_age_s")
             if age is not None:
                 backlog.add_metric([policy.slug], float(age))
+            if window.get("overdue_s") is not None:
+                overdue.add_metric([policy.slug], max(0.0, float(window["overdue_s"])))
+            version = policy.approved_version
+            if version is not None:
+                if version.parsed.max_backlog_age_s is not None:
+                    slo.add_metric([policy.slug], version.parsed.max_backlog_age_s)
+                tick = latest_tick(policy, now)
+                if policy.enabled and not policy.paused and tick >= (version.decided_at or now):
+                    due_tick.add_metric([policy.slug], tick.timestamp())
             state = guard.current_state(policy)
             level = state.get("level", "ok")
             guard_level.add_metric(
@@ -140,7 +176,8 @@ class LedgerCollector:
                     guard_value.add_metric([policy.slug, name], float(signal["value"]))
                 if signal.get("threshold") is not None:
                     guard_threshold.add_metric([policy.slug, name], float(signal["threshold"]))
-        yield from (backlog, guard_value, guard_threshold, guard_level)
+        yield from (backlog, overdue, slo, due_tick, run_tick)
+        yield from (guard_value, guard_threshold, guard_level)
 
         # Ids first: a join would make the planner walk every chunk of every run.
         open_runs = list(Run.objects.filter(state__in=Run.OPEN).values_list("id", flat=True))

@@ -16,6 +16,7 @@ from django.utils import timezone
 from core.filters import QueryFilters
 from retention.models import KillSwitch, Policy, PolicyVersion
 from retention.schedule_math import period_label
+from retention.spec import parse_retention
 from runs import forecast, guard
 from runs.models import AuditRecord, Chunk, DeadLetter, Lease, Run
 from runs.schedules import schedule_name
@@ -209,6 +210,11 @@ def overview_context(request) -> dict:
         .annotate(n=Count("id"))
         .order_by()
     )
+    slos = dict(
+        PolicyVersion.objects.filter(policy_id__in=ids, state=PolicyVersion.State.APPROVED)
+        .exclude(spec__max_backlog_age=None)
+        .values_list("policy_id", "spec__max_backlog_age")
+    )  # one query for every policy's backlog SLO
     from django_q.models import Schedule
 
     next_runs = dict(
@@ -238,6 +244,7 @@ def overview_context(request) -> dict:
                 "next_run": next_runs.get(schedule_name(policy)),
                 "window": window,
                 "backlog_age": human_duration(backlog_age),
+                "slo": backlog_slo(slos.get(policy.id), window),
                 "guard": guard_state,
                 "throttle_reason": throttle,
                 "dead_letters": dead_n,
@@ -252,6 +259,20 @@ def overview_context(request) -> dict:
         "kill_switch_on": bool(switch and switch.on),
         "broker": broker_queue(now),
         "now": now,
+    }
+
+
+def backlog_slo(max_backlog_age: str | None, window: dict) -> dict | None:
+    """The policy's backlog SLO against how long its oldest eligible row is overdue
+    (None when the approved version sets no SLO)."""
+    if not max_backlog_age:
+        return None
+    limit = parse_retention(max_backlog_age).total_seconds()
+    overdue = window.get("overdue_s")
+    return {
+        "limit": max_backlog_age,
+        "overdue": human_duration(max(0, overdue)) if overdue is not None else "—",
+        "met": overdue is None or overdue <= limit,
     }
 
 
