@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import uuid
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -26,7 +27,7 @@ from retention import actions as retention_actions
 from runs import worker
 from runs.actions import trigger_run
 from runs.invariants import HoldScope, Shadow, check_run
-from runs.models import Run
+from runs.models import AuditRecord, Run
 from tests.factories import approved_policy
 
 # Engine defects not yet fixed on main: the six of issue 11 by number, and the ones this
@@ -443,8 +444,11 @@ def fast_user(username: str, *roles: str):
     return user
 
 
-def run_shape(shape: Shape, make_user=fast_user, *, budget_s: float = 30) -> list[str]:
-    """Build, run, check. Returns the broken invariants (empty: every invariant holds)."""
+def run_shape(
+    shape: Shape, make_user=fast_user, *, budget_s: float = 30, stats: Counter | None = None
+) -> list[str]:
+    """Build, run, check. Returns the broken invariants (empty: every invariant holds).
+    ``stats`` (a Counter) gets rows, rows deleted, chunks and holds placed added to it."""
     rows = generate_rows(shape)
     build_table(shape, rows)
     policy = approved_policy(make_user, **policy_spec(shape))
@@ -463,6 +467,13 @@ def run_shape(shape: Shape, make_user=fast_user, *, budget_s: float = 30) -> lis
     if run.state != Run.State.DRAINED:
         problems.append(f"the run ended {run.state}: {run.state_reason}")
     problems += check_run(run, shadow=shadow, holds=holds)
+    if stats is not None:
+        audit = AuditRecord.objects.filter(run=run)
+        stats["rows"] += len(rows)
+        stats["rows deleted"] += sum(audit.values_list("rows_deleted", flat=True))
+        stats["chunks"] += audit.count()
+        stats["holds placed"] += len(holds)
+        stats["shapes that deleted rows"] += audit.filter(rows_deleted__gt=0).exists()
     return problems
 
 

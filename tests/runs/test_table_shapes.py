@@ -12,6 +12,7 @@ expected failures, named by the defect (``tests.runs.shapes.OPEN_DEFECTS``).
 from __future__ import annotations
 
 import os
+from collections import Counter
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
@@ -154,7 +155,7 @@ def shape_strategy(draw) -> Shape:
         nulls["null_tenant"] = nulls["null_key"] = False
     holds = []
     for _ in range(draw(st.integers(0, 2))):
-        kind = draw(st.sampled_from(["tenant", "keys", "all"]))
+        kind = draw(st.sampled_from(["tenant", "tenant", "keys", "keys", "all"]))
         if kind == "tenant" and tenant_type:
             value = draw(st.sampled_from(S.TENANT_POOLS[tenant_type]))
             forms = [str(value)] if 1 in open_ else written_forms(tenant_type, value)
@@ -205,7 +206,7 @@ def written_forms(tenant_type: str, value) -> list[str]:
 
 @pytest.mark.skipif(not LONG, reason="long mode: set RETENTION_SHAPES=N (at least 500)")
 def test_generated_shapes(shape_db):
-    counts = {"shapes": 0, "skipped": 0}
+    counts = Counter()
 
     @settings(
         max_examples=LONG,
@@ -219,10 +220,19 @@ def test_generated_shapes(shape_db):
             shape = Shape(**{**shape.__dict__, "tenant_type": "text"})
         assume(not (S.defects(shape) & S.OPEN_DEFECTS))
         note(shape.describe())
-        problems = S.run_isolated(shape)
+        problems = S.run_isolated(shape, stats=counts)
         counts["shapes"] += 1
+        for feature in (
+            f"tenant {shape.tenant_type}", f"key {shape.key_type} {shape.key_layout}",
+            f"{shape.ts_type} {shape.timezone}", f"retention in {shape.retention.split()[1]}",
+            f"age {shape.age}", *(f"NULL {n}" for n in ("tenant", "ts", "key", "keep")
+                                  if getattr(shape, f"null_{n}")),
+        ):  # fmt: skip
+            counts[feature] += 1
         assert problems == [], shape.describe()
 
     check()
     print(f"\ntable-shape matrix, long mode: {counts['shapes']} shapes, no invariant broken")
+    for name, n in sorted(counts.items()):
+        print(f"  {name:<40} {n:>8}")
     assert counts["shapes"] >= min(LONG, 500) * 0.9
