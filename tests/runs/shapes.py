@@ -190,7 +190,12 @@ def _hold_tenant_diverges(shape: Shape, hold: Hold, rows) -> bool:
         if r.tenant is None or not r.old or r.kept:
             continue
         typed = typed_equal(shape.tenant_type, r.tenant, hold.tenant)
-        engine = stored == canonical_text(shape.tenant_type, r.tenant)
+        text = canonical_text(shape.tenant_type, r.tenant)
+        # ``row.tenant::text`` keeps the column's collation: a case-insensitive one still
+        # compares case-insensitively
+        engine = (
+            stored.lower() == text.lower() if shape.tenant_type == "varchar_ci" else stored == text
+        )
         if bool(typed) != engine:
             return True
     return False

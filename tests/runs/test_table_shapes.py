@@ -44,6 +44,7 @@ CURATED = [
     Shape("text-hold-leading-space", 7, "text", holds=(Hold(" acme"),)),
     Shape("varchar-C-hold-exact", 8, "varchar_c", key_layout="sparse", holds=(Hold("Acme"),)),
     Shape("varchar-ci-hold-other-case", 9, "varchar_ci", holds=(Hold("ACME"),)),
+    Shape("varchar-ci-hold-trailing-space", 49, "varchar_ci", holds=(Hold("GLOBEX "),)),
     Shape("citext-hold-other-case", 10, "citext", holds=(Hold("ACME"),)),
     Shape("citext-hold-exact", 11, "citext", holds=(Hold("globex"),)),
     Shape("uuid-hold-upper-case", 12, "uuid", holds=(Hold(str(S.UUIDS[0]).upper()),)),
