@@ -50,6 +50,8 @@ CURATED = [
     Shape("uuid-hold-upper-case", 12, "uuid", holds=(Hold(str(S.UUIDS[0]).upper()),)),
     Shape("uuid-hold-braces", 13, "uuid", holds=(Hold("{" + str(S.UUIDS[1]) + "}"),)),
     Shape("uuid-hold-canonical", 14, "uuid", holds=(Hold(str(S.UUIDS[2])),)),
+    Shape("uuid-hold-spaces", 50, "uuid", holds=(Hold(f" {S.UUIDS[0]} "),)),
+    Shape("citext-hold-spaces", 51, "citext", holds=(Hold(" initech "),)),
     Shape("no-tenant-column-tenant-hold", 15, None, holds=(Hold("7"),)),
     Shape("key-range-hold-all-policies", 16, "integer", holds=(Hold(None, 40, 90, "all"),)),
     # NULLs in tenant, timestamp and keep-rule columns (and a nullable key)
@@ -109,7 +111,10 @@ def _param(shape: Shape):
 
 
 @pytest.fixture
-def shape_db(db):
+def shape_db(db, settings):
+    # the guard is another matter (tests/runs/test_guard.py): here it would only slow the
+    # drain down on a busy machine
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
     S.prepare_database()
 
 
