@@ -485,7 +485,8 @@ class PolicySpec:
             tz = zoneinfo.ZoneInfo(self.timezone)
             local = tick.astimezone(tz).replace(tzinfo=None) - delta
             return _localize(local, tz)
-        return tick - delta
+        # in UTC: arithmetic on a datetime whose tzinfo has DST is wall-clock arithmetic
+        return tick.astimezone(zoneinfo.ZoneInfo("UTC")) - delta
 
 
 def load_toml(text: str) -> PolicySpec:

@@ -242,3 +242,16 @@ def test_generated_shapes(shape_db):
     for name, n in sorted(counts.items()):
         print(f"  {name:<40} {n:>8}")
     assert counts["shapes"] >= min(LONG, 500) * 0.9
+
+
+def test_an_hour_retention_is_elapsed_time_whatever_zone_the_tick_is_given_in():
+    from retention.spec import PolicySpec
+
+    spec = PolicySpec.parse(
+        {"slug": "p", "table": "t", "key": "id", "timestamp": "at", "retention": "90 minutes",
+         "schedule": "0 3 * * *", "timezone": BERLIN}
+    )  # fmt: skip
+    tick = local("2026-03-29", 3, BERLIN)  # 01:00 UTC, an hour after the clocks went forward
+    expected = datetime(2026, 3, 28, 23, 30, tzinfo=UTC)
+    assert spec.cutoff_for(tick) == expected
+    assert spec.cutoff_for(tick.astimezone(ZoneInfo(BERLIN))) == expected
