@@ -181,10 +181,12 @@ class Oracle:
         fmt = self.types[self.spec.timestamp][2]
         if fmt == "timestamp with time zone":
             return sql.SQL("{} < %s").format(ts), [self.cutoff]
+        # wall-clock time in the zone: older when it reads earlier than the cutoff's local
+        # time there (a time the clocks repeat is compared as it reads, not guessed)
         zone = naive_timestamp_zone(self.spec)
         return (
-            sql.SQL("({}::timestamp AT TIME ZONE %s) < %s").format(ts),
-            [zone, self.cutoff],
+            sql.SQL("{}::timestamp < (%s::timestamptz AT TIME ZONE %s)").format(ts),
+            [self.cutoff, zone],
         )
 
     def kept(self) -> tuple[sql.Composable, list]:

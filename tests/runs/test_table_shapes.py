@@ -83,6 +83,10 @@ CURATED = [
           tick=local("2026-03-29", 3, BERLIN)),
     Shape("naive-new-york-hours-autumn", 32, ts_type="timestamp", timezone=NEW_YORK,
           retention="36 hours", tick=local("2026-11-01", 12, NEW_YORK)),
+    Shape("naive-new-york-repeated-hour", 52, ts_type="timestamp", timezone=NEW_YORK,
+          retention="90 minutes", tick=local("2026-11-01", 3, NEW_YORK), rows=200),
+    Shape("naive-berlin-skipped-hour", 53, ts_type="timestamp", timezone=BERLIN,
+          retention="30 minutes", tick=local("2026-03-29", 3, BERLIN), rows=200),
     # keys near the limits of their type, negative, sparse, duplicated
     Shape("smallint-top", 33, "integer", key_type="smallint", key_layout="top"),
     Shape("smallint-bottom", 34, "integer", key_type="smallint", key_layout="bottom"),
