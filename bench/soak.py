@@ -366,7 +366,7 @@ class Soak:
             chunk_size=chunk_size, catch_up="none",
             keep=[{"column": "status", "op": "=", "value": "disputed"}],
             limits={"policy_workers": 3, "tenant_workers": 2},
-            timeouts={"lock_ms": 1500, "statement_ms": 5000},
+            timeouts={"lock_ms": 500, "statement_ms": 1300},  # fits the 10 s task timeout
             guard={"probe_p95_ms": 400, "critical_probe_p95_ms": 100000,
                    "lock_waits": 8, "critical_lock_waits": 100000},
             pace_rows_per_s=self.pace,

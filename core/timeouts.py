@@ -62,3 +62,50 @@ def bounded(statement_ms: int, lock_ms: int | None = None):
     set_local(tighter(statement_ms, prev_statement), tighter(lock_ms, prev_lock))
     yield
     set_local(prev_statement, prev_lock)
+
+
+# -- the limits a chunk transaction must fit (policies are validated against them) --------
+
+HEADROOM_S = 3.0  # a guard sample (2 s statement timeout) and the lease's own bookkeeping
+
+
+def lease_budget_s() -> float:
+    return float(settings.RETENTION["LEASE_BUDGET_S"])
+
+
+def engine_statement_ms() -> int:
+    """Statement and lock timeout of the planner's and verification's queries inside a lease:
+    the reconciler's per-statement bound (a twelfth of the task timeout, at most 10 s)."""
+    return reconciler_budget()[1]
+
+
+def chunk_worst_ms(lock_ms: int, statement_ms: int) -> int:
+    """The longest a chunk transaction can take with these timeouts: its DELETE, plus two lock
+    waits (the fences in its first statement, the audit chain lock) that each end at the lock
+    timeout or the statement timeout, whichever comes first."""
+    return statement_ms + 2 * min(lock_ms, statement_ms)
+
+
+def chunk_limit_ms() -> int:
+    """What a chunk may take so that a lease never outlives django-q2's task timeout: the task
+    timeout minus the lease budget (a chunk may start just before it ends), one planning step
+    (two planner statements) and the headroom."""
+    return int(
+        (task_timeout_s() - lease_budget_s() - HEADROOM_S) * 1000 - 2 * engine_statement_ms()
+    )
+
+
+def chunk_timeouts_error(lock_ms: int, statement_ms: int) -> str | None:
+    """One sentence naming every limit when a policy's chunk timeouts cannot fit, else None.
+    A chunk killed by the task timeout records nothing and would be repeated at the same size."""
+    worst, limit = chunk_worst_ms(lock_ms, statement_ms), chunk_limit_ms()
+    if worst <= limit:
+        return None
+    return (
+        f"timeouts.statement_ms {statement_ms} and timeouts.lock_ms {lock_ms} let a chunk run for "
+        f"up to {worst} ms (statement_ms + 2 × min(lock_ms, statement_ms)), but a chunk must "
+        f"finish within {max(0, limit)} ms: the task timeout (RETENTION_Q_TIMEOUT "
+        f"{task_timeout_s():g} s) minus the lease budget (RETENTION_LEASE_BUDGET_S "
+        f"{lease_budget_s():g} s), one planning step (2 × {engine_statement_ms()} ms) and "
+        f"{HEADROOM_S:g} s of headroom; lower the timeouts or raise RETENTION_Q_TIMEOUT"
+    )

@@ -22,6 +22,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils.module_loading import import_string
 from psycopg import sql
 
+from core import timeouts
 from retention import predicate
 from retention.spec import PolicySpec, SpecError
 
@@ -277,12 +278,15 @@ def _probe_keep_rules(spec: PolicySpec) -> None:
 def validate(spec: PolicySpec) -> Validation:
     """Check ``spec`` against the database; raise SpecError on the first blocking problem.
 
-    Blocking: one of the product's own tables, missing table or column, incompatible key/timestamp/tenant/keep column type,
+    Blocking: chunk timeouts that cannot fit django-q2's task timeout, one of the product's own tables, missing table or column, incompatible key/timestamp/tenant/keep column type,
     a keep value the column cannot compare with, a cascading foreign key not listed in
     ``cascade_ack``. Warnings: no supporting index, restrict/no-action references (chunks
     will fail while referencing rows exist), set-null/set-default references, a nullable
     key column, ``cascade_ack`` entries that match no foreign key.
     """
+    too_long = timeouts.chunk_timeouts_error(spec.lock_timeout_ms, spec.statement_timeout_ms)
+    if too_long:
+        raise SpecError(too_long)
     where = spec.qualified_table
     oid = table_oid(spec.schema, spec.table)
     refuse_product_table(oid, where)

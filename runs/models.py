@@ -126,6 +126,9 @@ class Chunk(models.Model):
     parent = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     attempts = models.PositiveIntegerField(default=0)
+    # Set and committed when an attempt claims the chunk, cleared when its outcome is recorded:
+    # still set on a later claim, it means that attempt was killed (task timeout, crash).
+    claimed_at = models.DateTimeField(null=True, blank=True)
     not_before = models.DateTimeField(default=timezone.now)
     last_error = models.TextField(blank=True)
     last_sqlstate = models.CharField(max_length=5, blank=True)

@@ -12,11 +12,13 @@
 
 from __future__ import annotations
 
+import time
+
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from psycopg import sql
 
-from core import locks
+from core import locks, timeouts
 from retention import predicate as P
 from retention.spec import PolicySpec
 from runs.models import Chunk, PlannerCursor, Run
@@ -95,7 +97,7 @@ def step_query(spec: PolicySpec, where: P.Fragment, chunk_size: int) -> P.Fragme
 
 def ensure_cursors(run: Run, spec: PolicySpec) -> None:
     """Create the cursors of the run's current pass (once; serialized by an advisory lock)."""
-    with transaction.atomic():
+    with transaction.atomic(), timeouts.bounded(timeouts.engine_statement_ms()):
         locks.xact_lock(locks.PLANNER, run.id)
         if PlannerCursor.objects.filter(run=run, pass_no=run.pass_no).exists():
             return
@@ -113,8 +115,9 @@ def ensure_cursors(run: Run, spec: PolicySpec) -> None:
 
 
 def step(run: Run, spec: PolicySpec, chunk_size: int) -> bool | None:
-    """Plan one chunk for the least-planned free cursor. None: no cursor left to work on."""
-    with transaction.atomic():
+    """Plan one chunk for the least-planned free cursor. None: no cursor left to work on.
+    Its statements are bounded (a slow or locked target fails them as a transient error)."""
+    with transaction.atomic(), timeouts.bounded(timeouts.engine_statement_ms()):
         cursor = (
             PlannerCursor.objects.select_for_update(skip_locked=True)
             .filter(run=run, pass_no=run.pass_no, exhausted=False)
@@ -179,9 +182,10 @@ def _plan_chunk(run: Run, spec: PolicySpec, cursor: PlannerCursor, chunk_size: i
     return made
 
 
-def plan(run: Run, *, window: int | None = None) -> int:
-    """Top the run's pending chunks up to ``window``; mark the planner done when every cursor
-    of the pass is exhausted. Returns the number of chunks created."""
+def plan(run: Run, *, window: int | None = None, deadline: float | None = None) -> int:
+    """Top the run's pending chunks up to ``window`` (no step starts after ``deadline``, a
+    ``time.monotonic()`` value); mark the planner done when every cursor of the pass is
+    exhausted. Returns the number of chunks created."""
     if run.planner_done:
         return 0
     spec = run.policy_version.parsed
@@ -194,7 +198,7 @@ def plan(run: Run, *, window: int | None = None) -> int:
         raise
     created = 0
     pending = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).count()
-    while pending < window:
+    while pending < window and (deadline is None or time.monotonic() < deadline):
         made = step(run, spec, chunk_size)
         if made is None:
             break

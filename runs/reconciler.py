@@ -94,7 +94,7 @@ def finish_run(run: Run) -> str:
             run=run, resolution=DeadLetter.Resolution.OPEN
         ).count()
         try:
-            with transaction.atomic():
+            with transaction.atomic(), timeouts.bounded(timeouts.engine_statement_ms()):
                 result = verify(run)
         except DatabaseError as exc:
             reason = _first_line(exc)

@@ -58,23 +58,58 @@ def backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0) -> float:
     return random.uniform(0, min(cap, base * (2 ** max(0, attempts - 1)))) + base / 2
 
 
-def _claim(run: Run, *, chunk_id: int | None, skip_tenants: list[str]):
-    """Lock the next admissible chunk of the run (round-robin over tenants by ``seq``)."""
+@dataclass
+class Claim:
+    chunk_id: int
+    tenant: str
+    key_from: int
+    key_to: int | None
+    attempts: int  # attempts recorded so far, the killed one included
+    killed: bool  # the previous attempt claimed the chunk and never recorded an outcome
+
+
+def _claim_ttl_s(spec) -> float:
+    """How long a claim keeps other workers off its chunk before its own transaction has locked
+    the chunk row: longer than that transaction's first lock wait (the fences)."""
+    return min(spec.lock_timeout_ms, spec.statement_timeout_ms) / 1000 + 5
+
+
+def _claim(run: Run, spec, *, chunk_id: int | None, skip_tenants: list[str]) -> Claim | None:
+    """Claim the next admissible chunk of the run (round-robin over tenants by ``seq``) in a
+    committed step of its own, before the chunk transaction: the claim time stays on the chunk
+    until an outcome is recorded. Finding it still there means the attempt that claimed it was
+    killed (django-q2's task timeout, a crash) — that attempt is counted now."""
     query = (
-        "SELECT id, tenant, key_from, key_to, attempts FROM runs_chunk"
+        "WITH c AS (SELECT id, claimed_at FROM runs_chunk"
         " WHERE run_id = %s AND state = 'pending' AND not_before <= clock_timestamp()"
+        " AND (claimed_at IS NULL OR claimed_at < clock_timestamp() - make_interval(secs => %s))"
     )
-    params: list = [run.id]
+    params: list = [run.id, _claim_ttl_s(spec)]
     if chunk_id is not None:
         query += " AND id = %s"
         params.append(chunk_id)
     if skip_tenants:
         query += " AND tenant <> ALL(%s)"
         params.append(skip_tenants)
-    query += " ORDER BY seq, id FOR UPDATE SKIP LOCKED LIMIT 1"
-    with connection.cursor() as cur:
+    query += (
+        " ORDER BY seq, id LIMIT 1 FOR UPDATE SKIP LOCKED)"
+        " UPDATE runs_chunk k SET claimed_at = clock_timestamp(),"
+        " attempts = k.attempts + (c.claimed_at IS NOT NULL)::int"
+        " FROM c WHERE k.id = c.id"
+        " RETURNING k.id, k.tenant, k.key_from, k.key_to, k.attempts, c.claimed_at IS NOT NULL"
+    )
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(
+            "SELECT set_config('synchronous_commit', 'off', true)"
+        )  # a lost claim is harmless
         cur.execute(query, params)
-        return cur.fetchone()
+        row = cur.fetchone()
+    return Claim(*row) if row else None
+
+
+def _release(chunk_id: int) -> None:
+    """The attempt ends without an outcome of its own (refused, busy, throttled)."""
+    Chunk.objects.filter(pk=chunk_id, state=Chunk.State.PENDING).update(claimed_at=None)
 
 
 def _slot(namespace: int, scope: str, ceiling: int) -> bool:
@@ -128,23 +163,45 @@ def _open_chunk_transaction(run: Run, spec) -> tuple[str, bool]:
     return "", approved
 
 
+TENANT_BUSY = "tenant_busy"  # internal: try a chunk of another tenant
+
+
 def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
     """Run one chunk transaction for ``run`` (or the given chunk). Never raises for a chunk error."""
     spec = run.policy_version.parsed
-    cfg = settings.RETENTION
     verdict = guard.admission(run, spec)  # from the shared sample, before the transaction opens
-    with transaction.atomic():
+    skip: list[str] = []
+    for _ in range(4):
+        claim = _claim(run, spec, chunk_id=chunk_id, skip_tenants=skip)
+        if claim is None:
+            return Outcome(
+                NO_WORK if not skip else BUSY, reason="tenant ceilings reached" if skip else ""
+            )
         try:
-            refusal, approved = _open_chunk_transaction(run, spec)  # the fences (shared)
+            outcome = _attempt(run, spec, claim, verdict)
         except DatabaseError as exc:
             if sqlstate_of(exc) != "55P03":
-                raise
+                raise  # the claim stays: the attempt failed without a record and counts
             # queued behind a decision that waits for the chunks in flight: retry shortly
-            transaction.set_rollback(True)
+            _release(claim.chunk_id)
             return Outcome(BUSY, reason="waiting for an operator decision to commit")
+        if outcome.kind != TENANT_BUSY:
+            return outcome
+        skip.append(claim.tenant)
+    return Outcome(BUSY, reason="tenant ceilings reached")
+
+
+def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
+    """The chunk transaction of one claimed chunk."""
+    cfg = settings.RETENTION
+    chunk_id, tenant, attempts = claim.chunk_id, claim.tenant, claim.attempts
+    with transaction.atomic():
+        refusal, approved = _open_chunk_transaction(run, spec)  # the fences (shared)
         if refusal:
+            _release(chunk_id)
             return Outcome(STOP, reason=refusal)
         if not approved:
+            _release(chunk_id)
             Run.objects.filter(pk=run.pk, state=Run.State.ACTIVE).update(
                 state=Run.State.SUPERSEDED,
                 state_reason=f"policy version v{run.policy_version.number} is no longer approved",
@@ -152,33 +209,32 @@ def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
             )
             return Outcome(STOP, reason="policy version superseded")
         if not _slot(locks.CEILING_GLOBAL, "global", cfg["GLOBAL_CEILING"]):
+            _release(chunk_id)
             return Outcome(BUSY, reason="global ceiling reached")
         if not _slot(locks.CEILING_POLICY, f"policy:{run.policy_id}", spec.policy_workers):
+            _release(chunk_id)
             return Outcome(BUSY, reason="policy ceiling reached")
-
-        skip: list[str] = []
-        row = None
-        for _ in range(4):
-            row = _claim(run, chunk_id=chunk_id, skip_tenants=skip)
-            if row is None:
-                return Outcome(
-                    NO_WORK if not skip else BUSY, reason="tenant ceilings reached" if skip else ""
-                )
-            tenant = row[1]
-            if not spec.tenant or _slot(
-                locks.CEILING_TENANT, f"{run.policy_id}:{tenant}", spec.tenant_workers
-            ):
-                break
-            skip.append(tenant)
-            row = None
-        if row is None:
-            return Outcome(BUSY, reason="tenant ceilings reached")
-        chunk_id, tenant, key_from, key_to, attempts = row
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT 1 FROM runs_chunk WHERE id = %s AND state = 'pending'"
+                " FOR UPDATE SKIP LOCKED",
+                [chunk_id],
+            )
+            if cur.fetchone() is None:  # finished or cancelled meanwhile
+                return Outcome(NO_WORK)
+        if spec.tenant and not _slot(
+            locks.CEILING_TENANT, f"{run.policy_id}:{tenant}", spec.tenant_workers
+        ):
+            _release(chunk_id)
+            return Outcome(TENANT_BUSY)
+        if claim.killed and _record_killed(run, chunk_id, attempts):
+            return Outcome(FAILED, chunk_id, reason="the previous attempt was killed")
 
         if not verdict.admit:
             Chunk.objects.filter(pk=chunk_id).update(
                 not_before=timezone.now() + timedelta(seconds=backoff(1, base=1.0, cap=5.0)),
                 throttle_reason=verdict.reason,
+                claimed_at=None,
             )
             return Outcome(THROTTLED, chunk_id, reason=verdict.reason)
 
@@ -189,8 +245,8 @@ def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
             policy_id=run.policy_id,
             cutoff=run.cutoff,
             tenant=tenant if spec.tenant else None,
-            key_from=key_from,
-            key_to=key_to,
+            key_from=claim.key_from,
+            key_to=claim.key_to,
         )
         try:
             with (
@@ -201,7 +257,8 @@ def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
                     deleted = cur.rowcount
         except DatabaseError as exc:
             # If the connection itself is gone, recording fails too and the error reaches
-            # drain(): the whole transaction is lost and the chunk stays pending.
+            # drain(): the whole transaction is lost, the chunk stays pending and claimed, and
+            # the next claim counts this attempt.
             _record_failure(run, chunk_id, attempts, exc)
             return Outcome(
                 FAILED,
@@ -217,8 +274,8 @@ def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
             table_name=spec.qualified_table,
             cutoff=run.cutoff,
             tenant=tenant,
-            key_from=key_from,
-            key_to=key_to,
+            key_from=claim.key_from,
+            key_to=claim.key_to,
             attempt=attempts + 1,
             worker_host=HOST,
             worker_pid=os.getpid(),
@@ -231,9 +288,37 @@ def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
             done_at=timezone.now(),
             attempts=attempts + 1,
             throttle_reason="",
+            claimed_at=None,
         )
         seconds = time.monotonic() - t0
     return Outcome(DONE, chunk_id, rows=deleted, seconds=seconds)
+
+
+def _record_killed(run: Run, chunk_id: int, attempts: int) -> bool:
+    """The previous attempt (already counted in ``attempts``) was killed before it recorded
+    anything — most likely it outlived django-q2's task timeout. Like a statement timeout: split
+    the chunk if it can be split, dead-letter it when its attempts are spent; otherwise this
+    attempt goes on at the same size. True when the chunk was split or dead-lettered."""
+    message = (
+        f"attempt {attempts} was killed before it recorded an outcome "
+        f"(django-q2's task timeout or a crashed worker)"
+    )
+    chunk = Chunk.objects.get(pk=chunk_id)
+    cfg = settings.RETENTION
+    if _split(chunk, cfg["SPLIT_FLOOR_ROWS"]):
+        Chunk.objects.filter(pk=chunk_id).update(
+            state=Chunk.State.SPLIT, last_error=message, last_sqlstate="", claimed_at=None
+        )
+        return True
+    if attempts >= cfg["MAX_ATTEMPTS"]:
+        Chunk.objects.filter(pk=chunk_id).update(
+            state=Chunk.State.DEAD, last_error=message, last_sqlstate="", claimed_at=None
+        )
+        dead_letter(chunk=chunk, run=run, error_class="exhausted", sqlstate="",
+                    message=f"attempts exhausted: {message}", attempts=attempts)  # fmt: skip
+        return True
+    Chunk.objects.filter(pk=chunk_id).update(last_error=message, last_sqlstate="")
+    return False
 
 
 def _record_failure(run: Run, chunk_id: int, attempts: int, exc: BaseException) -> None:
@@ -249,6 +334,7 @@ def _record_failure(run: Run, chunk_id: int, attempts: int, exc: BaseException) 
             attempts=attempts,
             last_error=message,
             last_sqlstate=cls.sqlstate,
+            claimed_at=None,
         )
         return
     if cls.kind == PERMANENT or attempts >= cfg["MAX_ATTEMPTS"]:
@@ -257,6 +343,7 @@ def _record_failure(run: Run, chunk_id: int, attempts: int, exc: BaseException) 
             attempts=attempts,
             last_error=message,
             last_sqlstate=cls.sqlstate,
+            claimed_at=None,
         )
         dead_letter(
             chunk=chunk,
@@ -272,6 +359,7 @@ def _record_failure(run: Run, chunk_id: int, attempts: int, exc: BaseException) 
         last_error=message,
         last_sqlstate=cls.sqlstate,
         not_before=timezone.now() + timedelta(seconds=backoff(attempts)),
+        claimed_at=None,
     )
 
 
@@ -434,7 +522,7 @@ def drain(
             if not run.planner_done:
                 if Chunk.objects.filter(run=run, state=Chunk.State.PENDING).count() <= window // 2:
                     try:
-                        planner.plan(run, window=window)
+                        planner.plan(run, window=window, deadline=deadline)
                     except DatabaseError as exc:
                         if _connection_lost(exc):
                             raise

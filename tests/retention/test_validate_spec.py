@@ -128,3 +128,24 @@ def test_a_policy_on_the_legal_hold_table_is_refused_and_nothing_is_stored(db, a
     assert not Policy.objects.exists()
     assert not PolicyVersion.objects.exists()
     assert LegalHold.objects.count() == 0
+
+
+def test_chunk_timeouts_that_cannot_fit_the_task_timeout_are_refused_with_every_limit(
+    events_table, make_user
+):
+    from retention.models import Policy
+
+    author = make_user("cora", "compliance")
+    spec = load_toml(policy_toml(tables="[timeouts]\nlock_ms = 600000\nstatement_ms = 3600000\n"))
+    with pytest.raises(SpecError) as refused:
+        actions.apply_spec(spec, author=author)
+    message = str(refused.value)
+    assert message.startswith("timeouts.statement_ms 3600000 and timeouts.lock_ms 600000")
+    for limit in ("RETENTION_Q_TIMEOUT 60 s", "RETENTION_LEASE_BUDGET_S 20 s", "27000 ms"):
+        assert limit in message
+    assert not Policy.objects.exists()
+    # the defaults fit, and so does the largest chunk the limits allow
+    validate()
+    validate(tables="[timeouts]\nlock_ms = 500\nstatement_ms = 26000\n")
+    with pytest.raises(SpecError):
+        validate(tables="[timeouts]\nlock_ms = 500\nstatement_ms = 26001\n")

@@ -70,7 +70,7 @@ def test_twenty_concurrent_triggers_create_one_run(table, make_user):
 
 
 def test_a_worker_killed_before_commit_leaves_rows_and_no_audit_row(table, make_user):
-    policy = make_policy(make_user, timeouts={"lock_ms": 120000, "statement_ms": 180000})
+    policy = make_policy(make_user, timeouts={"lock_ms": 8000, "statement_ms": 10000})
     run, _ = trigger_run(policy, tick=NOW)
     before = count("rr_events")
     blocker = pg_connect(autocommit=False)

@@ -30,7 +30,7 @@ def policy(transactional_db, make_user):
         make_user, slug="events", table="public.rr_events", key="id", timestamp="occurred_at",
         tenant="tenant_id", retention="20 days", schedule="0 3 * * *", timezone="UTC",
         chunk_size=200, keep=[{"column": "status", "op": "=", "value": "disputed"}],
-        timeouts={"lock_ms": 120000, "statement_ms": 180000},
+        timeouts={"lock_ms": 8000, "statement_ms": 10000},
         limits={"policy_workers": 2, "tenant_workers": 1},
     )  # fmt: skip
     with connection.cursor() as cur:
