@@ -166,10 +166,13 @@ def shape_strategy(draw) -> Shape:
     holds = []
     for _ in range(draw(st.integers(0, 2))):
         kind = draw(st.sampled_from(["tenant", "tenant", "keys", "keys", "all"]))
+        scope = draw(st.sampled_from(["policy", "all"]))
         if kind == "tenant" and tenant_type:
             value = draw(st.sampled_from(S.TENANT_POOLS[tenant_type]))
             forms = [str(value)] if 1 in open_ else written_forms(tenant_type, value)
-            holds.append(Hold(draw(st.sampled_from(forms))))
+            holds.append(Hold(draw(st.sampled_from(forms)), scope=scope))
+        elif kind == "tenant" and 1 not in open_:  # a tenant hold on a policy without tenants
+            holds.append(Hold("7", scope=scope))
         elif kind == "keys" or kind == "tenant":
             a = draw(st.integers(-(2**15), 2**15))
             holds.append(Hold(None, a, a + draw(st.integers(1, 2**14)), "policy"))
