@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import time
 from datetime import datetime
 
 from django.contrib.auth import get_user_model
@@ -113,8 +114,10 @@ def drain(cmd, o):
             progressed |= bool(stats["chunks"])
         if not o["until_idle"]:
             break
-        if not progressed and not Run.objects.filter(pk__in=ids, state=Run.State.ACTIVE).exists():
-            break
+        if not progressed:
+            if not Run.objects.filter(pk__in=ids, state=Run.State.ACTIVE).exists():
+                break
+            time.sleep(0.5)  # every run is idle (backing off, throttled): wait, then go on
     cmd.stdout.write(
         f"drained {total['chunks']} chunk(s), {total['rows']} row(s); {total['failed']} failure(s)"
     )

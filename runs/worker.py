@@ -487,8 +487,11 @@ def drain(
     budget_s: float | None = None,
     until_idle: bool = False,
 ) -> dict:
-    """Drain chunks of one run until the budget ends, the run stops, or (``until_idle``) no work
-    is left. Returns counters. With a lease (slot, generation) it stops when superseded."""
+    """Drain chunks of one run until the budget ends, the run stops or no work is left.
+    Returns counters; ``continue`` says work remains. When nothing is admissible right now
+    (chunks backing off, throttled by the guard, ceilings full) a lease waits within its
+    budget; with ``until_idle`` it returns at once (``stopped`` = "idle: <why>") and the caller
+    decides when to come back. With a lease (slot, generation) it stops when superseded."""
     from runs import reconciler
 
     budget = budget_s if budget_s is not None else settings.RETENTION["LEASE_BUDGET_S"]
@@ -576,6 +579,10 @@ def drain(
         if outcome.kind == THROTTLED:
             stats["throttled"] += 1
             adapt_chunk_size(run, None)
+        if until_idle:  # nothing this worker can do right now: the caller decides when to retry
+            stats["stopped"] = f"idle: {outcome.reason or 'no chunk is admissible now'}"
+            stats["continue"] = True
+            return stats
         stopping.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
     stats["continue"] = True
     return stats

@@ -73,7 +73,7 @@ def test_a_formula_in_the_data_is_neutralized_in_the_export(client_for, make_use
     policy = approved_policy(make_user, **events_spec())
     created, _ = trigger_run(policy, tick=NOW)
     planner.plan(created)
-    worker.drain(created.pk, budget_s=60, until_idle=True)
+    worker.drain(created.pk, budget_s=60)
     assert AuditRecord.objects.filter(tenant="=cmd|calc").exists()
 
     rows = read_csv(client_for("auditor").get(reverse("runs:audit_export")))
@@ -111,7 +111,7 @@ def test_the_audit_page_filters_and_links_the_exports(client_for, run):
 
 
 def test_the_manifest_holds_version_approval_cutoff_chunks_totals_and_chain_head(client_for, run):
-    worker.drain(run.pk, budget_s=60, until_idle=True)
+    worker.drain(run.pk, budget_s=60)
     run.refresh_from_db()
 
     response = client_for("auditor").get(reverse("runs:manifest", args=[run.pk]))

@@ -65,7 +65,7 @@ def test_retries_and_throttles_are_counted(client_for, run):
 def test_a_drained_run_sets_the_last_success_time(client_for, run):
     from runs import worker
 
-    worker.drain(run.pk, budget_s=60, until_idle=True)
+    worker.drain(run.pk, budget_s=60)
     run.refresh_from_db()
 
     m = scrape(client_for("viewer"))

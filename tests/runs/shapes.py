@@ -470,7 +470,7 @@ def run_shape(
     )
     holds, problems = place_holds(shape, policy, keeper)
     run, _ = trigger_run(policy, tick=shape.tick)
-    worker.drain(run.pk, budget_s=budget_s, until_idle=True)
+    worker.drain(run.pk, budget_s=budget_s)
     run.refresh_from_db()
     if run.state != Run.State.DRAINED:
         problems.append(f"the run ended {run.state}: {run.state_reason}")

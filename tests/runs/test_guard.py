@@ -88,7 +88,7 @@ def test_a_lock_held_on_the_target_admits_no_chunk_and_says_so(committed_policy)
     # the pressure ended: the next sample admits, and the run drains without an operator
     guard.sample(force=True)
     Chunk.objects.filter(run=run).update(not_before=NOW)
-    worker.drain(run.pk, budget_s=60, until_idle=True)
+    worker.drain(run.pk, budget_s=60)
     run.refresh_from_db()
     assert run.state == Run.State.DRAINED
 

@@ -46,7 +46,7 @@ def test_rows_with_a_null_tenant_key_or_timestamp_are_not_eligible_and_the_run_d
         assert any(w.startswith(f"{what} column") and "is nullable" in w for w in warnings)
 
     run, _ = trigger_run(policy, tick=NOW)
-    worker.drain(run.pk, budget_s=60, until_idle=True)
+    worker.drain(run.pk, budget_s=60)
     run.refresh_from_db()
 
     assert run.state == Run.State.DRAINED, run.state_reason

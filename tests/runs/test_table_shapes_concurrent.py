@@ -148,7 +148,7 @@ def test_a_version_approved_while_a_chunk_is_in_flight(shape_table):
     assert check_run(run, shadow=mid, expect_drained=False, holds=[]) == []
     # after the approval committed, nothing outside the new version's scope went
     later, _ = trigger_run(policy, tick=shape.tick + timedelta(days=1))
-    worker.drain(later.pk, budget_s=60, until_idle=True)
+    worker.drain(later.pk, budget_s=60)
     later.refresh_from_db()
     assert later.state == Run.State.DRAINED, later.state_reason
     assert later.policy_version.number == 2

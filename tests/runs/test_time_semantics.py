@@ -57,7 +57,7 @@ def _policy(make_user, **overrides):
 
 def _run(policy, tick: datetime) -> Run:
     run, _ = trigger_run(policy, tick=tick)
-    worker.drain(run.pk, budget_s=60, until_idle=True)
+    worker.drain(run.pk, budget_s=60)
     run.refresh_from_db()
     assert run.state == Run.State.DRAINED, run.state_reason
     return run

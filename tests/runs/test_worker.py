@@ -10,7 +10,7 @@ from tests.runs.conftest import NOW, count
 
 
 def drain_inline(run: Run) -> dict:
-    return worker.drain(run.pk, budget_s=60, until_idle=True)
+    return worker.drain(run.pk, budget_s=60)
 
 
 def test_a_run_drains_every_eligible_row_and_nothing_else(events_policy):
@@ -130,3 +130,22 @@ def test_status_tells_throttled_from_stuck(events_policy):
     status = run_status(run)
     assert status["health"] == "throttled"
     assert status["throttle_reason"] == "lock waits 14 > 10"
+
+
+def test_drain_until_idle_returns_when_nothing_is_admissible_while_a_lease_waits_out_its_budget(
+    events_policy,
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    run, _ = trigger_run(events_policy, tick=NOW)
+    while not run.planner_done:
+        planner.plan(run, window=1000)
+    Chunk.objects.filter(run=run).update(not_before=timezone.now() + timedelta(hours=1))
+    idle = worker.drain(run.pk, budget_s=5, until_idle=True)
+    assert idle["stopped"].startswith("idle"), idle
+    assert (idle["chunks"], idle["continue"]) == (0, True)
+    lease = worker.drain(run.pk, budget_s=1)  # a lease keeps its slot until its budget ends
+    assert (lease["stopped"], lease["chunks"], lease["continue"]) == ("", 0, True)
+    assert Run.objects.get(pk=run.pk).state == Run.State.ACTIVE

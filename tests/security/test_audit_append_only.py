@@ -22,7 +22,7 @@ from tests.runs.conftest import NOW
 @pytest.fixture
 def audited(events_policy):
     run, _ = trigger_run(events_policy, tick=NOW)
-    worker.drain(run.pk, budget_s=60, until_idle=True)
+    worker.drain(run.pk, budget_s=60)
     run.refresh_from_db()
     assert run.state == Run.State.DRAINED
     assert AuditRecord.objects.count() >= 4

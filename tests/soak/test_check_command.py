@@ -21,7 +21,7 @@ SHADOW = "public.rr_events_shadow"
 @pytest.fixture
 def drained(events_policy):
     run, _ = trigger_run(events_policy, tick=NOW)
-    worker.drain(run.pk, budget_s=60, until_idle=True)
+    worker.drain(run.pk, budget_s=60)
     run.refresh_from_db()
     assert run.state == Run.State.DRAINED, run.state_reason
     return run
@@ -120,7 +120,7 @@ def test_the_command_exits_1_and_lists_the_problems(make_user):
             keep=[{"column": "status", "op": "=", "value": "disputed"}],
         )  # fmt: skip
         run, _ = trigger_run(policy, tick=NOW)
-        worker.drain(run.pk, budget_s=60, until_idle=True)
+        worker.drain(run.pk, budget_s=60)
         ok = manage("retention", "check", run.run_key, "--shadow", SHADOW)
         assert ok.returncode == 0, ok.stderr
         assert AuditRecord.objects.filter(run=run).exists()

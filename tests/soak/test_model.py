@@ -327,7 +327,7 @@ class EngineMachine(RuleBasedStateMachine):
             if run.state in (Run.State.PAUSED, Run.State.ATTENTION):
                 resume_run(run, actor="model", reason="converge")
             Chunk.objects.filter(run=run, state=Chunk.State.PENDING).update(not_before=NOW)
-            worker.drain(run.pk, budget_s=30, until_idle=True)
+            worker.drain(run.pk, budget_s=30)
         run = self.fresh_run()
         assert run.state == Run.State.DRAINED, (run.state, run.state_reason)
         assert check_run(run, shadow=("public", f"{self.table}_shadow")) == []
