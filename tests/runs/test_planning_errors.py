@@ -108,3 +108,28 @@ def test_keys_at_the_top_of_their_type_are_planned_and_deleted(make_user, db, ke
     assert run.state == Run.State.DRAINED, run.state_reason
     assert count("public.rr_top") == 1  # the one newer row
     assert check_run(run, shadow=("public", "rr_top_shadow")) == []
+
+
+@pytest.mark.django_db(transaction=True)  # the blocker must see the table
+def test_a_transient_planning_error_backs_off_and_the_run_goes_on(events_policy, settings):
+    from tests.runs.processes import pg_connect
+
+    # a 12 s task timeout bounds each planner statement to one second
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "timeout": 12}
+    run, _ = trigger_run(events_policy, tick=NOW)
+    blocker = pg_connect(autocommit=False)
+    blocker.execute("LOCK TABLE public.rr_events IN ACCESS EXCLUSIVE MODE")
+    try:
+        stats = worker.drain(run.pk, budget_s=3)
+    finally:
+        blocker.rollback()
+        blocker.close()
+    run.refresh_from_db()
+    assert run.state == Run.State.ACTIVE, run.state_reason
+    assert stats["failed"] >= 1 and stats["continue"] is True
+    assert not DeadLetter.objects.filter(run=run).exists()
+    drain(run)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
