@@ -358,6 +358,10 @@ class Soak:
         self.author = User.objects.get(username="soak-author")
         self.approver = User.objects.get(username="soak-approver")
         self.oncall = User.objects.get(username="soak-oncall")
+        from core.tokens import create_token
+
+        # the duplicate-trigger fault's CLI processes act as on-call with a personal token
+        _, self.oncall_token = create_token(self.oncall, name="soak")
 
     def spec_fields(self, ep: Epoch, chunk_size: int) -> dict:
         return dict(
@@ -623,7 +627,7 @@ class Soak:
             subprocess.Popen(
                 [sys.executable, "manage.py", "retention", "trigger", ep.slug, "--period", label],
                 cwd=ROOT,
-                env=self.child_env(),
+                env=self.child_env(RETENTION_TOKEN=self.oncall_token),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,

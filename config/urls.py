@@ -11,6 +11,8 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("login/", core_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("tokens/", core_views.tokens, name="tokens"),
+    path("tokens/<int:token_id>/revoke/", core_views.token_revoke, name="token_revoke"),
     path("policies/", include("retention.urls")),
     path("runs/", include("runs.urls")),
     path("admin/", admin.site.urls),

@@ -1,22 +1,84 @@
 """Who a state-changing CLI command acts as — the one place that decides it.
 
-Today the command names its actor with ``--by USERNAME``; the actor's roles are then
-checked exactly as on the pages. The very first grant on a new installation acts as a
-Django superuser (``manage.py createsuperuser``), who holds every role (docs/deploy.md).
+``acting_user(options)`` returns the person behind the command:
+
+- ``RETENTION_TOKEN`` in the environment: a personal API token its owner created on the
+  dashboard's API tokens page (``core.tokens``);
+- else, at a terminal, a username and password prompt (the bootstrap of a new
+  installation: ``manage.py createsuperuser``, then act as that superuser).
+
+Nothing else: a ``--by``/``--author``/``--approver`` flag only double-checks the
+identity (a mismatch is refused), it never chooses it. The command's operator-action rows
+say ``via: cli`` and which token (``record_action`` reads ``channel()``), and the actions
+check this user's roles exactly as the pages do.
 """
 
 from __future__ import annotations
 
+import getpass
+import os
+import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
+from core.tokens import TokenError, user_for_token
 
-def acting_user(options: dict):
-    """The user a CLI command acts as; one clear error when there is none."""
-    name = (options.get("by") or "").strip()
-    if not name:
-        raise CommandError("this command needs --by USERNAME (the person acting)")
-    user = get_user_model().objects.filter(username=name, is_active=True).first()
-    if user is None:
-        raise CommandError(f"unknown or inactive user {name!r}")
+TOKEN_ENV = "RETENTION_TOKEN"
+CLAIM_FLAGS = ("by", "author", "approver")
+
+_channel: ContextVar[dict | None] = ContextVar("retention_channel", default=None)
+
+
+def channel() -> dict:
+    """Details every operator-action row of the current CLI command carries ({} elsewhere)."""
+    return dict(_channel.get() or {})
+
+
+@contextmanager
+def cli_command():
+    """The scope of one CLI command: what ``acting_user`` establishes ends with it."""
+    reset = _channel.set(None)
+    try:
+        yield
+    finally:
+        _channel.reset(reset)
+
+
+def acting_user(options: dict | None = None):
+    """The authenticated user a CLI command acts as; one clear ``CommandError`` otherwise."""
+    options = options or {}
+    secret = os.environ.get(TOKEN_ENV, "").strip()
+    if secret:
+        try:
+            user, token = user_for_token(secret)
+        except TokenError as exc:
+            raise CommandError(str(exc)) from None
+        via = {"via": "cli", "token": token.prefix}
+    elif sys.stdin is not None and sys.stdin.isatty():
+        user = _password_prompt()
+        via = {"via": "cli", "auth": "password"}
+    else:
+        raise CommandError(
+            f"this command acts as a person: set {TOKEN_ENV} to your personal API token "
+            "(dashboard → API tokens), or run it at a terminal to sign in with a password"
+        )
+    for flag in CLAIM_FLAGS:
+        claimed = (options.get(flag) or "").strip()
+        if claimed and claimed != user.username:
+            raise CommandError(
+                f"--{flag} {claimed} is not who is acting: the credential is {user.username}'s"
+            )
+    _channel.set(via)
+    return user
+
+
+def _password_prompt():
+    username = input("Username: ").strip()
+    password = getpass.getpass("Password: ")
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None or not user.check_password(password):
+        raise CommandError("wrong username or password")
     return user

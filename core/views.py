@@ -7,9 +7,9 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required
 from django.db import connection
 from django.http import JsonResponse
-from django.shortcuts import render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from core import throttle
 from core.roles import ROLE_DESCRIPTIONS, require_role, roles_of
@@ -90,3 +90,47 @@ def worker_heartbeats() -> dict:
             "workers": len(stat.workers),
         }
     return clusters
+
+
+@require_http_methods(["GET", "POST"])
+@require_role()
+@never_cache
+def tokens(request):
+    """Your personal API tokens: create one (its secret is shown once, on this response
+    only), see when each was last used, revoke one. The CLI acts as you with it."""
+    from core import tokens as api_tokens
+    from core.models import ApiToken
+
+    created = None
+    status = 200
+    if request.method == "POST":
+        try:
+            _, created = api_tokens.create_token(request.user, name=request.POST.get("name", ""))
+        except api_tokens.TokenError as exc:
+            messages.error(request, str(exc))
+            status = 400
+    return render(
+        request,
+        "core/tokens.html",
+        {
+            "tokens": ApiToken.objects.filter(user=request.user),
+            "created": created,
+            "token_env": "RETENTION_TOKEN",
+        },
+        status=status,
+    )
+
+
+@require_POST
+@require_role()
+def token_revoke(request, token_id: int):
+    from core import tokens as api_tokens
+    from core.models import ApiToken
+
+    token = get_object_or_404(ApiToken, pk=token_id, user=request.user)
+    try:
+        api_tokens.revoke_token(token, actor=request.user)
+        messages.success(request, f"token {token.prefix}… revoked")
+    except api_tokens.TokenError as exc:
+        messages.error(request, str(exc))
+    return redirect("tokens")

@@ -1,7 +1,8 @@
 """``retention policy ...`` and ``retention hold ...`` sub-commands.
 
-Every handler turns a refusal into one ``CommandError`` line; state changes go
-through ``retention.actions`` so the CLI and the pages obey the same rules.
+Every handler turns a refusal into one ``CommandError`` line; state changes act as the
+authenticated person (``core.cli_identity.acting_user``: a personal API token) and go
+through ``retention.actions``, so the CLI and the pages obey the same rules.
 """
 
 from __future__ import annotations
@@ -9,14 +10,16 @@ from __future__ import annotations
 import json
 from functools import wraps
 
-from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import CommandError
 from django.db import transaction
 
+from core.cli_identity import acting_user
 from retention import actions
 from retention.models import LegalHold, Policy, PolicyVersion
 from retention.spec import load_toml
+
+CLAIM_HELP = "optional check: refused unless RETENTION_TOKEN belongs to this user"
 
 
 def register(areas) -> None:
@@ -26,20 +29,20 @@ def register(areas) -> None:
 
     p = sub.add_parser("apply", help="create a draft from a TOML file and submit it")
     p.add_argument("file", metavar="FILE.toml")
-    p.add_argument("--author", required=True, metavar="USERNAME")
+    p.add_argument("--author", metavar="USERNAME", help=CLAIM_HELP)
     p.set_defaults(handler=policy_apply)
 
     p = sub.add_parser("approve", help="approve a submitted version")
     p.add_argument("slug")
     p.add_argument("--version", dest="number", type=int, required=True, metavar="N")
-    p.add_argument("--approver", required=True, metavar="USERNAME")
+    p.add_argument("--approver", metavar="USERNAME", help=CLAIM_HELP)
     p.add_argument("--reason", default="")
     p.set_defaults(handler=policy_approve)
 
     p = sub.add_parser("reject", help="reject a submitted version")
     p.add_argument("slug")
     p.add_argument("--version", dest="number", type=int, required=True, metavar="N")
-    p.add_argument("--approver", required=True, metavar="USERNAME")
+    p.add_argument("--approver", metavar="USERNAME", help=CLAIM_HELP)
     p.add_argument("--reason", required=True)
     p.set_defaults(handler=policy_reject)
 
@@ -56,7 +59,7 @@ def register(areas) -> None:
 
     p = sub.add_parser("place", help="place a legal hold")
     p.add_argument("--reason", required=True)
-    p.add_argument("--by", required=True, metavar="USERNAME")
+    p.add_argument("--by", metavar="USERNAME", help=CLAIM_HELP)
     p.add_argument("--policy", metavar="SLUG", help="default: all policies")
     p.add_argument("--tenant", metavar="T", help="default: all tenants")
     p.add_argument("--key-from", type=int, metavar="N")
@@ -65,7 +68,7 @@ def register(areas) -> None:
 
     p = sub.add_parser("release", help="release a legal hold")
     p.add_argument("hold_id", type=int, metavar="ID")
-    p.add_argument("--by", required=True, metavar="USERNAME")
+    p.add_argument("--by", metavar="USERNAME", help=CLAIM_HELP)
     p.add_argument("--reason", required=True)
     p.set_defaults(handler=hold_release)
 
@@ -85,13 +88,6 @@ def _one_line(handler):
             raise CommandError(str(exc) or "permission denied") from None
 
     return wrapped
-
-
-def _user(username: str):
-    user = get_user_model().objects.filter(username=username).first()
-    if user is None:
-        raise CommandError(f"unknown user {username!r}")
-    return user
 
 
 def _policy(slug: str) -> Policy:
@@ -117,7 +113,7 @@ def policy_apply(command, options) -> None:
     except (OSError, UnicodeDecodeError) as exc:
         raise CommandError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
     spec = load_toml(text)
-    author = _user(options["author"])
+    author = acting_user(options)
     # One transaction: a draft that fails submission is not left behind.
     with transaction.atomic():
         version = actions.apply_spec(spec, author=author)
@@ -134,7 +130,7 @@ def policy_apply(command, options) -> None:
 
 @_one_line
 def policy_approve(command, options) -> None:
-    approver = _user(options["approver"])
+    approver = acting_user(options)
     version = _version(options["slug"], options["number"])
     version = actions.approve_version(version, actor=approver, reason=options["reason"])
     command.stdout.write(
@@ -145,7 +141,7 @@ def policy_approve(command, options) -> None:
 
 @_one_line
 def policy_reject(command, options) -> None:
-    approver = _user(options["approver"])
+    approver = acting_user(options)
     version = _version(options["slug"], options["number"])
     version = actions.reject_version(version, actor=approver, reason=options["reason"])
     command.stdout.write(f"{version.policy.slug} v{version.number} rejected by {approver.username}")
@@ -219,7 +215,7 @@ def policy_list(command, options) -> None:
 
 @_one_line
 def hold_place(command, options) -> None:
-    actor = _user(options["by"])
+    actor = acting_user(options)
     policy = _policy(options["policy"]) if options.get("policy") else None
     hold = actions.place_hold(
         actor=actor,
@@ -234,7 +230,7 @@ def hold_place(command, options) -> None:
 
 @_one_line
 def hold_release(command, options) -> None:
-    actor = _user(options["by"])
+    actor = acting_user(options)
     hold = LegalHold.objects.filter(pk=options["hold_id"]).first()
     if hold is None:
         raise CommandError(f"unknown hold #{options['hold_id']}")

@@ -8,6 +8,8 @@ from django.db.models import Q
 from django.utils import timezone as dj_timezone
 from django.utils.functional import cached_property
 
+from core.cli_identity import channel
+
 
 class Policy(models.Model):
     """The stable identity of a retention policy; what it deletes lives in its versions."""
@@ -191,7 +193,8 @@ class OperatorAction(models.Model):
 
 
 def record_action(actor, action: str, target, *, reason: str = "", **details) -> OperatorAction:
-    """Write one operator-action row; call inside the transaction of the change."""
+    """Write one operator-action row; call inside the transaction of the change. Within a
+    CLI command the row also says so (``via: cli`` and the token, ``core.cli_identity``)."""
     actor_name = getattr(actor, "username", None) or str(actor)
     target_type = (
         target._meta.model_name if hasattr(target, "_meta") else str(type(target).__name__)
@@ -203,5 +206,5 @@ def record_action(actor, action: str, target, *, reason: str = "", **details) ->
         target_type=target_type,
         target_id=target_id,
         reason=reason,
-        details=details,
+        details={**channel(), **details},
     )

@@ -48,7 +48,9 @@ def trigger_run(
     skipped_ticks: list | tuple = (),
 ) -> tuple[Run, bool]:
     """Create the run for ``tick`` or return the existing one (duplicate triggers converge
-    on the unique run_key). The cutoff is derived here, once, from the tick."""
+    on the unique run_key). The cutoff is derived here, once, from the tick. A person
+    (a manual trigger) needs the on-call role; the scheduler and start-up name themselves."""
+    _check_oncall(actor)
     version = policy.approved_version
     if version is None:
         raise ActionError(f"policy {policy.slug} has no approved version; nothing may run")

@@ -3,26 +3,20 @@ reconcile|startup|audit`` sub-commands: operations without a browser."""
 
 from __future__ import annotations
 
-import getpass
 import json
 import time
 from datetime import datetime
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from core.cli_identity import acting_user
 from core.filters import as_id
 
 
 def _actor(options):
-    name = options.get("by")
-    if not name:
-        return f"cli:{getpass.getuser()}"
-    user = get_user_model().objects.filter(username=name).first()
-    if user is None:
-        raise CommandError(f"unknown user {name!r}")
-    return user
+    """The person acting (a personal API token; core.cli_identity); roles are the actions'."""
+    return acting_user(options)
 
 
 def _run(key: str):
@@ -230,7 +224,7 @@ def register(areas) -> None:
     )
     p.add_argument("slug")
     p.add_argument("--period", help="YYYY-MM-DD or YYYY-MM-DDTHH:MM in the policy's timezone")
-    p.add_argument("--by", help="acting username")
+    p.add_argument("--by", help="optional check: refused unless RETENTION_TOKEN is this user's")
 
     p = add("status", status, "state and progress of a run")
     p.add_argument("run_key")
@@ -255,7 +249,7 @@ def register(areas) -> None:
         p = add(name, _control(action), text)
         p.add_argument("run_key")
         p.add_argument("--reason", required=True)
-        p.add_argument("--by", help="acting username")
+        p.add_argument("--by", help="optional check: refused unless RETENTION_TOKEN is this user's")
 
     for name, handler, text in (
         ("replay", replay, "replay a dead letter"),
@@ -264,12 +258,12 @@ def register(areas) -> None:
         p = add(name, handler, text)
         p.add_argument("id", type=int)
         p.add_argument("--reason", required=True)
-        p.add_argument("--by", help="acting username")
+        p.add_argument("--by", help="optional check: refused unless RETENTION_TOKEN is this user's")
 
     p = add("kill-switch", kill_switch, "the global kill switch")
     p.add_argument("state", choices=["on", "off"])
     p.add_argument("--reason", required=True)
-    p.add_argument("--by", help="acting username")
+    p.add_argument("--by", help="optional check: refused unless RETENTION_TOKEN is this user's")
 
     add("reconcile", reconcile, "one reconciler pass now")
     p = add(

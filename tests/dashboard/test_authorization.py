@@ -11,6 +11,7 @@ import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
+from core.tokens import create_token
 from retention import actions as retention_actions
 from retention.models import PolicyVersion
 
@@ -44,6 +45,9 @@ MATRIX = {
     "login": ("GET", {}, every_role(302, anonymous=200)),
     "logout": ("POST", {}, every_role(302, anonymous=302)),
     "admin": ("GET", {}, every_role(302)),  # the whole admin site: staff only
+    "tokens": ("GET", {}, READ),
+    # one's own token only: compliance owns the world's token, the others see no such token
+    "token_revoke": ("POST", {"token_id": "token"}, only({"compliance": 302}, denied=404)),
     "runs:list": ("GET", {}, READ),
     "runs:detail": ("GET", {"run_id": "run"}, READ),
     "runs:pause": ("POST", {"run_id": "run"}, ONCALL_POST),
@@ -106,7 +110,9 @@ def world(users, make_user):
         actor=users["compliance"], reason="litigation 42", tenant="3"
     )
     version = PolicyVersion.objects.get(policy__slug="gone")
+    token, _ = create_token(users["compliance"], name="laptop")
     return {
+        "token": token.pk,
         "run": letter.run_id,
         "letter": letter.pk,
         "slug": "gone",

@@ -12,11 +12,13 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from retention.models import LegalHold, OperatorAction, Policy, PolicyVersion
+from tests.conftest import token_for_claim
 
 from .conftest import policy_toml
 
 
 def run_cli(*args: str) -> str:
+    token_for_claim(args)
     out = io.StringIO()
     call_command("retention", *args, stdout=out)
     return out.getvalue()
@@ -122,7 +124,7 @@ def test_bad_policy_files_give_one_error_line_and_change_nothing(
 
 def test_an_unknown_author_gives_one_error_line_and_changes_nothing(events_table, write_policy):
     before = db_state()
-    with pytest.raises(CommandError, match="unknown user 'mallory'"):
+    with pytest.raises(CommandError, match="set RETENTION_TOKEN"):
         run_cli("policy", "apply", write_policy(), "--author", "mallory")
     assert db_state() == before
 

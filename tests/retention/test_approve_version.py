@@ -12,6 +12,7 @@ from retention import actions
 from retention.actions import ActionError
 from retention.models import OperatorAction, Policy, PolicyVersion
 from retention.spec import load_toml
+from tests.conftest import token_for_claim
 
 from .conftest import policy_toml
 
@@ -22,6 +23,7 @@ def submitted(author, **overrides) -> PolicyVersion:
 
 
 def run_cli(*args: str) -> str:
+    token_for_claim(args)
     out = io.StringIO()
     call_command("retention", *args, stdout=out)
     return out.getvalue()
@@ -134,7 +136,7 @@ def test_rejection_needs_a_reason_and_a_different_officer(events_table, alice, b
 def test_an_unknown_approver_or_version_gives_one_error_line(events_table, alice):
     submitted(alice)
 
-    with pytest.raises(CommandError, match="unknown user 'nobody'"):
+    with pytest.raises(CommandError, match="set RETENTION_TOKEN"):
         run_cli("policy", "approve", "events", "--version", "1", "--approver", "nobody")
     with pytest.raises(CommandError, match="policy 'events' has no version 9"):
         run_cli("policy", "approve", "events", "--version", "9", "--approver", "alice")

@@ -24,6 +24,7 @@ from retention.actions import ActionError
 from retention.models import LegalHold, OperatorAction
 from retention.preview import preview
 from retention.spec import load_toml
+from tests.conftest import token_for_claim
 
 from .conftest import count_rows, policy_toml, second_dsn
 
@@ -209,6 +210,7 @@ def test_the_hold_commands_place_list_and_release(events_table, alice):
     applied(alice)
 
     def cli(*args):
+        token_for_claim(args)
         out = io.StringIO()
         call_command("retention", "hold", *args, stdout=out)
         return out.getvalue().strip()
@@ -231,6 +233,6 @@ def test_the_hold_commands_place_list_and_release(events_table, alice):
 
     with pytest.raises(CommandError, match="unknown policy 'nope'"):
         cli("place", "--reason", "x", "--by", "alice", "--policy", "nope")
-    with pytest.raises(CommandError, match="unknown user 'eve'"):
+    with pytest.raises(CommandError, match="set RETENTION_TOKEN"):
         cli("release", str(hold.pk), "--by", "eve", "--reason", "x")
     assert LegalHold.objects.count() == 1

@@ -57,8 +57,9 @@ def assert_converged(run: Run) -> None:
     assert check_run(run, shadow=SHADOW) == []
 
 
-def test_twenty_concurrent_triggers_create_one_run(table, make_user):
+def test_twenty_concurrent_triggers_create_one_run(table, make_user, act_as):
     make_policy(make_user)
+    act_as(make_user("olga", "oncall"))
     procs = [spawn("retention", "trigger", "events", "--period", "2026-11-29") for _ in range(20)]
     keys = set()
     for proc in procs:

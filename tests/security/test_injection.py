@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from retention.models import LegalHold, OperatorAction, Policy
 from runs.actions import trigger_run
 from runs.models import Run
+from tests.conftest import token_for_claim
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW, create_events
 
@@ -99,6 +100,7 @@ def fortress(db, make_user):
 
 def cli(*args: str) -> tuple[str | None, str]:
     """Run ``manage.py retention ...`` in-process; (output, '') or (None, error line)."""
+    token_for_claim(args)
     out = StringIO()
     try:
         with transaction.atomic():  # a database error must not poison the test's transaction
@@ -199,9 +201,9 @@ def test_a_hostile_tenant_or_reason_on_the_cli_is_stored_literally(fortress, ten
 def test_hostile_policy_slugs_periods_and_run_keys_are_one_clear_error(fortress, text):
     assume(text.strip() and not text.strip().isdigit())  # '' is "all"; a number is a run id
     for args in (
-        ("trigger", text),
+        ("trigger", text, "--by", "olga"),
         ("status", text),
-        ("pause", text, "--reason", "r"),
+        ("pause", text, "--reason", "r", "--by", "olga"),
         ("check", text),
         ("hold", "place", "--by", "alice", "--reason", "r", "--policy", text),
         ("policy", "approve", text, "--version", "1", "--approver", "bob"),
@@ -209,7 +211,7 @@ def test_hostile_policy_slugs_periods_and_run_keys_are_one_clear_error(fortress,
     ):
         output, error = cli(*args)
         assert output is None and error, args
-    output, error = cli("trigger", "inj", "--period", text)
+    output, error = cli("trigger", "inj", "--period", text, "--by", "olga")
     if output is not None:  # a well-formed date: the run of that period, literally
         assert Run.objects.filter(run_key=output.strip()).exists()
     else:

@@ -137,9 +137,15 @@ def test_a_least_privilege_role_drains_a_run_and_can_do_nothing_else(run, worker
     # and a trigger (scheduled triggers and catch-up runs create runs)
     old = GuardSample.objects.create(values={}, tables={})
     GuardSample.objects.filter(pk=old.pk).update(taken_at=NOW - timedelta(days=30))
-    for args in (("reconcile",), ("trigger", "events", "--period", "2026-11-29")):
+    scheduled = (
+        "import os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'config.settings'); "
+        "import django; django.setup(); from runs.tasks import trigger_scheduled; "
+        "from retention.models import Policy; "
+        "print(trigger_scheduled(Policy.objects.get().pk, '2026-11-29T03:00:00+00:00'))"
+    )  # what the schedule's task does (a manual trigger acts as a person: tests/security/test_cli_identity.py)
+    for command in (["manage.py", "retention", "reconcile"], ["-c", scheduled]):
         result = subprocess.run(
-            [sys.executable, "manage.py", "retention", *args],
+            [sys.executable, *command],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]

@@ -77,7 +77,9 @@ def test_a_connection_reset_mid_chunk_rolls_back_and_the_chunk_is_retried(policy
     assert check_run(run, shadow=SHADOW) == []
 
 
-def test_a_foreign_key_that_restricts_the_delete_dead_letters_and_a_replay_finishes(policy):
+def test_a_foreign_key_that_restricts_the_delete_dead_letters_and_a_replay_finishes(
+    policy, make_user, act_as
+):
     run, _ = trigger_run(policy, tick=NOW)
     planner.plan(run, window=1000)
     chunk = Chunk.objects.filter(run=run).order_by("seq", "id").first()
@@ -112,6 +114,7 @@ def test_a_foreign_key_that_restricts_the_delete_dead_letters_and_a_replay_finis
 
     with connection.cursor() as cur:
         cur.execute("DELETE FROM public.rr_child")  # on-call removes the cause
+    act_as(make_user("olga", "oncall"))
     replay = manage("retention", "replay", str(letter.pk), "--reason", "child row removed")
     assert replay.returncode == 0, replay.stderr
     result = manage(

@@ -6,7 +6,10 @@ Areas are registered by the apps: ``retention.cli`` (policy, hold) and
 
 from __future__ import annotations
 
+from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
+
+from core.cli_identity import cli_command
 
 
 class Command(BaseCommand):
@@ -30,8 +33,11 @@ class Command(BaseCommand):
         if handler is None:
             raise CommandError("missing sub-command; see --help")
         try:
-            handler(self, options)
+            with cli_command():
+                handler(self, options)
         except CommandError:
             raise
+        except PermissionDenied as exc:  # the acting person lacks the role
+            raise CommandError(str(exc) or "permission denied") from None
         except ValueError as exc:  # SpecError, validation errors: the user's input
             raise CommandError(str(exc)) from None

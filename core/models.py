@@ -1,0 +1,41 @@
+"""Personal API tokens: the command line acts as the person who created the token."""
+
+from __future__ import annotations
+
+import hashlib
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class ApiToken(models.Model):
+    """A personal API token. Only its SHA-256 is stored (the token is 256 random bits, so
+    no salt or slow hash is needed); the token itself is shown once, at creation. A revoked
+    token stays as evidence of what acted when."""
+
+    PREFIX = "rrt_"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, help_text="the token's first characters")
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"token {self.prefix}… of {self.user}"
+
+    @staticmethod
+    def digest_of(token: str) -> str:
+        return hashlib.sha256(token.encode()).hexdigest()
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
