@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import CommandError
 
-from core import accounts
+from core import accounts, tokens
 from core.cli_identity import acting_user
 from core.roles import ALL_ROLES, ROLE_DESCRIPTIONS
 
@@ -43,6 +43,20 @@ def register(areas) -> None:
     )
     p.add_argument("--by", metavar="USERNAME", help="acting superuser or compliance officer")
     p.set_defaults(handler=user_add)
+
+    token = areas.add_parser("token", help="personal API tokens for the command line")
+    sub = token.add_subparsers(dest="token_command", required=True, metavar="COMMAND")
+    p = sub.add_parser(
+        "create",
+        help="sign in with your password and print a new personal token (as the dashboard's "
+        "API tokens page does; how a new installation's superuser gets the first one)",
+    )
+    p.add_argument("--username", required=True)
+    p.add_argument("--name", default="command line", help="what the token is for")
+    p.add_argument(
+        "--password-stdin", action="store_true", help="read the password from standard input"
+    )
+    p.set_defaults(handler=token_create)
 
 
 def _one_line(handler):
@@ -102,3 +116,24 @@ def user_add(command, options) -> None:
         raise CommandError("no terminal to prompt for a password: use --password-stdin")
     user = accounts.add_user(options["username"], password, actor=actor, email=options["email"])
     command.stdout.write(f"user {user.username} added (no role yet)")
+
+
+@_one_line
+def token_create(command, options) -> None:
+    """The token is printed once, alone on stdout (``export RETENTION_TOKEN=$(…)``)."""
+    if options["password_stdin"]:
+        password = sys.stdin.readline().rstrip("\n")
+    elif sys.stdin.isatty():
+        password = getpass.getpass("Password: ")
+    else:
+        raise CommandError("no terminal to prompt for a password: use --password-stdin")
+    name = options["username"].strip()
+    user = get_user_model().objects.filter(username=name, is_active=True).first()
+    if user is None or not user.check_password(password):
+        raise CommandError("wrong username or password")
+    try:
+        token, secret = tokens.create_token(user, name=options["name"], via="cli")
+    except tokens.TokenError as exc:
+        raise CommandError(str(exc)) from None
+    command.stderr.write(f"token {token.prefix}… created for {user.username}; shown once")
+    command.stdout.write(secret)

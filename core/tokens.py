@@ -28,7 +28,7 @@ def _record(actor, action: str, token: ApiToken, **details) -> None:
 
 
 @transaction.atomic
-def create_token(user, *, name: str) -> tuple[ApiToken, str]:
+def create_token(user, *, name: str, via: str = "web") -> tuple[ApiToken, str]:
     """A new token for ``user`` (who must hold a role); returns it and its secret, which
     is never stored and cannot be shown again."""
     check_role(user, *ALL_ROLES)
@@ -41,7 +41,7 @@ def create_token(user, *, name: str) -> tuple[ApiToken, str]:
     token = ApiToken.objects.create(
         user=user, name=name, prefix=secret[:12], digest=ApiToken.digest_of(secret)
     )
-    _record(user, "token.create", token)
+    _record(user, "token.create", token, via=via)
     return token, secret
 
 

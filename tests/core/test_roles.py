@@ -12,11 +12,13 @@ from django.core.management.base import CommandError
 
 from core.roles import ALL_ROLES, roles_of
 from retention.models import OperatorAction
+from tests.conftest import token_for_claim
 
 pytestmark = pytest.mark.django_db
 
 
 def retention(*args, stdin: str | None = None) -> str:
+    token_for_claim(args)  # act as the user --by names, with a token of theirs
     out = io.StringIO()
     if stdin is not None:
         import sys
@@ -54,7 +56,8 @@ def test_a_superuser_grants_the_first_compliance_officer_and_the_log_says_who_wh
         str(alice.pk),
         "first CO",
     )
-    assert row.details == {"role": "compliance", "username": "alice", "via": "cli"}
+    assert row.details["via"] == "cli" and row.details["token"].startswith("rrt_")
+    assert (row.details["role"], row.details["username"]) == ("compliance", "alice")
 
 
 def test_a_compliance_officer_grants_and_revokes_and_each_change_is_logged(root):
@@ -89,8 +92,8 @@ def test_a_compliance_officer_grants_and_revokes_and_each_change_is_logged(root)
     [
         (("grant", "oscar", "oncall", "--by", "victor"), "may not manage roles"),
         (("grant", "alice", "oncall", "--by", "alice"), "nobody changes their own roles"),
-        (("grant", "oscar", "oncall"), "needs --by USERNAME"),
-        (("grant", "oscar", "oncall", "--by", "nobody"), "unknown or inactive user"),
+        (("grant", "oscar", "oncall"), "set RETENTION_TOKEN"),
+        (("grant", "oscar", "oncall", "--by", "nobody"), "set RETENTION_TOKEN"),
         (("grant", "nobody", "oncall", "--by", "alice"), "unknown user 'nobody'"),
         (("revoke", "oscar", "viewer", "--by", "oscar"), "may not manage roles"),
     ],
@@ -159,3 +162,21 @@ def test_the_admin_shows_role_memberships_but_does_not_change_them(client, root,
         == 403
     )
     assert Group.objects.filter(pk=compliance.pk).exists()
+
+
+def test_a_new_installations_superuser_gets_a_token_with_their_password(root):
+    with pytest.raises(CommandError, match="wrong username or password"):
+        retention("token", "create", "--username", "root", "--password-stdin", stdin="nope\n")
+    secret = retention(
+        "token", "create", "--username", "root", "--password-stdin", stdin="root-pw-long-enough\n"
+    ).strip()
+    assert secret.startswith("rrt_")
+    import os
+
+    os.environ["RETENTION_TOKEN"] = secret  # undone after the test (tests/conftest.py)
+    User.objects.create_user("alice", password="x" * 12)
+    out = io.StringIO()
+    call_command("retention", "role", "grant", "alice", "compliance", stdout=out)
+    assert "compliance granted to alice" in out.getvalue()
+    created = OperatorAction.objects.get(action="token.create")
+    assert (created.actor, created.details["via"]) == ("root", "cli")

@@ -238,15 +238,30 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
             dict(env, DJANGO_SUPERUSER_PASSWORD="root-password-1234"),
             "createsuperuser", "--no-input", "--username", "root", "--email", "root@example.com",
         )  # fmt: skip
+
+        def token_of(user: str, password: str) -> dict:
+            """The CLI acts as a person: their personal token, obtained with their password."""
+            secret = manage(
+                env, "retention", "token", "create", "--username", user, "--password-stdin",
+                stdin=f"{password}\n",
+            ).stdout.strip()  # fmt: skip
+            return dict(env, RETENTION_TOKEN=secret)
+
+        as_root = token_of("root", "root-password-1234")
         for user in ("alice", "carol", "oscar"):
             manage(
-                env, "retention", "user", "add", user, "--by", "root", "--password-stdin",
+                as_root, "retention", "user", "add", user, "--by", "root", "--password-stdin",
                 stdin=f"{user}-password-1234\n",
             )  # fmt: skip
-        manage(env, "retention", "role", "grant", "alice", "compliance", "--by", "root",
+        manage(as_root, "retention", "role", "grant", "alice", "compliance", "--by", "root",
                "--reason", "first compliance officer")  # fmt: skip
-        manage(env, "retention", "role", "grant", "carol", "compliance", "--by", "root")
-        manage(env, "retention", "role", "grant", "oscar", "oncall", "--by", "alice")
+        manage(as_root, "retention", "role", "grant", "carol", "compliance", "--by", "root")
+        as_alice, as_carol = (
+            token_of("alice", "alice-password-1234"),
+            token_of("carol", "carol-password-1234"),
+        )
+        manage(as_alice, "retention", "role", "grant", "oscar", "oncall", "--by", "alice")
+        as_oscar = token_of("oscar", "oscar-password-1234")
         seen["roles"] = manage(env, "retention", "role", "list").stdout
         step("superuser, users, roles")
 
@@ -254,11 +269,11 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
         policy = tmp_path / "events.toml"
         policy.write_text(POLICY_TOML.format(retention="20 days"))
         seen["apply"] = manage(
-            env, "retention", "policy", "apply", str(policy), "--author", "alice"
+            as_alice, "retention", "policy", "apply", str(policy), "--author", "alice"
         ).stdout
-        manage(env, "retention", "policy", "approve", "events", "--version", "1",
+        manage(as_carol, "retention", "policy", "approve", "events", "--version", "1",
                "--approver", "carol", "--reason", "reviewed")  # fmt: skip
-        run_key = manage(env, "retention", "trigger", "events", "--by", "oscar").stdout.strip()
+        run_key = manage(as_oscar, "retention", "trigger", "events", "--by", "oscar").stdout.strip()
         seen["run_key"] = run_key
         step("target table, policy apply/approve, trigger")
 
@@ -324,13 +339,18 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
         seen["check"] = manage(env, "retention", "check", run_key).stdout
         seen["verify"] = manage(env, "retention", "audit", "verify").stdout
         if every_command:
-            seen["commands"] = every_other_command(env, run_key, tmp_path)
+            tokens = {
+                name: e["RETENTION_TOKEN"]
+                for name, e in (("alice", as_alice), ("carol", as_carol), ("oscar", as_oscar))
+            }
+            seen["commands"] = every_other_command(env, run_key, tmp_path, tokens)
             step("every other command")
     return seen
 
 
-def every_other_command(env: dict, run_key: str, tmp_path: Path) -> dict:
-    """Each remaining CLI command once: (return code, first line of output or error)."""
+def every_other_command(env: dict, run_key: str, tmp_path: Path, tokens: dict) -> dict:
+    """Each remaining CLI command once: (return code, first line of output or error). A
+    command naming a person (--author, --approver, --by) runs with that person's token."""
     v2 = tmp_path / "events-v2.toml"
     v2.write_text(POLICY_TOML.format(retention="30 days"))
     commands = {
@@ -366,7 +386,12 @@ def every_other_command(env: dict, run_key: str, tmp_path: Path) -> dict:
         "from django.core.management import call_command\n"
         "from django.core.management.base import CommandError\n"
         "out = {}\n"
-        "for label, args in json.loads(sys.stdin.read()).items():\n"
+        "CLAIMS = ('--author', '--approver', '--by')\n"
+        "import os\n"
+        "given = json.loads(sys.stdin.read())\n"
+        "for label, args in given['commands'].items():\n"
+        "    who = [args[i + 1] for i, a in enumerate(args[:-1]) if a in CLAIMS]\n"
+        "    os.environ['RETENTION_TOKEN'] = given['tokens'].get(who[0], '') if who else ''\n"
         "    buf = io.StringIO()\n"
         "    try:\n"
         "        call_command(*args, stdout=buf, stderr=buf)\n"
@@ -380,7 +405,7 @@ def every_other_command(env: dict, run_key: str, tmp_path: Path) -> dict:
         [sys.executable, "-c", script],
         cwd=ROOT,
         env=dict(env, DJANGO_SETTINGS_MODULE="config.settings"),
-        input=json.dumps(commands),
+        input=json.dumps({"commands": commands, "tokens": tokens}),
         capture_output=True,
         text=True,
         timeout=300,
