@@ -49,6 +49,13 @@ def ticks_between(obj, start: datetime, end: datetime, *, limit: int = 1000) -> 
 
 
 def period_label(obj, tick: datetime) -> str:
-    """The logical period of a tick as wall-clock time in the policy's timezone."""
+    """The logical period of a tick as wall-clock time in the policy's timezone, unique per
+    tick: a wall-clock time that happens twice (the hour repeated when clocks fall back) carries
+    its UTC offset — ``2026-11-01T01:30-04:00`` then ``2026-11-01T01:30-05:00``."""
     _, tz = _schedule_of(obj)
-    return tick.astimezone(_tz(tz)).strftime("%Y-%m-%dT%H:%M")
+    local = tick.astimezone(_tz(tz))
+    label = local.strftime("%Y-%m-%dT%H:%M")
+    if local.replace(fold=1 - local.fold).utcoffset() != local.utcoffset():
+        offset = local.strftime("%z")
+        label += f"{offset[:3]}:{offset[3:]}"
+    return label
