@@ -13,6 +13,7 @@ from django.db.models import Max, Min, Sum
 from django.utils import timezone
 from psycopg import sql
 
+from core import timeouts
 from retention import predicate as P
 from retention.schedule_math import next_tick
 from runs.models import AuditRecord, Run
@@ -22,8 +23,7 @@ RATE_WINDOW = timedelta(minutes=10)
 
 def _one(frag: P.Fragment, timeout_ms: int = 2000):
     try:
-        with transaction.atomic(), connection.cursor() as cur:
-            cur.execute("SELECT set_config('statement_timeout', %s, true)", [f"{timeout_ms}ms"])
+        with transaction.atomic(), timeouts.bounded(timeout_ms), connection.cursor() as cur:
             cur.execute(frag.sql.as_string(cur.connection), frag.params)
             return cur.fetchone()[0]
     except Exception:  # the forecast is best effort; a slow or missing table says "unknown"
@@ -73,7 +73,7 @@ def _drain_window(policy) -> dict:
         out["explanation"] = "no approved version"
         return out
     spec = version.parsed
-    cutoff_now = now - spec.retention_delta
+    cutoff_now = spec.cutoff_for(now)  # wall-clock days, like a run's
     where = P.eligible(spec, policy_id=policy.id, cutoff=cutoff_now)
     ts = P.col(spec.timestamp)
     oldest = _one(
@@ -85,8 +85,13 @@ def _drain_window(policy) -> dict:
     if oldest is not None:
         out["oldest_eligible_age_s"] = round((now - oldest).total_seconds())
         out["overdue_s"] = round((cutoff_now - oldest).total_seconds())
+    # inflow: rows that become eligible within a day — the eligibility predicate (keep rules,
+    # holds, NULLs) under tomorrow's cutoff, minus what is eligible already
+    tomorrow = P.eligible(
+        spec, policy_id=policy.id, cutoff=spec.cutoff_for(now + timedelta(days=1))
+    )
     day = P.Fragment(
-        sql.SQL("{} >= %s AND {} < %s").format(ts, ts), [cutoff_now, cutoff_now + timedelta(days=1)]
+        sql.SQL("{} AND {} >= %s").format(tomorrow.sql, ts), [*tomorrow.params, cutoff_now]
     )
     out["inflow_per_day"] = _one(P.count_where(spec, day))
     run = Run.objects.filter(policy=policy).order_by("-tick", "-id").first()
