@@ -44,6 +44,8 @@ RETENTION = {
     "BROKER": env_str("RETENTION_BROKER", "orm"),
     "GUARD": env_bool("RETENTION_GUARD", True),
     "LEASE_STALE_S": env_int("RETENTION_LEASE_STALE_S", 0, minimum=0),  # 0: 3 × budget + 30 s
+    # a run held for confirmation and not confirmed within this time expires
+    "CONFIRM_EXPIRY_S": env_int("RETENTION_CONFIRM_EXPIRY_S", 86_400, minimum=60),
 }
 if RETENTION["BROKER"] not in {"orm", "redis"}:
     raise ConfigError(f"RETENTION_BROKER must be orm or redis, got {RETENTION['BROKER']!r}")

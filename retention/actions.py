@@ -140,6 +140,7 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
     """submitted → approved, superseding the previously approved version in the same
     transaction. Never by anyone who wrote or submitted it; bound to the content hash and to the preview taken
     at submission. Copies name, schedule and timezone to the policy and syncs its schedule."""
+    from runs.actions import supersede_open_runs
     from runs.schedules import sync_policy_schedule
 
     check_role(actor, COMPLIANCE)
@@ -186,6 +187,10 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
         preview_cutoff=version.preview.get("cutoff"),
         superseded=previous.number if previous else None,
     )
+    supersede_open_runs(
+        policy, keep_version_id=version.pk, actor=actor,
+        reason=f"v{version.number} was approved; runs of older versions can never run again",
+    )  # fmt: skip
     sync_policy_schedule(policy)
     return version
 
@@ -308,4 +313,42 @@ def resume_policy(policy: Policy, *, actor, reason: str) -> Policy:
     policy.save(update_fields=["paused", "paused_reason"])
     record_action(actor, "policy.resume", policy, reason=reason)
     sync_policy_schedule(policy)
+    _restart_runs(policy)
+    return policy
+
+
+def _restart_runs(policy: Policy) -> None:
+    """Work resumes at once: fresh leases for the policy's active runs (not after the stale-lease
+    interval), and its waiting run is admitted if nothing blocks it."""
+    from retention.models import KillSwitch
+    from runs import dispatch
+    from runs.models import Run
+    from runs.reconciler import start_waiting_runs
+
+    if not KillSwitch.is_on():
+        for run in Run.objects.filter(policy=policy, state=Run.State.ACTIVE).select_related(
+            "policy_version"
+        ):
+            dispatch.republish_all(run)
+    start_waiting_runs(policy, actor="scheduler", reason=f"policy {policy.slug} resumed")
+
+
+@transaction.atomic
+def set_policy_enabled(policy: Policy, enabled: bool, *, actor, reason: str) -> Policy:
+    """Enable or disable a policy: disabled, its schedule is removed and no run is triggered
+    (open runs stop at their next chunk); enabled, its schedule is armed for the next tick."""
+    from runs.schedules import sync_policy_schedule
+
+    check_role(actor, ONCALL)
+    reason = _require_reason(reason, "enabling a policy" if enabled else "disabling a policy")
+    decision_fence(policy.pk)  # chunks in flight commit first; none starts after a disable
+    policy = Policy.objects.select_for_update().get(pk=policy.pk)
+    if policy.enabled == enabled:
+        raise ActionError(f"policy {policy.slug} is already {'enabled' if enabled else 'disabled'}")
+    policy.enabled = enabled
+    policy.save(update_fields=["enabled"])
+    record_action(actor, "policy.enable" if enabled else "policy.disable", policy, reason=reason)
+    sync_policy_schedule(policy)
+    if enabled:
+        _restart_runs(policy)
     return policy

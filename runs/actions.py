@@ -87,29 +87,74 @@ def _eligible_count(run: Run, spec, limit: int) -> int | None:
 
 
 def _admit_new_run(run: Run, spec) -> None:
+    """Decide what a new run does: skipped (policy paused, or ``overlap = "skip"`` behind an
+    open run), folded with the policy's waiting run (at most one waits), or admitted."""
+    policy = Policy.objects.select_for_update().get(pk=run.policy_id)  # one admission at a time
+    if policy.paused:
+        _skip(run, f"skipped: policy {policy.slug} is paused ({policy.paused_reason})")
+        return
     earlier = (
-        Run.objects.filter(policy=run.policy, state__in=Run.OPEN)
+        Run.objects.filter(policy=policy, state__in=Run.OPEN)
         .exclude(pk=run.pk)
         .order_by("tick")
         .first()
     )
-    if earlier is not None:
-        if spec.overlap == "skip":
-            _set_state(
-                run, Run.State.SKIPPED, f"skipped: run {earlier.run_key} was still {earlier.state}"
-            )
-            run.finished_at = timezone.now()
-            run.save(update_fields=["finished_at"])
-        else:
-            _set_state(
-                run, Run.State.WAITING, f"waiting for run {earlier.run_key} ({earlier.state})"
-            )
+    if earlier is not None and spec.overlap == "skip":
+        _skip(run, f"skipped: run {earlier.run_key} was still {earlier.state}")
         return
+    fold_waiting_runs(policy, actor=run.created_by)
+    from runs.reconciler import start_waiting_runs
+
+    start_waiting_runs(policy, actor="scheduler", reason="admitted")
+
+
+def _skip(run: Run, reason: str) -> None:
+    _set_state(run, Run.State.SKIPPED, reason)
+    run.finished_at = timezone.now()
+    run.save(update_fields=["finished_at"])
+
+
+def fold_waiting_runs(policy: Policy, *, actor) -> Run | None:
+    """At most one run of a policy waits: the one with the newest tick. Older waiting runs are
+    skipped ("folded into" it, on the operator log) and their ticks recorded on it — its
+    cutoff is the newest, so it deletes everything they would have."""
+    waiting = list(
+        Run.objects.select_for_update()
+        .filter(policy=policy, state=Run.State.WAITING)
+        .order_by("-tick", "-id")
+    )
+    if not waiting:
+        return None
+    keeper, older = waiting[0], waiting[1:]
+    if older:
+        ticks = set(keeper.skipped_ticks)
+        for run in older:
+            ticks.add(run.tick.isoformat())
+            ticks.update(run.skipped_ticks)
+            reason = f"folded into {keeper.run_key}: at most one run of a policy waits"
+            _skip(run, reason)
+            record_action(actor, "run.fold", run, reason=reason, into=keeper.run_key)
+        keeper.skipped_ticks = sorted(ticks)
+        keeper.save(update_fields=["skipped_ticks"])
+    return keeper
+
+
+def admit(run: Run, *, actor, reason: str) -> Run:
+    """Admission, whatever path starts a run (its trigger, the end of the run it waited for,
+    a cancel): the blast-radius check, then start. A run whose eligible count could not be
+    taken in time stays waiting (the reconciler tries again); it never starts unchecked."""
+    spec = run.policy_version.parsed
     baseline = _blast_baseline(run)
     limit = (
         max(BLAST_RADIUS_FLOOR, int(baseline * spec.blast_radius)) + 1 if baseline else 50_000_000
     )
     eligible = _eligible_count(run, spec, limit)
+    if baseline and eligible is None:
+        _set_state(
+            run, Run.State.WAITING,
+            "admission postponed: the blast-radius count did not finish in time; tried again next pass",
+        )  # fmt: skip
+        return run
     run.expected_rows = eligible
     run.save(update_fields=["expected_rows"])
     if baseline and eligible is not None and eligible >= limit:
@@ -118,8 +163,11 @@ def _admit_new_run(run: Run, spec) -> None:
             f"held for confirmation: more than {limit - 1:,} eligible rows, over {spec.blast_radius:g}× "
             f"the baseline of {baseline:,} (preview or previous run)",
         )  # fmt: skip
-        return
-    start_run(run, actor="scheduler", reason="admitted")
+        run.held_at = timezone.now()
+        run.save(update_fields=["held_at"])
+        record_action(actor, "run.hold", run, reason=run.state_reason, eligible=eligible)
+        return run
+    return start_run(run, actor=actor, reason=reason)
 
 
 def _blast_baseline(run: Run) -> int | None:
@@ -300,3 +348,42 @@ def set_kill_switch(on: bool, *, actor, reason: str) -> KillSwitch:
         for run in Run.objects.filter(state=Run.State.ACTIVE, policy__paused=False):
             dispatch.republish_all(run)
     return switch
+
+
+def supersede_open_runs(policy: Policy, *, keep_version_id: int, actor, reason: str) -> list[Run]:
+    """Approving a version ends every open run of the policy's older versions (they can never
+    run again): superseded, pending chunks cancelled, each on the operator log. Call it inside
+    the approval's transaction, after its decision fence."""
+    ended = []
+    for run in (
+        Run.objects.select_for_update()
+        .filter(policy=policy, state__in=Run.OPEN)
+        .exclude(policy_version_id=keep_version_id)
+    ):
+        cancelled = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).update(
+            state=Chunk.State.CANCELLED
+        )
+        run.state, run.state_reason = Run.State.SUPERSEDED, f"superseded: {reason}"
+        run.finished_at = timezone.now()
+        run.save(update_fields=["state", "state_reason", "finished_at"])
+        record_action(actor, "run.supersede", run, reason=reason, chunks_cancelled=cancelled)
+        ended.append(run)
+    return ended
+
+
+def expire_confirm_holds(policy: Policy, now: datetime, *, expiry_s: float) -> list[Run]:
+    """A run held for confirmation and not confirmed within ``expiry_s`` expires (terminal,
+    on the operator log); the policy's next run then goes through admission afresh."""
+    from datetime import timedelta
+
+    expired = []
+    for run in Run.objects.select_for_update().filter(
+        policy=policy, state=Run.State.CONFIRM, held_at__lt=now - timedelta(seconds=expiry_s)
+    ):
+        reason = f"expired: not confirmed within {expiry_s / 3600:g} h of being held"
+        _set_state(run, Run.State.EXPIRED, reason)
+        run.finished_at = timezone.now()
+        run.save(update_fields=["finished_at"])
+        record_action("reconciler", "run.expire", run, reason=reason)
+        expired.append(run)
+    return expired

@@ -26,8 +26,9 @@ class Run(models.Model):
         SUPERSEDED = "superseded"
         CANCELLED = "cancelled"
         SKIPPED = "skipped"
+        EXPIRED = "expired", "expired unconfirmed"
 
-    TERMINAL = (State.DRAINED, State.SUPERSEDED, State.CANCELLED, State.SKIPPED)
+    TERMINAL = (State.DRAINED, State.SUPERSEDED, State.CANCELLED, State.SKIPPED, State.EXPIRED)
     OPEN = (State.WAITING, State.CONFIRM, State.ACTIVE, State.PAUSED, State.ATTENTION)
 
     run_key = models.CharField(max_length=200, unique=True)
@@ -47,6 +48,9 @@ class Run(models.Model):
     planner_done = models.BooleanField(default=False)
     chunk_size = models.PositiveIntegerField(default=0, help_text="current adaptive chunk size")
     expected_rows = models.BigIntegerField(null=True, blank=True)
+    held_at = models.DateTimeField(
+        null=True, blank=True, help_text="when the blast-radius guard held it for confirmation"
+    )
     verification = models.JSONField(null=True, blank=True)
 
     class Meta:

@@ -172,17 +172,31 @@ def after_run_maintenance(run: Run) -> dict:
     return out
 
 
-def start_waiting_runs(policy: Policy) -> None:
-    from runs.actions import start_run
+BLOCKING = (Run.State.ACTIVE, Run.State.PAUSED, Run.State.ATTENTION, Run.State.CONFIRM)
 
-    if Run.objects.filter(
-        policy=policy,
-        state__in=[Run.State.ACTIVE, Run.State.PAUSED, Run.State.ATTENTION, Run.State.CONFIRM],
-    ).exists():
-        return
-    waiting = Run.objects.filter(policy=policy, state=Run.State.WAITING).order_by("tick").first()
-    if waiting is not None:
-        start_run(waiting, actor="reconciler", reason="the earlier run finished")
+
+def start_waiting_runs(
+    policy: Policy, *, actor="reconciler", reason: str = "the earlier run finished"
+) -> Run | None:
+    """Admit the policy's waiting run when no other open run blocks it (admission includes
+    the blast-radius check); otherwise make its reason name the run it waits for."""
+    from runs.actions import admit, fold_waiting_runs
+
+    waiting = fold_waiting_runs(policy, actor=actor)
+    if waiting is None:
+        return None
+    blocker = (
+        Run.objects.filter(policy=policy, state__in=BLOCKING)
+        .exclude(pk=waiting.pk)
+        .order_by("tick")
+        .first()
+    )
+    if blocker is not None:
+        why = f"waiting for run {blocker.run_key} ({blocker.state})"
+        if waiting.state_reason != why:
+            Run.objects.filter(pk=waiting.pk).update(state_reason=why)
+        return waiting
+    return admit(waiting, actor=actor, reason=reason)
 
 
 def catch_up(policy: Policy, now) -> Run | None:
@@ -196,7 +210,15 @@ def catch_up(policy: Policy, now) -> Run | None:
     if spec.catch_up == "none":
         return None
     newest = latest_tick(policy, now - CATCH_UP_GRACE)
-    since = version.decided_at or version.created_at  # never catch up ticks before approval
+    # never catch up ticks from before the policy's first approval (a later version's
+    # approval does not forgive a tick missed under the earlier one)
+    first = (
+        policy.versions.filter(state__in=("approved", "superseded"), decided_at__isnull=False)
+        .order_by("decided_at")
+        .values_list("decided_at", flat=True)
+        .first()
+    )
+    since = first or version.decided_at or version.created_at
     if newest <= since:
         return None
     if Run.objects.filter(run_key=run_key_for(policy, newest)).exists():
@@ -249,16 +271,22 @@ def _policies_to_reconcile() -> list[Policy]:
 def reconcile_policy(policy: Policy, now, report: dict, *, kill: bool, stale_s: float) -> None:
     """Everything one pass does for one policy (inside that policy's own transaction): repair
     its schedule, catch up a missed tick, start a waiting run, finish or re-publish active runs."""
+    from runs.actions import expire_confirm_holds
     from runs.schedules import sync_policy_schedule
 
     if policy.enabled and sync_policy_schedule(policy, now=now):
         report["rearmed"].append(policy.slug)
+    expiry_s = settings.RETENTION.get("CONFIRM_EXPIRY_S", 86_400)
+    for expired in expire_confirm_holds(policy, now, expiry_s=expiry_s):
+        report["expired"].append(expired.run_key)
+    caught_up = None
     if policy.enabled:
         with transaction.atomic():
-            run = catch_up(policy, now)
-        if run is not None:
-            report["caught_up"].append(run.run_key)
-    start_waiting_runs(policy)
+            caught_up = catch_up(policy, now)
+        if caught_up is not None:
+            report["caught_up"].append(caught_up.run_key)
+    if caught_up is None:  # a catch-up run has just been through admission
+        start_waiting_runs(policy)
     for run in Run.objects.filter(policy=policy, state=Run.State.ACTIVE).select_related(
         "policy", "policy_version"
     ):
@@ -288,7 +316,7 @@ def reconcile(now=None) -> dict:
     now = now or timezone.now()
     report = {
         "republished": 0, "caught_up": [], "finished": [], "started": 0, "rearmed": [],
-        "failed": [], "busy": [], "deferred": [], "pruned": {},
+        "expired": [], "failed": [], "busy": [], "deferred": [], "pruned": {},
     }  # fmt: skip
     pass_s, statement_ms = timeouts.reconciler_budget()
     deadline = time.monotonic() + pass_s

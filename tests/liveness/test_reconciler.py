@@ -47,7 +47,7 @@ def test_a_policy_whose_table_is_locked_does_not_hold_back_the_others(make_user)
     blocker.execute("LOCK TABLE public.rr_alpha IN ACCESS EXCLUSIVE MODE")
     try:
         report = reconcile()
-        assert Run.objects.filter(policy=beta, source="catch-up").exists(), report
+        assert Run.objects.filter(policy=beta, source="catch-up").exists(), str(report)
     finally:
         blocker.rollback()
         blocker.close()
