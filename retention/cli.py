@@ -54,6 +54,13 @@ def register(areas) -> None:
     p = sub.add_parser("list", help="policies and the state of their versions")
     p.set_defaults(handler=policy_list)
 
+    for name, help_text in (("enable", "enable a policy"), ("disable", "disable a policy")):
+        p = sub.add_parser(name, help=f"{help_text} (its schedule follows)")
+        p.add_argument("slug")
+        p.add_argument("--by", required=True, metavar="USERNAME")
+        p.add_argument("--reason", required=True)
+        p.set_defaults(handler=policy_enable if name == "enable" else policy_disable)
+
     hold = areas.add_parser("hold", help="place, release and list legal holds")
     sub = hold.add_subparsers(dest="hold_command", required=True, metavar="COMMAND")
 
@@ -137,6 +144,22 @@ def policy_approve(command, options) -> None:
         f"{version.policy.slug} v{version.number} approved by {approver.username} "
         f"{version.approved_hash}"
     )
+
+
+@_one_line
+def policy_enable(command, options) -> None:
+    policy = actions.set_policy_enabled(
+        _policy(options["slug"]), True, actor=_user(options["by"]), reason=options["reason"]
+    )
+    command.stdout.write(f"policy {policy.slug} enabled")
+
+
+@_one_line
+def policy_disable(command, options) -> None:
+    policy = actions.set_policy_enabled(
+        _policy(options["slug"]), False, actor=_user(options["by"]), reason=options["reason"]
+    )
+    command.stdout.write(f"policy {policy.slug} disabled")
 
 
 @_one_line

@@ -14,7 +14,7 @@ import zoneinfo
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 KEEP_OPERATORS = ("=", "!=", "<", "<=", ">", ">=", "in", "not in", "is null", "is not null")
 NULLARY_OPERATORS = ("is null", "is not null")
@@ -129,6 +129,10 @@ def validate_schedule(expr, tz) -> None:
     validate_zone(tz, "timezone")
     if not isinstance(expr, str) or len(expr.split()) != 5 or not croniter.is_valid(expr):
         raise SpecError(f"schedule must be a five-field cron expression, got {expr!r}")
+    try:  # a valid expression may still name no real date ("0 2 30 2 *": 30 February)
+        croniter(expr, datetime(2000, 1, 1)).get_next(datetime)
+    except (CroniterBadDateError, ValueError) as exc:
+        raise SpecError(f"schedule {expr!r} never fires: no date matches it") from exc
 
 
 @dataclass(frozen=True)
