@@ -1,0 +1,341 @@
+"""The calendar simulation: months of schedules compressed into minutes on a fake clock.
+
+Two policies tick every 30 minutes in Europe/Berlin (``catch_up = "latest"``, retention in
+days) and America/New_York (``catch_up = "none"``, retention in hours), through four windows
+around 2026's DST changes (New York's spring and fall, Berlin's spring and fall). The
+engine's own code runs on real PostgreSQL — triggers, the reconciler, admission, the worker —
+only the clock is fake and django-q2's scheduler is replaced by a loop that does what it does
+(fire each due one-shot, set ``repeats = 0``, enqueue the trigger). At random the cluster is
+down for a while (nothing fires, no reconciler pass), a trigger message is lost or its task
+crashes before committing, a policy is paused and resumed, and a new version is approved.
+
+Checks (each a problem string in the report): every tick a run at most once; every tick of
+the "latest" policy run or recorded as skipped; every tick of the "none" policy that fired on
+time run, and none run late or caught up; each run's cutoff as an independent computation
+says; no run waiting longer than an hour of up time with nothing to wait for; after every
+reconciler pass every enabled policy's schedule armed and not in the past; no reconciler
+pass with a failed or busy policy.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import zoneinfo
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from django.db import transaction
+from django.utils import timezone as dj_timezone
+
+WINDOWS = (  # centred on New York's and Berlin's DST changes in 2026
+    datetime(2026, 3, 8, 7, 0, tzinfo=UTC),
+    datetime(2026, 3, 29, 1, 0, tzinfo=UTC),
+    datetime(2026, 10, 25, 1, 0, tzinfo=UTC),
+    datetime(2026, 11, 1, 6, 0, tzinfo=UTC),
+)
+GRACE = timedelta(minutes=2)
+
+
+class Crash(Exception):
+    """A trigger task that dies before it commits."""
+
+
+@dataclass
+class Clock:
+    now: datetime
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@dataclass
+class Report:
+    steps: int = 0
+    ticks: dict = field(default_factory=dict)  # slug -> ticks in the checked windows
+    runs: dict = field(default_factory=dict)  # slug -> {state: n}
+    fired: int = 0
+    lost: int = 0
+    crashed: int = 0
+    late: int = 0
+    outages: int = 0
+    pauses: int = 0
+    approvals: int = 0
+    passes: int = 0
+    rearmed: int = 0
+    caught_up: int = 0
+    problems: list = field(default_factory=list)
+
+    def table(self) -> str:
+        rows = [
+            ("steps", self.steps), ("reconciler passes", self.passes),
+            ("schedule firings", self.fired), ("lost trigger messages", self.lost),
+            ("crashed triggers", self.crashed), ("late firings", self.late),
+            ("cluster outages", self.outages), ("policy pauses", self.pauses),
+            ("versions approved", self.approvals), ("schedules re-armed", self.rearmed),
+            ("catch-up runs", self.caught_up),
+        ]  # fmt: skip
+        for slug, n in self.ticks.items():
+            rows.append((f"ticks checked ({slug})", n))
+        for slug, states in self.runs.items():
+            rows.append(
+                (f"runs ({slug})", ", ".join(f"{k} {v}" for k, v in sorted(states.items())))
+            )
+        rows.append(("problems", len(self.problems)))
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+POLICIES = {
+    "berlin": dict(timezone="Europe/Berlin", catch_up="latest", retentions=("2 days", "3 days")),
+    "newyork": dict(
+        timezone="America/New_York", catch_up="none", retentions=("36 hours", "30 hours")
+    ),
+}
+
+
+def simulate(make_user, monkeypatch, *, hours: float, seed: int) -> Report:
+    """Run the calendar for ``hours`` of fake time around each DST change."""
+    from django.conf import settings
+    from django_q.models import OrmQ, Schedule
+
+    from retention.actions import pause_policy, resume_policy
+    from retention.models import Policy
+    from runs import reconciler, schedules, tasks, worker
+    from runs.models import Run
+    from tests.factories import approved_policy, events_spec
+    from tests.runs.conftest import create_events
+
+    rng = random.Random(seed)
+    clock = Clock(WINDOWS[0] - timedelta(hours=hours / 2 + 1))
+    monkeypatch.setattr(dj_timezone, "now", clock)
+    monkeypatch.setattr(settings, "RETENTION", {**settings.RETENTION, "GUARD": False})
+    report = Report()
+    oncall = make_user("calendar-oncall", "oncall")
+    version_no = {slug: 0 for slug in POLICIES}
+
+    def approve(slug: str) -> None:
+        cfg = POLICIES[slug]
+        retention = cfg["retentions"][version_no[slug] % 2]
+        version_no[slug] += 1
+        approved_policy(
+            make_user,
+            **events_spec(
+                slug=slug, table=f"rr_cal_{slug}", schedule="*/30 * * * *",
+                timezone=cfg["timezone"], retention=retention, catch_up=cfg["catch_up"],
+            ),
+        )  # fmt: skip
+
+    for slug in POLICIES:
+        create_events(200, name=f"rr_cal_{slug}")
+        approve(slug)
+    policies = {p.slug: p for p in Policy.objects.filter(slug__in=POLICIES)}
+
+    created_at: dict[int, datetime] = {}  # run id -> fake time first seen
+    fired_on_time: set = set()  # (slug, tick) fired within grace, not lost: must have run
+    waiting_since: dict[int, datetime] = {}
+    paused_until: dict[str, datetime] = {}
+    down_until: datetime | None = None
+    checked: list[tuple[datetime, datetime]] = []
+
+    def note_new_runs() -> None:
+        for run_id in Run.objects.exclude(pk__in=list(created_at)).values_list("pk", flat=True):
+            created_at[run_id] = clock.now
+
+    def fire_due() -> None:
+        for s in Schedule.objects.filter(
+            func=schedules.TRIGGER_TASK, next_run__lt=clock.now
+        ).exclude(repeats=0):
+            kwargs = ast.literal_eval(s.kwargs)
+            tick = s.next_run
+            s.repeats = 0
+            s.save()
+            report.fired += 1
+            slug = Policy.objects.get(pk=kwargs["policy_id"]).slug
+            fate = rng.random()
+            if fate < 0.03:
+                report.lost += 1
+                continue
+            if fate < 0.05:
+                report.crashed += 1
+                try:
+                    with transaction.atomic():
+                        tasks.trigger_scheduled(
+                            policy_id=kwargs["policy_id"], tick=tick.isoformat()
+                        )
+                        raise Crash
+                except Crash:
+                    pass
+                continue
+            if clock.now - tick > GRACE:
+                report.late += 1
+            else:
+                fired_on_time.add((slug, tick))
+            tasks.trigger_scheduled(policy_id=kwargs["policy_id"], tick=tick.isoformat())
+            note_new_runs()
+
+    def reconcile_pass() -> None:
+        out = reconciler.reconcile()
+        report.passes += 1
+        report.rearmed += len(out["rearmed"])
+        report.caught_up += len(out["caught_up"])
+        for key in ("failed", "busy", "deferred"):
+            if out[key]:
+                report.problems.append(f"{clock.now:%m-%d %H:%M} reconciler {key}: {out[key]}")
+        note_new_runs()
+        for slug, policy in policies.items():
+            policy.refresh_from_db()
+            s = Schedule.objects.filter(name=schedules.schedule_name(policy)).first()
+            if s is None or s.repeats != 1 or s.next_run < clock.now - GRACE:
+                report.problems.append(
+                    f"{clock.now:%m-%d %H:%M} {slug}: schedule not armed after a pass "
+                    f"({None if s is None else (s.repeats, s.next_run.isoformat())})"
+                )
+
+    def drain_active() -> None:
+        for run in Run.objects.filter(state=Run.State.ACTIVE, policy__paused=False):
+            worker.drain(run.pk, until_idle=True, budget_s=20)
+        OrmQ.objects.all().delete()  # lease messages: the drain above is their worker
+        note_new_runs()
+
+    def watch_waiting(step: timedelta) -> None:
+        up = down_until is None
+        for run in Run.objects.filter(state=Run.State.WAITING).select_related("policy"):
+            blocked = Run.objects.filter(policy=run.policy, state__in=reconciler.BLOCKING).exists()
+            if not up or run.policy.paused or blocked:
+                continue
+            waiting_since[run.pk] = waiting_since.get(run.pk, timedelta(0)) + step
+            if waiting_since[run.pk] > timedelta(hours=1):
+                report.problems.append(f"{run.run_key}: waiting for nothing for over an hour")
+                waiting_since[run.pk] = timedelta(-1000)  # report once
+
+    for n, centre in enumerate(WINDOWS):
+        start, end = centre - timedelta(hours=hours / 2), centre + timedelta(hours=hours / 2)
+        clock.now = max(clock.now, start)
+        checked.append((start, end - timedelta(hours=1)))
+        down_until = None
+        while clock.now < end:
+            step = timedelta(minutes=rng.randint(4, 16))
+            if (
+                down_until is None
+            ):  # django-q2's scheduler polls every ~30 s while the cluster is up
+                target = clock.now + step
+                while True:
+                    due = (
+                        Schedule.objects.filter(func=schedules.TRIGGER_TASK, next_run__lte=target)
+                        .exclude(repeats=0)
+                        .order_by("next_run")
+                        .values_list("next_run", flat=True)
+                        .first()
+                    )
+                    if due is None or due < clock.now:
+                        break
+                    clock.now = due + timedelta(seconds=rng.randint(1, 40))
+                    fire_due()
+                clock.now = max(clock.now, target)
+            else:
+                clock.now += step
+            report.steps += 1
+            if down_until is not None and clock.now >= down_until:
+                down_until = None
+            if down_until is None and rng.random() < 0.04 and clock.now < end - timedelta(hours=2):
+                down_until = clock.now + timedelta(minutes=rng.randint(30, 240))
+                report.outages += 1
+            for slug, until in list(paused_until.items()):
+                if clock.now >= until:
+                    resume_policy(policies[slug], actor=oncall, reason="calendar: resume")
+                    del paused_until[slug]
+            if rng.random() < 0.015 and clock.now < end - timedelta(hours=2):
+                slug = rng.choice([s for s in POLICIES if s not in paused_until] or ["-"])
+                if slug != "-":
+                    pause_policy(policies[slug], actor=oncall, reason="calendar: pause")
+                    paused_until[slug] = clock.now + timedelta(minutes=rng.randint(60, 180))
+                    report.pauses += 1
+            if rng.random() < 0.01:
+                approve(rng.choice(list(POLICIES)))
+                report.approvals += 1
+            if down_until is None:
+                fire_due()
+                reconcile_pass()
+                drain_active()
+            watch_waiting(step)
+        # the window ends quietly: the cluster is up and nothing is paused
+        down_until = None
+        for slug in list(paused_until):
+            resume_policy(policies[slug], actor=oncall, reason="calendar: resume")
+            del paused_until[slug]
+        for _ in range(4):
+            clock.now += timedelta(minutes=10)
+            fire_due()
+            reconcile_pass()
+            drain_active()
+        if n + 1 < len(WINDOWS):
+            clock.now = WINDOWS[n + 1] - timedelta(hours=hours / 2)  # months pass, cluster down
+
+    _check(report, policies, checked, created_at, fired_on_time)
+    return report
+
+
+def _expected_cutoffs(tick: datetime, retention: str, tz: str) -> set[datetime]:
+    """The cutoff computed without the engine: hours elapsed; days on the wall clock (both
+    readings of a wall-clock time that is repeated or skipped are accepted)."""
+    amount, unit = retention.split()
+    if unit.startswith("hour"):
+        return {tick - timedelta(hours=int(amount))}
+    local = tick.astimezone(zoneinfo.ZoneInfo(tz))
+    wall = (local.replace(tzinfo=None) - timedelta(days=int(amount))).replace(
+        tzinfo=zoneinfo.ZoneInfo(tz)
+    )
+    return {wall.replace(fold=f).astimezone(UTC) for f in (0, 1)}
+
+
+def _half_hours(start: datetime, end: datetime):
+    t = start.replace(minute=0, second=0, microsecond=0)
+    while t <= end:
+        if t >= start:
+            yield t
+        t += timedelta(minutes=30)
+
+
+def _check(report, policies, checked, created_at, fired_on_time) -> None:
+    from collections import Counter
+
+    from runs.models import Run
+
+    for slug, policy in policies.items():
+        runs = list(Run.objects.filter(policy=policy).select_related("policy_version"))
+        report.runs[slug] = dict(Counter(r.state for r in runs))
+        per_tick = Counter(r.tick for r in runs)
+        for tick, n in per_tick.items():
+            if n > 1:
+                report.problems.append(f"{slug}: {n} runs for tick {tick.isoformat()}")
+        recorded = Counter(t for r in runs for t in r.skipped_ticks)
+        drained = {r.tick for r in runs if r.state == Run.State.DRAINED}
+        for tick in drained:
+            if recorded[tick.isoformat()]:
+                report.problems.append(f"{slug}: tick {tick.isoformat()} ran and was skipped")
+        for r in runs:
+            spec = r.policy_version.parsed
+            if r.cutoff not in _expected_cutoffs(r.tick, spec.retention, policy.timezone):
+                report.problems.append(
+                    f"{r.run_key}: cutoff {r.cutoff.isoformat()} for retention {spec.retention}"
+                )
+            if r.state in Run.OPEN and r.state != Run.State.ACTIVE:
+                report.problems.append(f"{r.run_key}: still {r.state} at the end")
+        ticks = [t for start, end in checked for t in _half_hours(start, end)]
+        report.ticks[slug] = len(ticks)
+        if POLICIES[slug]["catch_up"] == "latest":
+            for tick in ticks:
+                if not per_tick[tick] and not recorded[tick.isoformat()]:
+                    report.problems.append(
+                        f"{slug}: tick {tick.isoformat()} neither run nor skipped"
+                    )
+        else:
+            for r in runs:
+                if r.source == "catch-up":
+                    report.problems.append(f"{r.run_key}: a catch-up run under catch_up = none")
+                if r.source == "schedule" and created_at.get(r.pk, r.tick) - r.tick > GRACE:
+                    report.problems.append(f"{r.run_key}: ran late under catch_up = none")
+            for s, tick in fired_on_time:
+                if s == slug and not per_tick[tick]:
+                    report.problems.append(f"{slug}: tick {tick.isoformat()} fired but no run")

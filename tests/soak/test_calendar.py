@@ -1,0 +1,27 @@
+"""The calendar test (tests/soak/calendar.py): schedules over both DST changes of two zones on
+a fake clock, with outages, lost and crashed triggers, pauses and approvals.
+
+Short by default (8 fake hours around each of four DST changes); set
+``RETENTION_CALENDAR_HOURS`` (e.g. 48) and ``RETENTION_CALENDAR_SEED`` for a long run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.soak.calendar import simulate
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_every_allowed_tick_runs_once_with_its_cutoff_and_nothing_stays_stuck(
+    make_user, monkeypatch
+):
+    hours = float(os.environ.get("RETENTION_CALENDAR_HOURS", "8"))
+    seed = int(os.environ.get("RETENTION_CALENDAR_SEED", "18"))
+    report = simulate(make_user, monkeypatch, hours=hours, seed=seed)
+    print(report.table())
+    assert report.problems == [], "\n".join(report.problems[:30]) + "\n" + report.table()
+    assert report.fired > 0 and report.passes > 0
+    assert sum(report.ticks.values()) > 0
