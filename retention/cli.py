@@ -57,7 +57,7 @@ def register(areas) -> None:
     for name, help_text in (("enable", "enable a policy"), ("disable", "disable a policy")):
         p = sub.add_parser(name, help=f"{help_text} (its schedule follows)")
         p.add_argument("slug")
-        p.add_argument("--by", required=True, metavar="USERNAME")
+        p.add_argument("--by", metavar="USERNAME", help=CLAIM_HELP)
         p.add_argument("--reason", required=True)
         p.set_defaults(handler=policy_enable if name == "enable" else policy_disable)
 
@@ -149,7 +149,7 @@ def policy_approve(command, options) -> None:
 @_one_line
 def policy_enable(command, options) -> None:
     policy = actions.set_policy_enabled(
-        _policy(options["slug"]), True, actor=_user(options["by"]), reason=options["reason"]
+        _policy(options["slug"]), True, actor=acting_user(options), reason=options["reason"]
     )
     command.stdout.write(f"policy {policy.slug} enabled")
 
@@ -157,7 +157,7 @@ def policy_enable(command, options) -> None:
 @_one_line
 def policy_disable(command, options) -> None:
     policy = actions.set_policy_enabled(
-        _policy(options["slug"]), False, actor=_user(options["by"]), reason=options["reason"]
+        _policy(options["slug"]), False, actor=acting_user(options), reason=options["reason"]
     )
     command.stdout.write(f"policy {policy.slug} disabled")
 

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runs", "0006_ledger_any_tenant_and_key_end"),
+        ("runs", "0007_chunk_claimed_at"),
     ]
 
     operations = [

@@ -15,7 +15,7 @@ BACKWARD = "DROP INDEX IF EXISTS runs_schedule_name_unique;"
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runs", "0007_run_expired_and_held_at"),
+        ("runs", "0008_run_expired_and_held_at"),
         ("django_q", "0019_alter_task_options_alter_ormq_key_alter_ormq_lock_and_more"),
     ]
 
