@@ -107,3 +107,18 @@ def test_one_policys_reconciler_error_does_not_stop_anothers_waiting_run(make_us
         assert waiting[1].state == Run.State.ACTIVE
     finally:
         drop_tables("rr_alpha", "rr_beta")
+
+
+def test_the_cli_disables_and_enables_a_policy(events_policy, make_user, act_as):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    act_as(make_user("oscar", "oncall"))
+    out = StringIO()
+    call_command("retention", "policy", "disable", "events", "--reason", "migrating", stdout=out)
+    assert "policy events disabled" in out.getvalue()
+    assert armed(events_policy) is None
+    call_command("retention", "policy", "enable", "events", "--reason", "done", stdout=out)
+    assert armed(events_policy) is not None
+    assert Policy.objects.get(pk=events_policy.pk).enabled
