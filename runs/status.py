@@ -16,28 +16,11 @@ def run_status(run: Run) -> dict:
         at=Min("created_at")
     )["at"]
     now = timezone.now()
-    throttled = (
-        Chunk.objects.filter(run=run, state=Chunk.State.PENDING, not_before__gt=now)
-        .exclude(throttle_reason="")
-        .values_list("throttle_reason", flat=True)
-        .first()
-    )
-    pending = totals[Chunk.State.PENDING]
-    reference = last or run.started_at or run.created_at
-    since_progress = (now - reference).total_seconds()
-    if run.state != Run.State.ACTIVE:
-        health = run.state
-    elif throttled:
-        health = "throttled"
-    elif pending and (
-        since_progress is None or since_progress > 3 * settings.RETENTION["LEASE_BUDGET_S"]
-    ):
-        health = "stuck"
-    else:
-        health = "progressing" if pending or not run.planner_done else "finishing"
+    health, waiting_reason, throttled = _health(run, totals, last, now)
     return {
         "run_key": run.run_key,
         "health": health,
+        "waiting_reason": waiting_reason,
         "state": run.state,
         "state_reason": run.state_reason,
         "policy": run.policy.slug,
@@ -54,7 +37,7 @@ def run_status(run: Run) -> dict:
         "oldest_open_chunk_age_s": round((now - oldest_open).total_seconds(), 1)
         if oldest_open
         else None,
-        "throttle_reason": throttled or "",
+        "throttle_reason": throttled,
         "open_dead_letters": DeadLetter.objects.filter(
             run=run, resolution=DeadLetter.Resolution.OPEN
         ).count(),
@@ -62,6 +45,60 @@ def run_status(run: Run) -> dict:
         "verification": run.verification,
         "drain_window": _window(run),
     }
+
+
+def _health(run: Run, totals: dict, last, now) -> tuple[str, str, str]:
+    """(health, why it is not progressing, throttle reason). "progressing" means a chunk
+    committed within one lease budget; an active run that is not progressing always says why:
+    throttled by the guard, retrying after an error (a lock it could not get), no worker
+    alive, or workers alive that admitted nothing (concurrency ceilings, operator decisions).
+
+    The throttle reason is read from the pending chunks whatever their back-off: a reason
+    read only while the back-off is still in force disappears a few seconds after each
+    throttle, and a status read in that gap said "progressing" with nothing done."""
+    from datetime import timedelta
+
+    recent = timedelta(seconds=settings.RETENTION["LEASE_BUDGET_S"])
+    pending_chunks = Chunk.objects.filter(run=run, state=Chunk.State.PENDING)
+    throttled = (
+        pending_chunks.filter(not_before__gt=now - recent)
+        .exclude(throttle_reason="")
+        .order_by("-not_before")
+        .values_list("throttle_reason", flat=True)
+        .first()
+    ) or ""
+    if run.state != Run.State.ACTIVE:
+        return run.state, run.state_reason, throttled
+    pending = totals[Chunk.State.PENDING]
+    if last is not None and now - last <= recent:
+        return "progressing", "", throttled
+    if run.planner_done and not pending:
+        return "finishing", "", throttled
+    started = run.started_at or run.created_at
+    if throttled:
+        return "throttled", f"throttled: {throttled}", throttled
+    failing = (
+        pending_chunks.filter(attempts__gt=0)
+        .exclude(last_error="")
+        .order_by("-not_before")
+        .values_list("last_error", flat=True)
+        .first()
+    )
+    if failing:
+        kind = "blocked on a lock" if "lock" in failing.lower() else "retrying after an error"
+        return "waiting", f"{kind}: {failing}", throttled
+    if now - started <= recent:
+        return "starting", "", throttled
+    beat = run.leases.aggregate(at=Max("heartbeat_at"))["at"]
+    since = f"since {last:%H:%M:%S}" if last else "yet"
+    if beat is None or now - beat > 3 * recent:
+        return "stuck", f"no worker alive: no lease heartbeat {since}", throttled
+    return (
+        "waiting",
+        f"a worker is alive but admitted no chunk {since}: concurrency ceilings full or an "
+        "operator decision in progress",
+        throttled,
+    )
 
 
 def _window(run: Run) -> dict:

@@ -121,7 +121,7 @@ def test_status_tells_throttled_from_stuck(events_policy):
 
     run, _ = trigger_run(events_policy, tick=NOW)
     planner.plan(run)
-    assert run_status(run)["health"] == "progressing"
+    assert run_status(run)["health"] == "starting"  # nothing committed yet, just started
     Run.objects.filter(pk=run.pk).update(started_at=timezone.now() - timedelta(minutes=10))
     run.refresh_from_db()
     assert run_status(run)["health"] == "stuck"  # pending work, no commit for ten minutes
