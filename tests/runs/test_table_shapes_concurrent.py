@@ -26,7 +26,7 @@ from tests.runs.processes import backends_waiting_on_delete, pg_connect, spawn, 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 GUARD_OFF = {"RETENTION_GUARD": "0"}
-TIMEOUTS = {"lock_ms": 10000, "statement_ms": 12000}  # the row lock is released well before
+TIMEOUTS = {"lock_ms": 8000, "statement_ms": 10000}  # within the task timeout; the lock goes sooner
 
 
 @pytest.fixture
