@@ -325,6 +325,17 @@ def discard_dead_letter(letter: DeadLetter, *, actor, reason: str) -> DeadLetter
         letter, DeadLetter.Resolution.DISCARDED, actor=actor, reason=reason
     )
     record_action(actor, "dead_letter.discard", letter, reason=reason, chunk=letter.chunk_id)
+    run = letter.run
+    if (
+        run is not None
+        and run.state == Run.State.ATTENTION
+        and not DeadLetter.objects.filter(run=run, resolution=DeadLetter.Resolution.OPEN).exists()
+    ):
+        # the last open decision is made: the run goes on to its verification, where the
+        # discarded scope is reported and no longer counts as remaining
+        run.state, run.state_reason = Run.State.ACTIVE, ""
+        run.save(update_fields=["state", "state_reason"])
+        dispatch.republish_all(run)
     return letter
 
 

@@ -58,14 +58,46 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
             limit=limit,
         )
     )
+    discarded = discarded_scopes(run, spec)
     return {
-        "remaining": remaining,
+        "remaining": max(0, remaining - sum(d["rows"] for d in discarded)),
         "deferred_by_holds": deferred,
+        "discarded": discarded,
         "not_eligible_null": null_count(spec, run.cutoff, limit=limit),
         "limit": limit,
         "checked_at": timezone.now().isoformat(),
         "pass": run.pass_no,
     }
+
+
+def discarded_scopes(run: Run, spec, *, max_scopes: int = 200) -> list[dict]:
+    """Eligible rows left in the scopes of the run's discarded dead letters: an operator gave
+    up on them, so they do not count as remaining; verification reports them, by whom, why."""
+    out = []
+    letters = (
+        DeadLetter.objects.filter(run=run, resolution=DeadLetter.Resolution.DISCARDED)
+        .exclude(chunk=None)
+        .select_related("chunk")
+        .order_by("id")[:max_scopes]
+    )
+    for letter in letters:
+        chunk = letter.chunk
+        scope = P.in_scope(
+            spec, tenant=chunk.tenant if spec.tenant else None,
+            key_from=chunk.key_from, key_to=chunk.key_to,
+        )  # fmt: skip
+        cond = P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff)
+        where = P.Fragment(
+            sql.SQL("{} AND {}").format(scope.sql, cond.sql), scope.params + cond.params
+        )
+        out.append(
+            {
+                "chunk": chunk.pk, "tenant": chunk.tenant, "key_from": chunk.key_from,
+                "key_to": chunk.key_to, "rows": _count(P.count_where(spec, where)),
+                "by": letter.resolved_by, "why": letter.resolution_reason,
+            }
+        )  # fmt: skip
+    return out
 
 
 def null_count(spec, cutoff, *, limit: int) -> int:
@@ -122,6 +154,8 @@ def finish_run(run: Run) -> str:
             notes = [f"{held} row(s) deferred by legal holds"] if held else []
             if nulls:
                 notes.append(f"{nulls} row(s) not eligible: NULL timestamp, key or tenant")
+            for d in result.get("discarded", []):
+                notes.append(f"{d['rows']} row(s) discarded by {d['by']} ({d['why']})")
             run.state_reason = "; ".join(["verified: no eligible row left", *notes])
             run.finished_at = timezone.now()
         elif run.pass_no < run.policy_version.parsed.max_passes:

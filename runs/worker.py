@@ -337,6 +337,17 @@ def _record_failure(run: Run, chunk_id: int, attempts: int, exc: BaseException) 
             claimed_at=None,
         )
         return
+    if cls.kind == PERMANENT and cls.sqlstate.startswith("23") and _split(chunk, 0):
+        # a row-level permanent error (a restricting foreign key, a constraint): bisect down to
+        # the offending rows, so everything else in the chunk is deleted
+        Chunk.objects.filter(pk=chunk_id).update(
+            state=Chunk.State.SPLIT,
+            attempts=attempts,
+            last_error=message,
+            last_sqlstate=cls.sqlstate,
+            claimed_at=None,
+        )
+        return
     if cls.kind == PERMANENT or attempts >= cfg["MAX_ATTEMPTS"]:
         Chunk.objects.filter(pk=chunk_id).update(
             state=Chunk.State.DEAD,

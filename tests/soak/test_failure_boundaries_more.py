@@ -77,7 +77,7 @@ def test_a_connection_reset_mid_chunk_rolls_back_and_the_chunk_is_retried(policy
     assert check_run(run, shadow=SHADOW) == []
 
 
-def test_a_foreign_key_that_restricts_the_delete_dead_letters_and_a_replay_finishes(
+def test_a_foreign_key_that_restricts_the_delete_is_bisected_to_its_row_and_a_replay_finishes(
     policy, make_user, act_as
 ):
     run, _ = trigger_run(policy, tick=NOW)
@@ -105,11 +105,17 @@ def test_a_foreign_key_that_restricts_the_delete_dead_letters_and_a_replay_finis
     letter = DeadLetter.objects.get(run=run)
     # ON DELETE RESTRICT raises restrict_violation (23001) on PostgreSQL 18 and
     # foreign_key_violation (23503) on 15; both are permanent
-    assert (letter.chunk_id, letter.error_class) == (chunk.pk, "permanent")
+    # the chunk was bisected down to the pinned row: only that one-key chunk is dead-lettered
+    leaf = letter.chunk
+    assert letter.error_class == "permanent"
+    assert leaf.key_to - leaf.key_from == 1 and chunk.key_from <= leaf.key_from < chunk.key_to
     assert letter.sqlstate in {"23001", "23503"}
     assert {"table", "tenant", "key_from", "key_to", "cutoff", "run"} <= set(letter.context)
-    assert count("rr_events", IN_CHUNK, [chunk.key_from, chunk.key_to, chunk.tenant]) == pinned
-    assert not AuditRecord.objects.filter(chunk=chunk).exists()
+    eligible_in_chunk = IN_CHUNK + " AND occurred_at < %s AND status <> 'disputed'"
+    args = [chunk.key_from, chunk.key_to, chunk.tenant, run.cutoff]
+    assert count("rr_events", eligible_in_chunk, args) == 1  # everything else was deleted
+    assert pinned > 1
+    assert not AuditRecord.objects.filter(chunk=leaf).exists()
     assert check_run(run, shadow=SHADOW, expect_drained=False) == []
 
     with connection.cursor() as cur:
@@ -123,5 +129,5 @@ def test_a_foreign_key_that_restricts_the_delete_dead_letters_and_a_replay_finis
     assert result.returncode == 0, result.stderr
     run.refresh_from_db()
     assert run.state == Run.State.DRAINED, run.state_reason
-    assert AuditRecord.objects.filter(chunk=chunk).count() == 1
+    assert AuditRecord.objects.filter(chunk=leaf).count() == 1
     assert check_run(run, shadow=SHADOW) == []
