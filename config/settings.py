@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from datetime import timedelta
 from pathlib import Path
 
 from core.env import (
@@ -87,6 +88,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "django_q",
+    "axes",
     "core",
     "retention",
     "runs",
@@ -104,6 +106,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "core.signin.SerializedSignInMiddleware",
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -129,7 +133,13 @@ TEMPLATES = [
 ]
 
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": env_int("PASSWORD_MIN_LENGTH", 12, minimum=8)},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
 LANGUAGE_CODE = "en-us"
@@ -167,10 +177,27 @@ SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", SECURE_COOKIES)
 if env_bool("SECURE_PROXY_SSL_HEADER", False):  # behind a TLS-terminating proxy that sets it
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
-# Failed sign-ins per (username, address) before a lock-out, and the window (core.throttle).
-AUTHENTICATION_BACKENDS = ["core.throttle.ThrottledModelBackend"]
+# Sign-in throttling: django-axes, configured in core.signin (docs/security.md).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1, maximum=1000)
+LOGIN_USERNAME_CEILING = env_int("LOGIN_USERNAME_CEILING", 50, minimum=1, maximum=100_000)
 LOGIN_FAILURE_WINDOW_S = env_int("LOGIN_FAILURE_WINDOW_S", 15 * 60, minimum=1)
+# Proxies whose X-Forwarded-For is believed (addresses or networks, e.g. 10.0.0.0/8);
+# empty: the peer address is the client's.
+TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])
+AXES_HANDLER = "core.signin.SignInHandler"
+AXES_FAILURE_LIMIT = LOGIN_FAILURE_LIMIT
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "username"]
+AXES_COOLOFF_TIME = timedelta(seconds=LOGIN_FAILURE_WINDOW_S)
+AXES_RESET_ON_SUCCESS = True
+AXES_ENABLE_ACCESS_FAILURE_LOG = True
+AXES_CLIENT_IP_CALLABLE = "core.signin.client_address"
+AXES_USERNAME_CALLABLE = "core.signin.username_of"
+AXES_LOCKOUT_CALLABLE = "core.signin.lockout_response"
+AXES_VERBOSE = False
 
 # The cache is shared by every process (django-q2 keeps cluster stats in it).
 CACHES = {

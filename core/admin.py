@@ -6,6 +6,7 @@ read-only here and a user's groups field is read-only; memberships are shown."""
 
 from __future__ import annotations
 
+from axes.models import AccessFailureLog, AccessLog
 from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin as BaseGroupAdmin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
@@ -32,6 +33,21 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
 
+
+def make_read_only(model) -> None:
+    """Re-register another app's admin for ``model`` as read-only (its lists kept)."""
+    model_admin = admin.site._registry.get(model)
+    if model_admin is None or isinstance(model_admin, ReadOnlyAdmin):
+        return
+    base = type(model_admin)
+    admin.site.unregister(model)
+    admin.site.register(model, type(f"ReadOnly{base.__name__}", (ReadOnlyAdmin, base), {}))
+
+
+# Sign-in evidence (core.signin) is kept: no one edits or deletes it here. Lock-outs
+# themselves (axes' AccessAttempt) can still be cleared by staff allowed to delete them.
+make_read_only(AccessLog)
+make_read_only(AccessFailureLog)
 
 admin.site.unregister(Group)
 admin.site.unregister(User)

@@ -11,27 +11,14 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from core import throttle
 from core.roles import ROLE_DESCRIPTIONS, require_role, roles_of
 
 
 class LoginView(auth_views.LoginView):
-    """Sign-in; after too many failures for a username from one address, 429 (core.throttle)."""
+    """Sign-in; throttled by django-axes (core.signin), which answers a locked attempt 429."""
 
     template_name = "registration/login.html"
     redirect_authenticated_user = True
-
-    def post(self, request, *args, **kwargs):
-        username = str(request.POST.get("username", ""))[:150]
-        if throttle.is_locked(username, throttle.client_address(request)):
-            minutes = max(1, throttle.window_s() // 60)
-            messages.error(
-                request,
-                f"Too many failed sign-ins for this username. Try again in up to {minutes} minutes.",
-            )
-            form = self.get_form_class()(request)
-            return self.render_to_response(self.get_context_data(form=form), status=429)
-        return super().post(request, *args, **kwargs)
 
 
 @require_GET

@@ -6,15 +6,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from core.admin import ReadOnlyAdmin
+from core.admin import make_read_only
 
-
-def _read_only_django_q() -> None:
-    for model, model_admin in list(admin.site._registry.items()):
-        if model._meta.app_label == "django_q" and not isinstance(model_admin, ReadOnlyAdmin):
-            base = type(model_admin)
-            admin.site.unregister(model)
-            admin.site.register(model, type(f"ReadOnly{base.__name__}", (ReadOnlyAdmin, base), {}))
-
-
-_read_only_django_q()
+for _model in list(admin.site._registry):
+    if _model._meta.app_label == "django_q":
+        make_read_only(_model)

@@ -1,0 +1,123 @@
+"""Sign-in throttling with django-axes, configured for this deployment.
+
+- The client address is ``REMOTE_ADDR``, unless that is one of ``TRUSTED_PROXIES``: then
+  it is the right-most ``X-Forwarded-For`` entry that is not a trusted proxy (what the
+  nearest untrusted hop connected from; entries to its left are the client's own claims).
+- Failures are counted per (username, address): ``LOGIN_FAILURE_LIMIT`` of them lock that
+  username from that address. Per username over all addresses there is a ceiling,
+  ``LOGIN_USERNAME_CEILING`` (much higher), so guessing one account from many addresses is
+  bounded too, while a single address cannot lock anyone out by itself.
+- Counts last ``LOGIN_FAILURE_WINDOW_S`` after the last failure (axes' cool-off); a
+  successful sign-in clears them. Every failure is also kept as evidence
+  (``axes.models.AccessFailureLog``, with address, user agent and path; passwords masked).
+- Concurrent attempts on one username are serialized by a PostgreSQL advisory lock held
+  for the whole sign-in request (``SerializedSignInMiddleware``), so check, password and
+  count happen one at a time: parallel guesses cannot overshoot the limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from functools import lru_cache
+
+from axes.handlers.database import AxesDatabaseHandler
+from django.conf import settings
+from django.contrib import messages
+from django.db import connection, transaction
+from django.shortcuts import render
+from django.urls import reverse
+
+
+@lru_cache(maxsize=8)
+def _trusted(proxies: tuple[str, ...]) -> tuple:
+    return tuple(ipaddress.ip_network(p, strict=False) for p in proxies)
+
+
+def _is_trusted(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in net for net in _trusted(tuple(settings.TRUSTED_PROXIES)))
+
+
+def _ip(text: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(text.strip()))
+    except ValueError:
+        return None
+
+
+def client_address(request) -> str | None:
+    """The address a sign-in came from (see the module docstring); None when the peer has
+    no IP address (a Unix socket)."""
+    remote = _ip(request.META.get("REMOTE_ADDR") or "")
+    if remote is None or not _is_trusted(remote):
+        return remote
+    hops = [h.strip() for h in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")]
+    for hop in reversed([h for h in hops if h]):
+        if not _is_trusted(hop):
+            return _ip(hop) or remote  # a malformed entry: count it against the proxy
+    return remote
+
+
+def username_of(request, credentials) -> str:
+    """The username the counts are kept under: case and surrounding space do not matter."""
+    name = (credentials or {}).get("username")
+    if name is None:
+        name = request.POST.get("username", "") if request is not None else ""
+    return str(name).strip().lower()[:150]
+
+
+class SignInHandler(AxesDatabaseHandler):
+    """axes' database handler; a username's failures over every address beyond
+    ``LOGIN_USERNAME_CEILING`` count as reaching the limit."""
+
+    def get_failures(self, request, credentials=None) -> int:
+        pair, username = (
+            sum(a.failures_since_start for a in attempts)
+            for attempts in self.get_user_attempts(request, credentials)
+        )
+        if username >= settings.LOGIN_USERNAME_CEILING:
+            return max(pair, settings.LOGIN_FAILURE_LIMIT)
+        return pair
+
+
+def lockout_response(request, credentials=None, *args, **kwargs):
+    """The sign-in page again, with 429 and why (for the admin's sign-in too)."""
+    minutes = max(1, settings.LOGIN_FAILURE_WINDOW_S // 60)
+    messages.error(
+        request,
+        f"Too many failed sign-ins for this username. Try again in up to {minutes} minutes.",
+    )
+    from django.contrib.auth.forms import AuthenticationForm
+
+    return render(
+        request, "registration/login.html", {"form": AuthenticationForm(request)}, status=429
+    )
+
+
+class SerializedSignInMiddleware:
+    """Sign-in POSTs for one username run one at a time, each in one transaction under a
+    transaction-level advisory lock on that username (different usernames do not wait)."""
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if request.method != "POST" or request.path not in _sign_in_paths():
+            return self.get_response(request)
+        key = hashlib.sha256(b"sign-in:" + username_of(request, None).encode()).digest()
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT pg_advisory_xact_lock(%s)",
+                    [int.from_bytes(key[:8], "big", signed=True)],
+                )
+            return self.get_response(request)
+
+
+@lru_cache(maxsize=1)
+def _sign_in_paths() -> frozenset[str]:
+    return frozenset({reverse("login"), reverse("admin:login")})
