@@ -26,10 +26,13 @@ State = PolicyVersion.State
 
 
 class ActionError(ValueError):
-    """A state change is refused in the current state; the message is one line."""
+    """A state change is refused in the current state; the message is one line.
+    The one class for every action (``runs.actions`` raises it too)."""
 
 
-def _require_reason(reason: str, what: str) -> str:
+def require_reason(reason: str, what: str) -> str:
+    """The reason stripped, or ActionError "<what> needs a reason"; every action that the
+    design says needs a reason calls this, so the CLI and the pages get the same refusal."""
     reason = (reason or "").strip()
     if not reason:
         raise ActionError(f"{what} needs a reason")
@@ -139,11 +142,13 @@ def submit_version(version: PolicyVersion, *, actor, reason: str = "", now=None)
 def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> PolicyVersion:
     """submitted → approved, superseding the previously approved version in the same
     transaction. Never by anyone who wrote or submitted it; bound to the content hash and to the preview taken
-    at submission. Copies name, schedule and timezone to the policy and syncs its schedule."""
+    at submission. Needs a reason (refused here, so the CLI and the pages refuse alike).
+    Copies name, schedule and timezone to the policy and syncs its schedule."""
     from runs.actions import supersede_open_runs
     from runs.schedules import sync_policy_schedule
 
     check_role(actor, COMPLIANCE)
+    reason = require_reason(reason, "approving a version")
     decision_fence(version.policy_id)  # chunks of the old version in flight commit first
     version = _locked_version(version)
     if version.state != State.SUBMITTED:
@@ -165,7 +170,7 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
     version.approved_hash = version.content_hash
     version.decided_by = actor
     version.decided_at = now
-    version.decision_reason = (reason or "").strip()
+    version.decision_reason = reason
     version.save(
         update_fields=["state", "approved_hash", "decided_by", "decided_at", "decision_reason"]
     )
@@ -199,7 +204,7 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
 def reject_version(version: PolicyVersion, *, actor, reason: str) -> PolicyVersion:
     """submitted → rejected, with a reason; never by anyone who wrote or submitted it."""
     check_role(actor, COMPLIANCE)
-    reason = _require_reason(reason, "rejecting a version")
+    reason = require_reason(reason, "rejecting a version")
     version = _locked_version(version)
     if version.state != State.SUBMITTED:
         raise ActionError(f"{version} is {version.state}, only a submitted version can be rejected")
@@ -229,7 +234,7 @@ def place_hold(
     Takes the hold fence exclusive before inserting, so it waits for every chunk
     transaction already past its fence (they hold it shared) to commit."""
     check_role(actor, COMPLIANCE)
-    reason = _require_reason(reason, "placing a legal hold")
+    reason = require_reason(reason, "placing a legal hold")
     tenant = tenant.strip() if isinstance(tenant, str) else tenant
     if tenant == "":
         tenant = None
@@ -267,7 +272,7 @@ def place_hold(
 def release_hold(hold: LegalHold, *, actor, reason: str) -> LegalHold:
     """Release an active hold; its rows become eligible again for later chunks."""
     check_role(actor, COMPLIANCE)
-    reason = _require_reason(reason, "releasing a legal hold")
+    reason = require_reason(reason, "releasing a legal hold")
     hold = LegalHold.objects.select_for_update().get(pk=hold.pk)
     if hold.released_at is not None:
         raise ActionError(f"hold #{hold.pk} was already released by {hold.released_by}")
@@ -280,12 +285,15 @@ def release_hold(hold: LegalHold, *, actor, reason: str) -> LegalHold:
 
 
 @transaction.atomic
-def pause_policy(policy: Policy, *, actor, reason: str) -> Policy:
-    """Stop new chunks of this policy from being admitted until resumed."""
+def pause_policy(policy: Policy, *, actor, reason: str, alert: bool = False) -> Policy:
+    """Stop new chunks of this policy from being admitted until resumed. A person needs the
+    on-call role; the guard pauses in its own name (``actor="guard"``, ``alert=True``: its
+    operator-log row is an alert)."""
     from runs.schedules import sync_policy_schedule
 
-    check_role(actor, ONCALL)
-    reason = _require_reason(reason, "pausing a policy")
+    if hasattr(actor, "is_authenticated"):
+        check_role(actor, ONCALL)
+    reason = require_reason(reason, "pausing a policy")
     decision_fence(policy.pk)  # chunks in flight commit first; none starts after the pause
     policy = Policy.objects.select_for_update().get(pk=policy.pk)
     if policy.paused:
@@ -293,7 +301,9 @@ def pause_policy(policy: Policy, *, actor, reason: str) -> Policy:
     policy.paused = True
     policy.paused_reason = reason
     policy.save(update_fields=["paused", "paused_reason"])
-    record_action(actor, "policy.pause", policy, reason=reason)
+    record_action(
+        actor, "policy.pause", policy, reason=reason, **({"alert": True} if alert else {})
+    )
     sync_policy_schedule(policy)
     return policy
 
@@ -304,7 +314,7 @@ def resume_policy(policy: Policy, *, actor, reason: str) -> Policy:
     from runs.schedules import sync_policy_schedule
 
     check_role(actor, ONCALL)
-    reason = _require_reason(reason, "resuming a policy")
+    reason = require_reason(reason, "resuming a policy")
     policy = Policy.objects.select_for_update().get(pk=policy.pk)
     if not policy.paused:
         raise ActionError(f"policy {policy.slug} is not paused")

@@ -249,10 +249,7 @@ def version_submit(request, slug: str, number: int):
 @require_POST
 @require_role(COMPLIANCE)
 def version_approve(request, slug: str, number: int):
-    reason = request.POST.get("reason", "").strip()
-    if not reason:
-        messages.error(request, "approving a version needs a reason")
-        return redirect("retention:version_detail", slug=slug, number=number)
+    reason = request.POST.get("reason", "")
     return _decide(
         request,
         slug,

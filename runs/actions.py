@@ -12,16 +12,13 @@ from core import timeouts
 from core.locks import decision_fence
 from core.roles import ONCALL, check_role
 from retention import predicate as P
+from retention.actions import ActionError, require_reason
 from retention.models import KillSwitch, Policy, record_action
 from retention.schedule_math import period_label
 from runs import dispatch
 from runs.models import Chunk, DeadLetter, Run
 
 BLAST_RADIUS_FLOOR = 10_000  # below this many rows a run never needs confirmation
-
-
-class ActionError(ValueError):
-    """The action is not allowed in the current state; the message says why."""
 
 
 def run_key_for(policy: Policy, tick: datetime) -> str:
@@ -209,25 +206,18 @@ def start_run(run: Run, *, actor, reason: str = "") -> Run:
 def confirm_run(run: Run, *, actor, reason: str) -> Run:
     """Let a run held by the blast-radius guard start."""
     _check_oncall(actor)
-    _need_reason(reason)
+    reason = require_reason(reason, "confirming a run")
     if run.state != Run.State.CONFIRM:
         raise ActionError(f"run {run.run_key} is {run.state}, not held for confirmation")
     record_action(actor, "run.confirm", run, reason=reason)
     return start_run(run, actor=actor, reason=reason)
 
 
-def _need_reason(reason: str) -> None:
-    if not reason or not reason.strip():
-        raise ActionError("a reason is required")
-    if "\x00" in reason:
-        raise ActionError("the reason contains a NUL character")
-
-
 @transaction.atomic
 def pause_run(run: Run, *, actor, reason: str) -> Run:
     """Stop admitting new chunks of the run; a chunk transaction in flight finishes."""
     _check_oncall(actor)
-    _need_reason(reason)
+    reason = require_reason(reason, "pausing a run")
     decision_fence(run.policy_id)  # chunks in flight commit first; none starts after the pause
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.state not in (Run.State.ACTIVE, Run.State.ATTENTION):
@@ -242,7 +232,7 @@ def pause_run(run: Run, *, actor, reason: str) -> Run:
 def resume_run(run: Run, *, actor, reason: str) -> Run:
     """Resume the same run (same key, cutoff and chunks) where it stood."""
     _check_oncall(actor)
-    _need_reason(reason)
+    reason = require_reason(reason, "resuming a run")
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.state not in (Run.State.PAUSED, Run.State.ATTENTION):
         raise ActionError(
@@ -259,7 +249,7 @@ def resume_run(run: Run, *, actor, reason: str) -> Run:
 def cancel_run(run: Run, *, actor, reason: str) -> Run:
     """End the run for good: pending chunks are cancelled; what was deleted stays audited."""
     _check_oncall(actor)
-    _need_reason(reason)
+    reason = require_reason(reason, "cancelling a run")
     decision_fence(run.policy_id)  # chunks in flight commit first; none starts after the cancel
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.is_terminal:
@@ -280,10 +270,25 @@ def cancel_run(run: Run, *, actor, reason: str) -> Run:
     return run
 
 
+@transaction.atomic
+def supersede_run(run: Run, *, actor="worker") -> bool:
+    """active → superseded: the run's policy version is no longer the approved one, so no
+    further chunk of it may commit. The worker calls this inside its chunk transaction when
+    the decision fence shows the approval moved on (rare); a run that already left ``active``
+    is left alone. True when this call superseded it."""
+    reason = f"policy version v{run.policy_version.number} is no longer approved"
+    changed = Run.objects.filter(pk=run.pk, state=Run.State.ACTIVE).update(
+        state=Run.State.SUPERSEDED, state_reason=reason, finished_at=timezone.now()
+    )
+    if changed:
+        record_action(actor, "run.supersede", run, reason=reason)
+    return bool(changed)
+
+
 def _resolve_open_letter(letter: DeadLetter, resolution: str, *, actor, reason: str) -> DeadLetter:
     """Lock an open dead letter and record the decision on it (inside the caller's transaction)."""
     _check_oncall(actor)
-    _need_reason(reason)
+    reason = require_reason(reason, "resolving a dead letter")
     letter = DeadLetter.objects.select_for_update().get(pk=letter.pk)
     if letter.resolution != DeadLetter.Resolution.OPEN:
         raise ActionError(f"dead letter #{letter.pk} is already {letter.resolution}")
@@ -343,7 +348,7 @@ def discard_dead_letter(letter: DeadLetter, *, actor, reason: str) -> DeadLetter
 def set_kill_switch(on: bool, *, actor, reason: str) -> KillSwitch:
     """Flip the global kill switch. On: no chunk is admitted anywhere. Off: leases restart."""
     _check_oncall(actor)
-    _need_reason(reason)
+    reason = require_reason(reason, "switching the kill switch")
     if on:
         decision_fence()  # every chunk in flight commits first; none starts after the switch
     switch, _ = KillSwitch.objects.select_for_update().get_or_create(name="global")

@@ -20,6 +20,7 @@ from django.utils import timezone
 from psycopg import sql
 
 from core import locks
+from retention import actions as policy_actions
 from runs.models import GuardSample, Run
 
 log = logging.getLogger(__name__)
@@ -276,22 +277,15 @@ def admission(run, spec) -> Verdict:
 
 
 def _pause_for_critical(run, verdict: Verdict) -> None:
-    from retention.models import Policy, record_action
-
-    with transaction.atomic():
-        locks.decision_fence(run.policy_id)  # ordered like an operator's pause
-        updated = Policy.objects.filter(pk=run.policy_id, paused=False).update(
-            paused=True, paused_reason=f"guard critical: {verdict.reason}"
+    """Pause the policy through the same action an operator uses (one writer of the
+    paused flag, one operator-log row); a policy already paused is left as it is."""
+    try:
+        policy_actions.pause_policy(
+            run.policy, actor="guard", reason=f"guard critical: {verdict.reason}", alert=True
         )
-        if updated:
-            record_action(
-                "guard",
-                "policy.pause",
-                run.policy,
-                reason=f"critical: {verdict.reason}",
-                alert=True,
-            )
-            log.error("ALERT policy %s paused by the guard: %s", run.policy.slug, verdict.reason)
+    except policy_actions.ActionError:  # already paused, by a person or another worker
+        return
+    log.error("ALERT policy %s paused by the guard: %s", run.policy.slug, verdict.reason)
 
 
 def current_state(policy) -> dict:

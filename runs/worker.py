@@ -27,7 +27,7 @@ from django.utils import timezone
 from core import locks
 from retention import predicate as P
 from retention.models import PolicyVersion
-from runs import audit, guard, planner, stopping
+from runs import actions, audit, guard, planner, stopping
 from runs.errors import PERMANENT, classify, sqlstate_of
 from runs.models import Chunk, DeadLetter, Lease, Run
 
@@ -202,11 +202,7 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
             return Outcome(STOP, reason=refusal)
         if not approved:
             _release(chunk_id)
-            Run.objects.filter(pk=run.pk, state=Run.State.ACTIVE).update(
-                state=Run.State.SUPERSEDED,
-                state_reason=f"policy version v{run.policy_version.number} is no longer approved",
-                finished_at=timezone.now(),
-            )
+            actions.supersede_run(run)
             return Outcome(STOP, reason="policy version superseded")
         if not _slot(locks.CEILING_GLOBAL, "global", cfg["GLOBAL_CEILING"]):
             _release(chunk_id)

@@ -91,7 +91,7 @@ def test_an_action_without_a_reason_is_refused(client_for, run):
 
     response = post(client, reverse("runs:pause", args=[run.pk]), {"reason": ""}, page=page)
 
-    assert "a reason is required" in response.content.decode()
+    assert "needs a reason" in response.content.decode()
     run.refresh_from_db()
     assert run.state == Run.State.ACTIVE
 

@@ -33,7 +33,7 @@ def test_the_author_cannot_approve_their_own_version(events_table, alice):
     version = submitted(alice)
 
     with pytest.raises(ActionError, match="alice wrote events v1 and cannot approve it"):
-        actions.approve_version(version, actor=alice)
+        actions.approve_version(version, actor=alice, reason="reviewed")
 
     version.refresh_from_db()
     assert version.state == "submitted"
@@ -44,7 +44,10 @@ def test_the_author_cannot_approve_through_the_cli_either(events_table, alice):
     submitted(alice)
 
     with pytest.raises(CommandError) as excinfo:
-        run_cli("policy", "approve", "events", "--version", "1", "--approver", "alice")
+        run_cli(
+            "policy", "approve", "events", "--version", "1", "--approver", "alice",
+            "--reason", "mine",
+        )  # fmt: skip
 
     assert "cannot approve it" in str(excinfo.value)
     assert "\n" not in str(excinfo.value)
@@ -55,9 +58,12 @@ def test_a_user_outside_compliance_cannot_approve(events_table, alice, olga):
     version = submitted(alice)
 
     with pytest.raises(PermissionDenied):
-        actions.approve_version(version, actor=olga)
+        actions.approve_version(version, actor=olga, reason="reviewed")
     with pytest.raises(CommandError, match="requires one of the roles: compliance"):
-        run_cli("policy", "approve", "events", "--version", "1", "--approver", "olga")
+        run_cli(
+            "policy", "approve", "events", "--version", "1", "--approver", "olga",
+            "--reason", "reviewed",
+        )  # fmt: skip
     assert PolicyVersion.objects.get().state == "submitted"
 
 
@@ -86,10 +92,10 @@ def test_approval_by_another_officer_binds_the_hash_and_syncs_the_schedule(
 
 def test_approving_a_new_version_supersedes_the_previous_one(events_table, alice, bob):
     first = submitted(alice)
-    actions.approve_version(first, actor=bob)
+    actions.approve_version(first, actor=bob, reason="reviewed")
     second = submitted(alice, retention='"60 days"')
 
-    run_cli("policy", "approve", "events", "--version", "2", "--approver", "bob")
+    run_cli("policy", "approve", "events", "--version", "2", "--approver", "bob", "--reason", "ok")
 
     first.refresh_from_db()
     second.refresh_from_db()
@@ -103,16 +109,32 @@ def test_approval_is_refused_when_the_content_no_longer_matches_its_hash(events_
     PolicyVersion.objects.filter(pk=version.pk).update(spec=tampered)
 
     with pytest.raises(ActionError, match="does not match the hash"):
-        actions.approve_version(version, actor=bob)
+        actions.approve_version(version, actor=bob, reason="reviewed")
 
     assert PolicyVersion.objects.get().state == "submitted"
+
+
+def test_approval_without_a_reason_is_refused_by_the_action_and_the_cli(events_table, alice, bob):
+    version = submitted(alice)
+
+    for reason in ("", "   "):
+        with pytest.raises(ActionError, match="approving a version needs a reason"):
+            actions.approve_version(version, actor=bob, reason=reason)
+    with pytest.raises(ActionError, match="approving a version needs a reason"):
+        actions.approve_version(version, actor=bob)
+    with pytest.raises(CommandError, match="approving a version needs a reason"):
+        run_cli("policy", "approve", "events", "--version", "1", "--approver", "bob")
+
+    version.refresh_from_db()
+    assert (version.state, version.decided_by, version.decision_reason) == ("submitted", None, "")
+    assert not OperatorAction.objects.filter(action="version.approve").exists()
 
 
 def test_only_a_submitted_version_can_be_approved(events_table, alice, bob):
     draft = actions.apply_spec(load_toml(policy_toml()), author=alice)
 
     with pytest.raises(ActionError, match="only a submitted version can be approved"):
-        actions.approve_version(draft, actor=bob)
+        actions.approve_version(draft, actor=bob, reason="reviewed")
 
 
 def test_rejection_needs_a_reason_and_a_different_officer(events_table, alice, bob):
