@@ -350,7 +350,7 @@ def set_policy_enabled(policy: Policy, enabled: bool, *, actor, reason: str) -> 
     from runs.schedules import sync_policy_schedule
 
     check_role(actor, ONCALL)
-    reason = _require_reason(reason, "enabling a policy" if enabled else "disabling a policy")
+    reason = require_reason(reason, "enabling a policy" if enabled else "disabling a policy")
     decision_fence(policy.pk)  # chunks in flight commit first; none starts after a disable
     policy = Policy.objects.select_for_update().get(pk=policy.pk)
     if policy.enabled == enabled:
