@@ -231,8 +231,15 @@ def place_hold(
     """Place a legal hold: rows in scope are not deleted by any chunk that commits after
     this commits. ``None`` scopes mean all policies / all tenants / unbounded keys.
 
-    Takes the hold fence exclusive before inserting, so it waits for every chunk
-    transaction already past its fence (they hold it shared) to commit."""
+    The tenant is checked against the tenant column type of every policy the hold applies
+    to and stored in its canonical form (``retention.holds.check_placement``); the hold's
+    ``coverage`` (what it protects, policy by policy) is attached to the returned hold and
+    recorded in the operator log. The policies are locked first (against a version being
+    approved meanwhile with a type the value does not fit), then the hold fence is taken
+    exclusive before inserting, so it waits for every chunk transaction already past its
+    fence (they hold it shared) to commit."""
+    from retention import holds
+
     check_role(actor, COMPLIANCE)
     reason = require_reason(reason, "placing a legal hold")
     tenant = tenant.strip() if isinstance(tenant, str) else tenant
@@ -246,6 +253,12 @@ def place_hold(
             raise ActionError("tenant contains a NUL character")
     if key_from is not None and key_to is not None and key_from >= key_to:
         raise ActionError(f"key interval [{key_from}, {key_to}) is empty")
+    locked = Policy.objects.select_for_update().order_by("pk")
+    list(locked.filter(pk=policy.pk) if policy is not None else locked)
+    try:
+        tenant, coverage = holds.check_placement(policy, tenant, key_from, key_to)
+    except holds.TenantMismatch as exc:
+        raise ActionError(str(exc)) from None
     hold_fence(exclusive=True)
     hold = LegalHold.objects.create(
         policy=policy,
@@ -264,7 +277,9 @@ def place_hold(
         tenant=tenant,
         key_from=key_from,
         key_to=key_to,
+        coverage=[c.to_json() for c in coverage],
     )
+    hold.coverage = coverage
     return hold
 
 

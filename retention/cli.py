@@ -249,6 +249,7 @@ def hold_place(command, options) -> None:
         key_to=options.get("key_to"),
     )
     command.stdout.write(f"hold #{hold.pk} placed: {_scope(hold)}")
+    _write_coverage(command, hold.coverage, hold)
 
 
 @_one_line
@@ -279,6 +280,19 @@ def hold_list(command, options) -> None:
             f"#{hold.pk}  {_scope(hold)}  {state}  placed {hold.placed_at:%Y-%m-%d %H:%M} "
             f"by {hold.placed_by}: {hold.reason}"
         )
+        if hold.released_at is None:
+            from retention.holds import coverage
+
+            _write_coverage(command, coverage(hold), hold)
+
+
+def _write_coverage(command, coverage, hold: LegalHold) -> None:
+    if not coverage:
+        command.stdout.write("  covers no policy with an approved version yet")
+    for cover in coverage:
+        command.stdout.write(f"  {cover.policy}: {cover.covers}")
+    if not hold.policy_id:
+        command.stdout.write("  (a version approved later is checked against this hold)")
 
 
 def _scope(hold: LegalHold) -> str:

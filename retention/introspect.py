@@ -174,6 +174,7 @@ class ColumnType:
     base: str  # the typname of the base type for a domain, else typname
     collation: tuple[str, str] | None  # (schema, name) of a non-default collation
     not_null: bool
+    display: str = ""  # format_type(), e.g. "character varying(20)"
 
     def cast(self) -> sql.Composed:
         """The type to cast to, without a length or precision (so nothing is truncated)."""
@@ -191,7 +192,8 @@ def column_types(schema: str, table: str, names) -> dict[str, ColumnType]:
     error). One small catalog query, run in the caller's transaction."""
     rows = _fetch(
         "SELECT a.attname, tn.nspname, t.typname, coalesce(b.typname, t.typname),"
-        " cn.nspname, co.collname, a.attnotnull"
+        " cn.nspname, co.collname, a.attnotnull,"
+        " pg_catalog.format_type(a.atttypid, a.atttypmod)"
         " FROM pg_catalog.pg_attribute a"
         " JOIN pg_catalog.pg_class c ON c.oid = a.attrelid"
         " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
@@ -208,9 +210,14 @@ def column_types(schema: str, table: str, names) -> dict[str, ColumnType]:
     )
     return {
         name: ColumnType(
-            tschema, typname, base, (cschema, collname) if collname else None, bool(not_null)
+            tschema,
+            typname,
+            base,
+            (cschema, collname) if collname else None,
+            bool(not_null),
+            display,
         )
-        for name, tschema, typname, base, cschema, collname, not_null in rows
+        for name, tschema, typname, base, cschema, collname, not_null, display in rows
     }
 
 
@@ -318,6 +325,12 @@ def validate(spec: PolicySpec) -> Validation:
                 f"not {tenant.type}"
             )
         used[spec.tenant] = tenant
+        from retention import holds
+
+        try:
+            holds.check_version(spec)
+        except holds.TenantMismatch as exc:
+            raise SpecError(str(exc)) from None
     for index, rule in enumerate(spec.keep):
         col = _column(columns, rule.column, f"keep[{index}]", where)
         if not col.scalar and rule.op not in ("is null", "is not null"):

@@ -88,21 +88,34 @@ def kept(spec: PolicySpec) -> Fragment:
     return Fragment(sql.SQL("NOT ({})").format(frag.sql), frag.params)
 
 
-def held(spec: PolicySpec, policy_id: int) -> Fragment:
+def held(spec: PolicySpec, policy_id: int, *, types: dict | None = None) -> Fragment:
     """An active legal hold covers the row: one correlated ``EXISTS``.
 
     Used as a top-level ``NOT EXISTS`` in the eligibility predicate, so the planner turns it
     into an anti-join against the (small) hold table and keeps the chunk's key-range index
     scan; wrapping it in a larger boolean expression would push the planner towards
-    combining indexes over the whole timestamp range on every chunk."""
+    combining indexes over the whole timestamp range on every chunk.
+
+    The tenant is compared in the column's own type: the hold's text is cast to it
+    (``col = h.tenant::type``), so the type's ``=`` decides (citext ignores case, integers
+    ignore leading zeros, uuids their case). ``retention.holds`` checks when a hold is
+    placed, and when a version is validated, that every applicable hold's value casts. In
+    a policy without a tenant column, a tenant-scoped hold (one on all policies) covers
+    every row: it cannot tell the tenant's rows from the others, so it protects them all."""
     from retention.models import LegalHold
 
     hold = sql.Identifier("h")
-    tenant_match = (
-        sql.SQL("{}.tenant = {}::text").format(hold, col(spec.tenant))
-        if spec.tenant
-        else sql.SQL("FALSE")
-    )
+    if not spec.tenant:
+        tenant_match = sql.SQL("TRUE")
+    else:
+        types = column_types(spec) if types is None else types
+        ctype = types.get(spec.tenant)
+        if ctype is None:  # the column is gone: the statement fails on it, as it should
+            tenant_match = sql.SQL("{}.tenant = {}::text").format(hold, col(spec.tenant))
+        else:
+            tenant_match = sql.SQL("{} = ({}.tenant::{}){}").format(
+                col(spec.tenant), hold, ctype.cast(), ctype.collate()
+            )
     text = sql.SQL(
         "EXISTS (SELECT 1 FROM {holds} AS {h} WHERE {h}.released_at IS NULL"
         " AND ({h}.policy_id IS NULL OR {h}.policy_id = %s)"
@@ -201,13 +214,14 @@ def eligible(
 ) -> Fragment:
     """Older than the cutoff, key and tenant not NULL, not kept, and (unless told otherwise)
     not held. The planner (holds left out), the DELETE and verification all use this."""
+    types = column_types(spec)
     parts = [
-        older_than(spec, cutoff),
+        older_than(spec, cutoff, types=types),
         has_values(spec),
         not_kept(spec),
     ]
     if include_holds:
-        h = held(spec, policy_id)
+        h = held(spec, policy_id, types=types)
         parts.append(Fragment(sql.SQL("NOT {}").format(h.sql), h.params))
     return Fragment.join(parts, " AND ")
 

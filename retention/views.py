@@ -276,12 +276,17 @@ def version_reject(request, slug: str, number: int):
 @require_GET
 @require_role()
 def holds(request):
+    from retention.holds import coverage
+
     all_holds = LegalHold.objects.select_related("policy")
+    active = list(all_holds.filter(released_at__isnull=True))
+    for hold in active:
+        hold.coverage = coverage(hold)
     return render(
         request,
         "retention/holds.html",
         {
-            "active": all_holds.filter(released_at__isnull=True),
+            "active": active,
             "released": all_holds.filter(released_at__isnull=False)[:100],
             "policies": Policy.objects.all(),
         },
@@ -317,7 +322,12 @@ def hold_place(request):
             key_from=_optional_int(data.get("key_from", ""), "key from"),
             key_to=_optional_int(data.get("key_to", ""), "key to"),
         )
-        messages.success(request, f"hold #{hold.pk} placed")
+        covers = "; ".join(f"{c.policy}: {c.covers}" for c in hold.coverage)
+        messages.success(
+            request,
+            f"hold #{hold.pk} placed — covers "
+            + (covers or "no policy with an approved version yet"),
+        )
     except REFUSALS as exc:
         _refused(request, exc)
     return redirect(reverse("retention:holds"))

@@ -9,6 +9,7 @@ import pytest
 from django.db import connection
 
 from retention import actions, predicate
+from retention.models import LegalHold
 from retention.preview import preview
 from retention.spec import SpecError, load_toml
 
@@ -115,13 +116,23 @@ def test_a_hostile_keep_value_is_bound_and_matches_literally(value, events_table
 
 @pytest.mark.parametrize("value", HOSTILE_VALUES)
 def test_a_hostile_hold_tenant_is_bound_and_matches_nothing_else(value, events_table, alice):
-    spec = load_toml(policy_toml())
+    # a text tenant column can hold any value: the hold is stored as data and matches nothing
+    spec = load_toml(policy_toml(tenant='"status"'))
     policy = actions.apply_spec(spec, author=alice).policy
-    actions.place_hold(actor=alice, reason="odd tenant", tenant=value)
+    hold = actions.place_hold(actor=alice, reason="odd tenant", policy=policy, tenant=value)
     before = preview(spec, policy_id=policy.pk)
 
+    assert hold.tenant == value.strip()
     assert before["held"] == 0  # no tenant has that name; the hold is data, not SQL
-    assert before["eligible"] == before["older_than_cutoff"]
+    null_tenant = before["not_eligible_null"]["tenant"]  # status is NULL in some rows
+    assert before["eligible"] + null_tenant == before["older_than_cutoff"]
+    assert tables_exist()
+
+    # an integer tenant column cannot hold it: one line, naming the value, nothing stored
+    numbers = actions.apply_spec(load_toml(policy_toml(slug='"events-int"')), author=alice).policy
+    with pytest.raises(actions.ActionError, match="is not a value of policy events-int"):
+        actions.place_hold(actor=alice, reason="odd tenant", policy=numbers, tenant=value)
+    assert LegalHold.objects.count() == 1
     assert tables_exist()
 
 

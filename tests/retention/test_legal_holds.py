@@ -220,7 +220,10 @@ def test_the_hold_commands_place_list_and_release(events_table, alice):
         "--tenant", "3", "--key-from", "10", "--key-to", "20",
     )  # fmt: skip
     hold = LegalHold.objects.get()
-    assert placed == f"hold #{hold.pk} placed: policy events, tenant 3, keys [10, 20)"
+    assert placed == (
+        f"hold #{hold.pk} placed: policy events, tenant 3, keys [10, 20)\n"
+        "  events: tenant 3 (integer), keys [10, 20)"
+    )
     assert f"#{hold.pk}  policy events, tenant 3, keys [10, 20)  active" in cli("list")
 
     assert cli("release", str(hold.pk), "--by", "alice", "--reason", "settled") == (
