@@ -22,6 +22,7 @@ from runs import worker
 from runs.actions import trigger_run
 from runs.explain import explain
 from runs.models import Run
+from tests.conftest import token_for_claim
 from tests.factories import approved_policy, events_spec
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -168,10 +169,9 @@ def test_a_tenant_hold_on_all_policies_says_what_it_covers_and_holds_tenantless_
     plain = _policy(make_user, "rr_plain", tenant=False)
 
     out = io.StringIO()
-    call_command(
-        "retention", "hold", "place", "--reason", "case 11", "--by", "hilda", "--tenant", "01",
-        stdout=out,
-    )  # fmt: skip
+    args = ("hold", "place", "--reason", "case 11", "--by", "hilda", "--tenant", "01")
+    token_for_claim(args)
+    call_command("retention", *args, stdout=out)
     hold = LegalHold.objects.get()
 
     assert hold.tenant == "01"  # two types, two canonical forms: stored as written
@@ -215,11 +215,10 @@ def test_a_hold_on_all_policies_is_refused_when_a_tenant_type_cannot_hold_it(mak
     _policy(make_user, "rr_ints")
     _policy(make_user, "rr_texts")
 
+    args = ("hold", "place", "--reason", "case 12", "--by", "hilda", "--tenant", "acme")
+    token_for_claim(args)
     with pytest.raises(CommandError, match="'acme' .*rr-ints.*integer"):
-        call_command(
-            "retention", "hold", "place", "--reason", "case 12", "--by", "hilda",
-            "--tenant", "acme",
-        )  # fmt: skip
+        call_command("retention", *args)
     assert LegalHold.objects.count() == 0
 
 
