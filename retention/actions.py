@@ -242,7 +242,8 @@ def place_hold(
 
     check_role(actor, COMPLIANCE)
     reason = require_reason(reason, "placing a legal hold")
-    tenant = tenant.strip() if isinstance(tenant, str) else tenant
+    # The tenant is taken as written (the tenant column's type decides what it equals: an
+    # integer ignores surrounding spaces, a text column does not); empty means all tenants.
     if tenant == "":
         tenant = None
     if tenant is not None:

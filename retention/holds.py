@@ -110,7 +110,8 @@ def cover_of(slug: str, spec, tenant: str | None, key_from=None, key_to=None) ->
             f"tenant {tenant!r} is not a value of policy {slug}'s tenant column "
             f"{spec.tenant!r} ({ctype.display}): {exc}"
         ) from None
-    return Cover(slug, f"tenant {value} ({ctype.display}){keys}", value)
+    shown = value if value and value == value.strip() else repr(value)  # spaces visible
+    return Cover(slug, f"tenant {shown} ({ctype.display}){keys}", value)
 
 
 def check_placement(policy, tenant: str | None, key_from=None, key_to=None):

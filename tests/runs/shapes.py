@@ -33,11 +33,10 @@ from tests.factories import approved_policy
 # Engine defects not yet fixed on main: the six of issue 11 by number, and the ones this
 # matrix found (100+). A shape that can expose one is an expected failure (strict: it
 # turns red the day the fix lands, and the number goes).
-OPEN_DEFECTS = {1, 102}
+OPEN_DEFECTS: set[int] = set()
 DEFECT_REASONS = {
-    102: "a hold's tenant is stripped of surrounding spaces before it is compared, so on a"
-    " text, varchar or citext column a tenant with spaces cannot be held and the hold"
-    " protects the unspaced tenant instead (and a uuid with spaces is accepted)",
+    # 1 (fixed): a hold's tenant was compared with the column's text form, not in its type
+    # 102 (fixed): a hold's tenant was stripped of surrounding spaces before it was compared
     # 101 (fixed): the cutoff of an hour or minute retention for a tick given in a DST zone
     # was computed on that zone's wall clock (datetime arithmetic in the tick's tzinfo)
 }
