@@ -190,22 +190,23 @@ def column_types(schema: str, table: str, names) -> dict[str, ColumnType]:
     """The types of the named columns of ``schema.table`` as the catalog says now (missing
     columns are left out: the statement that uses them then fails with PostgreSQL's own
     error). One small catalog query, run in the caller's transaction."""
+    # Two catalog tables joined, the rest scalar lookups by oid: a statement that is cheap to
+    # plan, since the engine runs it for every statement it builds.
     rows = _fetch(
-        "SELECT a.attname, tn.nspname, t.typname, coalesce(b.typname, t.typname),"
-        " cn.nspname, co.collname, a.attnotnull,"
+        "SELECT a.attname,"
+        " (SELECT n.nspname FROM pg_catalog.pg_namespace n WHERE n.oid = t.typnamespace),"
+        " t.typname,"
+        " CASE WHEN t.typtype = 'd'"
+        "  THEN (SELECT b.typname FROM pg_catalog.pg_type b WHERE b.oid = t.typbasetype)"
+        "  ELSE t.typname END,"
+        " (SELECT n.nspname FROM pg_catalog.pg_namespace n WHERE n.oid = co.collnamespace),"
+        " co.collname, a.attnotnull,"
         " pg_catalog.format_type(a.atttypid, a.atttypmod)"
-        " FROM pg_catalog.pg_attribute a"
-        " JOIN pg_catalog.pg_class c ON c.oid = a.attrelid"
-        " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-        " JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
-        " JOIN pg_catalog.pg_namespace tn ON tn.oid = t.typnamespace"
-        " LEFT JOIN pg_catalog.pg_type b ON t.typtype = 'd' AND b.oid = t.typbasetype"
-        " LEFT JOIN pg_catalog.pg_collation co"
-        "   ON co.oid = a.attcollation AND a.attcollation <> t.typcollation"
-        "   AND co.collname <> 'default'"
-        " LEFT JOIN pg_catalog.pg_namespace cn ON cn.oid = co.collnamespace"
-        " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped"
-        " AND a.attname = ANY(%s)",
+        " FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
+        " LEFT JOIN pg_catalog.pg_collation co ON co.oid = a.attcollation"
+        "  AND a.attcollation <> t.typcollation AND co.collname <> 'default'"
+        " WHERE a.attrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s))"
+        " AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY(%s)",
         [schema, table, list(names)],
     )
     return {
