@@ -13,6 +13,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import NotSupportedError, connection, transaction
+from django.urls import reverse
 
 from retention import actions
 from retention.actions import ActionError
@@ -246,3 +247,32 @@ def test_the_chunk_delete_keeps_its_key_range_index_scan_under_a_typed_hold(make
     assert "Index Scan using rr_big_tenant_id_idx" in delete, delete
     assert "Bitmap" not in delete and "Seq Scan on rr_big" not in delete, delete
     assert (datetime.now(UTC) - NOW) < timedelta(days=3650)
+
+
+def test_the_holds_page_says_what_a_hold_covers_in_each_policy(make_user, officer, client):
+    _table("rr_ints", "integer", ["1"])
+    _table("rr_plain", None, [])
+    _policy(make_user, "rr_ints")
+    _policy(make_user, "rr_plain", tenant=False)
+    client.force_login(officer)
+
+    page = client.post(
+        reverse("retention:hold_place"), {"tenant": "01", "reason": "case 16"}, follow=True
+    ).content.decode()
+
+    hold = LegalHold.objects.get()
+    assert (
+        f"hold #{hold.pk} placed — covers rr-ints: tenant 1 (integer); "
+        "rr-plain: every row: the policy has no tenant column"
+    ) in page
+    assert '<div data-covers="rr-ints">rr-ints: tenant 1 (integer)</div>' in page
+    assert (
+        '<div data-covers="rr-plain">rr-plain: every row: the policy has no tenant column</div>'
+    ) in page
+    refused = client.post(
+        reverse("retention:hold_place"),
+        {"policy": "rr-ints", "tenant": "acme", "reason": "case 17"},
+        follow=True,
+    ).content.decode()
+    assert "tenant &#x27;acme&#x27; is not a value of policy rr-ints" in refused
+    assert LegalHold.objects.count() == 1
