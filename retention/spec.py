@@ -61,12 +61,17 @@ def _int(value, where: str, lo: int, hi: int) -> int:
     return value
 
 
-def _number(value, where: str, lo: float, hi: float) -> float:
+def _number(value, where: str, lo: float, hi: float, like: float | int = 0.0) -> float | int:
+    """A number in [lo, hi], in the canonical form of its field (``like``: the default's
+    type): a float field is always a float, an integer field an integer when the value is
+    whole — `probe_p95_ms = 25` and `25.0` are one policy with one content hash."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError(f"{where} must be a number, got {value!r}")
     if not lo <= value <= hi:
         raise SpecError(f"{where} must be between {lo} and {hi}, got {value}")
-    return float(value) if isinstance(value, float) else value
+    if isinstance(like, float):
+        return float(value)
+    return int(value) if float(value).is_integer() else float(value)
 
 
 def _choice(value, where: str, choices) -> str:
@@ -314,7 +319,7 @@ class PolicySpec:
         for gkey, gval in guard_raw.items():
             if gkey == "probe":
                 continue
-            guard[gkey] = _number(gval, f"guard.{gkey}", 0, 10**9)
+            guard[gkey] = _number(gval, f"guard.{gkey}", 0, 10**9, GUARD_DEFAULTS[gkey])
         probe = guard_raw.get("probe", "default")
         _choice(probe, "guard.probe", ("default", "none"))
         timeouts = data.get("timeouts", {})
@@ -387,6 +392,9 @@ class PolicySpec:
 
     @classmethod
     def from_json(cls, data: dict) -> PolicySpec:
+        """The spec of a stored version, values as stored: ``to_json()`` gives back the stored
+        document, so its content hash verifies even for a version stored before numbers were
+        normalized to floats (a stored ``"probe_p95_ms": 25`` keeps its hash)."""
         data = dict(data)
         data["keep"] = tuple(KeepRule.parse(item, "keep") for item in data.get("keep", []))
         data["cascade_ack"] = tuple(data.get("cascade_ack", ()))

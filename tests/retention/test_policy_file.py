@@ -60,7 +60,7 @@ def test_the_diff_names_each_changed_field_against_the_approved_spec():
         "chunk_size": ("500", "1000"),
         "limits.policy_workers": ("2", "4"),
         "limits.tenant_workers": ("1", "2"),
-        "guard.probe_p95_ms": ("25.0", "40"),
+        "guard.probe_p95_ms": ("25.0", "40.0"),
         "keep[0]": (None, "status not in ('a\"b', 'ünï', \"x'; --\")"),
         "keep[1]": (None, "tenant_id is null"),
     }
