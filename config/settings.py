@@ -199,12 +199,13 @@ AXES_USERNAME_CALLABLE = "core.signin.username_of"
 AXES_LOCKOUT_CALLABLE = "core.signin.lockout_response"
 AXES_VERBOSE = False
 
-# The cache is shared by every process (django-q2 keeps cluster stats in it).
+# Two database caches that store JSON, never pickles (core.cache): "default" is the web
+# process's (metrics totals, drain windows; the worker role has no grant
+# on it), "cluster" holds django-q2's cluster stats, written by the workers and read by
+# /healthz (docs/security.md).
 CACHES = {
-    "default": {
-        "BACKEND": "django.core.cache.backends.db.DatabaseCache",
-        "LOCATION": "core_cache",
-    }
+    "default": {"BACKEND": "core.cache.JSONDatabaseCache", "LOCATION": "core_cache"},
+    "cluster": {"BACKEND": "core.cache.JSONDatabaseCache", "LOCATION": "core_cluster_cache"},
 }
 
 HOSTNAME = socket.gethostname()
@@ -227,6 +228,7 @@ _Q_BASE = {
     "queue_limit": 4,
     "bulk": 1,
     "label": "Task queue",
+    "cache": "cluster",
 }
 if RETENTION["BROKER"] == "redis":
     _Q_BASE.pop("orm")

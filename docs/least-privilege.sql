@@ -40,11 +40,13 @@ GRANT SELECT ON TABLE retention_policyversion TO :"worker_role";
 GRANT SELECT ON TABLE retention_legalhold TO :"worker_role";
 GRANT SELECT ON TABLE retention_killswitch TO :"worker_role";
 
--- django-q2: the ORM broker's queue, results and schedules; cluster stats in the shared cache.
+-- django-q2: the ORM broker's queue, results and schedules (a schedule may only name the
+-- product's scheduled tasks: a CHECK constraint), cluster stats in the cluster cache. No
+-- grant on core_cache: that cache is the web process's own.
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE django_q_ormq TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE django_q_task TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE django_q_schedule TO :"worker_role";
-GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE core_cache TO :"worker_role";
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE core_cluster_cache TO :"worker_role";
 
 -- The guard's signals (replication lag, other sessions' waits) need the monitoring role.
 GRANT pg_monitor TO :"worker_role";

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 from django.apps import apps
 from django.conf import settings
-from django.core.cache.backends.db import DatabaseCache
+from django.core.cache.backends.db import BaseDatabaseCache
 from django.db import DatabaseError, connection, transaction
 from django.utils.module_loading import import_string
 from psycopg import sql
@@ -118,7 +118,7 @@ def product_table_names() -> list[str]:
     names = {"django_migrations"}
     names.update(model._meta.db_table for model in apps.get_models(include_auto_created=True))
     for cache in settings.CACHES.values():
-        if issubclass(import_string(cache["BACKEND"]), DatabaseCache):
+        if issubclass(import_string(cache["BACKEND"]), BaseDatabaseCache):
             names.add(cache["LOCATION"])
     return sorted(names)
 

@@ -20,6 +20,9 @@ from retention.schedule_math import next_tick
 TRIGGER_TASK = "runs.tasks.trigger_scheduled"
 RECONCILE_TASK = "runs.tasks.reconcile"
 CLUSTER = "cleanup"
+# Every callable a schedule row may name; the database refuses any other (a CHECK
+# constraint, runs/migrations/0010_schedule_callables.py — widen both together).
+SCHEDULED_TASKS = (TRIGGER_TASK, RECONCILE_TASK, "demo.tasks.send_due_reminders")
 
 
 def schedule_name(policy) -> str:

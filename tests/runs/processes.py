@@ -28,7 +28,7 @@ def pg_connect(
 
 
 def spawn(*args: str, env: dict | None = None) -> subprocess.Popen:
-    full_env = dict(os.environ, **worker_env(), **(env or {}))
+    full_env = {**os.environ, **worker_env(), **(env or {})}
     return subprocess.Popen(
         [sys.executable, "manage.py", *args],
         cwd=ROOT,

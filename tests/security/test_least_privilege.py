@@ -4,8 +4,6 @@ and it cannot run DDL, rewrite the audit trail or touch target rows beyond DELET
 from __future__ import annotations
 
 import os
-import re
-import secrets
 import subprocess
 import sys
 from datetime import timedelta
@@ -13,58 +11,15 @@ from datetime import timedelta
 import psycopg
 import pytest
 from django.db import connection
-from psycopg import sql
 
 from runs.actions import trigger_run
 from runs.invariants import check_run
 from runs.models import AuditRecord, GuardSample, Run
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW, ROOT, create_events, worker_env
+from tests.security.roles import connect_as, grant_statements, url_as
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
-
-SCRIPT = ROOT / "docs" / "least-privilege.sql"
-
-
-def grant_statements(role: str, target: tuple[str, str]) -> list[sql.Composed]:
-    """docs/least-privilege.sql with its psql variables bound as identifiers."""
-    text = "\n".join(
-        line for line in SCRIPT.read_text().splitlines() if not line.lstrip().startswith("--")
-    )
-    out = []
-    for statement in filter(None, (s.strip() for s in text.split(";"))):
-        template = (
-            statement.replace(':"worker_role"', "{role}")
-            .replace(':"DBNAME"', "{db}")
-            .replace(":target", "{target}")
-        )
-        assert not re.search(r":\w|:\"", template), f"unbound psql variable in {statement!r}"
-        out.append(
-            sql.SQL(template).format(
-                role=sql.Identifier(role),
-                db=sql.Identifier(connection.settings_dict["NAME"]),
-                target=sql.Identifier(*target),
-            )
-        )
-    return out
-
-
-@pytest.fixture
-def worker_role():
-    role = f"rr_worker_{os.getpid()}_{secrets.token_hex(3)}"
-    password = secrets.token_urlsafe(16)
-    with connection.cursor() as cur:
-        cur.execute(
-            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}")
-            .format(sql.Identifier(role), sql.Literal(password))
-            .as_string(cur.connection)
-        )
-    yield role, password
-    with connection.cursor() as cur:
-        cur.execute(
-            sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)).as_string(cur.connection)
-        )
-        cur.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)).as_string(cur.connection))
 
 
 @pytest.fixture
@@ -79,19 +34,6 @@ def run(make_user):
     yield run
     with connection.cursor() as cur:
         cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
-
-
-def url_as(role: str, password: str) -> str:
-    url = worker_env()["DATABASE_URL"]
-    return re.sub(r"^postgresql://[^@/]*@", f"postgresql://{role}:{password}@", url)
-
-
-def connect_as(role: str, password: str) -> psycopg.Connection:
-    params = dict(connection.get_connection_params())
-    for key in ("cursor_factory", "context", "prepare_threshold"):
-        params.pop(key, None)
-    params.update(user=role, password=password, application_name="retention:least-privilege")
-    return psycopg.connect(**params, autocommit=True)
 
 
 def test_a_least_privilege_role_drains_a_run_and_can_do_nothing_else(run, worker_role):
