@@ -29,6 +29,8 @@ if not SECRET_KEY:
     SECRET_KEY = DEMO_SECRET_KEY
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+# The audit CSV export's statement timeout (a longer export is cut, and says so).
+AUDIT_EXPORT_TIMEOUT_S = env_int("AUDIT_EXPORT_TIMEOUT_S", 300, minimum=1)
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")  # bearer token for /metrics; empty: sign-in only
 
 CLEANUP_WORKERS = env_int("CLEANUP_WORKERS", 2, minimum=1, maximum=64)

@@ -15,6 +15,7 @@ import zoneinfo
 from datetime import UTC, datetime
 
 import psycopg
+from django.core.cache import cache
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from psycopg import sql
@@ -23,7 +24,9 @@ from retention import predicate
 from retention.schedule_math import latest_tick
 from retention.spec import PolicySpec
 
-PREVIEW_TIMEOUT_MS = 30_000
+PREVIEW_TIMEOUT_MS = 30_000  # at submission: the approver's evidence
+LIVE_PREVIEW_TIMEOUT_MS = 10_000  # "preview as of now" on the version page
+LIVE_PREVIEW_LOCK = 0x52525056  # advisory lock class of live previews ("RRPV")
 TOP_TENANTS = 20
 SAMPLE_KEYS = 10
 MAX_MONTH_BUCKETS = 36
@@ -306,6 +309,29 @@ def preview(
     result["duration_ms"] = round((time.monotonic() - started) * 1000)
     if rows:
         _fill(result, spec, rows, boundaries, unit)
+    return result
+
+
+def live_preview(version) -> dict:
+    """``preview`` of a version as of now, for the version page: computed at most once per
+    version and minute across every web process (a transaction-level advisory lock per
+    version; whoever waited reads the cached result), under ``LIVE_PREVIEW_TIMEOUT_MS``.
+    The result is informational; approval binds to the preview taken at submission."""
+    now = timezone.now()
+    key = f"live-preview:{version.pk}:{version.content_hash}:{now:%Y%m%d%H%M}"
+    cached = cache.get(key)
+    if cached is not None:
+        return cached
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LIVE_PREVIEW_LOCK, version.pk])
+        cached = cache.get(key)
+        if cached is not None:
+            return cached
+        result = preview(
+            version.parsed, policy_id=version.policy_id, now=now, timeout_ms=LIVE_PREVIEW_TIMEOUT_MS
+        )
+        cache.set(key, result, timeout=120)
     return result
 
 

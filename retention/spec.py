@@ -23,6 +23,10 @@ RETENTION_UNITS = {"minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
 CATCH_UP_MODES = ("latest", "none")
 OVERLAP_MODES = ("wait", "skip")
 VACUUM_MODES = ("recommend", "run", "off")
+# Bounds on a policy file, so no input makes the parser, the preview or the DELETE unbounded.
+MAX_POLICY_BYTES = 64 * 1024
+MAX_KEEP_RULES = 32
+MAX_KEEP_VALUES = 1000  # per "in" / "not in" list
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,79}$")
@@ -165,6 +169,8 @@ class KeepRule:
         if op in LIST_OPERATORS:
             if value is not None or not isinstance(values, list) or not values:
                 raise SpecError(f"{where}: {op!r} needs a non-empty list in 'values'")
+            if len(values) > MAX_KEEP_VALUES:
+                raise SpecError(f"{where}: at most {MAX_KEEP_VALUES} values, got {len(values)}")
             for item in values:
                 _scalar(item, f"{where}.values")
             return cls(column, op, None, tuple(values))
@@ -306,6 +312,8 @@ class PolicySpec:
         keep_raw = data.get("keep", [])
         if not isinstance(keep_raw, list):
             raise SpecError("keep must be a list of [[keep]] tables")
+        if len(keep_raw) > MAX_KEEP_RULES:
+            raise SpecError(f"at most {MAX_KEEP_RULES} keep rules, got {len(keep_raw)}")
         keep = tuple(KeepRule.parse(item, f"keep[{i}]") for i, item in enumerate(keep_raw))
         limits = data.get("limits", {})
         if not isinstance(limits, dict):
@@ -507,6 +515,9 @@ def load_toml(text: str) -> PolicySpec:
 
     if not isinstance(text, str) or not text.strip():
         raise SpecError("the policy file is empty")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_POLICY_BYTES:
+        raise SpecError(f"the policy file is {size} bytes, more than {MAX_POLICY_BYTES}")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -19,9 +19,9 @@ from core.roles import COMPLIANCE, ONCALL, require_role
 from retention import actions
 from retention.diff import spec_diff
 from retention.models import LegalHold, Policy, PolicyVersion
-from retention.spec import SpecError, load_toml
+from retention.spec import MAX_POLICY_BYTES, SpecError, load_toml
 
-MAX_TOML_BYTES = 64 * 1024
+MAX_TOML_BYTES = MAX_POLICY_BYTES
 REFUSALS = (SpecError, actions.ActionError, PermissionDenied)
 
 
@@ -200,14 +200,16 @@ def version_detail(request, slug: str, number: int):
 
 
 @require_GET
-@require_role()
+@require_role(COMPLIANCE)
 def version_preview(request, slug: str, number: int):
-    """A fresh dry-run of this version as of now (HTMX fragment; not stored)."""
-    from retention.preview import preview
+    """A fresh dry-run of this version as of now (HTMX fragment; not stored). Full-scan
+    aggregates on the live table: compliance only, once per version and minute
+    (``live_preview``)."""
+    from retention.preview import live_preview
 
     version = _version_or_404(slug, number)
     try:
-        result = preview(version.parsed, policy_id=version.policy_id)
+        result = live_preview(version)
         error = None
     except SpecError as exc:
         result, error = None, str(exc)

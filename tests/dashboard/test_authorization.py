@@ -69,7 +69,12 @@ MATRIX = {
     "retention:policy_new": ("GET", {}, only({"compliance": 200})),
     "retention:version_create": ("POST", {}, only({"compliance": 400})),  # empty TOML
     "retention:version_detail": ("GET", {"slug": "slug", "number": "number"}, READ),
-    "retention:version_preview": ("GET", {"slug": "slug", "number": "number"}, READ),
+    # a live full-scan preview: compliance only (tests/security/test_expensive_work.py)
+    "retention:version_preview": (
+        "GET",
+        {"slug": "slug", "number": "number"},
+        only({"compliance": 200}),
+    ),
     "retention:version_submit": ("POST", {"slug": "slug", "number": "number"}, COMPLIANCE_POST),
     "retention:version_approve": ("POST", {"slug": "slug", "number": "number"}, COMPLIANCE_POST),
     "retention:version_reject": ("POST", {"slug": "slug", "number": "number"}, COMPLIANCE_POST),

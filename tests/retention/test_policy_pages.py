@@ -173,9 +173,9 @@ def test_pasting_bad_toml_shows_one_error_and_changes_nothing(events_table, alic
     assert Policy.objects.count() == 0 and PolicyVersion.objects.count() == 0
 
 
-def test_a_fresh_preview_comes_back_as_a_fragment(events_table, alice, vera, as_user):
+def test_a_fresh_preview_comes_back_as_a_fragment(events_table, alice, bob, as_user):
     version = submitted(alice)
-    page = as_user(vera).get(version_url("version_preview", version), HTTP_HX_REQUEST="true")
+    page = as_user(bob).get(version_url("version_preview", version), HTTP_HX_REQUEST="true")
     html = page.content.decode()
     assert "Live preview as of" in html
     assert f'data-eligible="{version.preview["eligible"]}"' in html
