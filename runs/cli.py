@@ -87,10 +87,37 @@ def status(cmd, o):
         cmd.stdout.write(f"{key:26} {value}")
 
 
+def _drain_helpers(o) -> list:
+    """``--workers N``: N - 1 more drain processes beside this one (same run and options)."""
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    args = [sys.executable, str(settings.BASE_DIR / "manage.py"), "retention", "drain"]
+    if o.get("run_key"):
+        args.append(o["run_key"])
+    args += ["--budget", str(o["budget"]), "--workers", "1"]
+    if o["until_idle"]:
+        args.append("--until-idle")
+    return [subprocess.Popen(args) for _ in range(max(0, o["workers"] - 1))]
+
+
 def drain(cmd, o):
     from runs.models import Run
     from runs.worker import drain as drain_run
 
+    helpers = _drain_helpers(o)
+    try:
+        _drain_here(cmd, o, Run, drain_run)
+    finally:
+        for helper in helpers:
+            helper.wait()
+    if any(helper.returncode for helper in helpers):
+        raise CommandError("a drain worker process failed")
+
+
+def _drain_here(cmd, o, Run, drain_run) -> None:
     run_keys = [o["run_key"]] if o.get("run_key") else None
     total = {"chunks": 0, "rows": 0, "failed": 0}
     while True:

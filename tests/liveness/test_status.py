@@ -55,3 +55,26 @@ def test_no_worker_alive_or_no_chunk_admitted_is_named(idle_run):
     assert status["health"] == "waiting"
     assert "admitted no chunk" in status["waiting_reason"]
     assert status["health"] != "progressing"
+
+
+@pytest.mark.processes
+@pytest.mark.django_db(transaction=True)
+def test_drain_with_two_workers_runs_two_processes(make_user):
+    from runs.invariants import check_run
+    from runs.models import AuditRecord
+    from tests.factories import approved_policy, events_spec
+    from tests.runs.conftest import create_events, manage
+
+    create_events(12000)
+    policy = approved_policy(make_user, **events_spec(chunk_size=40))
+    run, _ = trigger_run(policy, tick=NOW)
+    result = manage(
+        "retention", "drain", run.run_key, "--until-idle", "--workers", "2", "--budget", "30",
+        env={"RETENTION_GUARD": "0"}, timeout=240,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    pids = set(AuditRecord.objects.filter(run=run).values_list("worker_pid", flat=True))
+    assert len(pids) == 2, pids
+    assert check_run(run, shadow=("public", "rr_events_shadow")) == []
