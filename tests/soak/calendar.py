@@ -214,6 +214,7 @@ def simulate(make_user, monkeypatch, *, hours: float, seed: int) -> Report:
         clock.now = max(clock.now, start)
         checked.append((start, end - timedelta(hours=1)))
         down_until = None
+        window_paused = window_approved = False
         while clock.now < end:
             step = timedelta(minutes=rng.randint(4, 16))
             if (
@@ -245,11 +246,20 @@ def simulate(make_user, monkeypatch, *, hours: float, seed: int) -> Report:
                 if clock.now >= until:
                     resume_policy(policies[slug], actor=oncall, reason="calendar: resume")
                     del paused_until[slug]
-            if rng.random() < 0.015 and clock.now < end - timedelta(hours=2):
+            # besides the random ones, every window has one pause and one approval
+            forced_pause = not window_paused and clock.now >= start + timedelta(hours=hours / 4)
+            forced_approval = not window_approved and clock.now >= centre
+            if forced_approval:
+                window_approved = True
+                approve(list(POLICIES)[n % 2])
+                report.approvals += 1
+            if forced_pause or (rng.random() < 0.015 and clock.now < end - timedelta(hours=2)):
+                window_paused = True
                 slug = rng.choice([s for s in POLICIES if s not in paused_until] or ["-"])
                 if slug != "-":
                     pause_policy(policies[slug], actor=oncall, reason="calendar: pause")
-                    paused_until[slug] = clock.now + timedelta(minutes=rng.randint(60, 180))
+                    pause = rng.randint(60, 180) if hours >= 12 else rng.randint(30, 90)
+                    paused_until[slug] = clock.now + timedelta(minutes=pause)
                     report.pauses += 1
             if rng.random() < 0.01:
                 approve(rng.choice(list(POLICIES)))
