@@ -262,3 +262,35 @@ def test_an_hour_retention_is_elapsed_time_whatever_zone_the_tick_is_given_in():
     expected = datetime(2026, 3, 28, 23, 30, tzinfo=UTC)
     assert spec.cutoff_for(tick) == expected
     assert spec.cutoff_for(tick.astimezone(ZoneInfo(BERLIN))) == expected
+
+
+def test_the_checker_sees_a_held_or_newer_row_deleted_behind_the_engines_back(shape_db):
+    """The checker is not the engine: rows the engine would never delete, deleted by hand
+    after a drained run, are reported (a citext hold written in another case, a naive
+    timestamp newer than the cutoff in the policy's zone)."""
+    from django.db import connection
+
+    from runs.invariants import HoldScope, check_run
+    from runs.models import AuditRecord, Run
+
+    shape = Shape("checker", 60, "citext", ts_type="timestamp", timezone=NEW_YORK,
+                  tick=local("2026-11-02", 3, NEW_YORK), holds=(Hold("ACME"),))  # fmt: skip
+    assert S.run_shape(shape) == []
+    run = Run.objects.get()
+    with connection.cursor() as cur:
+        cur.execute(f"DELETE FROM public.{S.TABLE} WHERE id = (SELECT min(id) FROM"
+                    f" public.{S.TABLE} WHERE tenant = 'acme' AND status = 'closed' AND at < %s)",
+                    [run.cutoff.astimezone(ZoneInfo(NEW_YORK)).replace(tzinfo=None)])  # fmt: skip
+        assert cur.rowcount == 1
+        # newer than the cutoff in New York, older if the column were read as UTC
+        cur.execute(f"DELETE FROM public.{S.TABLE} WHERE id = (SELECT min(id) FROM"
+                    f" public.{S.TABLE} WHERE at >= %s AND at < %s AND status = 'closed')",
+                    [run.cutoff.astimezone(ZoneInfo(NEW_YORK)).replace(tzinfo=None),
+                     run.cutoff.replace(tzinfo=None)])  # fmt: skip
+        assert cur.rowcount == 1
+    problems = check_run(run, shadow=("public", S.SHADOW), holds=[HoldScope("ACME")])
+    audited = sum(AuditRecord.objects.filter(run=run).values_list("rows_deleted", flat=True))
+    assert audited > 0
+    assert f"{audited + 2} row(s) gone but {audited} audited" in problems
+    assert any("2 row(s) outside the run's scope" in p and "1 held" in p
+               and "1 not older than the cutoff" in p for p in problems), problems  # fmt: skip
