@@ -55,6 +55,25 @@ def env_int(
     return value
 
 
+def env_secret(name: str, *, minimum_length: int) -> bytes | None:
+    """A secret from ``NAME`` or from the file named by ``NAME_FILE`` (trailing newline
+    dropped); None when neither is set. Never echoed in an error."""
+    value = os.environ.get(name)
+    path = os.environ.get(f"{name}_FILE")
+    if value and path:
+        raise ConfigError(f"set {name} or {name}_FILE, not both")
+    if path:
+        try:
+            value = open(path, encoding="utf-8").read().rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(f"{name}_FILE cannot be read ({exc.strerror})") from None
+    if not value:
+        return None
+    if len(value) < minimum_length:
+        raise ConfigError(f"{name} must be at least {minimum_length} characters long")
+    return value.encode()
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None:

@@ -16,6 +16,7 @@ HOLDS = 0x52520001  # the global fence (legal holds, the kill switch): decisions
 RECONCILER = 0x52520002  # one reconciler pass at a time
 SAMPLER = 0x52520003  # one guard sampler at a time
 AUDIT_CHAIN = 0x52520004  # appending to the audit hash chain
+OPERATOR_CHAIN = 0x52520005  # appending to the operator-action chain
 CEILING_GLOBAL = 0x52520010
 CEILING_POLICY = 0x52520011
 CEILING_TENANT = 0x52520012

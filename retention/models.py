@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 from django.conf import settings
-from django.db import models
+from django.db import connection, models, transaction
 from django.db.models import Q
 from django.utils import timezone as dj_timezone
 from django.utils.functional import cached_property
 
+from core import chain, locks
 from core.cli_identity import channel
 
 
@@ -184,6 +187,10 @@ class OperatorAction(models.Model):
     target_id = models.CharField(max_length=200)
     reason = models.TextField(blank=True)
     details = models.JSONField(default=dict, blank=True)
+    # Hash-chained like the audit trail (``action_hash``); append-only by trigger.
+    chain_seq = models.BigIntegerField(unique=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -192,19 +199,70 @@ class OperatorAction(models.Model):
         return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_type}:{self.target_id}"
 
 
+ACTION_FIELDS = ("chain_seq", "at", "actor", "action", "target_type", "target_id", "reason")
+
+
+def action_hash(row: dict, prev_hash: str) -> str:
+    """An operator action's link: its fields and ``details_text``, PostgreSQL's own text of
+    the ``details`` JSON (so the hash does not depend on how Python spells numbers)."""
+    fields = {name: row[name] for name in ACTION_FIELDS}
+    fields["details"] = row["details_text"]
+    return chain.link_hash(fields, prev_hash)
+
+
+def verify_operator_log(batch: int = 5000) -> chain.ChainReport:
+    """Walk the operator-action chain in order, in constant memory."""
+    from django.db.models import TextField
+    from django.db.models.functions import Cast
+
+    rows = chain.batched(
+        OperatorAction.objects.annotate(details_text=Cast("details", TextField())),
+        [*ACTION_FIELDS, "details_text", "prev_hash", "hash"],
+        batch,
+    )
+    return chain.walk(
+        rows,
+        lambda row: action_hash(row, row["prev_hash"]),
+        noun="operator action",
+        gap="operator log gap",
+    )
+
+
 def record_action(actor, action: str, target, *, reason: str = "", **details) -> OperatorAction:
-    """Write one operator-action row; call inside the transaction of the change. Within a
-    CLI command the row also says so (``via: cli`` and the token, ``core.cli_identity``)."""
+    """Write one operator-action row, chained; call inside the transaction of the change
+    (it takes the operator-chain lock until that transaction commits). Within a CLI
+    command the row also says so (``via: cli`` and the token, ``core.cli_identity``)."""
     actor_name = getattr(actor, "username", None) or str(actor)
     target_type = (
         target._meta.model_name if hasattr(target, "_meta") else str(type(target).__name__)
     )
     target_id = str(getattr(target, "pk", target))
-    return OperatorAction.objects.create(
-        actor=actor_name,
-        action=action,
-        target_type=target_type,
-        target_id=target_id,
-        reason=reason,
-        details={**channel(), **details},
-    )
+    details = {**channel(), **details}
+    with transaction.atomic():
+        locks.xact_lock(locks.OPERATOR_CHAIN, 0)
+        with connection.cursor() as cur:
+            # after the lock, in its own statement: the head read must see every earlier commit
+            cur.execute(
+                "SELECT clock_timestamp(), %s::jsonb::text, (SELECT chain_seq FROM"
+                " retention_operatoraction ORDER BY chain_seq DESC LIMIT 1), (SELECT hash"
+                " FROM retention_operatoraction ORDER BY chain_seq DESC LIMIT 1)",
+                [json.dumps(details)],
+            )
+            at, details_text, last_seq, last_hash = cur.fetchone()
+        row = {
+            "chain_seq": (last_seq or 0) + 1,
+            "at": at,
+            "actor": actor_name,
+            "action": action,
+            "target_type": target_type,
+            "target_id": target_id,
+            "reason": reason,
+            "details_text": details_text,
+        }
+        prev = last_hash or chain.GENESIS
+        return OperatorAction.objects.create(
+            **{k: v for k, v in row.items() if k != "details_text"},
+            details=details,
+            prev_hash=prev,
+            hash=action_hash(row, prev),
+        )

@@ -1,30 +1,62 @@
 """The audit hash chain: each record's hash covers its content and the previous hash,
-so an edit, a deletion or a gap in ``chain_seq`` is detectable."""
+so an edit, a deletion or a gap in ``chain_seq`` is detectable; the chunk ledger shows a
+removed tail; a signed anchor kept outside the database (``runs.evidence``) shows a rewrite
+that recomputed every later hash.
+
+Chain version 1 (records written before the version fields existed) hashes ``V1_FIELDS``
+joined by U+001F; version 2 (``core.chain``) also covers the run key, the version's number
+and content hash, its author, submitter, approver, approval time and reason."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 
 from django.db import connection
 
-from core import locks
+from core import chain, locks
 
-GENESIS = "0" * 64
+GENESIS = chain.GENESIS
+CHAIN_VERSION = chain.VERSION
 
-_FIELDS = (
+V1_FIELDS = (
     "chain_seq", "chunk_id", "run_id", "policy_version_id", "policy_slug", "table_name", "cutoff",
     "tenant", "key_from", "key_to", "attempt", "worker_host", "worker_pid", "rows_deleted",
     "started_at", "committed_at", "outcome",
 )  # fmt: skip
+V2_FIELDS = (
+    *V1_FIELDS, "chain_version", "run_key", "version_number", "version_hash", "author_id",
+    "submitted_by_id", "approved_by_id", "approved_at", "approval_reason",
+)  # fmt: skip
+HASHED_COLUMNS = [*V2_FIELDS, "prev_hash", "hash"]
 
 
-def record_hash(values: dict, prev_hash: str) -> str:
+def _v1_hash(values: dict, prev_hash: str) -> str:
     parts = [prev_hash]
-    for name in _FIELDS:
+    for name in V1_FIELDS:
         value = values[name]
         parts.append(value.isoformat() if hasattr(value, "isoformat") else str(value))
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+
+
+def record_hash(values: dict, prev_hash: str) -> str:
+    if values.get("chain_version", 1) == 1:
+        return _v1_hash(values, prev_hash)
+    return chain.link_hash({name: values[name] for name in V2_FIELDS}, prev_hash)
+
+
+def version_facts(version) -> dict:
+    """What a record says about the policy version it deleted under (no user table read:
+    the worker role cannot read auth_user, so people are named by id; the operator log,
+    chained too, names them)."""
+    return {
+        "version_number": version.number,
+        "version_hash": version.approved_hash or version.content_hash,
+        "author_id": version.author_id,
+        "submitted_by_id": getattr(version, "submitted_by_id", None),
+        "approved_by_id": version.decided_by_id,
+        "approved_at": version.decided_at,
+        "approval_reason": version.decision_reason,
+    }
 
 
 def append(**values) -> dict:
@@ -46,53 +78,46 @@ def append(**values) -> dict:
     seq = (last_seq + 1) if last_seq else 1
     prev = last_hash or GENESIS
     values = {**values, "chain_seq": seq, "committed_at": committed_at}
+    values["chain_version"] = CHAIN_VERSION
     values["hash"] = record_hash(values, prev)
     values["prev_hash"] = prev
     AuditRecord.objects.create(**values)
     return values
 
 
-@dataclass
-class ChainReport:
-    records: int
-    head: str
-    problems: list[str]
+ChainReport = chain.ChainReport
 
-    @property
-    def ok(self) -> bool:
-        return not self.problems
+
+def _no_downgrade():
+    seen_v2 = False
+
+    def check(row: dict) -> str | None:
+        nonlocal seen_v2
+        if row["chain_version"] >= 2:
+            seen_v2 = True
+        elif seen_v2:
+            return f"chain version {row['chain_version']} after version 2"
+        return None
+
+    return check
 
 
 def verify_chain(batch: int = 5000) -> ChainReport:
-    """Walk the whole chain in order, in constant memory."""
-    from runs.models import AuditRecord
+    """Walk the whole chain in order, in constant memory; then the tail: every finished
+    chunk must have its record (removing the newest records leaves a chain that links up)."""
+    from runs.models import AuditRecord, Chunk
 
-    problems: list[str] = []
-    prev = GENESIS
-    expected_seq = 1
-    count = 0
-    fields = [*(f for f in _FIELDS), "prev_hash", "hash"]
-    last_seq = 0
-    while True:
-        rows = list(
-            AuditRecord.objects.filter(chain_seq__gt=last_seq)
-            .order_by("chain_seq")
-            .values(*fields)[:batch]
+    rows = chain.batched(AuditRecord.objects.all(), HASHED_COLUMNS, batch)
+    report = chain.walk(
+        rows,
+        lambda row: record_hash(row, row["prev_hash"]),
+        noun="record",
+        gap="gap",
+        check=_no_downgrade(),
+    )
+    orphans = Chunk.objects.filter(state=Chunk.State.DONE, audit__isnull=True).count()
+    if orphans:
+        report.problems.append(
+            f"{orphans} finished chunk(s) have no audit record: records were removed"
         )
-        if not rows:
-            break
-        for row in rows:
-            count += 1
-            if row["chain_seq"] != expected_seq:
-                problems.append(f"gap: expected record {expected_seq}, found {row['chain_seq']}")
-                expected_seq = row["chain_seq"]
-            if row["prev_hash"] != prev:
-                problems.append(f"record {row['chain_seq']}: previous hash does not match")
-            if record_hash(row, row["prev_hash"]) != row["hash"]:
-                problems.append(f"record {row['chain_seq']}: content does not match its hash")
-            prev = row["hash"]
-            expected_seq += 1
-            last_seq = row["chain_seq"]
-            if len(problems) > 100:
-                return ChainReport(count, prev, problems)
-    return ChainReport(count, prev, problems)
+    return report

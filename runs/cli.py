@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime
+from pathlib import Path
 
 from django.core.management.base import CommandError
 from django.utils import timezone
@@ -216,17 +217,44 @@ def startup(cmd, o):
 
 
 def audit_verify(cmd, o):
+    from retention.models import verify_operator_log
+    from runs import evidence
     from runs.audit import verify_chain
 
-    report = verify_chain()
-    if report.ok:
-        cmd.stdout.write(f"audit chain intact: {report.records} record(s), head {report.head}")
+    report, log = verify_chain(), verify_operator_log()
+    problems = [*report.problems, *log.problems]
+    for path in o.get("against") or []:
+        problems.extend(evidence.check(path))
+    if not problems:
+        anchored = f", {len(o['against'])} anchor(s) hold" if o.get("against") else ""
+        cmd.stdout.write(
+            f"audit chain intact: {report.records} record(s), head {report.head}; "
+            f"operator log intact: {log.records} action(s), head {log.head}{anchored}"
+        )
         return
-    for problem in report.problems:
+    for problem in problems:
         cmd.stderr.write(problem)
     raise CommandError(
-        f"audit chain broken: {len(report.problems)} problem(s) in {report.records} record(s)"
+        f"audit chain broken: {len(problems)} problem(s) in {report.records} record(s) "
+        f"and {log.records} operator action(s)"
     )
+
+
+def audit_checkpoint(cmd, o):
+    from runs import evidence
+
+    found = evidence.anchor()
+    if found["hmac"] is None:
+        raise CommandError("RETENTION_EVIDENCE_KEY is not set: a checkpoint must be signed")
+    text = json.dumps(found, indent=1) + "\n"
+    if o.get("out"):
+        Path(o["out"]).write_text(text)
+        cmd.stdout.write(
+            f"checkpoint written to {o['out']}: audit record {found['audit']['seq']}, "
+            f"operator action {found['operator']['seq']}"
+        )
+    else:
+        cmd.stdout.write(text, ending="")
 
 
 def explain(cmd, o):
@@ -302,5 +330,16 @@ def register(areas) -> None:
     add("startup", startup, "arm schedules; start a first run for policies that never ran")
     audit = areas.add_parser("audit", help="audit trail")
     audit_sub = audit.add_subparsers(dest="audit_cmd", required=True)
-    v = audit_sub.add_parser("verify", help="check the audit hash chain")
+    v = audit_sub.add_parser(
+        "verify", help="check the audit chain and the operator log (and signed anchors)"
+    )
+    v.add_argument(
+        "--against",
+        nargs="+",
+        metavar="FILE",
+        help="run manifests or checkpoints kept outside the database",
+    )
     v.set_defaults(handler=audit_verify)
+    c = audit_sub.add_parser("checkpoint", help="write a signed anchor of both chains' heads")
+    c.add_argument("--out", metavar="FILE", help="write it to FILE (default: stdout)")
+    c.set_defaults(handler=audit_checkpoint)

@@ -192,6 +192,17 @@ class AuditRecord(models.Model):
     started_at = models.DateTimeField()
     committed_at = models.DateTimeField()
     outcome = models.CharField(max_length=16, default="deleted")
+    # Chain version 2 (runs.audit): what the record says about the run and the approved
+    # version, as they were when the chunk committed. Version 1 records leave them empty.
+    chain_version = models.PositiveSmallIntegerField(default=2)
+    run_key = models.CharField(max_length=200, blank=True)
+    version_number = models.PositiveIntegerField(null=True, blank=True)
+    version_hash = models.CharField(max_length=64, blank=True)
+    author_id = models.IntegerField(null=True, blank=True)
+    submitted_by_id = models.IntegerField(null=True, blank=True)
+    approved_by_id = models.IntegerField(null=True, blank=True)
+    approved_at = models.DateTimeField(null=True, blank=True)
+    approval_reason = models.TextField(blank=True)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
 

@@ -278,6 +278,8 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
             rows_deleted=deleted,
             started_at=started,
             outcome="deleted",
+            run_key=run.run_key,
+            **audit.version_facts(run.policy_version),
         )
         Chunk.objects.filter(pk=chunk_id).update(
             state=Chunk.State.DONE,

@@ -35,6 +35,11 @@ def run_check(**env_overrides: str) -> subprocess.CompletedProcess:
         ({"CLEANUP_WORKERS": "two", "SECRET_KEY": "k"}, "CLEANUP_WORKERS"),
         ({"DEBUG": "0"}, "SECRET_KEY"),
         ({"DEBUG": "maybe", "SECRET_KEY": "k"}, "DEBUG"),
+        ({"RETENTION_EVIDENCE_KEY": "short", "SECRET_KEY": "k"}, "RETENTION_EVIDENCE_KEY"),
+        (
+            {"RETENTION_EVIDENCE_KEY_FILE": "/nonexistent/key", "SECRET_KEY": "k"},
+            "RETENTION_EVIDENCE_KEY_FILE",
+        ),
     ],
 )
 def test_bad_configuration_stops_with_one_line_naming_the_variable(overrides, variable):
