@@ -38,6 +38,11 @@ chunk_size = 100
 policy_workers = 2
 tenant_workers = 1
 
+# chunk timeouts that fit the short task timeout below (validation requires it)
+[timeouts]
+statement_ms = 3000
+lock_ms = 500
+
 [[keep]]
 column = "status"
 op = "="
