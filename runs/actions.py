@@ -141,7 +141,7 @@ def admit(run: Run, *, actor, reason: str) -> Run:
     a cancel): the blast-radius check, then start. A run whose eligible count could not be
     taken in time stays waiting (the reconciler tries again); it never starts unchecked."""
     spec = run.policy_version.parsed
-    baseline = _blast_baseline(run)
+    baseline, source = _blast_baseline(run)
     limit = (
         max(BLAST_RADIUS_FLOOR, int(baseline * spec.blast_radius)) + 1 if baseline else 50_000_000
     )
@@ -158,7 +158,7 @@ def admit(run: Run, *, actor, reason: str) -> Run:
         _set_state(
             run, Run.State.CONFIRM,
             f"held for confirmation: more than {limit - 1:,} eligible rows, over {spec.blast_radius:g}× "
-            f"the baseline of {baseline:,} (preview or previous run)",
+            f"the baseline of {baseline:,} ({source})",
         )  # fmt: skip
         run.held_at = timezone.now()
         run.save(update_fields=["held_at"])
@@ -167,18 +167,23 @@ def admit(run: Run, *, actor, reason: str) -> Run:
     return start_run(run, actor=actor, reason=reason)
 
 
-def _blast_baseline(run: Run) -> int | None:
-    previous = (
-        Run.objects.filter(policy=run.policy, state=Run.State.DRAINED)
-        .exclude(pk=run.pk)
-        .order_by("-tick")
-        .first()
-    )
+def _blast_baseline(run: Run) -> tuple[int | None, str]:
+    """What this run's size is compared with, and where that number comes from: the previous
+    drained run of the same approved version; for a version's first run, the preview its
+    approver saw (a new version is expected to differ from the old one's runs); without a
+    preview, the policy's previous drained run."""
+    version = run.policy_version
+    drained = Run.objects.filter(policy=run.policy, state=Run.State.DRAINED).exclude(pk=run.pk)
+    previous = drained.filter(policy_version=version).order_by("-tick").first()
     if previous is not None:
-        return previous.chunk_totals()["rows_deleted"]
-    preview = run.policy_version.preview or {}
-    value = preview.get("eligible")
-    return int(value) if isinstance(value, int) else None
+        return previous.chunk_totals()["rows_deleted"], f"previous run {previous.run_key}"
+    value = (version.preview or {}).get("eligible")
+    if isinstance(value, int):
+        return value, f"v{version.number}'s approved preview"
+    previous = drained.order_by("-tick").first()
+    if previous is not None:
+        return previous.chunk_totals()["rows_deleted"], f"previous run {previous.run_key}"
+    return None, ""
 
 
 def _set_state(run: Run, state: str, reason: str) -> None:
