@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from core import views as core_views
-from runs.metrics import metrics_view
+from runs.views import metrics_view
 
 urlpatterns = [
     path("", core_views.home, name="home"),

@@ -24,11 +24,10 @@ class LoginView(auth_views.LoginView):
 @require_GET
 @require_role()
 def home(request):
-    from runs.overview import overview_context
+    from runs.pages import overview_context
 
     context = {
-        "my_roles": sorted(roles_of(request.user)),
-        "role_descriptions": ROLE_DESCRIPTIONS,
+        "my_roles": [(role, ROLE_DESCRIPTIONS[role]) for role in sorted(roles_of(request.user))],
         **overview_context(request),
     }
     template = "core/_overview.html" if request.htmx else "core/home.html"

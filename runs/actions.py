@@ -17,6 +17,7 @@ from retention.models import KillSwitch, Policy, record_action
 from retention.schedule_math import period_label
 from runs import dispatch
 from runs.models import Chunk, DeadLetter, Run
+from runs.progress import progress_for
 
 BLAST_RADIUS_FLOOR = 10_000  # below this many rows a run never needs confirmation
 
@@ -176,14 +177,18 @@ def _blast_baseline(run: Run) -> tuple[int | None, str]:
     drained = Run.objects.filter(policy=run.policy, state=Run.State.DRAINED).exclude(pk=run.pk)
     previous = drained.filter(policy_version=version).order_by("-tick").first()
     if previous is not None:
-        return previous.chunk_totals()["rows_deleted"], f"previous run {previous.run_key}"
+        return _rows_deleted(previous), f"previous run {previous.run_key}"
     value = (version.preview or {}).get("eligible")
     if isinstance(value, int):
         return value, f"v{version.number}'s approved preview"
     previous = drained.order_by("-tick").first()
     if previous is not None:
-        return previous.chunk_totals()["rows_deleted"], f"previous run {previous.run_key}"
+        return _rows_deleted(previous), f"previous run {previous.run_key}"
     return None, ""
+
+
+def _rows_deleted(run: Run) -> int:
+    return progress_for([run.pk], now=timezone.now())[run.pk].rows_deleted
 
 
 def _set_state(run: Run, state: str, reason: str) -> None:
@@ -259,9 +264,7 @@ def cancel_run(run: Run, *, actor, reason: str) -> Run:
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.is_terminal:
         raise ActionError(f"run {run.run_key} is already {run.state}")
-    cancelled = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).update(
-        state=Chunk.State.CANCELLED
-    )
+    cancelled = Chunk.objects.pending().filter(run=run).update(state=Chunk.State.CANCELLED)
     run.state, run.state_reason = (
         Run.State.CANCELLED,
         f"cancelled by {_actor_name(actor)}: {reason}",
@@ -381,9 +384,7 @@ def supersede_open_runs(policy: Policy, *, keep_version_id: int, actor, reason: 
         .filter(policy=policy, state__in=Run.OPEN)
         .exclude(policy_version_id=keep_version_id)
     ):
-        cancelled = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).update(
-            state=Chunk.State.CANCELLED
-        )
+        cancelled = Chunk.objects.pending().filter(run=run).update(state=Chunk.State.CANCELLED)
         run.state, run.state_reason = Run.State.SUPERSEDED, f"superseded: {reason}"
         run.finished_at = timezone.now()
         run.save(update_fields=["state", "state_reason", "finished_at"])

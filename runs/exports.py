@@ -18,7 +18,7 @@ from datetime import date, datetime, time, timedelta
 import psycopg
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Count, Func, Max, Min, Sum, TextField
+from django.db.models import Count, Func, Max, Min, TextField
 from django.http import HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 from psycopg.errors import QueryCanceled
@@ -26,6 +26,7 @@ from psycopg.errors import QueryCanceled
 from core.filters import QueryFilters, as_id
 from runs import audit, evidence
 from runs.models import AuditRecord, Chunk, Run
+from runs.progress import progress_for
 
 BATCH = 5000
 
@@ -235,19 +236,9 @@ def rehash_run_records(run: Run) -> dict:
 
 def manifest_header(run: Run) -> dict:
     version = run.policy_version
-    totals = {state: 0 for state in Chunk.State.values}
-    planned = 0
-    for row in run.chunks.values("state").annotate(n=Count("id"), p=Sum("planned_rows")).order_by():
-        totals[row["state"]] = row["n"]
-        if row["state"] != Chunk.State.SPLIT:
-            planned += row["p"] or 0
+    progress = progress_for([run.pk], now=timezone.now())[run.pk]
     span = run.audit_records.aggregate(
-        records=Count("id"),
-        rows=Sum("rows_deleted"),
-        first_seq=Min("chain_seq"),
-        last_seq=Max("chain_seq"),
-        first_at=Min("committed_at"),
-        last_at=Max("committed_at"),
+        records=Count("id"), first_seq=Min("chain_seq"), last_seq=Max("chain_seq")
     )
     run_last = (
         run.audit_records.order_by("-chain_seq").values("chain_seq", "hash").first()
@@ -293,12 +284,14 @@ def manifest_header(run: Run) -> dict:
         },
         "cutoff": _iso(run.cutoff),
         "totals": {
-            "chunks": totals,
-            "planned_rows": planned,
-            "rows_deleted": span["rows"] or 0,
-            "audit_records": span["records"],
-            "first_committed_at": _iso(span["first_at"]),
-            "last_committed_at": _iso(span["last_at"]),
+            "chunks": dict(progress.chunks),
+            "planned_rows": progress.rows_planned,
+            "rows_deleted": progress.rows_deleted,
+            "rows_expected": progress.rows_expected,
+            "percent": progress.percent,
+            "audit_records": progress.audit_records,
+            "first_committed_at": _iso(progress.first_commit),
+            "last_committed_at": _iso(progress.last_commit),
         },
         "verification": run.verification,
         "audit_chain": {

@@ -14,9 +14,11 @@ from django.utils import timezone
 from psycopg import sql
 
 from core import timeouts
+from core.formatting import duration as _human
 from retention import predicate as P
 from retention.schedule_math import next_tick
 from runs.models import AuditRecord, Run
+from runs.progress import progress_for
 
 RATE_WINDOW = timedelta(minutes=10)
 
@@ -95,9 +97,13 @@ def _drain_window(policy) -> dict:
     )
     out["inflow_per_day"] = _one(P.count_where(spec, day))
     run = Run.objects.filter(policy=policy).order_by("-tick", "-id").first()
-    if run is not None and not run.is_terminal and run.expected_rows is not None:
-        deleted = run.audit_records.aggregate(s=Sum("rows_deleted"))["s"] or 0
-        out["backlog_rows"] = max(0, run.expected_rows - deleted)
+    if (
+        run is not None
+        and not run.is_terminal
+        and (run.planner_done or run.expected_rows is not None)
+    ):
+        p = progress_for([run.pk], now=now)[run.pk]
+        out["backlog_rows"] = max(0, p.rows_expected - p.rows_deleted)
     else:
         out["backlog_rows"] = _one(P.count_where(spec, where, limit=10_000_000), timeout_ms=5000)
     rate = observed_rate(policy, now)
@@ -131,14 +137,3 @@ def _drain_window(policy) -> dict:
             )
             out["explanation"] = f"{backlog:,} rows at {rate:,.0f}/s: {why}"
     return out
-
-
-def _human(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 90:
-        return f"{seconds} s"
-    if seconds < 5400:
-        return f"{seconds // 60} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"

@@ -7,29 +7,22 @@ differ between web processes and reset on restart).
 
 from __future__ import annotations
 
-import hmac
-
-from django.conf import settings
-from django.contrib.auth.decorators import login_not_required
 from django.core.cache import cache
 from django.db import connection
-from django.db.models import Count, F, Max, Min, Q, Sum
-from django.http import HttpResponse
+from django.db.models import Count, Max
 from django.utils import timezone
-from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
 )
 
-from core.roles import roles_of
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import latest_tick
 from runs import forecast, guard
 from runs.models import AuditRecord, Chunk, DeadLetter, Run
+from runs.progress import broker_backlog, progress_for
 
 # Upper bounds (seconds) of the chunk-duration histogram buckets.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -99,6 +92,35 @@ def audit_totals() -> dict[str, dict]:
     state["hash"] = AuditRecord.objects.filter(chain_seq=top).values_list("hash", flat=True).get()
     cache.set(AUDIT_TOTALS_KEY, state, timeout=None)
     return state["policies"]
+
+
+def run_families(progress) -> list[GaugeMetricFamily]:
+    """Per open run: the figures the pages and ``retention status`` show, from the same model."""
+    labels = ["policy", "run"]
+    deleted = GaugeMetricFamily(
+        "retention_run_rows_deleted", "Rows deleted so far by an open run", labels=labels
+    )
+    expected = GaugeMetricFamily(
+        "retention_run_rows_expected",
+        "Rows an open run is expected to delete in all (an estimate; a floor while planning)",
+        labels=labels,
+    )
+    ratio = GaugeMetricFamily(
+        "retention_run_progress_percent", "An open run's progress in percent", labels=labels
+    )
+    eta = GaugeMetricFamily(
+        "retention_run_eta_seconds",
+        "Estimated seconds until an active run drains (absent without a recent rate)",
+        labels=labels,
+    )
+    for p in progress:
+        key = [p.policy_slug, p.run_key]
+        deleted.add_metric(key, p.rows_deleted)
+        expected.add_metric(key, p.rows_expected)
+        ratio.add_metric(key, p.percent)
+        if p.eta_s is not None:
+            eta.add_metric(key, p.eta_s)
+    return [deleted, expected, ratio, eta]
 
 
 class LedgerCollector:
@@ -181,34 +203,30 @@ class LedgerCollector:
 
         # Ids first: a join would make the planner walk every chunk of every run.
         open_runs = list(Run.objects.filter(state__in=Run.OPEN).values_list("id", flat=True))
+        progress = progress_for(open_runs, now=now)
         queue_age = GaugeMetricFamily(
             "retention_queue_age_seconds",
             "Age of the oldest pending chunk of an open run",
             labels=["policy"],
         )
-        for row in (
-            Chunk.objects.filter(state=Chunk.State.PENDING, run_id__in=open_runs)
-            .values("run__policy_id")
-            .annotate(oldest=Min("created_at"))
-            .order_by()
-        ):
-            queue_age.add_metric(
-                [by_id.get(row["run__policy_id"], "?")], (now - row["oldest"]).total_seconds()
-            )
+        oldest: dict[str, float] = {}
+        for p in progress.values():
+            if p.queue_age_s is not None:
+                oldest[p.policy_slug] = max(oldest.get(p.policy_slug, 0.0), p.queue_age_s)
+        for slug, age in oldest.items():
+            queue_age.add_metric([slug], age)
         yield queue_age
 
-        from django_q.models import OrmQ
-
-        broker = OrmQ.objects.filter(lock__lte=now).aggregate(n=Count("id"), oldest=Min("lock"))
+        broker = broker_backlog(now)
         yield GaugeMetricFamily(
             "retention_broker_oldest_message_age_seconds",
             "Age of the oldest django-q2 message not yet taken by a worker",
-            value=(now - broker["oldest"]).total_seconds() if broker["oldest"] else 0.0,
+            value=broker.oldest_age_s or 0.0,
         )
         yield GaugeMetricFamily(
             "retention_broker_messages_waiting",
             "django-q2 messages not yet taken by a worker",
-            value=broker["n"],
+            value=broker.waiting,
         )
 
         chunks = GaugeMetricFamily(
@@ -219,20 +237,21 @@ class LedgerCollector:
             "Retries in open runs: sum of attempts - 1 over chunks tried more than once",
             labels=["policy"],
         )
+        by_state: dict[tuple[str, str], int] = {}
         retry_sum: dict[str, int] = {}
-        for row in (
-            Chunk.objects.filter(run_id__in=open_runs)
-            .values("run__policy_id", "state")
-            .annotate(n=Count("id"), r=Sum(F("attempts") - 1, filter=Q(attempts__gt=1)))
-            .order_by()
-        ):
-            slug = by_id.get(row["run__policy_id"], "?")
-            chunks.add_metric([slug, row["state"]], row["n"])
-            retry_sum[slug] = retry_sum.get(slug, 0) + (row["r"] or 0)
+        for p in progress.values():
+            for state, n in p.chunks.items():
+                if n:
+                    key = (p.policy_slug, state)
+                    by_state[key] = by_state.get(key, 0) + n
+            retry_sum[p.policy_slug] = retry_sum.get(p.policy_slug, 0) + p.retries
+        for key, n in by_state.items():
+            chunks.add_metric(list(key), n)
         for slug, total in retry_sum.items():
             retries.add_metric([slug], total)
         yield chunks
         yield retries
+        yield from run_families(progress.values())
 
         throttled = GaugeMetricFamily(
             "retention_throttled_chunks",
@@ -241,8 +260,7 @@ class LedgerCollector:
         )
         counts: dict[tuple[str, str], int] = {}
         for policy_id, reason, n in (
-            Chunk.objects.filter(state=Chunk.State.PENDING, not_before__gt=now)
-            .exclude(throttle_reason="")
+            Chunk.objects.throttled(now)
             .values_list("run__policy_id", "throttle_reason")
             .annotate(n=Count("id"))
             .order_by()
@@ -313,25 +331,3 @@ def render_metrics() -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(LedgerCollector())
     return generate_latest(registry)
-
-
-def _bearer_ok(request) -> bool:
-    expected = getattr(settings, "METRICS_TOKEN", "") or ""
-    header = request.headers.get("Authorization", "")
-    if not expected or not header.startswith("Bearer "):
-        return False
-    return hmac.compare_digest(header[len("Bearer ") :].strip().encode(), expected.encode())
-
-
-@require_GET
-@login_not_required
-@never_cache
-def metrics_view(request):
-    """Allowed for a signed-in user with any role, or with ``Authorization: Bearer $METRICS_TOKEN``."""
-    if not (roles_of(request.user) or _bearer_ok(request)):
-        status = 403 if request.user.is_authenticated else 401
-        response = HttpResponse("metrics need a role or a bearer token\n", status=status)
-        if status == 401:
-            response["WWW-Authenticate"] = 'Bearer realm="metrics"'
-        return response
-    return HttpResponse(render_metrics(), content_type=CONTENT_TYPE_LATEST)

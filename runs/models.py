@@ -7,7 +7,7 @@ django-q2 only delivers ids. See docs/engine.md for states and transactions.
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Count, Q, Sum
+from django.db.models import Q
 from django.utils import timezone
 
 from retention.models import Policy, PolicyVersion
@@ -64,18 +64,6 @@ class Run(models.Model):
     def is_terminal(self) -> bool:
         return self.state in self.TERMINAL
 
-    def chunk_totals(self) -> dict:
-        rows = self.chunks.values("state").annotate(n=Count("id"), planned=Sum("planned_rows"))
-        totals = {state: 0 for state in Chunk.State.values}
-        planned = 0
-        for row in rows:
-            totals[row["state"]] = row["n"]
-            if row["state"] != Chunk.State.SPLIT:
-                planned += row["planned"] or 0
-        totals["planned_rows"] = planned
-        totals["rows_deleted"] = self.audit_records.aggregate(s=Sum("rows_deleted"))["s"] or 0
-        return totals
-
 
 class PlannerCursor(models.Model):
     """Where the planner's keyset walk stands, per run pass and tenant ('' = whole table)."""
@@ -100,11 +88,13 @@ class PlannerCursor(models.Model):
 
 
 class ChunkQuerySet(models.QuerySet):
-    def admissible(self):
-        return self.filter(state=Chunk.State.PENDING, not_before__lte=timezone.now())
-
-    def open(self):
+    def pending(self):
+        """Chunks still to be deleted (admissible now or backing off)."""
         return self.filter(state=Chunk.State.PENDING)
+
+    def throttled(self, since):
+        """Pending chunks the guard pushed back, to a time after ``since``, with its reason."""
+        return self.pending().filter(not_before__gt=since).exclude(throttle_reason="")
 
 
 class Chunk(models.Model):

@@ -197,7 +197,7 @@ def plan(run: Run, *, window: int | None = None, deadline: float | None = None) 
         _context(exc, stage="finding the first and last eligible keys and the tenants")
         raise
     created = 0
-    pending = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).count()
+    pending = Chunk.objects.pending().filter(run=run).count()
     while pending < window and (deadline is None or time.monotonic() < deadline):
         made = step(run, spec, chunk_size)
         if made is None:

@@ -120,7 +120,7 @@ def finish_run(run: Run) -> str:
         )
         if run.state != Run.State.ACTIVE or not run.planner_done:
             return run.state
-        if Chunk.objects.filter(run=run, state=Chunk.State.PENDING).exists():
+        if Chunk.objects.pending().filter(run=run).exists():
             return run.state
         open_letters = DeadLetter.objects.filter(
             run=run, resolution=DeadLetter.Resolution.OPEN
@@ -324,10 +324,7 @@ def reconcile_policy(policy: Policy, now, report: dict, *, kill: bool, stale_s: 
     for run in Run.objects.filter(policy=policy, state=Run.State.ACTIVE).select_related(
         "policy", "policy_version"
     ):
-        if (
-            run.planner_done
-            and not Chunk.objects.filter(run=run, state=Chunk.State.PENDING).exists()
-        ):
+        if run.planner_done and not Chunk.objects.pending().filter(run=run).exists():
             report["finished"].append((run.run_key, finish_run(run)))
             continue
         if kill or run.policy.paused:

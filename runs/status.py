@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.db.models import Max, Min
+from django.db.models import Max
 from django.utils import timezone
 
 from runs.models import Chunk, DeadLetter, Run
+from runs.progress import RunProgress, progress_for
 
 
 def run_status(run: Run) -> dict:
-    totals = run.chunk_totals()
-    last = run.audit_records.aggregate(at=Max("committed_at"))["at"]
-    oldest_open = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).aggregate(
-        at=Min("created_at")
-    )["at"]
     now = timezone.now()
-    health, waiting_reason, throttled = _health(run, totals, last, now)
+    p = progress_for([run.pk], now=now)[run.pk]
+    last = p.last_commit
+    health, waiting_reason, throttled = _health(run, p, now)
     return {
         "run_key": run.run_key,
         "health": health,
@@ -29,14 +27,10 @@ def run_status(run: Run) -> dict:
         "cutoff": run.cutoff.isoformat(),
         "pass": run.pass_no,
         "planner_done": run.planner_done,
-        "chunks": {state: totals[state] for state in Chunk.State.values},
-        "rows_deleted": totals["rows_deleted"],
-        "rows_planned": totals["planned_rows"],
-        "expected_rows": run.expected_rows,
+        **p.as_dict(),
+        "admission_count": run.expected_rows,
         "last_progress_at": last.isoformat() if last else None,
-        "oldest_open_chunk_age_s": round((now - oldest_open).total_seconds(), 1)
-        if oldest_open
-        else None,
+        "oldest_open_chunk_age_s": round(p.queue_age_s, 1) if p.queue_age_s is not None else None,
         "throttle_reason": throttled,
         "open_dead_letters": DeadLetter.objects.filter(
             run=run, resolution=DeadLetter.Resolution.OPEN
@@ -47,29 +41,23 @@ def run_status(run: Run) -> dict:
     }
 
 
-def _health(run: Run, totals: dict, last, now) -> tuple[str, str, str]:
+def _health(run: Run, p: RunProgress, now) -> tuple[str, str, str]:
     """(health, why it is not progressing, throttle reason). "progressing" means a chunk
     committed within one lease budget; an active run that is not progressing always says why:
     throttled by the guard, retrying after an error (a lock it could not get), no worker
     alive, or workers alive that admitted nothing (concurrency ceilings, operator decisions).
 
-    The throttle reason is read from the pending chunks whatever their back-off: a reason
-    read only while the back-off is still in force disappears a few seconds after each
-    throttle, and a status read in that gap said "progressing" with nothing done."""
+    The throttle reason is the progress model's (``runs.progress``: the latest reason of a
+    pending chunk throttled within one lease budget)."""
     from datetime import timedelta
 
     recent = timedelta(seconds=settings.RETENTION["LEASE_BUDGET_S"])
-    pending_chunks = Chunk.objects.filter(run=run, state=Chunk.State.PENDING)
-    throttled = (
-        pending_chunks.filter(not_before__gt=now - recent)
-        .exclude(throttle_reason="")
-        .order_by("-not_before")
-        .values_list("throttle_reason", flat=True)
-        .first()
-    ) or ""
+    last = p.last_commit
+    pending_chunks = Chunk.objects.pending().filter(run=run)
+    throttled = p.throttle_reason
     if run.state != Run.State.ACTIVE:
         return run.state, run.state_reason, throttled
-    pending = totals[Chunk.State.PENDING]
+    pending = p.chunks[Chunk.State.PENDING]
     if last is not None and now - last <= recent:
         return "progressing", "", throttled
     if run.planner_done and not pending:

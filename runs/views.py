@@ -7,19 +7,26 @@ writes the operator action log in the change's own transaction.
 
 from __future__ import annotations
 
+import hmac
+
+from django.conf import settings
 from django.contrib import messages
-from django.http import HttpResponseRedirect
+from django.contrib.auth.decorators import login_not_required
+from django.http import HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from core.filters import QueryFilters, as_id
-from core.roles import AUDITOR, COMPLIANCE, ONCALL, require_role
+from core.roles import AUDITOR, COMPLIANCE, ONCALL, require_role, roles_of
 from retention.models import OperatorAction, Policy
 from runs import actions, exports
+from runs.metrics import render_metrics
 from runs.models import DeadLetter, Run
-from runs.overview import run_page_context
+from runs.pages import run_page_context
 
 RUN_ACTIONS = {
     "pause": actions.pause_run,
@@ -225,3 +232,28 @@ def activity(request):
         },
         status=status,
     )
+
+
+# ---------------------------------------------------------------- /metrics
+
+
+def _bearer_ok(request) -> bool:
+    expected = getattr(settings, "METRICS_TOKEN", "") or ""
+    header = request.headers.get("Authorization", "")
+    if not expected or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header[len("Bearer ") :].strip().encode(), expected.encode())
+
+
+@require_GET
+@login_not_required
+@never_cache
+def metrics_view(request):
+    """Allowed for a signed-in user with any role, or with ``Authorization: Bearer $METRICS_TOKEN``."""
+    if not (roles_of(request.user) or _bearer_ok(request)):
+        status = 403 if request.user.is_authenticated else 401
+        response = HttpResponse("metrics need a role or a bearer token\n", status=status)
+        if status == 401:
+            response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    return HttpResponse(render_metrics(), content_type=CONTENT_TYPE_LATEST)

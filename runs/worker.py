@@ -109,7 +109,7 @@ def _claim(run: Run, spec, *, chunk_id: int | None, skip_tenants: list[str]) -> 
 
 def _release(chunk_id: int) -> None:
     """The attempt ends without an outcome of its own (refused, busy, throttled)."""
-    Chunk.objects.filter(pk=chunk_id, state=Chunk.State.PENDING).update(claimed_at=None)
+    Chunk.objects.pending().filter(pk=chunk_id).update(claimed_at=None)
 
 
 def _slot(namespace: int, scope: str, ceiling: int) -> bool:
@@ -532,7 +532,7 @@ def drain(
                     return stats
                 last_beat = time.monotonic()
             if not run.planner_done:
-                if Chunk.objects.filter(run=run, state=Chunk.State.PENDING).count() <= window // 2:
+                if Chunk.objects.pending().filter(run=run).count() <= window // 2:
                     try:
                         planner.plan(run, window=window, deadline=deadline)
                     except DatabaseError as exc:
@@ -578,7 +578,7 @@ def drain(
             if run is None or run.state != Run.State.ACTIVE:
                 stats["stopped"] = f"run is {run.state if run else 'gone'}"
                 return stats
-            has_pending = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).exists()
+            has_pending = Chunk.objects.pending().filter(run=run).exists()
             if run.planner_done and not has_pending:
                 reconciler.finish_run(run)
                 stats["stopped"] = "no work left"

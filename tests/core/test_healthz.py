@@ -21,13 +21,17 @@ def test_pages_require_login(client):
 
 
 @pytest.mark.django_db
-def test_each_role_sees_a_home_page_naming_its_role(client, make_user):
-    for role in ("compliance", "oncall", "auditor", "viewer"):
-        user = make_user(f"u-{role}", role)
-        client.force_login(user)
+def test_each_role_sees_a_home_page_saying_what_its_role_does(client, make_user):
+    from core.roles import ROLE_DESCRIPTIONS
+
+    for n, role in enumerate(("compliance", "oncall", "auditor", "viewer")):
+        client.force_login(make_user(f"person{n}", role))  # a username that names no role
         response = client.get("/")
         assert response.status_code == 200
-        assert role in response.content.decode()
+        line = response.content.decode().split('data-testid="signed-in"')[1].split("</p>")[0]
+        assert f"<strong>{role}</strong>: {ROLE_DESCRIPTIONS[role]}" in line
+        others = [r for r in ROLE_DESCRIPTIONS if r != role]
+        assert not any(f"<strong>{r}</strong>" in line for r in others)
         client.logout()
 
 

@@ -12,6 +12,7 @@ from runs import worker
 from runs.schedules import schedule_name
 
 from .conftest import make_dead_letter
+from .helpers import rows_deleted
 
 pytestmark = pytest.mark.django_db
 
@@ -46,7 +47,7 @@ def test_an_htmx_request_gets_only_the_fragment(client_for, run):
 
 
 def test_progress_shows_rows_deleted_and_chunks_done(client_for, run):
-    deleted = run.chunk_totals()["rows_deleted"]
+    deleted = rows_deleted(run)
 
     card = card_of(client_for("viewer").get(reverse("home")).content.decode(), "events")
 
@@ -65,7 +66,7 @@ def test_the_overview_moves_as_the_run_drains(client_for, run):
     run.refresh_from_db()
     assert run.state == "drained"
     assert "100%" in after and "100%" not in before
-    assert f"{run.chunk_totals()['rows_deleted']} rows deleted" in after
+    assert f"{rows_deleted(run)} rows deleted" in after
 
 
 def test_next_tick_comes_from_the_policy_schedule(client_for, run):

@@ -1,8 +1,0 @@
-from django import template
-
-register = template.Library()
-
-
-@register.filter
-def get_item(mapping, key):
-    return mapping.get(key, "") if hasattr(mapping, "get") else ""

@@ -1,0 +1,74 @@
+"""Chart data and SVG geometry for the run page: the rows/s series and bar rectangles.
+
+Only shapes to draw; the figures a person reads (rows, percent, ETA) come from
+``runs.progress``.
+"""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from runs.models import Chunk, Run
+
+CHART_BUCKETS = 60
+
+
+def rate_series(run: Run, buckets: int = CHART_BUCKETS) -> dict:
+    """One scan of the run's audit rows: rows deleted per time bucket (at most ``buckets``
+    buckets of at least one second) between the first and the last commit."""
+    sql = """
+        WITH a AS MATERIALIZED (
+            SELECT rows_deleted, committed_at FROM runs_auditrecord WHERE run_id = %(run)s
+        ), span AS (
+            SELECT min(committed_at) AS lo, max(committed_at) AS hi,
+                   greatest(extract(epoch FROM max(committed_at) - min(committed_at)) / %(n)s,
+                            1.0)::float8 AS width
+            FROM a
+        )
+        SELECT span.lo, span.hi, span.width,
+               least(floor(extract(epoch FROM a.committed_at - span.lo) / span.width)::int,
+                     %(n)s - 1) AS bucket,
+               sum(a.rows_deleted)::float8, count(*)
+        FROM a CROSS JOIN span
+        GROUP BY span.lo, span.hi, span.width, bucket
+    """
+    with connection.cursor() as cur:
+        cur.execute(sql, {"run": run.pk, "n": buckets})
+        rows = cur.fetchall()
+    out = {"points": [], "lo": None, "hi": None, "bucket_s": 0.0, "peak": 0.0}
+    if not rows:
+        return out
+    lo, hi, width = rows[0][0], rows[0][1], float(rows[0][2])
+    by_bucket = {bucket: (float(deleted), int(n)) for _, _, _, bucket, deleted, n in rows}
+    used = min(buckets, int((hi - lo).total_seconds() // width) + 1)
+    for b in range(used):
+        deleted, n = by_bucket.get(b, (0.0, 0))
+        out["points"].append({"bucket": b, "rate": deleted / width, "chunks": n})
+    out.update(lo=lo, hi=hi, bucket_s=width, peak=max(pt["rate"] for pt in out["points"]))
+    return out
+
+
+def svg_bars(values: list[float], *, width: int = 600, height: int = 140) -> list[dict]:
+    """Rectangles for a bar chart of ``values`` scaled to the tallest one."""
+    if not values:
+        return []
+    values = [float(v) for v in values]
+    peak = max(values) or 1.0
+    step = width / len(values)
+    bars = []
+    for i, value in enumerate(values):
+        h = round(height * value / peak, 1)
+        bars.append(
+            {"x": round(i * step, 1), "y": round(height - h, 1), "w": max(1, step - 1), "h": h}
+        )
+    return bars
+
+
+def state_histogram(chunks: dict[str, int]) -> list[dict]:
+    """Bars for the chunk-state histogram (split last: its children are counted too)."""
+    states = [s for s in Chunk.State.values if s != Chunk.State.SPLIT] + [Chunk.State.SPLIT]
+    counts = [chunks.get(s, 0) for s in states]
+    bars = svg_bars(counts, width=400, height=100)
+    return [
+        {"state": s, "count": c, "bar": b} for s, c, b in zip(states, counts, bars, strict=True)
+    ]

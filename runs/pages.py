@@ -1,0 +1,220 @@
+"""What the dashboard pages show: the per-policy overview and a run's page.
+
+Every progress figure comes from ``runs.progress``; chart shapes from ``runs.charts``.
+Everything is read with a fixed number of aggregate queries per page (grouped in
+SQL, never per chunk or per audit row in Python), plus one call per policy to the
+guard and drain-window interfaces, so the pages stay fast with millions of rows.
+Durations are seconds here; templates format them with the ``duration`` filter.
+"""
+
+from __future__ import annotations
+
+from django.db.models import Count, Exists, OuterRef, Q
+from django.utils import timezone
+
+from core.filters import QueryFilters
+from retention.models import KillSwitch, Policy, PolicyVersion
+from retention.schedule_math import period_label
+from retention.spec import parse_retention
+from runs import charts, forecast, guard
+from runs.models import AuditRecord, Chunk, DeadLetter, Lease, Run
+from runs.progress import broker_backlog, progress_for
+from runs.schedules import schedule_name
+
+# Policy states as the overview names them (and colours them: see app.css .state-*).
+ACTIVE, PAUSED, AWAITING, ATTENTION, DISABLED = (
+    "active",
+    "paused",
+    "awaiting approval",
+    "needs attention",
+    "disabled",
+)
+
+
+def _age(now, then) -> float | None:
+    return (now - then).total_seconds() if then else None
+
+
+def _current_and_latest_runs(policy_ids: list[int]) -> tuple[dict[int, Run], dict[int, Run]]:
+    """Per policy: the open run being worked (oldest open tick) and the latest run."""
+    runs = Run.objects.filter(policy_id__in=policy_ids)
+    latest = {
+        r.policy_id: r
+        for r in runs.order_by("policy_id", "-tick", "-id")
+        .distinct("policy_id")
+        .select_related("policy_version", "policy")
+    }
+    current = {
+        r.policy_id: r
+        for r in runs.filter(state__in=Run.OPEN)
+        .exclude(state=Run.State.WAITING)
+        .order_by("policy_id", "tick", "id")
+        .distinct("policy_id")
+        .select_related("policy_version", "policy")
+    }
+    for policy_id, run in latest.items():
+        current.setdefault(policy_id, run)
+    return current, latest
+
+
+def policy_state(policy: Policy, run: Run | None, dead_letters: int, guard_level: str) -> str:
+    if not policy.enabled:
+        return DISABLED
+    if not policy.has_approved:
+        return AWAITING
+    if (
+        dead_letters
+        or guard_level == "critical"
+        or (run and run.state in (Run.State.ATTENTION, Run.State.CONFIRM))
+    ):
+        return ATTENTION
+    if policy.paused or (run and run.state == Run.State.PAUSED):
+        return PAUSED
+    return ACTIVE
+
+
+def overview_context(request) -> dict:
+    now = timezone.now()
+    read = QueryFilters(request.GET)
+    slug = read.text("policy")
+    policies_qs = Policy.objects.annotate(
+        has_approved=Exists(
+            PolicyVersion.objects.filter(policy=OuterRef("pk"), state=PolicyVersion.State.APPROVED)
+        ),
+        has_submitted=Exists(
+            PolicyVersion.objects.filter(policy=OuterRef("pk"), state=PolicyVersion.State.SUBMITTED)
+        ),
+    )
+    if slug:
+        policies_qs = policies_qs.filter(slug=slug)
+    if read.errors:
+        policies_qs = policies_qs.none()
+    policies = list(policies_qs)
+    ids = [p.id for p in policies]
+    current, latest = _current_and_latest_runs(ids)
+    broker = broker_backlog(now)
+    progress = progress_for(current.values(), now=now, broker=broker)
+    dead = dict(
+        DeadLetter.objects.filter(resolution=DeadLetter.Resolution.OPEN, run__policy_id__in=ids)
+        .values_list("run__policy_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    slos = dict(
+        PolicyVersion.objects.filter(policy_id__in=ids, state=PolicyVersion.State.APPROVED)
+        .exclude(spec__max_backlog_age=None)
+        .values_list("policy_id", "spec__max_backlog_age")
+    )  # one query for every policy's backlog SLO
+    from django_q.models import Schedule
+
+    next_runs = dict(
+        Schedule.objects.filter(name__in=[schedule_name(p) for p in policies]).values_list(
+            "name", "next_run"
+        )
+    )
+    rows = []
+    for policy in policies:
+        run = current.get(policy.id)
+        p = progress.get(run.pk) if run else None
+        window = forecast.drain_window(policy)
+        guard_state = guard.current_state(policy)
+        dead_n = dead.get(policy.id, 0)
+        eta = p.eta_s if p else window.get("eta_s")
+        throttle = (p.throttle_reason if p else "") or "; ".join(guard_state.get("reasons") or [])
+        rows.append(
+            {
+                "policy": policy,
+                "state": policy_state(policy, run, dead_n, guard_state.get("level", "ok")),
+                "run": run,
+                "last_run": latest.get(policy.id),
+                "progress": p,
+                "eta_s": eta,
+                "next_run": next_runs.get(schedule_name(policy)),
+                "window": window,
+                "backlog_age_s": window.get("oldest_eligible_age_s"),
+                "slo": backlog_slo(slos.get(policy.id), window),
+                "guard": guard_state,
+                "throttle_reason": throttle,
+                "dead_letters": dead_n,
+            }
+        )
+    switch = KillSwitch.objects.filter(name="global").first()
+    return {
+        "policy_rows": rows,
+        "policy_filter": slug,
+        "filter_errors": read.errors,
+        "kill_switch": switch,
+        "kill_switch_on": bool(switch and switch.on),
+        "broker": broker,
+        "now": now,
+    }
+
+
+def backlog_slo(max_backlog_age: str | None, window: dict) -> dict | None:
+    """The policy's backlog SLO against how long its oldest eligible row is overdue
+    (None when the approved version sets no SLO)."""
+    if not max_backlog_age:
+        return None
+    limit = parse_retention(max_backlog_age).total_seconds()
+    overdue = window.get("overdue_s")
+    return {
+        "limit": max_backlog_age,
+        "overdue_s": max(0, overdue) if overdue is not None else None,
+        "met": overdue is None or overdue <= limit,
+    }
+
+
+# ---------------------------------------------------------------- run page
+
+
+def run_page_context(run: Run) -> dict:
+    now = timezone.now()
+    p = progress_for([run], now=now)[run.pk]
+    rates = charts.rate_series(run)
+    window = forecast.drain_window(run.policy)
+    guard_state = guard.current_state(run.policy)
+    last = (
+        AuditRecord.objects.filter(run=run)
+        .order_by("-chain_seq")
+        .values(
+            "chain_seq", "chunk_id", "tenant", "key_from", "key_to", "rows_deleted", "committed_at"
+        )
+        .first()
+    )
+    troubled = list(
+        Chunk.objects.filter(run=run)
+        .filter(Q(attempts__gt=1) | ~Q(throttle_reason="") | ~Q(last_error=""))
+        .order_by("-not_before")
+        .values(
+            "id", "tenant", "key_from", "key_to", "state", "attempts", "not_before",
+            "throttle_reason", "last_error", "last_sqlstate",
+        )[:50]
+    )  # fmt: skip
+    letters = list(
+        DeadLetter.objects.filter(run=run, resolution=DeadLetter.Resolution.OPEN).order_by(
+            "-created_at"
+        )[:20]
+    )
+    leases = list(Lease.objects.filter(run=run).order_by("slot"))
+    for lease in leases:
+        lease.enqueued_age_s = _age(now, lease.enqueued_at)
+        lease.heartbeat_age_s = _age(now, lease.heartbeat_at)
+    return {
+        "run": run,
+        "period": period_label(run.policy, run.tick),
+        "progress": p,
+        "window": window,
+        "guard": guard_state,
+        "last": last,
+        "last_age_s": _age(now, last["committed_at"]) if last else None,
+        "histogram": charts.state_histogram(p.chunks),
+        "rates": rates,
+        "rate_bars": charts.svg_bars([pt["rate"] for pt in rates["points"]]),
+        "peak_rate": round(rates["peak"]),
+        "troubled": troubled,
+        "letters": letters,
+        "leases": leases,
+        "tenants": p.tenants,
+        "broker": p.broker,
+        "now": now,
+    }

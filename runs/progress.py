@@ -1,0 +1,289 @@
+"""How far each run has come: the one read model every surface shows.
+
+The overview, the run page, ``retention status``, the evidence manifest and /metrics all
+read ``progress_for``; none counts chunks or audit rows itself, so they cannot disagree.
+A fixed number of grouped queries serves any number of runs: the runs themselves, chunks
+by (run, tenant, state), audit rows by (run, tenant), the latest throttle reason per run (a pending chunk throttled within one
+lease budget)
+and the broker backlog.
+
+The numbers are honest about being estimates:
+
+- ``rows_deleted`` is exact (the sum over audit records).
+- ``rows_outstanding`` is the planned size of chunks that still have to be deleted (pending)
+  or need a person (dead-lettered): the planner's estimate, not a count.
+- ``rows_expected`` is ``rows_deleted + rows_outstanding``; while the planner is still
+  walking the table it is at least the eligible count taken at admission, and
+  ``expected_is_lower_bound`` says so. It is never the blast-radius capped count taken
+  as a total, and never less than what has already been deleted.
+- ``percent`` is ``rows_deleted / rows_expected`` (100 only when drained); ``eta_s`` is the
+  pending rows at the run's own rate over the last ten minutes, and only for an active run.
+
+Every number is an ``int`` or a ``float``: database sums (``numeric`` in PostgreSQL, a
+``Decimal`` in Python) are converted here, so no caller mixes the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Count, F, Max, Min, Q, Sum
+
+from runs.models import AuditRecord, Chunk, Run
+
+RATE_WINDOW = timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class BrokerBacklog:
+    """django-q2 messages waiting in the ORM queue (lock in the past = not yet taken)."""
+
+    waiting: int
+    oldest_age_s: float | None
+
+
+@dataclass
+class TenantProgress:
+    tenant: str
+    chunks: int = 0  # not counting split chunks (their children carry the rows)
+    done: int = 0
+    dead: int = 0
+    planned: int = 0
+    rows_deleted: int = 0
+    rows_outstanding: int = 0
+
+    @property
+    def percent(self) -> int:
+        return _percent(self.rows_deleted, self.rows_deleted + self.rows_outstanding)
+
+
+@dataclass
+class RunProgress:
+    run_id: int
+    run_key: str
+    policy_slug: str
+    state: str
+    planner_done: bool
+    chunks: dict[str, int] = field(default_factory=lambda: {s: 0 for s in Chunk.State.values})
+    retries: int = 0
+    admissible: int = 0  # pending chunks whose not_before has passed
+    oldest_pending: datetime | None = None
+    queue_age_s: float | None = None
+    rows_planned: int = 0
+    rows_deleted: int = 0
+    rows_outstanding: int = 0
+    rows_pending: int = 0
+    rows_expected: int = 0
+    expected_is_lower_bound: bool = False
+    admission_count: int | None = None  # eligible rows counted at admission (may be capped)
+    audit_records: int = 0
+    first_commit: datetime | None = None
+    last_commit: datetime | None = None
+    last_commit_age_s: float | None = None
+    rate_per_s: float | None = None
+    percent: int = 0
+    eta_s: float | None = None
+    throttle_reason: str = ""
+    tenants: list[TenantProgress] = field(default_factory=list)
+    broker: BrokerBacklog | None = None
+
+    @property
+    def chunks_total(self) -> int:
+        return sum(n for s, n in self.chunks.items() if s != Chunk.State.SPLIT)
+
+    @property
+    def chunks_done(self) -> int:
+        return self.chunks[Chunk.State.DONE]
+
+    def as_dict(self) -> dict:
+        """The figures as plain JSON-ready values (the CLI's and the manifest's shape)."""
+        return {
+            "chunks": dict(self.chunks),
+            "chunks_done": self.chunks_done,
+            "chunks_total": self.chunks_total,
+            "retries": self.retries,
+            "rows_deleted": self.rows_deleted,
+            "rows_planned": self.rows_planned,
+            "rows_expected": self.rows_expected,
+            "expected_is_lower_bound": self.expected_is_lower_bound,
+            "percent": self.percent,
+            "eta_s": None if self.eta_s is None else round(self.eta_s),
+            "rate_per_s": None if self.rate_per_s is None else round(self.rate_per_s, 1),
+        }
+
+
+def _int(value) -> int:
+    return int(value or 0)
+
+
+def _age(now: datetime, then: datetime | None) -> float | None:
+    return (now - then).total_seconds() if then else None
+
+
+def _percent(done: int, expected: int) -> int:
+    if expected <= 0:
+        return 0
+    return max(0, min(100, (100 * done) // expected))
+
+
+def broker_backlog(now: datetime) -> BrokerBacklog:
+    from django_q.models import OrmQ  # django-q2's models need its app registry ready
+
+    row = OrmQ.objects.filter(lock__lte=now).aggregate(n=Count("id"), oldest=Min("lock"))
+    return BrokerBacklog(waiting=_int(row["n"]), oldest_age_s=_age(now, row["oldest"]))
+
+
+def progress_for(
+    runs: Iterable[int | Run], *, now: datetime, broker: BrokerBacklog | None = None
+) -> dict[int, RunProgress]:
+    """Progress of each run in ``runs`` (ids or loaded ``Run`` rows with their policy; unknown
+    ids are left out), from at most five grouped queries: the runs (only when given ids),
+    chunks, audit records, throttle reasons and the broker backlog (unless ``broker`` is
+    passed by a caller that read it already)."""
+    given = list(runs)
+    broker = broker if broker is not None else broker_backlog(now)
+    out: dict[int, RunProgress] = {}
+    if not given:
+        return out
+    loaded = [r for r in given if isinstance(r, Run)]
+    ids_only = [r for r in given if not isinstance(r, Run)]
+    rows = [
+        {
+            "id": r.pk, "run_key": r.run_key, "policy__slug": r.policy.slug, "state": r.state,
+            "planner_done": r.planner_done, "expected_rows": r.expected_rows,
+            "started_at": r.started_at,
+        }
+        for r in loaded
+    ]  # fmt: skip
+    if ids_only:
+        rows += Run.objects.filter(pk__in=ids_only).values(
+            "id", "run_key", "policy__slug", "state", "planner_done", "expected_rows", "started_at"
+        )
+    admitted: dict[int, int | None] = {}
+    started: dict[int, datetime | None] = {}
+    for row in rows:
+        out[row["id"]] = RunProgress(
+            run_id=row["id"],
+            run_key=row["run_key"],
+            policy_slug=row["policy__slug"],
+            state=row["state"],
+            planner_done=row["planner_done"],
+            admission_count=row["expected_rows"],
+            broker=broker,
+        )
+        admitted[row["id"]] = row["expected_rows"]
+        started[row["id"]] = row["started_at"]
+    ids = list(out)
+    tenants: dict[int, dict[str, TenantProgress]] = {rid: {} for rid in ids}
+
+    for row in (
+        Chunk.objects.filter(run_id__in=ids)
+        .values("run_id", "tenant", "state")
+        .annotate(
+            n=Count("id"),
+            planned=Sum("planned_rows"),
+            retries=Sum(F("attempts") - 1, filter=Q(attempts__gt=1)),
+            oldest=Min("created_at"),
+            ready=Count("id", filter=Q(not_before__lte=now)),
+        )
+        .order_by()
+    ):
+        p = out[row["run_id"]]
+        state, n, planned = row["state"], _int(row["n"]), _int(row["planned"])
+        p.chunks[state] += n
+        p.retries += _int(row["retries"])
+        if state == Chunk.State.PENDING:
+            p.admissible += _int(row["ready"])
+            p.rows_pending += planned
+            if p.oldest_pending is None or row["oldest"] < p.oldest_pending:
+                p.oldest_pending = row["oldest"]
+        if state == Chunk.State.SPLIT:
+            continue
+        p.rows_planned += planned
+        t = tenants[p.run_id].setdefault(row["tenant"], TenantProgress(row["tenant"]))
+        t.chunks += n
+        t.planned += planned
+        if state == Chunk.State.DONE:
+            t.done += n
+        elif state == Chunk.State.DEAD:
+            t.dead += n
+            t.rows_outstanding += planned
+            p.rows_outstanding += planned
+        elif state == Chunk.State.PENDING:
+            t.rows_outstanding += planned
+            p.rows_outstanding += planned
+
+    recent = now - RATE_WINDOW
+    for row in (
+        AuditRecord.objects.filter(run_id__in=ids)
+        .values("run_id", "tenant")
+        .annotate(
+            rows=Sum("rows_deleted"),
+            n=Count("id"),
+            first=Min("committed_at"),
+            last=Max("committed_at"),
+            recent_rows=Sum("rows_deleted", filter=Q(committed_at__gte=recent)),
+        )
+        .order_by()
+    ):
+        p = out[row["run_id"]]
+        rows = _int(row["rows"])
+        p.rows_deleted += rows
+        p.audit_records += _int(row["n"])
+        p.first_commit = min(filter(None, (p.first_commit, row["first"])), default=None)
+        p.last_commit = max(filter(None, (p.last_commit, row["last"])), default=None)
+        p.rate_per_s = (p.rate_per_s or 0.0) + float(_int(row["recent_rows"]))
+        t = tenants[p.run_id].setdefault(row["tenant"], TenantProgress(row["tenant"]))
+        t.rows_deleted += rows
+
+    # A reason read only while the back-off is still in force would vanish a few seconds after
+    # each throttle; one lease budget back, the surfaces keep saying why the run is held.
+    throttled_since = now - timedelta(seconds=settings.RETENTION["LEASE_BUDGET_S"])
+    for run_id, reason in (
+        Chunk.objects.throttled(throttled_since)
+        .filter(run_id__in=ids)
+        .order_by("run_id", "-not_before")
+        .distinct("run_id")
+        .values_list("run_id", "throttle_reason")
+    ):
+        out[run_id].throttle_reason = reason
+
+    for p in out.values():
+        p.tenants = sorted(tenants[p.run_id].values(), key=lambda t: t.tenant)
+        p.queue_age_s = _age(now, p.oldest_pending)
+        p.last_commit_age_s = _age(now, p.last_commit)
+        _derive(p, admitted[p.run_id], started[p.run_id], now)
+    return out
+
+
+def _derive(p: RunProgress, admitted: int | None, started: datetime | None, now: datetime) -> None:
+    """Expected rows, percent, rate and ETA from the counted figures."""
+    p.rows_expected = p.rows_deleted + p.rows_outstanding
+    if not p.planner_done and p.state not in Run.TERMINAL:
+        # Still planning: the rest of the table is not in chunks yet. The admission count
+        # (capped by the blast radius) is then only a floor for the total.
+        p.rows_expected = max(p.rows_expected, _int(admitted))
+        p.expected_is_lower_bound = True
+    if p.state == Run.State.DRAINED:
+        p.rows_expected = p.rows_deleted
+        p.expected_is_lower_bound = False
+        p.percent = 100
+    elif p.state in Run.OPEN:  # 100% means drained
+        p.percent = min(99, _percent(p.rows_deleted, p.rows_expected))
+    else:
+        p.percent = _percent(p.rows_deleted, p.rows_expected)
+    # The run's own pace over the last ten minutes (since it started, if that is later).
+    recent_rows = p.rate_per_s or 0.0
+    p.rate_per_s = None
+    if recent_rows and p.last_commit is not None:
+        since = max(now - RATE_WINDOW, started) if started else now - RATE_WINDOW
+        span = max(1.0, (p.last_commit - since).total_seconds())
+        p.rate_per_s = recent_rows / span
+    to_go = p.rows_expected - p.rows_deleted - (p.rows_outstanding - p.rows_pending)
+    if p.state == Run.State.ACTIVE and p.rate_per_s and to_go > 0:
+        p.eta_s = to_go / p.rate_per_s
+    elif p.state == Run.State.ACTIVE and to_go <= 0 and p.planner_done and not p.chunks["pending"]:
+        p.eta_s = 0.0
