@@ -14,6 +14,7 @@ import zoneinfo
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
+import tomli_w
 from croniter import CroniterBadDateError, croniter
 
 KEEP_OPERATORS = ("=", "!=", "<", "<=", ">", ">=", "in", "not in", "is null", "is not null")
@@ -200,6 +201,182 @@ def _scalar(value, where: str) -> None:
         raise SpecError(f"{where} must be a string or a number, got {value!r}")
 
 
+# -- the schema: every key of a policy file, declared once ----------------------------------
+# Parsing (bounds, choices, defaults, unknown keys), the TOML writer, the version diff and the
+# reference table in docs/policies.md are all derived from this table.
+
+
+@dataclass(frozen=True)
+class Field:
+    """One key of a policy file. ``path`` is its TOML place ("chunk_size",
+    "limits.policy_workers", "guard.probe_p95_ms"); ``attr`` the PolicySpec attribute
+    (guard thresholds live in the ``guard`` mapping); ``kind`` how it is checked: "int" and
+    "number" (``lo``..``hi``), "choice" (``choices``), or "special" (checked by name in
+    ``PolicySpec.parse``). ``default`` is REQUIRED, or the value a missing key means."""
+
+    path: str
+    attr: str
+    kind: str
+    default: object
+    form: str
+    meaning: str
+    lo: float = 0
+    hi: float = 0
+    choices: tuple = ()
+    shown_default: str | None = None  # the default as the reference table words it
+
+    @property
+    def section(self) -> str | None:
+        return self.path.split(".")[0] if "." in self.path else None
+
+    @property
+    def key(self) -> str:
+        return self.path.split(".")[-1]
+
+    def value_of(self, spec: PolicySpec):
+        if self.attr == "guard":
+            return spec.guard[self.key]
+        if self.attr == "table":
+            return spec.qualified_table
+        return getattr(spec, self.attr)
+
+
+REQUIRED = object()
+_DURATION = '`"N minutes|hours|days|weeks"`'
+_GUARD_MEANING = {
+    "probe_p95_ms": "throttle above this probe p95",
+    "lock_waits": "throttle above this many waiting locks",
+    "replication_lag_s": "throttle above this replica lag",
+    "dead_tuple_ratio": "throttle above this dead/live tuple ratio on the target",
+    "connections_headroom": "keep this many connections free",
+    "wal_mb_per_s": "throttle above this WAL rate",
+    "critical_probe_p95_ms": "pause the policy above this",
+    "critical_lock_waits": "pause the policy above this",
+    "critical_replication_lag_s": "pause the policy above this",
+}
+
+FIELDS: tuple[Field, ...] = (
+    Field("slug", "slug", "special", REQUIRED, "lowercase letters, digits, `-`; ≤ 80",
+          "the policy's identity; a new slug creates a policy"),
+    Field("name", "name", "special", "", "1–200 characters", "shown on the dashboard",
+          shown_default="the slug"),
+    Field("owner", "owner", "special", "", "≤ 150 characters",
+          "team or person answerable for the policy", shown_default="the author"),
+    Field("table", "table", "special", REQUIRED,
+          '`"schema.table"` or `"table"` (schema `public`)', "a table or partitioned table"),
+    Field("key", "key", "special", REQUIRED, "column of type `smallint`, `integer` or `bigint`",
+          "chunks are key intervals `[from, to)`"),
+    Field("timestamp", "timestamp", "special", REQUIRED,
+          "column of type `timestamptz`, `timestamp` or `date`",
+          "a row is old when this is before the cutoff"),
+    Field("tenant", "tenant", "special", None, "column of any single-value type",
+          "chunks and ceilings are per tenant; holds can name a tenant", shown_default="none"),
+    Field("retention", "retention", "special", REQUIRED, _DURATION + ", N ≥ 1",
+          "cutoff = tick − retention: minutes and hours are elapsed time, days and weeks "
+          'wall-clock time in `timezone` (see "Time" below)'),
+    Field("schedule", "schedule", "special", REQUIRED, "five-field cron",
+          "when runs are triggered"),
+    Field("timezone", "timezone", "special", "UTC", "IANA name",
+          "the clock the cron expression and day-based retention read"),
+    Field("timestamp_zone", "timestamp_zone", "special", None,
+          "IANA name; only for a `timestamp` or `date` column",
+          'the zone whose wall-clock time the timestamp column holds (see "Time" below)',
+          shown_default="`timezone`"),
+    Field("chunk_size", "chunk_size", "int", 5000, "", "rows per chunk to start with "
+          "(adapts toward `target_chunk_ms`)", lo=10, hi=200_000),
+    Field("pace_rows_per_s", "pace_rows_per_s", "int", 0, "",
+          "a ceiling on the policy's deletion rate; the preview's drain time uses it",
+          lo=0, hi=100_000_000, shown_default="0 (none)"),
+    Field("target_chunk_ms", "target_chunk_ms", "int", 300, "",
+          "target duration of one chunk transaction", lo=10, hi=60_000),
+    Field("limits.policy_workers", "policy_workers", "int", 2, "",
+          "chunks of this policy in flight at once", lo=1, hi=64),
+    Field("limits.tenant_workers", "tenant_workers", "int", 1, "1 – 64, ≤ `policy_workers`",
+          "chunks of one tenant in flight at once", lo=1, hi=64),
+    Field("slo.max_backlog_age", "max_backlog_age", "special", None, _DURATION,
+          "how long the oldest eligible row may wait past its retention; shown on the "
+          "overview (met / breached) and exported as `retention_backlog_slo_seconds`, which "
+          "the `RetentionBacklogOverSLO` alert compares with "
+          "`retention_backlog_overdue_seconds` (`deploy/prometheus/alerts.yml`)",
+          shown_default="none"),
+    Field("timeouts.lock_ms", "lock_timeout_ms", "int", 2000, "",
+          "`lock_timeout` of a chunk transaction", lo=10, hi=600_000),
+    Field("timeouts.statement_ms", "statement_timeout_ms", "int", 10_000,
+          "100 – 3600000, and see below", "`statement_timeout` of a chunk's DELETE",
+          lo=100, hi=3_600_000),
+    Field("guard.probe", "probe", "choice", "default", "", "the foreground latency probe",
+          choices=("default", "none")),
+    *(
+        Field(f"guard.{name}", "guard", "number", default, "≥ 0", _GUARD_MEANING[name],
+              lo=0, hi=10**9)
+        for name, default in GUARD_DEFAULTS.items()
+    ),
+    Field("catch_up", "catch_up", "choice", "latest", "",
+          "after missed ticks: one run for the latest, or none", choices=CATCH_UP_MODES),
+    Field("overlap", "overlap", "choice", "wait", "",
+          "a tick while the previous run is open waits for it or is skipped",
+          choices=OVERLAP_MODES),
+    Field("cascade_ack", "cascade_ack", "special", (), 'list of `"schema.table"`',
+          "referencing tables whose `ON DELETE CASCADE` you accept", shown_default="`[]`"),
+    Field("blast_radius", "blast_radius", "number", 3.0, "",
+          "the run engine holds a run for confirmation when it plans more than this × the "
+          "preview's eligible rows", lo=1.0, hi=1000.0, shown_default="3.0"),
+    Field("max_passes", "max_passes", "int", 3, "",
+          "verification passes before a run needs attention", lo=1, hi=20),
+    Field("vacuum", "vacuum", "choice", "recommend", "",
+          "what to do about dead tuples after a drained run", choices=VACUUM_MODES),
+    Field("keep", "keep", "special", (), "see below", "rows that are never deleted",
+          shown_default="none"),
+)  # fmt: skip
+FIELD_BY_PATH = {f.path: f for f in FIELDS}
+SECTIONS = {f.section for f in FIELDS if f.section}
+TOP_KEYS = {f.path for f in FIELDS if not f.section} | SECTIONS
+
+
+def _keys_of(section: str) -> set[str]:
+    return {f.key for f in FIELDS if f.section == section}
+
+
+def _check(f: Field, value):
+    """A simple (int/number/choice) field's value, checked and in canonical form."""
+    if f.kind == "int":
+        return _int(value, f.path, int(f.lo), int(f.hi))
+    if f.kind == "number":
+        return _number(value, f.path, f.lo, f.hi, f.default)
+    return _choice(value, f.path, f.choices)
+
+
+def _reference_cell(f: Field) -> tuple[str, str, str, str, str]:
+    key = f"`[{f.section}] {f.key}`" if f.section else f"`{f.path}`"
+    if f.path == "keep":
+        key = "`[[keep]]`"
+    required = "yes" if f.default is REQUIRED else ""
+    if f.shown_default is not None:
+        default = f.shown_default
+    elif f.default is REQUIRED:
+        default = ""
+    elif isinstance(f.default, str):
+        default = f'`"{f.default}"`' if f.kind == "choice" else f"`{f.default}`"
+    else:
+        default = f"{f.default:g}" if isinstance(f.default, float) else str(f.default)
+    if f.form:
+        form = f.form
+    elif f.kind == "choice":
+        form = ", ".join(f"`{c}`" for c in f.choices)
+    else:
+        form = f"{f.lo:g} – {f.hi:g}" if f.kind == "number" else f"{int(f.lo)} – {int(f.hi)}"
+    return key, required, default, form, f.meaning
+
+
+def reference_table() -> str:
+    """The policy-file reference of docs/policies.md, derived from ``FIELDS``."""
+    rows = ["| key | required | default | range / form | meaning |", "|---|---|---|---|---|"]
+    rows += [
+        "|" + "|".join(f" {c} " if c else " " for c in _reference_cell(f)) + "|" for f in FIELDS
+    ]
+    return "\n".join(rows) + "\n"
+
+
 @dataclass(frozen=True)
 class PolicySpec:
     slug: str
@@ -238,44 +415,22 @@ class PolicySpec:
     # SLO, and left out of the stored JSON like timestamp_zone.
     max_backlog_age: str | None = None
 
-    TOP_KEYS = {
-        "slug",
-        "name",
-        "table",
-        "key",
-        "timestamp",
-        "tenant",
-        "retention",
-        "schedule",
-        "timezone",
-        "chunk_size",
-        "keep",
-        "limits",
-        "guard",
-        "catch_up",
-        "overlap",
-        "cascade_ack",
-        "timeouts",
-        "target_chunk_ms",
-        "blast_radius",
-        "max_passes",
-        "vacuum",
-        "owner",
-        "pace_rows_per_s",
-        "timestamp_zone",
-        "slo",
-    }
-
     @classmethod
     def parse(cls, data: dict) -> PolicySpec:
         """Build a spec from a TOML-shaped mapping; raise SpecError naming the first problem."""
         if not isinstance(data, dict):
             raise SpecError("a policy must be a table of keys")
         _no_nul(data, "the policy")
-        _no_unknown(data, cls.TOP_KEYS, "the policy")
-        for required in ("slug", "table", "key", "timestamp", "retention", "schedule"):
+        _no_unknown(data, TOP_KEYS, "the policy")
+        for required in (f.path for f in FIELDS if f.default is REQUIRED):
             if required not in data:
                 raise SpecError(f"missing required key: {required}")
+        sections = {}
+        for section in sorted(SECTIONS):
+            sections[section] = data.get(section, {})
+            if not isinstance(sections[section], dict):
+                raise SpecError(f"{section} must be a table")
+            _no_unknown(sections[section], _keys_of(section), section)
         slug = data["slug"]
         if not isinstance(slug, str) or not _SLUG.fullmatch(slug):
             raise SpecError(f"slug must be lowercase letters, digits and dashes, got {slug!r}")
@@ -315,30 +470,7 @@ class PolicySpec:
         if len(keep_raw) > MAX_KEEP_RULES:
             raise SpecError(f"at most {MAX_KEEP_RULES} keep rules, got {len(keep_raw)}")
         keep = tuple(KeepRule.parse(item, f"keep[{i}]") for i, item in enumerate(keep_raw))
-        limits = data.get("limits", {})
-        if not isinstance(limits, dict):
-            raise SpecError("limits must be a table")
-        _no_unknown(limits, {"policy_workers", "tenant_workers"}, "limits")
-        guard_raw = data.get("guard", {})
-        if not isinstance(guard_raw, dict):
-            raise SpecError("guard must be a table")
-        _no_unknown(guard_raw, set(GUARD_DEFAULTS) | {"probe"}, "guard")
-        guard = dict(GUARD_DEFAULTS)
-        for gkey, gval in guard_raw.items():
-            if gkey == "probe":
-                continue
-            guard[gkey] = _number(gval, f"guard.{gkey}", 0, 10**9, GUARD_DEFAULTS[gkey])
-        probe = guard_raw.get("probe", "default")
-        _choice(probe, "guard.probe", ("default", "none"))
-        timeouts = data.get("timeouts", {})
-        if not isinstance(timeouts, dict):
-            raise SpecError("timeouts must be a table")
-        _no_unknown(timeouts, {"lock_ms", "statement_ms"}, "timeouts")
-        slo = data.get("slo", {})
-        if not isinstance(slo, dict):
-            raise SpecError("slo must be a table")
-        _no_unknown(slo, {"max_backlog_age"}, "slo")
-        max_backlog_age = slo.get("max_backlog_age")
+        max_backlog_age = sections["slo"].get("max_backlog_age")
         if max_backlog_age is not None:
             try:
                 parse_retention(max_backlog_age)
@@ -350,6 +482,16 @@ class PolicySpec:
         cascade = data.get("cascade_ack", [])
         if not isinstance(cascade, list) or not all(isinstance(c, str) for c in cascade):
             raise SpecError('cascade_ack must be a list of "schema.table" names')
+        simple, guard = {}, dict(GUARD_DEFAULTS)
+        for f in FIELDS:
+            if f.kind == "special":
+                continue
+            where = sections[f.section] if f.section else data
+            value = _check(f, where.get(f.key, f.default))
+            if f.attr == "guard":
+                guard[f.key] = value
+            else:
+                simple[f.attr] = value
         spec = cls(
             slug=slug,
             name=name_text.strip(),
@@ -361,27 +503,13 @@ class PolicySpec:
             retention=" ".join(retention.split()),
             schedule=" ".join(data["schedule"].split()),
             timezone=timezone_name,
-            chunk_size=_int(data.get("chunk_size", 5000), "chunk_size", 10, 200_000),
             keep=keep,
-            policy_workers=_int(limits.get("policy_workers", 2), "limits.policy_workers", 1, 64),
-            tenant_workers=_int(limits.get("tenant_workers", 1), "limits.tenant_workers", 1, 64),
             guard=guard,
-            probe=probe,
-            catch_up=_choice(data.get("catch_up", "latest"), "catch_up", CATCH_UP_MODES),
-            overlap=_choice(data.get("overlap", "wait"), "overlap", OVERLAP_MODES),
             cascade_ack=tuple(sorted(cascade)),
-            lock_timeout_ms=_int(timeouts.get("lock_ms", 2000), "timeouts.lock_ms", 10, 600_000),
-            statement_timeout_ms=_int(
-                timeouts.get("statement_ms", 10_000), "timeouts.statement_ms", 100, 3_600_000
-            ),
-            target_chunk_ms=_int(data.get("target_chunk_ms", 300), "target_chunk_ms", 10, 60_000),
-            blast_radius=_number(data.get("blast_radius", 3.0), "blast_radius", 1.0, 1000.0),
-            max_passes=_int(data.get("max_passes", 3), "max_passes", 1, 20),
-            vacuum=_choice(data.get("vacuum", "recommend"), "vacuum", VACUUM_MODES),
-            pace_rows_per_s=_int(data.get("pace_rows_per_s", 0), "pace_rows_per_s", 0, 100_000_000),
             owner=owner.strip(),
             timestamp_zone=timestamp_zone,
             max_backlog_age=max_backlog_age,
+            **simple,
         )
         if spec.tenant_workers > spec.policy_workers:
             raise SpecError("limits.tenant_workers cannot exceed limits.policy_workers")
@@ -411,64 +539,21 @@ class PolicySpec:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def to_toml(self) -> str:
-        """The spec as a policy file; ``load_toml(spec.to_toml())`` gives back an equal spec."""
-
-        def value(v) -> str:
-            if isinstance(v, str):
-                return json.dumps(v, ensure_ascii=False)  # JSON escapes are TOML escapes
-            if isinstance(v, list | tuple):
-                return "[" + ", ".join(value(item) for item in v) + "]"
-            return repr(v)
-
-        lines = [
-            f"slug = {value(self.slug)}",
-            f"name = {value(self.name)}",
-        ]
-        if self.owner:
-            lines.append(f"owner = {value(self.owner)}")
-        lines += [
-            f"table = {value(self.qualified_table)}",
-            f"key = {value(self.key)}",
-            f"timestamp = {value(self.timestamp)}",
-        ]
-        if self.tenant:
-            lines.append(f"tenant = {value(self.tenant)}")
-        lines += [
-            f"retention = {value(self.retention)}",
-            f"schedule = {value(self.schedule)}",
-            f"timezone = {value(self.timezone)}",
-            *([f"timestamp_zone = {value(self.timestamp_zone)}"] if self.timestamp_zone else []),
-            f"chunk_size = {self.chunk_size}",
-            f"catch_up = {value(self.catch_up)}",
-            f"overlap = {value(self.overlap)}",
-            f"cascade_ack = {value(list(self.cascade_ack))}",
-            f"target_chunk_ms = {self.target_chunk_ms}",
-            f"blast_radius = {value(self.blast_radius)}",
-            f"max_passes = {self.max_passes}",
-            f"vacuum = {value(self.vacuum)}",
-        ]
-        if self.pace_rows_per_s:
-            lines.append(f"pace_rows_per_s = {self.pace_rows_per_s}")
-        lines += [
-            "",
-            "[limits]",
-            f"policy_workers = {self.policy_workers}",
-            f"tenant_workers = {self.tenant_workers}",
-            "",
-            "[timeouts]",
-            f"lock_ms = {self.lock_timeout_ms}",
-            f"statement_ms = {self.statement_timeout_ms}",
-            "",
-            "[guard]",
-            f"probe = {value(self.probe)}",
-        ]
-        lines += [f"{name} = {value(self.guard[name])}" for name in sorted(self.guard)]
-        if self.max_backlog_age:
-            lines += ["", "[slo]", f"max_backlog_age = {value(self.max_backlog_age)}"]
-        for rule in self.keep:
-            lines += ["", "[[keep]]"]
-            lines += [f"{k} = {value(v)}" for k, v in rule.to_json().items()]
-        return "\n".join(lines) + "\n"
+        """The spec as a policy file (written by tomli-w from ``FIELDS``);
+        ``load_toml(spec.to_toml())`` gives back an equal spec."""
+        doc: dict = {}
+        for f in FIELDS:
+            value = f.value_of(self)
+            if f.path == "keep" or value is None or value == "":
+                continue
+            if f.path == "pace_rows_per_s" and not value:
+                continue
+            if isinstance(value, tuple):
+                value = list(value)
+            (doc.setdefault(f.section, {}) if f.section else doc)[f.key] = value
+        if self.keep:
+            doc["keep"] = [rule.to_json() for rule in self.keep]
+        return tomli_w.dumps(doc)
 
     def content_hash(self) -> str:
         canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"), default=str)

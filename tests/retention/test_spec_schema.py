@@ -1,0 +1,65 @@
+"""The policy's fields are declared once (retention.spec.FIELDS); the parser's keys, the
+TOML writer, the diff and the reference in docs/policies.md all follow the declaration."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from retention.diff import flatten
+from retention.spec import FIELDS, PolicySpec, SpecError, load_toml, reference_table
+
+from .conftest import policy_toml
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "policies.md"
+
+
+def test_the_reference_in_docs_policies_md_is_the_declared_schema():
+    text = DOC.read_text()
+    match = re.search(r"<!-- reference:[^\n]*-->\n(.*?)<!-- /reference -->", text, re.S)
+    assert match, "docs/policies.md lost its generated reference markers"
+    assert match.group(1) == reference_table(), (
+        "docs/policies.md's reference differs from retention.spec.FIELDS; "
+        "paste retention.spec.reference_table() between the markers"
+    )
+
+
+def test_every_attribute_of_a_spec_is_declared_and_every_declared_key_is_parsed():
+    declared = {f.attr for f in FIELDS} | {"schema"}  # "table" fills schema and table
+    assert {f.name for f in dataclasses.fields(PolicySpec)} == declared
+    spec = load_toml(policy_toml())
+    # every declared key with a simple check is refused when out of its declared form
+    for f in FIELDS:
+        if f.kind == "special":
+            continue
+        section, key = (f.section, f.key) if f.section else (None, f.path)
+        bad = '"?"' if f.kind != "choice" else '"nope"'
+        tables = f"[{section}]\n{key} = {bad}\n" if section else ""
+        overrides = {} if section else {key: bad}
+        with pytest.raises(SpecError, match=re.escape(f.path)):
+            load_toml(policy_toml(tables=tables, **overrides))
+    assert spec.chunk_size == 500
+
+
+def test_the_toml_writer_and_the_diff_cover_every_declared_key():
+    spec = load_toml(
+        policy_toml(
+            owner='"ops"',
+            timestamp_zone='"UTC"',
+            pace_rows_per_s="100",
+            cascade_ack='["public.b", "public.a"]',
+            tables='[slo]\nmax_backlog_age = "2 days"\n[[keep]]\ncolumn = "status"\nop = "is null"\n',
+        )
+    )
+    written = tomllib.loads(spec.to_toml())
+    for f in FIELDS:
+        place = written.get(f.section, {}) if f.section else written
+        assert f.key in place, f"{f.path} missing from the written TOML"
+    assert load_toml(spec.to_toml()) == spec
+    rows = flatten(spec)
+    assert {f.path for f in FIELDS if f.path != "keep"} <= set(rows)
+    assert rows["timestamp_zone"] == "UTC" and rows["keep[0]"] == "status is null"
