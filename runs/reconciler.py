@@ -21,7 +21,7 @@ from psycopg import sql
 from core import locks, timeouts
 from retention import predicate as P
 from retention.models import KillSwitch, Policy
-from retention.schedule_math import latest_tick, ticks_between
+from retention.schedule_math import latest_tick
 from runs import dispatch
 from runs.models import Chunk, DeadLetter, Run
 
@@ -261,14 +261,25 @@ def catch_up(policy: Policy, now) -> Run | None:
         Run.objects.filter(policy=policy).order_by("-tick").values_list("tick", flat=True).first()
     )
     start = max(filter(None, [last, since]))
-    skipped = [
-        t for t in ticks_between(policy, start, newest, limit=MAX_SKIPPED_RECORDED) if t != newest
-    ]
+    skipped = _ticks_before(policy, newest, after=start, limit=MAX_SKIPPED_RECORDED)
     run, _ = trigger_run(
         policy, tick=newest, source="catch-up", actor="reconciler",
         skipped_ticks=[t.isoformat() for t in skipped],
     )  # fmt: skip
     return run
+
+
+def _ticks_before(policy: Policy, newest, *, after, limit: int) -> list:
+    """The ticks in (after, newest), oldest first — the newest ``limit`` of them when there are
+    more (after a long outage the recent ones are the ones worth recording)."""
+    out = []
+    tick = newest
+    for _ in range(limit):
+        tick = latest_tick(policy, tick - timedelta(microseconds=1))
+        if tick <= after:
+            break
+        out.append(tick)
+    return out[::-1]
 
 
 def prune_own_tables(now) -> dict:
