@@ -16,8 +16,7 @@ from psycopg import sql
 from core import timeouts
 from core.formatting import duration as _human
 from retention import predicate as P
-from retention.schedule_math import next_tick
-from runs.models import AuditRecord, Run
+from runs.models import AuditRecord, Chunk, Run
 from runs.progress import progress_for
 
 RATE_WINDOW = timedelta(minutes=10)
@@ -48,32 +47,32 @@ CACHE_SECONDS = 15
 
 
 def drain_window(policy, *, fresh: bool = False) -> dict:
-    """The policy's drain window, computed at most every CACHE_SECONDS (the overview polls it;
-    the counts behind it read the target table). ``fresh`` bypasses the cache."""
+    """The policy's drain window. The counts behind it read the target table, so they are
+    measured at most every CACHE_SECONDS (the overview polls; ``fresh`` bypasses the cache);
+    the verdict and its sentence are judged on every call, as of now, from the run's current
+    state and chunks and the tick the schedule is armed for — the same tick the page shows."""
     from django.core.cache import cache
 
     key = f"retention:drain-window:{policy.pk}:{policy.created_at.timestamp()}"
-    if not fresh:
-        cached = cache.get(key)
-        if cached is not None:
-            return cached
-    result = _drain_window(policy)
-    cache.set(key, result, CACHE_SECONDS)
-    return result
+    measured = None if fresh else cache.get(key)
+    if measured is None:
+        measured = _measure(policy)
+        cache.set(key, measured, CACHE_SECONDS)
+    return _judge(policy, measured, timezone.now())
 
 
-def _drain_window(policy) -> dict:
-    """``{"backlog_rows", "oldest_eligible_age_s", "overdue_s", "inflow_per_day", "rows_per_s", "eta_s",
-    "next_tick", "verdict": "converges"|"at risk"|"idle"|"unknown", "explanation"}``."""
+def _measure(policy) -> dict:
+    """The slow part: the target table's oldest eligible row, a day's inflow, the eligible
+    count, and the observed rate."""
     now = timezone.now()
     out = {
-        "backlog_rows": None, "oldest_eligible_age_s": None, "overdue_s": None, "inflow_per_day": None,
-        "rows_per_s": None, "eta_s": None, "next_tick": None, "verdict": "unknown", "explanation": "",
+        "oldest_eligible_age_s": None, "overdue_s": None, "inflow_per_day": None,
+        "table_backlog": None, "rows_per_s": None, "version": None,
     }  # fmt: skip
     version = policy.approved_version
     if version is None:
-        out["explanation"] = "no approved version"
         return out
+    out["version"] = version.pk
     spec = version.parsed
     cutoff_now = spec.cutoff_for(now)  # wall-clock days, like a run's
     where = P.eligible(spec, policy_id=policy.id, cutoff=cutoff_now)
@@ -96,44 +95,100 @@ def _drain_window(policy) -> dict:
         sql.SQL("{} AND {} >= %s").format(tomorrow.sql, ts), [*tomorrow.params, cutoff_now]
     )
     out["inflow_per_day"] = _one(P.count_where(spec, day))
-    run = Run.objects.filter(policy=policy).order_by("-tick", "-id").first()
-    if (
-        run is not None
-        and not run.is_terminal
-        and (run.planner_done or run.expected_rows is not None)
-    ):
-        p = progress_for([run.pk], now=now)[run.pk]
-        out["backlog_rows"] = max(0, p.rows_expected - p.rows_deleted)
-    else:
-        out["backlog_rows"] = _one(P.count_where(spec, where, limit=10_000_000), timeout_ms=5000)
+    out["table_backlog"] = _one(P.count_where(spec, where, limit=10_000_000), timeout_ms=5000)
     rate = observed_rate(policy, now)
     out["rows_per_s"] = round(rate, 1) if rate else None
-    upcoming = next_tick(policy, now)
+    return out
+
+
+def _armed_tick(policy):
+    """The tick the policy's trigger schedule is armed for (what the pages show as "Next
+    tick"); None when it has no schedule."""
+    from django_q.models import Schedule
+
+    from runs.schedules import schedule_name
+
+    return (
+        Schedule.objects.filter(name=schedule_name(policy))
+        .values_list("next_run", flat=True)
+        .first()
+    )
+
+
+def _judge(policy, measured: dict, now) -> dict:
+    """``{"backlog_rows", "pending_chunks", "oldest_eligible_age_s", "overdue_s",
+    "inflow_per_day", "rows_per_s", "eta_s", "next_tick", "verdict":
+    "converges"|"at risk"|"idle"|"paused"|"stopped"|"unknown", "explanation"}``."""
+    from retention.models import KillSwitch
+
+    out = {
+        "backlog_rows": None, "pending_chunks": 0, "eta_s": None, "next_tick": None,
+        "verdict": "unknown", "explanation": "",
+        **{k: measured[k] for k in ("oldest_eligible_age_s", "overdue_s", "inflow_per_day", "rows_per_s")},
+    }  # fmt: skip
+    if measured["version"] is None:
+        out["explanation"] = "no approved version"
+        return out
+    run = Run.objects.filter(policy=policy).order_by("-tick", "-id").first()
+    if run is not None and not run.is_terminal:
+        p = progress_for([run.pk], now=now)[run.pk]
+        out["pending_chunks"] = p.chunks[Chunk.State.PENDING]
+        if run.planner_done or run.expected_rows is not None:
+            out["backlog_rows"] = max(0, p.rows_expected - p.rows_deleted, p.rows_pending)
+        else:
+            out["backlog_rows"] = p.rows_pending or measured["table_backlog"]
+    else:
+        out["backlog_rows"] = measured["table_backlog"]
+    upcoming = _armed_tick(policy)
     out["next_tick"] = upcoming
-    window_s = (upcoming - now).total_seconds()
-    backlog = out["backlog_rows"]
-    if backlog == 0:
+    backlog, pending, rate = out["backlog_rows"], out["pending_chunks"], measured["rows_per_s"]
+    waiting = (
+        f"{pending:,} chunks pending (~{backlog:,} rows)"
+        if pending
+        else f"~{backlog or 0:,} rows eligible"
+    )
+    stopped = None
+    if run is not None and run.state == Run.State.PAUSED:
+        out["verdict"], stopped = "paused", f"run {run.run_key} is paused"
+    elif policy.paused:
+        out["verdict"], stopped = "paused", f"policy {policy.slug} is paused"
+    elif KillSwitch.is_on() and (pending or backlog):
+        out["verdict"], stopped = "stopped", "the kill switch is on"
+    elif run is not None and run.state == Run.State.CONFIRM:
+        out["verdict"], stopped = "stopped", f"run {run.run_key} is held for confirmation"
+    elif run is not None and run.state == Run.State.ATTENTION:
+        out["verdict"], stopped = "stopped", f"run {run.run_key} needs attention"
+    if stopped:
+        out["explanation"] = f"{stopped} with {waiting}; nothing is deleted until it goes on"
+        return out
+    if upcoming is None:
+        window_s = None
+        tick_text = "no tick is scheduled"
+    else:
+        window_s = max(0.0, (upcoming - now).total_seconds())
+        tick_text = f"the next tick is in {_human(window_s)}"
+    if backlog == 0 and not pending:
         out["verdict"], out["eta_s"] = "idle", 0
         out["explanation"] = "nothing eligible is waiting"
     elif backlog is None:
         out["explanation"] = "backlog could not be counted in time"
     elif not rate:
-        out["explanation"] = "no deletions in the last ten minutes to measure a rate"
+        out["explanation"] = f"{waiting}; no deletions in the last ten minutes to measure a rate"
     else:
         out["eta_s"] = round(backlog / rate)
         inflow = out["inflow_per_day"] or 0
         keeps_up = rate * 86400 >= inflow
-        if out["eta_s"] <= window_s and keeps_up:
+        if keeps_up and (window_s is None or out["eta_s"] <= window_s):
             out["verdict"] = "converges"
             out["explanation"] = (
-                f"{backlog:,} rows at {rate:,.0f}/s clear in {_human(out['eta_s'])}, before the next tick in {_human(window_s)}"
+                f"{waiting} at {rate:,.0f}/s clear in {_human(out['eta_s'])}; {tick_text}"
             )
         else:
             out["verdict"] = "at risk"
             why = (
-                f"needs {_human(out['eta_s'])} but the next tick is in {_human(window_s)}"
+                f"needs {_human(out['eta_s'])} but {tick_text}"
                 if keeps_up
                 else f"{inflow:,} rows/day become eligible, faster than {rate * 86400:,.0f}/day are deleted"
             )
-            out["explanation"] = f"{backlog:,} rows at {rate:,.0f}/s: {why}"
+            out["explanation"] = f"{waiting} at {rate:,.0f}/s: {why}"
     return out

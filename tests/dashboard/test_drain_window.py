@@ -1,0 +1,65 @@
+"""The drain-window line agrees with the rest of the page: the next tick it names is the
+one the schedule is armed for, as of the request; a paused run's pending chunks are a
+backlog, never "nothing eligible"."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+from django_q.models import Schedule
+
+from runs.actions import pause_run
+from runs.forecast import drain_window
+from runs.models import Chunk
+from runs.schedules import schedule_name
+
+from .test_overview import card_of
+
+pytestmark = pytest.mark.django_db
+
+
+def _arm(policy, seconds: float) -> None:
+    Schedule.objects.update_or_create(
+        name=schedule_name(policy),
+        defaults={
+            "func": "runs.tasks.trigger_scheduled",
+            "next_run": timezone.now() + timedelta(seconds=seconds),
+            "repeats": 1,
+        },
+    )
+
+
+def test_the_window_names_the_armed_next_tick_as_of_the_request(client_for, run):
+    _arm(run.policy, 2)
+    first = drain_window(run.policy, fresh=True)
+    assert re.search(r"next tick (is )?in [12]s", first["explanation"]), first["explanation"]
+    _arm(run.policy, 9.5 * 60)  # the tick fired and the schedule was re-armed for the next
+    again = drain_window(run.policy)  # within the cache lifetime of the first reading
+    assert re.search(r"next tick (is )?in 9m", again["explanation"]), again["explanation"]
+    card = card_of(client_for("viewer").get(reverse("home")).content.decode(), "events")
+    assert "9\xa0minutes" in card  # the "Next tick" line beside it says the same
+    assert re.search(r"next tick (is )?in 9m", card)
+    assert not re.search(r"next tick (is )?in [12]s", card)
+
+
+def test_a_paused_run_with_pending_chunks_is_not_idle(client_for, run, users):
+    pending = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).count()
+    assert pending > 0
+    deleted = run.chunk_totals()["rows_deleted"]
+    run.expected_rows = deleted  # an estimate already reached (a capped count)
+    run.save(update_fields=["expected_rows"])
+    pause_run(run, actor=users["oncall"], reason="looking at replica lag")
+    window = drain_window(run.policy)
+    assert window["verdict"] == "paused", window
+    assert f"{pending} chunks pending" in window["explanation"]
+    assert "nothing eligible" not in window["explanation"]
+    card = card_of(client_for("viewer").get(reverse("home")).content.decode(), "events")
+    assert "nothing eligible" not in card
+    assert f"{pending} chunks pending" in card
+    page = client_for("viewer").get(reverse("runs:detail", args=[run.pk])).content.decode()
+    assert "nothing eligible" not in page
+    assert f"{pending} chunks pending" in page
