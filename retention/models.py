@@ -172,6 +172,21 @@ class KillSwitch(models.Model):
     def __str__(self) -> str:
         return f"kill switch {self.name}: {'on' if self.on else 'off'}"
 
+    @property
+    def decision_state(self) -> str:
+        return "on" if self.on else "off"
+
+    @property
+    def decision_token(self) -> str:
+        return decision_token(self)
+
+    def describe(self) -> str:
+        if not self.on:
+            return "off" + (
+                f" (turned off by {self.changed_by}: {self.reason})" if self.changed_by else ""
+            )
+        return f"ON (turned on by {self.changed_by}: {self.reason})"
+
     @classmethod
     def is_on(cls) -> bool:
         return cls.objects.filter(name="global", on=True).exists()
@@ -197,6 +212,32 @@ class OperatorAction(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_type}:{self.target_id}"
+
+
+def decision_token(target) -> str:
+    """What a control was rendered for: the target's state and the chain position of the
+    latest operator action on it (``paused:42``). A form posts it back as ``expected``; the
+    action refuses when the target has moved on since (``check_decision``), so a stale page
+    never silently overwrites a newer decision."""
+    from django.db.models import Max
+
+    seq = OperatorAction.objects.filter(
+        target_type=target._meta.model_name, target_id=str(target.pk)
+    ).aggregate(m=Max("chain_seq"))["m"]
+    return f"{target.decision_state}:{seq or 0}"
+
+
+def check_decision(target, expected: str | None, *, now_is: str) -> None:
+    """Refuse (``ActionError``) when ``expected`` was posted and the target's decision token
+    no longer matches it; call with the target's row locked. ``now_is`` describes the current
+    state for the message."""
+    from retention.actions import ActionError
+
+    if expected is not None and expected != decision_token(target):
+        raise ActionError(
+            f"it changed since the page was loaded; it is now {now_is}. Nothing was changed: "
+            "reload and decide again"
+        )
 
 
 ACTION_FIELDS = ("chain_seq", "at", "actor", "action", "target_type", "target_id", "reason")

@@ -13,7 +13,7 @@ from core.locks import decision_fence
 from core.roles import ONCALL, check_role
 from retention import predicate as P
 from retention.actions import ActionError, require_reason
-from retention.models import KillSwitch, Policy, record_action
+from retention.models import KillSwitch, Policy, check_decision, record_action
 from retention.schedule_math import period_label
 from runs import dispatch
 from runs.models import Chunk, DeadLetter, Run
@@ -191,6 +191,14 @@ def _rows_deleted(run: Run) -> int:
     return progress_for([run.pk], now=timezone.now())[run.pk].rows_deleted
 
 
+def _check_run_decision(run: Run, expected: str | None) -> None:
+    """A control posted from a page rendered for an older state of the run is refused."""
+    try:
+        check_decision(run, expected, now_is=run.describe())
+    except ActionError as exc:
+        raise ActionError(f"run {run.run_key} {exc}") from None
+
+
 def _set_state(run: Run, state: str, reason: str) -> None:
     run.state = state
     run.state_reason = reason
@@ -213,10 +221,12 @@ def start_run(run: Run, *, actor, reason: str = "") -> Run:
 
 
 @transaction.atomic
-def confirm_run(run: Run, *, actor, reason: str) -> Run:
+def confirm_run(run: Run, *, actor, reason: str, expected: str | None = None) -> Run:
     """Let a run held by the blast-radius guard start."""
     _check_oncall(actor)
     reason = require_reason(reason, "confirming a run")
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    _check_run_decision(run, expected)
     if run.state != Run.State.CONFIRM:
         raise ActionError(f"run {run.run_key} is {run.state}, not held for confirmation")
     record_action(actor, "run.confirm", run, reason=reason)
@@ -224,12 +234,13 @@ def confirm_run(run: Run, *, actor, reason: str) -> Run:
 
 
 @transaction.atomic
-def pause_run(run: Run, *, actor, reason: str) -> Run:
+def pause_run(run: Run, *, actor, reason: str, expected: str | None = None) -> Run:
     """Stop admitting new chunks of the run; a chunk transaction in flight finishes."""
     _check_oncall(actor)
     reason = require_reason(reason, "pausing a run")
     decision_fence(run.policy_id)  # chunks in flight commit first; none starts after the pause
     run = Run.objects.select_for_update().get(pk=run.pk)
+    _check_run_decision(run, expected)
     if run.state not in (Run.State.ACTIVE, Run.State.ATTENTION):
         raise ActionError(f"run {run.run_key} is {run.state}; only an active run can be paused")
     run.state, run.state_reason = Run.State.PAUSED, f"paused by {_actor_name(actor)}: {reason}"
@@ -239,11 +250,12 @@ def pause_run(run: Run, *, actor, reason: str) -> Run:
 
 
 @transaction.atomic
-def resume_run(run: Run, *, actor, reason: str) -> Run:
+def resume_run(run: Run, *, actor, reason: str, expected: str | None = None) -> Run:
     """Resume the same run (same key, cutoff and chunks) where it stood."""
     _check_oncall(actor)
     reason = require_reason(reason, "resuming a run")
     run = Run.objects.select_for_update().get(pk=run.pk)
+    _check_run_decision(run, expected)
     if run.state not in (Run.State.PAUSED, Run.State.ATTENTION):
         raise ActionError(
             f"run {run.run_key} is {run.state}; only a paused run or one needing attention can resume"
@@ -256,12 +268,13 @@ def resume_run(run: Run, *, actor, reason: str) -> Run:
 
 
 @transaction.atomic
-def cancel_run(run: Run, *, actor, reason: str) -> Run:
+def cancel_run(run: Run, *, actor, reason: str, expected: str | None = None) -> Run:
     """End the run for good: pending chunks are cancelled; what was deleted stays audited."""
     _check_oncall(actor)
     reason = require_reason(reason, "cancelling a run")
     decision_fence(run.policy_id)  # chunks in flight commit first; none starts after the cancel
     run = Run.objects.select_for_update().get(pk=run.pk)
+    _check_run_decision(run, expected)
     if run.is_terminal:
         raise ActionError(f"run {run.run_key} is already {run.state}")
     cancelled = Chunk.objects.pending().filter(run=run).update(state=Chunk.State.CANCELLED)
@@ -353,13 +366,17 @@ def discard_dead_letter(letter: DeadLetter, *, actor, reason: str) -> DeadLetter
 
 
 @transaction.atomic
-def set_kill_switch(on: bool, *, actor, reason: str) -> KillSwitch:
+def set_kill_switch(on: bool, *, actor, reason: str, expected: str | None = None) -> KillSwitch:
     """Flip the global kill switch. On: no chunk is admitted anywhere. Off: leases restart."""
     _check_oncall(actor)
     reason = require_reason(reason, "switching the kill switch")
     if on:
         decision_fence()  # every chunk in flight commits first; none starts after the switch
     switch, _ = KillSwitch.objects.select_for_update().get_or_create(name="global")
+    try:
+        check_decision(switch, expected, now_is=switch.describe())
+    except ActionError as exc:
+        raise ActionError(f"the kill switch {exc}") from None
     switch.on, switch.reason, switch.changed_by, switch.changed_at = (
         on,
         reason,

@@ -61,6 +61,20 @@ class Run(models.Model):
         return self.run_key
 
     @property
+    def decision_state(self) -> str:
+        return self.state
+
+    @property
+    def decision_token(self) -> str:
+        from retention.models import decision_token
+
+        return decision_token(self)
+
+    def describe(self) -> str:
+        reason = f" ({self.state_reason})" if self.state_reason else ""
+        return f"{self.get_state_display()}{reason}"
+
+    @property
     def is_terminal(self) -> bool:
         return self.state in self.TERMINAL
 

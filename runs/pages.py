@@ -145,6 +145,7 @@ def overview_context(request) -> dict:
         "filter_errors": read.errors,
         "kill_switch": switch,
         "kill_switch_on": bool(switch and switch.on),
+        "kill_switch_token": switch.decision_token if switch else "off:0",
         "broker": broker,
         "now": now,
     }

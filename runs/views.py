@@ -58,8 +58,10 @@ def _filter_errors(request, read: QueryFilters) -> int:
 def _perform(request, func, target, *, label: str) -> None:
     """Call an action with the posted reason; report the outcome as a message."""
     reason = request.POST.get("reason", "").strip()
+    expected = request.POST.get("expected")  # the state the form was rendered for
+    extra = {"expected": expected} if expected else {}
     try:
-        func(target, actor=request.user, reason=reason)
+        func(target, actor=request.user, reason=reason, **extra)
     except actions.ActionError as exc:
         messages.error(request, f"{label} refused: {exc}")
     else:
@@ -160,7 +162,9 @@ def kill_switch(request):
     on = request.POST.get("on") == "1"
     reason = request.POST.get("reason", "").strip()
     try:
-        actions.set_kill_switch(on, actor=request.user, reason=reason)
+        actions.set_kill_switch(
+            on, actor=request.user, reason=reason, expected=request.POST.get("expected") or None
+        )
     except actions.ActionError as exc:
         messages.error(request, f"Kill switch unchanged: {exc}")
     else:
