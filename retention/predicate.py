@@ -10,8 +10,10 @@ Python beforehand.
 from __future__ import annotations
 
 import zoneinfo
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from psycopg import sql
 
@@ -209,17 +211,70 @@ def null_rows(spec: PolicySpec, *, cutoff: datetime, nullable=None) -> Fragment 
     return Fragment(sql.SQL("({})").format(joined.sql), joined.params)
 
 
-def eligible(
-    spec: PolicySpec, *, policy_id: int, cutoff: datetime, include_holds: bool = True
+class Scope(NamedTuple):
+    """One tenant's key interval [key_from, key_to); ``key_to`` None: to the end of the keys."""
+
+    tenant: str | None
+    key_from: int | None
+    key_to: int | None
+
+
+def outside_scopes(
+    spec: PolicySpec, scopes: Sequence[Scope], *, types: dict | None = None
 ) -> Fragment:
-    """Older than the cutoff, key and tenant not NULL, not kept, and (unless told otherwise)
-    not held. The planner (holds left out), the DELETE and verification all use this."""
+    """In none of ``scopes`` (TRUE when there are none): the run's discarded scopes, left out of
+    its later passes, their DELETEs and its verification.
+
+    One ``NOT EXISTS`` over a ``VALUES`` list, top-level like ``held``: an anti-join that leaves
+    the chunk's key-range index scan alone (a ``NOT (s1 OR s2 ...)`` filter skews the row
+    estimate and pushes the planner to combine indexes). The tenant is compared in the
+    column's own type, as in ``held``."""
+    if not scopes:
+        return Fragment(sql.SQL("TRUE"), [])
+    d = sql.Identifier("d")
+    if not spec.tenant:
+        tenant_match = sql.SQL("TRUE")
+    else:
+        types = column_types(spec) if types is None else types
+        ctype = types.get(spec.tenant)
+        if ctype is None:  # the column is gone: the statement fails on it, as it should
+            tenant_match = sql.SQL("{}.tenant = {}::text").format(d, col(spec.tenant))
+        else:
+            tenant_match = sql.SQL("{} = ({}.tenant::{}){}").format(
+                col(spec.tenant), d, ctype.cast(), ctype.collate()
+            )
+    rows = sql.SQL(", ").join(sql.SQL("(%s::text, %s::bigint, %s::bigint)") for _ in scopes)
+    params = [
+        x for s in scopes for x in ((s.tenant if spec.tenant else None), s.key_from, s.key_to)
+    ]
+    text = sql.SQL(
+        "NOT EXISTS (SELECT 1 FROM (VALUES {rows}) AS {d} (tenant, key_from, key_to)"
+        " WHERE ({d}.tenant IS NULL OR {tenant_match})"
+        " AND ({d}.key_from IS NULL OR {key} >= {d}.key_from)"
+        " AND ({d}.key_to IS NULL OR {key} < {d}.key_to))"
+    ).format(rows=rows, d=d, tenant_match=tenant_match, key=col(spec.key))
+    return Fragment(text, params)
+
+
+def eligible(
+    spec: PolicySpec,
+    *,
+    policy_id: int,
+    cutoff: datetime,
+    include_holds: bool = True,
+    outside: Sequence[Scope] = (),
+) -> Fragment:
+    """Older than the cutoff, key and tenant not NULL, not kept, outside the run's discarded
+    scopes (``outside``), and (unless told otherwise) not held. The planner (holds left out),
+    the DELETE and verification all use this."""
     types = column_types(spec)
     parts = [
         older_than(spec, cutoff, types=types),
         has_values(spec),
         not_kept(spec),
     ]
+    if outside:
+        parts.append(outside_scopes(spec, outside, types=types))
     if include_holds:
         h = held(spec, policy_id, types=types)
         parts.append(Fragment(sql.SQL("NOT {}").format(h.sql), h.params))
@@ -250,10 +305,12 @@ def delete_chunk(
     tenant: str | None,
     key_from: int,
     key_to: int,
+    outside: Sequence[Scope] = (),
 ) -> Fragment:
-    """The chunk's DELETE: its immutable scope plus the full eligibility predicate."""
+    """The chunk's DELETE: its immutable scope plus the full eligibility predicate (the run's
+    discarded scopes excluded, when a chunk of a later pass spans one)."""
     scope = in_scope(spec, tenant=tenant, key_from=key_from, key_to=key_to)
-    cond = eligible(spec, policy_id=policy_id, cutoff=cutoff)
+    cond = eligible(spec, policy_id=policy_id, cutoff=cutoff, outside=outside)
     return Fragment(
         sql.SQL("DELETE FROM {} WHERE {} AND {}").format(table(spec), scope.sql, cond.sql),
         scope.params + cond.params,

@@ -16,7 +16,7 @@ from retention.actions import ActionError, require_reason
 from retention.models import KillSwitch, Policy, check_decision, record_action
 from retention.schedule_math import period_label
 from runs import dispatch
-from runs.models import Chunk, DeadLetter, Run
+from runs.models import MAX_DISCARDED_SCOPES, Chunk, DeadLetter, Run
 from runs.progress import progress_for
 
 BLAST_RADIUS_FLOOR = 10_000  # below this many rows a run never needs confirmation
@@ -346,10 +346,23 @@ def replay_dead_letter(letter: DeadLetter, *, actor, reason: str) -> Chunk | Non
 
 @transaction.atomic
 def discard_dead_letter(letter: DeadLetter, *, actor, reason: str) -> DeadLetter:
-    """Give up on the chunk: it stays dead, its rows stay; the decision is on record."""
+    """Give up on the chunk: it stays dead, its rows stay; the decision is on record. Its scope
+    is left out of the run's later passes, their DELETEs and its verification; a run excludes
+    at most ``MAX_DISCARDED_SCOPES`` scopes, so discarding one more is refused (cancel the run,
+    or remove the cause and replay)."""
     letter = _resolve_open_letter(
         letter, DeadLetter.Resolution.DISCARDED, actor=actor, reason=reason
     )
+    if letter.run_id is not None and letter.chunk_id is not None:
+        list(Run.objects.select_for_update().filter(pk=letter.run_id))  # serializes discards
+        discarded = DeadLetter.objects.filter(
+            run_id=letter.run_id, resolution=DeadLetter.Resolution.DISCARDED
+        ).exclude(chunk=None)
+        if discarded.count() > MAX_DISCARDED_SCOPES:  # this one included: raising undoes it
+            raise ActionError(
+                f"run #{letter.run_id} already excludes {MAX_DISCARDED_SCOPES} discarded scopes,"
+                " the most a run can: cancel the run, or remove the cause and replay"
+            )
     record_action(actor, "dead_letter.discard", letter, reason=reason, chunk=letter.chunk_id)
     run = letter.run
     if (

@@ -267,6 +267,30 @@ class DeadLetter(models.Model):
         return f"dead letter #{self.pk} ({self.error_class})"
 
 
+MAX_DISCARDED_SCOPES = 200  # a run excludes at most this many; discarding one more is refused
+
+
+def discarded_letters(run: Run):
+    """The run's discarded chunk dead letters, oldest first (at most ``MAX_DISCARDED_SCOPES``)."""
+    return (
+        DeadLetter.objects.filter(run=run, resolution=DeadLetter.Resolution.DISCARDED)
+        .exclude(chunk=None)
+        .select_related("chunk")
+        .order_by("id")[:MAX_DISCARDED_SCOPES]
+    )
+
+
+def discarded_scopes(run: Run) -> list:
+    """The scopes (tenant, key interval) an operator gave up on: the run's later passes, their
+    DELETEs and its verification leave them out (``predicate.outside_scopes``)."""
+    from retention.predicate import Scope
+
+    return [
+        Scope(letter.chunk.tenant, letter.chunk.key_from, letter.chunk.key_to)
+        for letter in discarded_letters(run)
+    ]
+
+
 class Lease(models.Model):
     """A run's delivery slot: one django-q2 message drains chunks of the run for a time budget,
     then re-enqueues itself. The reconciler keeps ``slot < concurrency`` leases alive."""

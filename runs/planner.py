@@ -21,7 +21,7 @@ from psycopg import sql
 from core import locks, timeouts
 from retention import predicate as P
 from retention.spec import PolicySpec
-from runs.models import Chunk, PlannerCursor, Run
+from runs.models import Chunk, PlannerCursor, Run, discarded_scopes
 
 LEDGER_KEY_MAX = 2**63 - 1  # chunk bounds are stored as bigint
 
@@ -49,9 +49,12 @@ def _fetchall(frag: P.Fragment):
         return cur.fetchall()
 
 
-def _planning_filter(run: Run, spec: PolicySpec) -> P.Fragment:
-    # Holds are left to the DELETE (they may change while the run goes on).
-    return P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff, include_holds=False)
+def _planning_filter(run: Run, spec: PolicySpec, outside) -> P.Fragment:
+    # Holds are left to the DELETE (they may change while the run goes on); discarded scopes
+    # are never planned again.
+    return P.eligible(
+        spec, policy_id=run.policy_id, cutoff=run.cutoff, include_holds=False, outside=outside
+    )
 
 
 def tenants_query(spec: PolicySpec) -> P.Fragment:
@@ -72,9 +75,11 @@ def tenants(spec: PolicySpec) -> list[str]:
     return [row[0] for row in _fetchall(tenants_query(spec))]
 
 
-def bounds_query(run_policy_id: int, cutoff, spec: PolicySpec) -> P.Fragment:
-    """First and last eligible key (holds left to the DELETE)."""
-    where = P.eligible(spec, policy_id=run_policy_id, cutoff=cutoff, include_holds=False)
+def bounds_query(run_policy_id: int, cutoff, spec: PolicySpec, outside=()) -> P.Fragment:
+    """First and last eligible key (holds left to the DELETE; ``outside``: discarded scopes)."""
+    where = P.eligible(
+        spec, policy_id=run_policy_id, cutoff=cutoff, include_holds=False, outside=outside
+    )
     key = P.col(spec.key)
     return P.Fragment(
         sql.SQL("SELECT min({k}), max({k}) FROM {tbl} WHERE {w}").format(
@@ -101,7 +106,7 @@ def ensure_cursors(run: Run, spec: PolicySpec) -> None:
         locks.xact_lock(locks.PLANNER, run.id)
         if PlannerCursor.objects.filter(run=run, pass_no=run.pass_no).exists():
             return
-        lo, hi = _fetchone(bounds_query(run.policy_id, run.cutoff, spec))
+        lo, hi = _fetchone(bounds_query(run.policy_id, run.cutoff, spec, discarded_scopes(run)))
         if lo is None:
             PlannerCursor.objects.create(run=run, pass_no=run.pass_no, tenant="", exhausted=True)
             return
@@ -142,7 +147,7 @@ def _plan_chunk(run: Run, spec: PolicySpec, cursor: PlannerCursor, chunk_size: i
     scope = P.in_scope(
         spec, tenant=tenant, key_from=cursor.next_key, key_to=exclusive_end(cursor.bound_key)
     )
-    where = P.Fragment.join([scope, _planning_filter(run, spec)], " AND ")
+    where = P.Fragment.join([scope, _planning_filter(run, spec, discarded_scopes(run))], " AND ")
     key = P.col(spec.key)
     row = _fetchone(step_query(spec, where, chunk_size))
     if row is not None:

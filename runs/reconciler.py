@@ -23,7 +23,7 @@ from retention import predicate as P
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import latest_tick
 from runs import dispatch
-from runs.models import Chunk, DeadLetter, Run
+from runs.models import Chunk, DeadLetter, Run, discarded_letters, discarded_scopes
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +39,21 @@ def _count(frag: P.Fragment) -> int:
 
 
 def verify(run: Run, *, limit: int = 100_000) -> dict:
-    """Eligible rows still present under the run's cutoff (kept and held rows excluded),
-    and rows deferred by legal holds. Counts stop at ``limit``."""
+    """Eligible rows still present under the run's cutoff (kept and held rows, and the run's
+    discarded scopes, excluded: the same predicate its later passes plan and delete by), rows
+    deferred by legal holds, and the rows left in each discarded scope. Counts stop at ``limit``."""
     spec = run.policy_version.parsed
+    outside = discarded_scopes(run)
     remaining = _count(
         P.count_where(
-            spec, P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff), limit=limit
+            spec,
+            P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff, outside=outside),
+            limit=limit,
         )
     )
-    not_held = P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff, include_holds=False)
+    not_held = P.eligible(
+        spec, policy_id=run.policy_id, cutoff=run.cutoff, include_holds=False, outside=outside
+    )
     held = P.held(spec, run.policy_id)
     deferred = _count(
         P.count_where(
@@ -58,11 +64,10 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
             limit=limit,
         )
     )
-    discarded = discarded_scopes(run, spec)
     return {
-        "remaining": max(0, remaining - sum(d["rows"] for d in discarded)),
+        "remaining": remaining,
         "deferred_by_holds": deferred,
-        "discarded": discarded,
+        "discarded": discarded_report(run, spec),
         "not_eligible_null": null_count(spec, run.cutoff, limit=limit),
         "limit": limit,
         "checked_at": timezone.now().isoformat(),
@@ -70,17 +75,12 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
     }
 
 
-def discarded_scopes(run: Run, spec, *, max_scopes: int = 200) -> list[dict]:
-    """Eligible rows left in the scopes of the run's discarded dead letters: an operator gave
-    up on them, so they do not count as remaining; verification reports them, by whom, why."""
+def discarded_report(run: Run, spec) -> list[dict]:
+    """Eligible rows left in each of the run's discarded scopes (``models.discarded_letters``,
+    at most ``MAX_DISCARDED_SCOPES``): an operator gave up on them, so verification does not
+    count them as remaining; it reports them, by whom, why."""
     out = []
-    letters = (
-        DeadLetter.objects.filter(run=run, resolution=DeadLetter.Resolution.DISCARDED)
-        .exclude(chunk=None)
-        .select_related("chunk")
-        .order_by("id")[:max_scopes]
-    )
-    for letter in letters:
+    for letter in discarded_letters(run):
         chunk = letter.chunk
         scope = P.in_scope(
             spec, tenant=chunk.tenant if spec.tenant else None,

@@ -29,7 +29,7 @@ from retention import predicate as P
 from retention.models import PolicyVersion
 from runs import actions, audit, guard, planner, stopping
 from runs.errors import PERMANENT, classify, sqlstate_of
-from runs.models import Chunk, DeadLetter, Lease, Run
+from runs.models import Chunk, DeadLetter, Lease, Run, discarded_scopes
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +243,7 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
             tenant=tenant if spec.tenant else None,
             key_from=claim.key_from,
             key_to=claim.key_to,
+            outside=discarded_scopes(run),
         )
         try:
             with (
