@@ -144,12 +144,13 @@ def build(chunks: int, audit_rows: int) -> dict:
         cur.execute(
             """INSERT INTO runs_auditrecord (chain_seq, chunk_id, run_id, policy_version_id,
                    policy_slug, table_name, cutoff, tenant, key_from, key_to, attempt, worker_host,
-                   worker_pid, rows_deleted, started_at, committed_at, outcome, prev_hash, hash)
+                   worker_pid, rows_deleted, started_at, committed_at, outcome, prev_hash, hash,
+                   chain_version, run_key, version_hash, approval_reason)
                SELECT row_number() OVER (ORDER BY c.id), c.id, c.run_id, %s, %s,
                       'public.bench_events', r.cutoff, c.tenant, c.key_from, c.key_to, c.attempts,
                       'bench-host', 4242, 900 + (c.id %% 100), c.done_at - interval '12 ms',
                       c.done_at, 'deleted', md5(c.id::text) || md5((c.id - 1)::text),
-                      md5(c.id::text || 'x') || md5(c.id::text || 'y')
+                      md5(c.id::text || 'x') || md5(c.id::text || 'y'), 2, r.run_key, '', ''
                FROM runs_chunk c JOIN runs_run r ON r.id = c.run_id
                WHERE c.state = 'done'""",
             [version.pk, policy.slug],
