@@ -139,9 +139,18 @@ def overview_context(request) -> dict:
             }
         )
     switch = KillSwitch.objects.filter(name="global").first()
+    known = []
+    closest = []
+    if slug and not rows:  # an unknown slug: the closest ones, and every policy
+        import difflib
+
+        known = list(Policy.objects.order_by("slug").values_list("slug", "name"))
+        closest = difflib.get_close_matches(slug, [k for k, _ in known], n=3, cutoff=0.5)
     return {
         "policy_rows": rows,
         "policy_filter": slug,
+        "closest_policies": closest,
+        "known_policies": known,
         "filter_errors": read.errors,
         "kill_switch": switch,
         "kill_switch_on": bool(switch and switch.on),
