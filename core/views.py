@@ -10,6 +10,7 @@ from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.vary import vary_on_headers
 
 from core.roles import ROLE_DESCRIPTIONS, require_role, roles_of
 
@@ -23,6 +24,7 @@ class LoginView(auth_views.LoginView):
 
 @require_GET
 @require_role()
+@vary_on_headers("HX-Request")  # one URL serves the page and its HTMX fragment
 def home(request):
     from runs.pages import overview_context
 

@@ -14,6 +14,7 @@ from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.vary import vary_on_headers
 
 from core.roles import COMPLIANCE, ONCALL, require_role
 from retention import actions
@@ -69,6 +70,7 @@ def preview_context(result: dict | None) -> dict:
 
 @require_GET
 @require_role()
+@vary_on_headers("HX-Request")  # one URL serves the page and its HTMX fragment
 def policy_list(request):
     """Every policy with its approved version and the newest version's state. With
     ``HX-Request`` only the table body comes back (the page polls it)."""
@@ -201,6 +203,7 @@ def version_detail(request, slug: str, number: int):
 
 @require_GET
 @require_role(COMPLIANCE)
+@vary_on_headers("HX-Request")  # one URL serves the page and its HTMX fragment
 def version_preview(request, slug: str, number: int):
     """A fresh dry-run of this version as of now (HTMX fragment; not stored). Full-scan
     aggregates on the live table: compliance only, once per version and minute

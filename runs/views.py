@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.vary import vary_on_headers
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from core.filters import QueryFilters, as_id
@@ -98,6 +99,7 @@ def run_list(request):
 
 @require_GET
 @require_role()
+@vary_on_headers("HX-Request")  # one URL serves the page and its HTMX fragment
 def run_detail(request, run_id: int):
     run = get_object_or_404(Run.objects.select_related("policy", "policy_version"), pk=run_id)
     context = run_page_context(run)

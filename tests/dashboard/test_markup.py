@@ -1,0 +1,90 @@
+"""Markup that caches and assistive technology rely on: views serving both a page and an
+HTMX fragment say ``Vary: HX-Request``; flash messages are a status region; badge colours
+reach WCAG AA (4.5:1) for their 12 px text, computed from the stylesheet."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from django.urls import reverse
+
+from .helpers import post
+
+pytestmark = pytest.mark.django_db
+CSS = Path(__file__).resolve().parents[2] / "static" / "css" / "app.css"
+
+
+def test_every_page_and_fragment_view_varies_on_hx_request(client_for, run, users):
+    client = client_for("compliance")
+    version = run.policy_version
+    urls = [
+        reverse("home"),
+        reverse("runs:detail", args=[run.pk]),
+        reverse("retention:policy_list"),
+        reverse("retention:version_preview", args=[run.policy.slug, version.number]),
+    ]
+    for url in urls:
+        for headers in ({}, {"HTTP_HX_REQUEST": "true"}):
+            response = client.get(url, **headers)
+            assert response.status_code == 200, (url, headers)
+            vary = [v.strip().lower() for v in response.get("Vary", "").split(",")]
+            assert "hx-request" in vary, (url, headers, response.get("Vary"))
+
+
+def test_flash_messages_are_a_status_region(client_for, run):
+    client = client_for("oncall")
+    page = reverse("runs:detail", args=[run.pk])
+    html = post(client, reverse("runs:pause", args=[run.pk]), {"reason": "INC-4"}, page=page)
+    html = html.content.decode()
+    assert re.search(r'<ul class="messages"[^>]*role="status"', html)
+
+
+def _luminance(hex_colour: str) -> float:
+    h = hex_colour.lstrip("#")
+    if len(h) == 3:
+        h = "".join(c * 2 for c in h)
+    channels = [int(h[i : i + 2], 16) / 255 for i in (0, 2, 4)]
+    lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def contrast(a: str, b: str) -> float:
+    hi, lo = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def badge_colours() -> dict[str, tuple[str, str]]:
+    css = CSS.read_text()
+    variables = dict(re.findall(r"--([\w-]+):\s*(#[0-9a-fA-F]{3,6})", css))
+    out = {}
+    for selectors, body in re.findall(r"([^{}]*\.badge[^{}]*)\{([^}]*)\}", css):
+        bg = re.search(r"background:\s*([^;]+);", body)
+        fg = re.search(r"(?<![-\w])color:\s*([^;]+);", body)
+        if not (bg and fg):
+            continue
+        resolve = lambda v: (
+            variables.get(v.strip()[6:-1], v.strip()) if v.strip().startswith("var(") else v.strip()
+        )  # noqa: E731
+        for selector in selectors.split(","):
+            out[selector.strip()] = (resolve(fg.group(1)), resolve(bg.group(1)))
+    return out
+
+
+def test_contrast_helper_matches_known_ratios():
+    assert round(contrast("#000000", "#ffffff"), 1) == 21.0
+    assert round(contrast("#777777", "#ffffff"), 2) == 4.48
+
+
+def test_every_badge_reaches_4_5_to_1():
+    colours = badge_colours()
+    for name in (".badge.paused", ".badge.waiting", ".badge.throttled", ".badge.draft",
+                 ".badge.ok", ".badge.drained", ".badge.active", ".badge.dead"):  # fmt: skip
+        assert name in colours, name
+    low = {
+        name: round(contrast(fg, bg), 2)
+        for name, (fg, bg) in colours.items()
+        if contrast(fg, bg) < 4.5
+    }
+    assert low == {}
