@@ -58,15 +58,17 @@ def contrast(a: str, b: str) -> float:
 def badge_colours() -> dict[str, tuple[str, str]]:
     css = CSS.read_text()
     variables = dict(re.findall(r"--([\w-]+):\s*(#[0-9a-fA-F]{3,6})", css))
+
+    def resolve(value: str) -> str:
+        value = value.strip()
+        return variables.get(value[6:-1], value) if value.startswith("var(") else value
+
     out = {}
     for selectors, body in re.findall(r"([^{}]*\.badge[^{}]*)\{([^}]*)\}", css):
         bg = re.search(r"background:\s*([^;]+);", body)
         fg = re.search(r"(?<![-\w])color:\s*([^;]+);", body)
         if not (bg and fg):
             continue
-        resolve = lambda v: (
-            variables.get(v.strip()[6:-1], v.strip()) if v.strip().startswith("var(") else v.strip()
-        )  # noqa: E731
         for selector in selectors.split(","):
             out[selector.strip()] = (resolve(fg.group(1)), resolve(bg.group(1)))
     return out
