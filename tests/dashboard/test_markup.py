@@ -5,6 +5,7 @@ reach WCAG AA (4.5:1) for their 12 px text, computed from the stylesheet."""
 from __future__ import annotations
 
 import re
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,49 @@ def test_every_badge_reaches_4_5_to_1():
         if contrast(fg, bg) < 4.5
     }
     assert low == {}
+
+
+class _Controls(HTMLParser):
+    """Form controls without an accessible name, and progress bars without ARIA."""
+
+    def __init__(self):
+        super().__init__()
+        self.in_label = 0
+        self.unlabelled: list[str] = []
+        self.bare_progress: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "label":
+            self.in_label += 1
+        elif tag in ("input", "select", "textarea"):
+            if a.get("type") in ("hidden", "submit", "button"):
+                return
+            if not (self.in_label or a.get("aria-label") or a.get("aria-labelledby")):
+                self.unlabelled.append(f"<{tag} name={a.get('name')}>")
+        if "progress" in (a.get("class") or "").split() and tag != "progress":
+            if not (a.get("role") == "progressbar" and "aria-valuenow" in a):
+                self.bare_progress.append(f"<{tag} class={a.get('class')}>")
+
+    def handle_endtag(self, tag):
+        if tag == "label":
+            self.in_label -= 1
+
+
+def test_inputs_are_labelled_and_progress_bars_speak(client_for, run, make_user):
+    from retention.actions import place_hold
+
+    place_hold(policy=run.policy, actor=make_user("hilda", "compliance"), reason="litigation")
+    client = client_for("compliance")
+    oncall = client_for("oncall")
+    pages = {
+        "holds": client.get(reverse("retention:holds")),
+        "policy": client.get(reverse("retention:policy_detail", args=[run.policy.slug])),
+        "run": oncall.get(reverse("runs:detail", args=[run.pk])),
+        "overview": oncall.get(reverse("home")),
+    }
+    for name, response in pages.items():
+        parser = _Controls()
+        parser.feed(response.content.decode())
+        assert parser.unlabelled == [], name
+        assert parser.bare_progress == [], name
