@@ -90,6 +90,20 @@ def kept(spec: PolicySpec) -> Fragment:
     return Fragment(sql.SQL("NOT ({})").format(frag.sql), frag.params)
 
 
+def _tenant_equals(spec, alias: sql.Identifier, types) -> sql.Composable:
+    """The row's tenant equals ``alias.tenant`` (stored as text) in the tenant column's own type
+    and collation, so the type's ``=`` decides; TRUE for a policy without a tenant column."""
+    if not spec.tenant:
+        return sql.SQL("TRUE")
+    types = column_types(spec) if types is None else types
+    ctype = types.get(spec.tenant)
+    if ctype is None:  # the column is gone: the statement fails on it, as it should
+        return sql.SQL("{}.tenant = {}::text").format(alias, col(spec.tenant))
+    return sql.SQL("{} = ({}.tenant::{}){}").format(
+        col(spec.tenant), alias, ctype.cast(), ctype.collate()
+    )
+
+
 def held(spec: PolicySpec, policy_id: int, *, types: dict | None = None) -> Fragment:
     """An active legal hold covers the row: one correlated ``EXISTS``.
 
@@ -107,17 +121,7 @@ def held(spec: PolicySpec, policy_id: int, *, types: dict | None = None) -> Frag
     from retention.models import LegalHold
 
     hold = sql.Identifier("h")
-    if not spec.tenant:
-        tenant_match = sql.SQL("TRUE")
-    else:
-        types = column_types(spec) if types is None else types
-        ctype = types.get(spec.tenant)
-        if ctype is None:  # the column is gone: the statement fails on it, as it should
-            tenant_match = sql.SQL("{}.tenant = {}::text").format(hold, col(spec.tenant))
-        else:
-            tenant_match = sql.SQL("{} = ({}.tenant::{}){}").format(
-                col(spec.tenant), hold, ctype.cast(), ctype.collate()
-            )
+    tenant_match = _tenant_equals(spec, hold, types)
     text = sql.SQL(
         "EXISTS (SELECT 1 FROM {holds} AS {h} WHERE {h}.released_at IS NULL"
         " AND ({h}.policy_id IS NULL OR {h}.policy_id = %s)"
@@ -232,17 +236,7 @@ def outside_scopes(
     if not scopes:
         return Fragment(sql.SQL("TRUE"), [])
     d = sql.Identifier("d")
-    if not spec.tenant:
-        tenant_match = sql.SQL("TRUE")
-    else:
-        types = column_types(spec) if types is None else types
-        ctype = types.get(spec.tenant)
-        if ctype is None:  # the column is gone: the statement fails on it, as it should
-            tenant_match = sql.SQL("{}.tenant = {}::text").format(d, col(spec.tenant))
-        else:
-            tenant_match = sql.SQL("{} = ({}.tenant::{}){}").format(
-                col(spec.tenant), d, ctype.cast(), ctype.collate()
-            )
+    tenant_match = _tenant_equals(spec, d, types)
     rows = sql.SQL(", ").join(sql.SQL("(%s::text, %s::bigint, %s::bigint)") for _ in scopes)
     params = [
         x for s in scopes for x in ((s.tenant if spec.tenant else None), s.key_from, s.key_to)

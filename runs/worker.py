@@ -327,18 +327,14 @@ def _record_failure(run: Run, chunk_id: int, attempts: int, exc: BaseException) 
     attempts += 1
     chunk = Chunk.objects.get(pk=chunk_id)
     cfg = settings.RETENTION
-    if cls.kind != PERMANENT and cls.split and _split(chunk, cfg["SPLIT_FLOOR_ROWS"]):
-        Chunk.objects.filter(pk=chunk_id).update(
-            state=Chunk.State.SPLIT,
-            attempts=attempts,
-            last_error=message,
-            last_sqlstate=cls.sqlstate,
-            claimed_at=None,
-        )
-        return
-    if cls.kind == PERMANENT and cls.sqlstate.startswith("23") and _split(chunk, 0):
-        # a row-level permanent error (a restricting foreign key, a constraint): bisect down to
-        # the offending rows, so everything else in the chunk is deleted
+    # a transient error that a smaller chunk may avoid splits it down to the floor; a row-level
+    # permanent error (a restricting foreign key, a constraint) bisects it down to the offending
+    # rows, so everything else in the chunk is deleted
+    transient_split = cls.kind != PERMANENT and cls.split
+    row_level = cls.kind == PERMANENT and cls.sqlstate.startswith("23")
+    if (transient_split and _split(chunk, cfg["SPLIT_FLOOR_ROWS"])) or (
+        row_level and _split(chunk, 0)
+    ):
         Chunk.objects.filter(pk=chunk_id).update(
             state=Chunk.State.SPLIT,
             attempts=attempts,
