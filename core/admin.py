@@ -15,14 +15,8 @@ from django.contrib.auth.models import Group, User
 from core.roles import ALL_ROLES
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Every field read-only; no add, change or delete (the bulk delete action is gone too)."""
-
-    def get_readonly_fields(self, request, obj=None):
-        return [f.name for f in self.model._meta.fields]
-
-    def get_actions(self, request):
-        return {}
+class NoWrites:
+    """No add, change or delete, for anyone: superusers included."""
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
@@ -32,6 +26,16 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+class ReadOnlyAdmin(NoWrites, admin.ModelAdmin):
+    """Every field read-only; no add, change or delete (the bulk delete action is gone too)."""
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields]
+
+    def get_actions(self, request):
+        return {}
 
 
 def make_read_only(model) -> None:
@@ -54,7 +58,7 @@ admin.site.unregister(User)
 
 
 @admin.register(Group)
-class RoleGroupAdmin(BaseGroupAdmin):
+class RoleGroupAdmin(NoWrites, BaseGroupAdmin):
     list_display = ("name", "members")
     readonly_fields = ("name", "members")
     fields = ("name", "members")
@@ -62,15 +66,6 @@ class RoleGroupAdmin(BaseGroupAdmin):
     @admin.display(description="members")
     def members(self, group) -> str:
         return ", ".join(sorted(group.user_set.values_list("username", flat=True))) or "-"
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(User)

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import getpass
 import sys
-from functools import wraps
 
 from django.contrib.auth import get_user_model
-from django.core.exceptions import PermissionDenied
 from django.core.management.base import CommandError
 
 from core import accounts, tokens
-from core.cli_identity import acting_user
+from core.cli_identity import acting_user, one_line
 from core.roles import ALL_ROLES, ROLE_DESCRIPTIONS
 
 
@@ -59,17 +57,6 @@ def register(areas) -> None:
     p.set_defaults(handler=token_create)
 
 
-def _one_line(handler):
-    @wraps(handler)
-    def wrapped(command, options):
-        try:
-            return handler(command, options)
-        except PermissionDenied as exc:
-            raise CommandError(str(exc) or "permission denied") from None
-
-    return wrapped
-
-
 def _subject(username: str):
     user = get_user_model().objects.filter(username=username).first()
     if user is None:
@@ -77,7 +64,7 @@ def _subject(username: str):
     return user
 
 
-@_one_line
+@one_line
 def role_grant(command, options) -> None:
     actor = acting_user(options)
     user = _subject(options["username"])
@@ -86,7 +73,7 @@ def role_grant(command, options) -> None:
     command.stdout.write(f"{options['role']} {verb} {user.username}")
 
 
-@_one_line
+@one_line
 def role_revoke(command, options) -> None:
     actor = acting_user(options)
     user = _subject(options["username"])
@@ -103,7 +90,7 @@ def role_list(command, options) -> None:
     )
 
 
-@_one_line
+@one_line
 def user_add(command, options) -> None:
     actor = acting_user(options)
     if options["password_stdin"]:
@@ -118,7 +105,7 @@ def user_add(command, options) -> None:
     command.stdout.write(f"user {user.username} added (no role yet)")
 
 
-@_one_line
+@one_line
 def token_create(command, options) -> None:
     """The token is printed once, alone on stdout (``export RETENTION_TOKEN=$(…)``)."""
     if options["password_stdin"]:

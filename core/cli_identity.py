@@ -20,8 +20,10 @@ import os
 import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import wraps
 
 from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
 from django.core.management.base import CommandError
 
 from core.tokens import TokenError, user_for_token
@@ -82,3 +84,16 @@ def _password_prompt():
     if user is None or not user.check_password(password):
         raise CommandError("wrong username or password")
     return user
+
+
+def one_line(handler):
+    """Refusals from the actions become the command's single error line."""
+
+    @wraps(handler)
+    def wrapped(command, options):
+        try:
+            return handler(command, options)
+        except PermissionDenied as exc:
+            raise CommandError(str(exc) or "permission denied") from None
+
+    return wrapped

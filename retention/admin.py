@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from core.admin import ReadOnlyAdmin
+from core.admin import NoWrites, ReadOnlyAdmin
 from retention.models import LegalHold, OperatorAction, Policy, PolicyVersion
 
 
-class VersionInline(admin.TabularInline):
+class VersionInline(NoWrites, admin.TabularInline):
     model = PolicyVersion
     fields = (
         "number",
@@ -28,15 +28,6 @@ class VersionInline(admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = True
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(Policy)

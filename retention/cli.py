@@ -8,13 +8,11 @@ through ``retention.actions``, so the CLI and the pages obey the same rules.
 from __future__ import annotations
 
 import json
-from functools import wraps
 
-from django.core.exceptions import PermissionDenied
 from django.core.management.base import CommandError
 from django.db import transaction
 
-from core.cli_identity import acting_user
+from core.cli_identity import acting_user, one_line
 from retention import actions
 from retention.models import LegalHold, Policy, PolicyVersion
 from retention.spec import load_toml
@@ -84,19 +82,6 @@ def register(areas) -> None:
     p.set_defaults(handler=hold_list)
 
 
-def _one_line(handler):
-    """Refusals from the actions become the command's single error line."""
-
-    @wraps(handler)
-    def wrapped(command, options):
-        try:
-            return handler(command, options)
-        except PermissionDenied as exc:
-            raise CommandError(str(exc) or "permission denied") from None
-
-    return wrapped
-
-
 def _policy(slug: str) -> Policy:
     policy = Policy.objects.filter(slug=slug).first()
     if policy is None:
@@ -111,7 +96,7 @@ def _version(slug: str, number: int) -> PolicyVersion:
     return version
 
 
-@_one_line
+@one_line
 def policy_apply(command, options) -> None:
     path = options["file"]
     try:
@@ -135,7 +120,7 @@ def policy_apply(command, options) -> None:
         command.stdout.write(_preview_summary(version.preview))
 
 
-@_one_line
+@one_line
 def policy_approve(command, options) -> None:
     approver = acting_user(options)
     version = _version(options["slug"], options["number"])
@@ -146,7 +131,7 @@ def policy_approve(command, options) -> None:
     )
 
 
-@_one_line
+@one_line
 def policy_enable(command, options) -> None:
     policy = actions.set_policy_enabled(
         _policy(options["slug"]), True, actor=acting_user(options), reason=options["reason"]
@@ -154,7 +139,7 @@ def policy_enable(command, options) -> None:
     command.stdout.write(f"policy {policy.slug} enabled")
 
 
-@_one_line
+@one_line
 def policy_disable(command, options) -> None:
     policy = actions.set_policy_enabled(
         _policy(options["slug"]), False, actor=acting_user(options), reason=options["reason"]
@@ -162,7 +147,7 @@ def policy_disable(command, options) -> None:
     command.stdout.write(f"policy {policy.slug} disabled")
 
 
-@_one_line
+@one_line
 def policy_reject(command, options) -> None:
     approver = acting_user(options)
     version = _version(options["slug"], options["number"])
@@ -170,7 +155,7 @@ def policy_reject(command, options) -> None:
     command.stdout.write(f"{version.policy.slug} v{version.number} rejected by {approver.username}")
 
 
-@_one_line
+@one_line
 def policy_preview(command, options) -> None:
     from retention.preview import preview
 
@@ -215,7 +200,7 @@ def _preview_summary(result: dict) -> str:
     return text
 
 
-@_one_line
+@one_line
 def policy_list(command, options) -> None:
     policies = Policy.objects.prefetch_related("versions")
     if not policies:
@@ -236,7 +221,7 @@ def policy_list(command, options) -> None:
         command.stdout.write("  ".join(parts))
 
 
-@_one_line
+@one_line
 def hold_place(command, options) -> None:
     actor = acting_user(options)
     policy = _policy(options["policy"]) if options.get("policy") else None
@@ -252,7 +237,7 @@ def hold_place(command, options) -> None:
     _write_coverage(command, hold.coverage, hold)
 
 
-@_one_line
+@one_line
 def hold_release(command, options) -> None:
     actor = acting_user(options)
     hold = LegalHold.objects.filter(pk=options["hold_id"]).first()
@@ -262,7 +247,7 @@ def hold_release(command, options) -> None:
     command.stdout.write(f"hold #{hold.pk} released by {hold.released_by}")
 
 
-@_one_line
+@one_line
 def hold_list(command, options) -> None:
     holds = LegalHold.objects.select_related("policy").order_by("pk")
     if not options.get("all"):
