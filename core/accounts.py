@@ -40,7 +40,7 @@ def _role(name: str) -> Group:
 @transaction.atomic
 def grant_role(user, role: str, *, actor, reason: str = "", via: str = "cli") -> bool:
     """Give ``user`` the role; False (and no log row) if they already hold it."""
-    from retention.models import record_action
+    from core.oplog import record_action
 
     group = _role(role)
     check_manager(actor, subject=user)
@@ -56,7 +56,7 @@ def grant_role(user, role: str, *, actor, reason: str = "", via: str = "cli") ->
 @transaction.atomic
 def revoke_role(user, role: str, *, actor, reason: str = "", via: str = "cli") -> bool:
     """Take the role from ``user``; False (and no log row) if they do not hold it."""
-    from retention.models import record_action
+    from core.oplog import record_action
 
     group = _role(role)
     check_manager(actor, subject=user)
@@ -72,7 +72,7 @@ def revoke_role(user, role: str, *, actor, reason: str = "", via: str = "cli") -
 @transaction.atomic
 def add_user(username: str, password: str, *, actor, email: str = "", via: str = "cli"):
     """Create a user (no role yet) with a password that passes the password validators."""
-    from retention.models import record_action
+    from core.oplog import record_action
 
     check_manager(actor)
     User = get_user_model()

@@ -12,6 +12,7 @@ from django.contrib.auth.admin import GroupAdmin as BaseGroupAdmin
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
 from django.contrib.auth.models import Group, User
 
+from core.models import OperatorAction
 from core.roles import ALL_ROLES
 
 
@@ -79,3 +80,11 @@ class RetentionUserAdmin(BaseUserAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         return (*super().get_readonly_fields(request, obj), "groups", "user_permissions")
+
+
+@admin.register(OperatorAction)
+class OperatorActionAdmin(ReadOnlyAdmin):
+    list_display = ("at", "actor", "action", "target_type", "target_id", "reason")
+    list_filter = ("action", "target_type")
+    search_fields = ("actor", "target_id", "reason")
+    date_hierarchy = "at"

@@ -9,7 +9,7 @@
 
 Nothing else: a ``--by``/``--author``/``--approver`` flag only double-checks the
 identity (a mismatch is refused), it never chooses it. The command's operator-action rows
-say ``via: cli`` and which token (``record_action`` reads ``channel()``), and the actions
+say ``via: cli`` and which token (``core.oplog.record_action`` reads ``channel()``), and the actions
 check this user's roles exactly as the pages do.
 """
 
@@ -19,34 +19,27 @@ import getpass
 import os
 import sys
 from contextlib import contextmanager
-from contextvars import ContextVar
 from functools import wraps
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import CommandError
 
+from core.oplog import reset_channel, set_channel
 from core.tokens import TokenError, user_for_token
 
 TOKEN_ENV = "RETENTION_TOKEN"
 CLAIM_FLAGS = ("by", "author", "approver")
 
-_channel: ContextVar[dict | None] = ContextVar("retention_channel", default=None)
-
-
-def channel() -> dict:
-    """Details every operator-action row of the current CLI command carries ({} elsewhere)."""
-    return dict(_channel.get() or {})
-
 
 @contextmanager
 def cli_command():
     """The scope of one CLI command: what ``acting_user`` establishes ends with it."""
-    reset = _channel.set(None)
+    reset = set_channel(None)
     try:
         yield
     finally:
-        _channel.reset(reset)
+        reset_channel(reset)
 
 
 def acting_user(options: dict | None = None):
@@ -73,7 +66,7 @@ def acting_user(options: dict | None = None):
             raise CommandError(
                 f"--{flag} {claimed} is not who is acting: the credential is {user.username}'s"
             )
-    _channel.set(via)
+    set_channel(via)
     return user
 
 

@@ -1,4 +1,5 @@
-"""Personal API tokens: the command line acts as the person who created the token."""
+"""Personal API tokens (the command line acts as the person who created the token) and the
+operator log (``OperatorAction``; written through ``core.oplog.record_action``)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,28 @@ class ApiToken(models.Model):
     @property
     def active(self) -> bool:
         return self.revoked_at is None
+
+
+class OperatorAction(models.Model):
+    """Who did what, when and why: written in the same transaction as the change."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    actor = models.CharField(max_length=150)
+    action = models.CharField(max_length=64)
+    target_type = models.CharField(max_length=64)
+    target_id = models.CharField(max_length=200)
+    reason = models.TextField(blank=True)
+    details = models.JSONField(default=dict, blank=True)
+    # Hash-chained like the audit trail (``action_hash``); append-only by trigger.
+    chain_seq = models.BigIntegerField(unique=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        # created by retention's migrations; the model moved here (core/migrations/0003),
+        # the table kept its name (the append-only trigger, the worker role's grants)
+        db_table = "retention_operatoraction"
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_type}:{self.target_id}"

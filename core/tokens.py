@@ -22,7 +22,7 @@ class TokenError(ValueError):
 
 
 def _record(actor, action: str, token: ApiToken, **details) -> None:
-    from retention.models import record_action  # the operator log lives with the policies
+    from core.oplog import record_action  # the operator log lives with the policies
 
     record_action(actor, action, token, name=token.name, prefix=token.prefix, **details)
 

@@ -16,29 +16,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.locks import decision_fence, hold_fence
+from core.oplog import ActionError, record_action, require_reason
 from core.roles import COMPLIANCE, ONCALL, check_role
 from retention import introspect
-from retention.models import LegalHold, Policy, PolicyVersion, record_action
+from retention.models import LegalHold, Policy, PolicyVersion
 from retention.preview import preview as take_preview
 from retention.spec import PolicySpec
 
 State = PolicyVersion.State
-
-
-class ActionError(ValueError):
-    """A state change is refused in the current state; the message is one line.
-    The one class for every action (``runs.actions`` raises it too)."""
-
-
-def require_reason(reason: str, what: str) -> str:
-    """The reason stripped, or ActionError "<what> needs a reason"; every action that the
-    design says needs a reason calls this, so the CLI and the pages get the same refusal."""
-    reason = (reason or "").strip()
-    if not reason:
-        raise ActionError(f"{what} needs a reason")
-    if "\x00" in reason:
-        raise ActionError("the reason contains a NUL character")
-    return reason
 
 
 def _locked_version(version: PolicyVersion) -> PolicyVersion:

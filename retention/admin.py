@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from core.admin import NoWrites, ReadOnlyAdmin
-from retention.models import LegalHold, OperatorAction, Policy, PolicyVersion
+from retention.models import LegalHold, Policy, PolicyVersion
 
 
 class VersionInline(NoWrites, admin.TabularInline):
@@ -61,11 +61,3 @@ class LegalHoldAdmin(ReadOnlyAdmin):
     list_display = ("pk", "policy", "tenant", "key_from", "key_to", "placed_by", "released_at")
     list_filter = ("released_at",)
     search_fields = ("reason", "tenant", "placed_by")
-
-
-@admin.register(OperatorAction)
-class OperatorActionAdmin(ReadOnlyAdmin):
-    list_display = ("at", "actor", "action", "target_type", "target_id", "reason")
-    list_filter = ("action", "target_type")
-    search_fields = ("actor", "target_id", "reason")
-    date_hierarchy = "at"

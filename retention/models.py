@@ -1,17 +1,16 @@
-"""Policies, their immutable versions, legal holds and the operator action log."""
+"""Policies, their immutable versions, legal holds and the kill switch.
+
+The operator log they write is ``core.models.OperatorAction`` (``core.oplog``)."""
 
 from __future__ import annotations
 
-import json
-
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import models
 from django.db.models import Q
 from django.utils import timezone as dj_timezone
 from django.utils.functional import cached_property
 
-from core import chain, locks
-from core.cli_identity import channel
+from core.oplog import decision_token
 
 
 class Policy(models.Model):
@@ -190,120 +189,3 @@ class KillSwitch(models.Model):
     @classmethod
     def is_on(cls) -> bool:
         return cls.objects.filter(name="global", on=True).exists()
-
-
-class OperatorAction(models.Model):
-    """Who did what, when and why: written in the same transaction as the change."""
-
-    at = models.DateTimeField(default=dj_timezone.now, db_index=True)
-    actor = models.CharField(max_length=150)
-    action = models.CharField(max_length=64)
-    target_type = models.CharField(max_length=64)
-    target_id = models.CharField(max_length=200)
-    reason = models.TextField(blank=True)
-    details = models.JSONField(default=dict, blank=True)
-    # Hash-chained like the audit trail (``action_hash``); append-only by trigger.
-    chain_seq = models.BigIntegerField(unique=True)
-    prev_hash = models.CharField(max_length=64)
-    hash = models.CharField(max_length=64)
-
-    class Meta:
-        ordering = ["-at", "-id"]
-
-    def __str__(self) -> str:
-        return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_type}:{self.target_id}"
-
-
-def decision_token(target) -> str:
-    """What a control was rendered for: the target's state and the chain position of the
-    latest operator action on it (``paused:42``). A form posts it back as ``expected``; the
-    action refuses when the target has moved on since (``check_decision``), so a stale page
-    never silently overwrites a newer decision."""
-    from django.db.models import Max
-
-    seq = OperatorAction.objects.filter(
-        target_type=target._meta.model_name, target_id=str(target.pk)
-    ).aggregate(m=Max("chain_seq"))["m"]
-    return f"{target.decision_state}:{seq or 0}"
-
-
-def check_decision(target, expected: str | None, *, now_is: str) -> None:
-    """Refuse (``ActionError``) when ``expected`` was posted and the target's decision token
-    no longer matches it; call with the target's row locked. ``now_is`` describes the current
-    state for the message."""
-    from retention.actions import ActionError
-
-    if expected is not None and expected != decision_token(target):
-        raise ActionError(
-            f"it changed since the page was loaded; it is now {now_is}. Nothing was changed: "
-            "reload and decide again"
-        )
-
-
-ACTION_FIELDS = ("chain_seq", "at", "actor", "action", "target_type", "target_id", "reason")
-
-
-def action_hash(row: dict, prev_hash: str) -> str:
-    """An operator action's link: its fields and ``details_text``, PostgreSQL's own text of
-    the ``details`` JSON (so the hash does not depend on how Python spells numbers)."""
-    fields = {name: row[name] for name in ACTION_FIELDS}
-    fields["details"] = row["details_text"]
-    return chain.link_hash(fields, prev_hash)
-
-
-def verify_operator_log(batch: int = 5000) -> chain.ChainReport:
-    """Walk the operator-action chain in order, in constant memory."""
-    from django.db.models import TextField
-    from django.db.models.functions import Cast
-
-    rows = chain.batched(
-        OperatorAction.objects.annotate(details_text=Cast("details", TextField())),
-        [*ACTION_FIELDS, "details_text", "prev_hash", "hash"],
-        batch,
-    )
-    return chain.walk(
-        rows,
-        lambda row: action_hash(row, row["prev_hash"]),
-        noun="operator action",
-        gap="operator log gap",
-    )
-
-
-def record_action(actor, action: str, target, *, reason: str = "", **details) -> OperatorAction:
-    """Write one operator-action row, chained; call inside the transaction of the change
-    (it takes the operator-chain lock until that transaction commits). Within a CLI
-    command the row also says so (``via: cli`` and the token, ``core.cli_identity``)."""
-    actor_name = getattr(actor, "username", None) or str(actor)
-    target_type = (
-        target._meta.model_name if hasattr(target, "_meta") else str(type(target).__name__)
-    )
-    target_id = str(getattr(target, "pk", target))
-    details = {**channel(), **details}
-    with transaction.atomic():
-        locks.xact_lock(locks.OPERATOR_CHAIN, 0)
-        with connection.cursor() as cur:
-            # after the lock, in its own statement: the head read must see every earlier commit
-            cur.execute(
-                "SELECT clock_timestamp(), %s::jsonb::text, (SELECT chain_seq FROM"
-                " retention_operatoraction ORDER BY chain_seq DESC LIMIT 1), (SELECT hash"
-                " FROM retention_operatoraction ORDER BY chain_seq DESC LIMIT 1)",
-                [json.dumps(details)],
-            )
-            at, details_text, last_seq, last_hash = cur.fetchone()
-        row = {
-            "chain_seq": (last_seq or 0) + 1,
-            "at": at,
-            "actor": actor_name,
-            "action": action,
-            "target_type": target_type,
-            "target_id": target_id,
-            "reason": reason,
-            "details_text": details_text,
-        }
-        prev = last_hash or chain.GENESIS
-        return OperatorAction.objects.create(
-            **{k: v for k, v in row.items() if k != "details_text"},
-            details=details,
-            prev_hash=prev,
-            hash=action_hash(row, prev),
-        )

@@ -10,10 +10,10 @@ from django.utils import timezone
 
 from core import timeouts
 from core.locks import decision_fence
+from core.oplog import ActionError, check_decision, record_action, require_reason
 from core.roles import ONCALL, check_role
 from retention import predicate as P
-from retention.actions import ActionError, require_reason
-from retention.models import KillSwitch, Policy, check_decision, record_action
+from retention.models import KillSwitch, Policy
 from retention.schedule_math import period_label
 from runs import dispatch
 from runs.models import MAX_DISCARDED_SCOPES, Chunk, DeadLetter, Run

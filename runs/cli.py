@@ -217,7 +217,7 @@ def startup(cmd, o):
 
 
 def audit_verify(cmd, o):
-    from retention.models import verify_operator_log
+    from core.oplog import verify_operator_log
     from runs import evidence
     from runs.audit import verify_chain
 

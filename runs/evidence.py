@@ -20,7 +20,7 @@ from pathlib import Path
 from django.conf import settings
 from django.utils import timezone
 
-from retention.models import OperatorAction
+from core.models import OperatorAction
 from runs.models import AuditRecord
 
 FORMAT = "retention-runner chain anchor"

@@ -66,7 +66,7 @@ class Run(models.Model):
 
     @property
     def decision_token(self) -> str:
-        from retention.models import decision_token
+        from core.oplog import decision_token
 
         return decision_token(self)
 

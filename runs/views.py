@@ -22,8 +22,9 @@ from django.views.decorators.vary import vary_on_headers
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from core.filters import QueryFilters, as_id
+from core.models import OperatorAction
 from core.roles import AUDITOR, COMPLIANCE, ONCALL, require_role, roles_of
-from retention.models import OperatorAction, Policy
+from retention.models import Policy
 from runs import actions, exports
 from runs.metrics import render_metrics
 from runs.models import DeadLetter, Run

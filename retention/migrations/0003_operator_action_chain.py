@@ -9,7 +9,7 @@ from core import chain
 
 
 def chain_existing_rows(apps, schema_editor):
-    from retention.models import ACTION_FIELDS, action_hash
+    from core.oplog import ACTION_FIELDS, action_hash
 
     with schema_editor.connection.cursor() as cur:
         cur.execute(

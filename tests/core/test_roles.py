@@ -10,8 +10,8 @@ from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from core.models import OperatorAction
 from core.roles import ALL_ROLES, roles_of
-from retention.models import OperatorAction
 from tests.conftest import token_for_claim
 
 pytestmark = pytest.mark.django_db

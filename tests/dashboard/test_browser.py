@@ -18,8 +18,9 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync 
 
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
+from core.models import OperatorAction
 from retention import actions as retention_actions  # noqa: E402
-from retention.models import OperatorAction, PolicyVersion  # noqa: E402
+from retention.models import PolicyVersion  # noqa: E402
 from retention.spec import PolicySpec  # noqa: E402
 from runs import planner, worker  # noqa: E402
 from runs.actions import pause_run, trigger_run  # noqa: E402

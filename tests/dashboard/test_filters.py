@@ -9,7 +9,7 @@ from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from retention.models import OperatorAction
+from core.models import OperatorAction
 from runs.models import AuditRecord
 
 # page → its filters (query parameters)

@@ -7,7 +7,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django_q.models import Schedule
 
-from retention.models import KillSwitch, OperatorAction
+from core.models import OperatorAction
+from retention.models import KillSwitch
 from runs import worker
 from runs.schedules import schedule_name
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from retention.models import OperatorAction
+from core.models import OperatorAction
 from runs.models import AuditRecord, Run
 
 from .helpers import post

@@ -9,7 +9,8 @@ import re
 import pytest
 from django.urls import reverse
 
-from retention.models import KillSwitch, OperatorAction
+from core.models import OperatorAction
+from retention.models import KillSwitch
 from runs import worker
 from runs.actions import pause_run, resume_run, set_kill_switch
 from runs.models import Run

@@ -11,6 +11,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from psycopg import sql
 
+from core.models import OperatorAction
 from demo.policy_files import (
     apply_demo_policies,
     load_specs,
@@ -18,7 +19,7 @@ from demo.policy_files import (
 )
 from demo.users import ensure_demo_users
 from retention import predicate
-from retention.models import OperatorAction, Policy, PolicyVersion
+from retention.models import Policy, PolicyVersion
 from retention.predicate import Fragment, col
 from retention.spec import PolicySpec
 

@@ -8,8 +8,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from core.models import OperatorAction
 from retention.actions import pause_policy
-from retention.models import OperatorAction
 from runs.actions import cancel_run, trigger_run
 from runs.models import Run
 from runs.reconciler import reconcile

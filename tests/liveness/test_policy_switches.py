@@ -9,8 +9,9 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django_q.models import OrmQ, Schedule
 
+from core.models import OperatorAction
 from retention.actions import ActionError, pause_policy, resume_policy, set_policy_enabled
-from retention.models import OperatorAction, Policy
+from retention.models import Policy
 from retention.schedule_math import next_tick
 from retention.spec import PolicySpec, SpecError
 from runs import schedules, tasks

@@ -6,8 +6,9 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import NoReverseMatch, reverse
 
+from core.models import OperatorAction
 from retention import actions
-from retention.models import LegalHold, OperatorAction, Policy, PolicyVersion
+from retention.models import LegalHold, Policy, PolicyVersion
 from retention.spec import load_toml
 
 from .conftest import policy_toml

@@ -11,7 +11,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from retention.models import LegalHold, OperatorAction, Policy, PolicyVersion
+from core.models import OperatorAction
+from retention.models import LegalHold, Policy, PolicyVersion
 from tests.conftest import token_for_claim
 
 from .conftest import policy_toml

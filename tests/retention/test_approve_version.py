@@ -8,9 +8,10 @@ from django.core.exceptions import PermissionDenied
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from core.models import OperatorAction
 from retention import actions
 from retention.actions import ActionError
-from retention.models import OperatorAction, Policy, PolicyVersion
+from retention.models import Policy, PolicyVersion
 from retention.spec import load_toml
 from tests.conftest import token_for_claim
 

@@ -15,9 +15,10 @@ from django.core.management.base import CommandError
 from django.db import NotSupportedError, connection, transaction
 from django.urls import reverse
 
+from core.models import OperatorAction
 from retention import actions
 from retention.actions import ActionError
-from retention.models import LegalHold, OperatorAction
+from retention.models import LegalHold
 from retention.spec import PolicySpec, SpecError
 from runs import worker
 from runs.actions import trigger_run

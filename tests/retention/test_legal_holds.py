@@ -19,9 +19,10 @@ from django.core.management.base import CommandError
 from django.db import connections
 
 from core.locks import HOLDS
+from core.models import OperatorAction
 from retention import actions, predicate
 from retention.actions import ActionError
-from retention.models import LegalHold, OperatorAction
+from retention.models import LegalHold
 from retention.preview import preview
 from retention.spec import load_toml
 from tests.conftest import token_for_claim

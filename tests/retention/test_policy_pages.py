@@ -5,8 +5,9 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
+from core.models import OperatorAction
 from retention import actions
-from retention.models import LegalHold, OperatorAction, Policy, PolicyVersion
+from retention.models import LegalHold, Policy, PolicyVersion
 from retention.spec import load_toml
 
 from .conftest import policy_toml

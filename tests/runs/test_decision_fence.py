@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connection
 
-from retention.models import OperatorAction
+from core.models import OperatorAction
 from runs import planner, worker
 from runs.actions import trigger_run
 from runs.models import AuditRecord, Chunk, Run

@@ -7,7 +7,8 @@ import threading
 import pytest
 from django.db import connection
 
-from retention.models import OperatorAction, Policy
+from core.models import OperatorAction
+from retention.models import Policy
 from runs import guard, planner, worker
 from runs.actions import trigger_run
 from runs.models import Chunk, GuardSample, Run

@@ -100,7 +100,7 @@ def test_a_superseded_version_is_refused_before_mutating(events_policy, make_use
     assert count("rr_events") == before
     # the supersede is an action like any other state change: exactly one operator-log row
     # (written by the approval, or by the worker when it finds the approval moved on)
-    from retention.models import OperatorAction
+    from core.models import OperatorAction
 
     rows = OperatorAction.objects.filter(action="run.supersede", target_id=str(run.pk))
     assert rows.count() == 1

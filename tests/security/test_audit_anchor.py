@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
-from retention.models import OperatorAction
+from core.models import OperatorAction
 from runs import audit, exports, worker
 from runs.actions import trigger_run
 from runs.models import AuditRecord, Chunk, Run
@@ -194,7 +194,7 @@ def test_records_of_chain_version_1_still_verify_and_cannot_follow_version_2(aud
 def test_operator_actions_from_before_the_chain_are_chained_by_the_migration():
     from django.db.migrations.executor import MigrationExecutor
 
-    from retention.models import verify_operator_log
+    from core.oplog import verify_operator_log
 
     before = [("retention", "0002_policyversion_submitted_by")]
     latest = MigrationExecutor(connection).loader.graph.leaf_nodes("retention")

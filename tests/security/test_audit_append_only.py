@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import DatabaseError, connection, transaction
 
-from retention.models import OperatorAction
+from core.models import OperatorAction
 from runs import worker
 from runs.actions import trigger_run
 from runs.invariants import check_run

@@ -11,10 +11,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.urls import reverse
 
-from core.models import ApiToken
+from core.models import ApiToken, OperatorAction
 from core.tokens import create_token
 from retention import actions
-from retention.models import KillSwitch, LegalHold, OperatorAction, PolicyVersion
+from retention.models import KillSwitch, LegalHold, PolicyVersion
 from tests.retention import conftest as retention_fixtures
 from tests.retention.conftest import policy_toml
 

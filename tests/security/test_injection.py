@@ -18,7 +18,8 @@ from django.db import connection, transaction
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from retention.models import LegalHold, OperatorAction, Policy
+from core.models import OperatorAction
+from retention.models import LegalHold, Policy
 from runs.actions import trigger_run
 from runs.models import Run
 from tests.conftest import token_for_claim

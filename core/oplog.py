@@ -1,0 +1,141 @@
+"""The operator log: who changed what, when and why, hash-chained.
+
+Every action function of every app (``core.accounts``, ``core.tokens``,
+``retention.actions``, ``runs.actions``) writes its row with ``record_action`` in the
+transaction of the change, and refuses with the one ``ActionError``; so the log lives at
+the bottom layer, where all of them can reach it (docs/engine.md, "Layers and imports").
+"""
+
+from __future__ import annotations
+
+import json
+from contextvars import ContextVar, Token
+
+from django.db import connection, transaction
+from django.db.models import Max, TextField
+from django.db.models.functions import Cast
+
+from core import chain, locks
+from core.models import OperatorAction
+
+
+class ActionError(ValueError):
+    """A state change is refused in the current state; the message is one line.
+    The one class for every action (``retention.actions`` and ``runs.actions`` raise it)."""
+
+
+def require_reason(reason: str, what: str) -> str:
+    """The reason stripped, or ActionError "<what> needs a reason"; every action that the
+    design says needs a reason calls this, so the CLI and the pages get the same refusal."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise ActionError(f"{what} needs a reason")
+    if "\x00" in reason:
+        raise ActionError("the reason contains a NUL character")
+    return reason
+
+
+_channel: ContextVar[dict | None] = ContextVar("retention_channel", default=None)
+
+
+def channel() -> dict:
+    """Details every operator-action row of the current CLI command carries ({} elsewhere)."""
+    return dict(_channel.get() or {})
+
+
+def set_channel(via: dict | None) -> Token:
+    """Say how the current command acts (``core.cli_identity``); ``reset_channel`` undoes it."""
+    return _channel.set(via)
+
+
+def reset_channel(token: Token) -> None:
+    _channel.reset(token)
+
+
+def decision_token(target) -> str:
+    """What a control was rendered for: the target's state and the chain position of the
+    latest operator action on it (``paused:42``). A form posts it back as ``expected``; the
+    action refuses when the target has moved on since (``check_decision``), so a stale page
+    never silently overwrites a newer decision."""
+    seq = OperatorAction.objects.filter(
+        target_type=target._meta.model_name, target_id=str(target.pk)
+    ).aggregate(m=Max("chain_seq"))["m"]
+    return f"{target.decision_state}:{seq or 0}"
+
+
+def check_decision(target, expected: str | None, *, now_is: str) -> None:
+    """Refuse (``ActionError``) when ``expected`` was posted and the target's decision token
+    no longer matches it; call with the target's row locked. ``now_is`` describes the current
+    state for the message."""
+    if expected is not None and expected != decision_token(target):
+        raise ActionError(
+            f"it changed since the page was loaded; it is now {now_is}. Nothing was changed: "
+            "reload and decide again"
+        )
+
+
+ACTION_FIELDS = ("chain_seq", "at", "actor", "action", "target_type", "target_id", "reason")
+
+
+def action_hash(row: dict, prev_hash: str) -> str:
+    """An operator action's link: its fields and ``details_text``, PostgreSQL's own text of
+    the ``details`` JSON (so the hash does not depend on how Python spells numbers)."""
+    fields = {name: row[name] for name in ACTION_FIELDS}
+    fields["details"] = row["details_text"]
+    return chain.link_hash(fields, prev_hash)
+
+
+def verify_operator_log(batch: int = 5000) -> chain.ChainReport:
+    """Walk the operator-action chain in order, in constant memory."""
+
+    rows = chain.batched(
+        OperatorAction.objects.annotate(details_text=Cast("details", TextField())),
+        [*ACTION_FIELDS, "details_text", "prev_hash", "hash"],
+        batch,
+    )
+    return chain.walk(
+        rows,
+        lambda row: action_hash(row, row["prev_hash"]),
+        noun="operator action",
+        gap="operator log gap",
+    )
+
+
+def record_action(actor, action: str, target, *, reason: str = "", **details) -> OperatorAction:
+    """Write one operator-action row, chained; call inside the transaction of the change
+    (it takes the operator-chain lock until that transaction commits). Within a CLI
+    command the row also says so (``via: cli`` and the token, ``core.cli_identity``)."""
+    actor_name = getattr(actor, "username", None) or str(actor)
+    target_type = (
+        target._meta.model_name if hasattr(target, "_meta") else str(type(target).__name__)
+    )
+    target_id = str(getattr(target, "pk", target))
+    details = {**channel(), **details}
+    with transaction.atomic():
+        locks.xact_lock(locks.OPERATOR_CHAIN, 0)
+        with connection.cursor() as cur:
+            # after the lock, in its own statement: the head read must see every earlier commit
+            cur.execute(
+                "SELECT clock_timestamp(), %s::jsonb::text, (SELECT chain_seq FROM"
+                " retention_operatoraction ORDER BY chain_seq DESC LIMIT 1), (SELECT hash"
+                " FROM retention_operatoraction ORDER BY chain_seq DESC LIMIT 1)",
+                [json.dumps(details)],
+            )
+            at, details_text, last_seq, last_hash = cur.fetchone()
+        row = {
+            "chain_seq": (last_seq or 0) + 1,
+            "at": at,
+            "actor": actor_name,
+            "action": action,
+            "target_type": target_type,
+            "target_id": target_id,
+            "reason": reason,
+            "details_text": details_text,
+        }
+        prev = last_hash or chain.GENESIS
+        return OperatorAction.objects.create(
+            **{k: v for k, v in row.items() if k != "details_text"},
+            details=details,
+            prev_hash=prev,
+            hash=action_hash(row, prev),
+        )
