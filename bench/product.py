@@ -4,7 +4,8 @@
 ``setup``: migrate-free preparation through the real actions — two users in the
 compliance group, ``apply_spec`` → ``submit_version`` (validation and dry-run preview)
 → ``approve_version`` by the second person, then ``trigger_run`` for the dataset's tick.
-Prints the run key and how long approval, trigger and the first planning window took.
+Prints the run key and how long approval, trigger and the first planning window took,
+or ``{"refused": …}`` with the product's error when it refuses the policy or the run.
 
 ``drain``: a worker. After ``django.setup()`` it prints ``ready`` and waits for ``go`` on
 stdin, then runs exactly ``manage.py retention drain RUN_KEY --until-idle`` in-process
@@ -43,7 +44,17 @@ def _user(username: str):
 
 
 def setup(spec: dict) -> dict:
+    """Approve and trigger; a policy or run the product refuses (a key type it does not
+    support yet, say) comes back as ``{"refused": "<the product's error>"}``, not a crash."""
     _django()
+    try:
+        return _setup(spec)
+    except Exception as exc:  # noqa: BLE001 - any refusal is a result of the benchmark
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        return {"refused": message, "rss_kb": peak_rss_kb()}
+
+
+def _setup(spec: dict) -> dict:
     from retention import actions
     from retention.models import Policy, PolicyVersion
     from retention.spec import PolicySpec
@@ -54,7 +65,7 @@ def setup(spec: dict) -> dict:
         "slug": spec["slug"],
         "name": f"bench {spec['slug']}",
         "table": f"bench.{spec['table']}",
-        "key": "id",
+        "key": spec.get("key", "id"),
         "timestamp": "occurred_at",
         "retention": spec["retention"],
         "schedule": "0 0 * * *",
@@ -83,9 +94,9 @@ def setup(spec: dict) -> dict:
     )
     t2 = time.monotonic()
     if run.cutoff != datetime.fromisoformat(spec["cutoff"]):
-        raise SystemExit(f"run cutoff {run.cutoff} differs from the dataset's {spec['cutoff']}")
+        raise RuntimeError(f"run cutoff {run.cutoff} differs from the dataset's {spec['cutoff']}")
     if run.state != run.State.ACTIVE:
-        raise SystemExit(f"run {run.run_key} is {run.state}: {run.state_reason}")
+        raise RuntimeError(f"run {run.run_key} is {run.state}: {run.state_reason}")
     planned = planner.plan(run)  # the first window, as the first worker would plan it
     t3 = time.monotonic()
     return {

@@ -179,7 +179,80 @@ def targets(data: dict, dataset: str) -> list[tuple[str, str, str, bool | None]]
     return out
 
 
+def matrix_table(data: dict, size: str) -> list[str]:
+    """The shape matrix at one size: every shape × contender, ratios within the shape."""
+    out = [
+        "| shape | contender | rows/s | × single | × key-range | WAL B/row | fg p50 / p99 / max ms"
+        " | fg p99 × idle |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    for key in data["datasets"]:
+        shape, _, label = key.partition("/")
+        if label != size:
+            continue
+        runs = _by(data, key)
+        idle = data["idle"].get(key, {})
+        single = runs.get("single", {}).get("rows_per_s")
+        keyrange = runs.get("keyrange", {}).get("rows_per_s")
+        out.append(
+            f"| {shape} | *idle (no cleanup)* | | | | | {_f(idle.get('p50'), 1)} / {_f(idle.get('p99'), 1)}"
+            f" / {_f(idle.get('max'), 1)} | 1.00 |"
+        )
+        for name, r in runs.items():
+            label = _SHORT.get(name, name)
+            if r.get("refused"):
+                out.append(f"| {shape} | {label} | refused: {r['refused']} | | | | | |")
+                continue
+            fg = r["foreground"]
+            note = " (time cap)" if r.get("capped") else ""
+            if r.get("remaining_eligible") and not r.get("capped"):
+                note += f" ({r['remaining_eligible']:,} eligible left: {r.get('run_state', '')})"
+            out.append(
+                f"| {shape} | {label}{note} | {_f(r['rows_per_s'])}"
+                f" | {_f(_ratio(r['rows_per_s'], single), 2)} | {_f(_ratio(r['rows_per_s'], keyrange), 2)}"
+                f" | {_f(r['wal_per_row'], 0)}"
+                f" | {_f(fg.get('p50'), 1)} / {_f(fg.get('p99'), 1)} / {_f(fg.get('max'), 1)}"
+                f" | {_f(_ratio(fg.get('p99'), idle.get('p99')), 2)} |"
+            )
+    return out
+
+
+_SHORT = {
+    "single": "single DELETE",
+    "naive": "naive loop",
+    "keyrange": "key-range loop",
+    "product-1w": "product 1w",
+    "product-2w": "product 2w",
+    "product-2w-guard": "product 2w guard",
+}
+
+
+def matrix_markdown(data: dict) -> str:
+    m = data["machine"]
+    sizes = list(dict.fromkeys(k.partition("/")[2] for k in data["datasets"]))
+    load = [f"{k} {v[0]} → {v[-1]}" for k, v in data.get("load", {}).items() if v]
+    lines = [
+        f"Shape matrix, {data['started_at']}, commit {data.get('commit', '?')} — {m.get('cpus')} CPUs"
+        f" ({m.get('cpu', '')}), {m.get('mem_gb')} GB, PostgreSQL {data['server']}; chunk size"
+        f" {data['chunk_size']}, foreground {data['rate']:.0f} ops/s; total {data['total_s']:.0f} s;"
+        f" one run, contenders one at a time.",
+        "",
+        "Load average (1/5/15 min) at each shape's start → end: " + "; ".join(load) + ".",
+        "",
+    ]
+    for size in sizes:
+        lines += [f"#### Shapes at {size} rows", "", *matrix_table(data, size), ""]
+    lines += ["Shapes:", ""]
+    for key, facts in data["datasets"].items():
+        lines.append(
+            f"- `{key}`: {facts.get('meaning', '')}; {facts['eligible']:,} of {facts['rows']:,} eligible"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def markdown(data: dict) -> str:
+    if data.get("matrix"):
+        return matrix_markdown(data)
     m = data["machine"]
     lines = [
         f"Benchmark ({data['mode']} mode), {data['started_at']} — {m.get('cpus')} CPUs ({m.get('cpu', '')}),"
@@ -219,12 +292,13 @@ def markdown(data: dict) -> str:
 def svg_chart(data: dict) -> str:
     """Two bar panels for the largest base dataset: drain rate (× single DELETE) and foreground
     p99 (ms, with the idle baseline). Hand-drawn SVG: no plotting library."""
+    if data.get("matrix"):
+        return matrix_chart(data)
     keys = [k for k in data["datasets"] if k.startswith("base/")]
     key = keys[-1]
     runs = list(_by(data, key).values())
     idle = data["idle"].get(key, {})
     single = next((r["rows_per_s"] for r in runs if r["contender"] == "single"), None) or 1
-    bar_h, gap, left, width = 22, 8, 390, 360
     panel1 = [
         (
             r["label"],
@@ -237,13 +311,63 @@ def svg_chart(data: dict) -> str:
         (r["label"], r["foreground"].get("p99") or 0, f"{r['foreground'].get('p99') or 0:.1f} ms")
         for r in runs
     ]
-    height = 70 + (len(panel1) + len(panel2)) * (bar_h + gap) + 70
+    title = (
+        f"Retention Runner vs hand-written deletes — {key}"
+        f" rows, {data['machine'].get('cpus')} CPUs, one run"
+    )
+    return bars_svg(
+        title,
+        [
+            ("Drain rate (rows deleted per second, wall clock)", panel1, "#3b6ea8"),
+            ("Foreground p99 latency under the same load (open loop, ms)", panel2, "#c0504d"),
+        ],
+    )
+
+
+def matrix_chart(data: dict) -> str:
+    """The shape matrix at its largest size: the product's drain rate as a multiple of the
+    key-range loop, and foreground p99 as a multiple of idle, per shape."""
+    size = list(dict.fromkeys(k.partition("/")[2] for k in data["datasets"]))[-1]
+    rate, fg = [], []
+    for key in data["datasets"]:
+        shape, _, label = key.partition("/")
+        if label != size:
+            continue
+        runs = _by(data, key)
+        idle = data["idle"].get(key, {}).get("p99")
+        loop = runs.get("keyrange", {}).get("rows_per_s")
+        for name in ("product-1w", "product-2w", "product-2w-guard"):
+            r = runs.get(name)
+            if r is None:
+                continue
+            if r.get("refused"):
+                rate.append((f"{shape}: {_SHORT[name]}", 0, "refused"))
+                continue
+            x = _ratio(r["rows_per_s"], loop)
+            rate.append((f"{shape}: {_SHORT[name]}", x or 0, f"{_f(x, 2)}× key-range loop"))
+            if name != "product-1w":
+                y = _ratio(r["foreground"].get("p99"), idle)
+                fg.append((f"{shape}: {_SHORT[name]}", y or 0, f"{_f(y, 2)}× idle p99"))
+    return bars_svg(
+        f"Shape matrix, {size} rows — {data['machine'].get('cpus')} CPUs, one run,"
+        f" commit {data.get('commit', '?')}",
+        [
+            ("Product drain rate ÷ hand-written key-range loop (same shape)", rate, "#3b6ea8"),
+            ("Foreground p99 ÷ idle p99 (same shape)", fg, "#c0504d"),
+        ],
+    )
+
+
+def bars_svg(title: str, panels: list[tuple[str, list[tuple[str, float, str]], str]]) -> str:
+    """Horizontal bar panels (title, [(label, value, text)], colour) in one SVG."""
+    bar_h, gap, left, width = 22, 8, 390, 360
+    count = sum(len(items) for _, items, _ in panels)
+    height = 70 + count * (bar_h + gap) + 35 * len(panels)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 190}" height="{height}"'
         ' font-family="DejaVu Sans, Arial, sans-serif" font-size="12">',
         '<rect width="100%" height="100%" fill="white"/>',
-        f'<text x="10" y="22" font-size="15" font-weight="bold">Retention Runner vs hand-written deletes — {escape(key)}'
-        f" rows, {data['machine'].get('cpus')} CPUs, one run</text>",
+        f'<text x="10" y="22" font-size="15" font-weight="bold">{escape(title)}</text>',
     ]
     y = 50
 
@@ -264,8 +388,8 @@ def svg_chart(data: dict) -> str:
             y += bar_h + gap
         y += 24
 
-    panel("Drain rate (rows deleted per second, wall clock)", panel1, "#3b6ea8")
-    panel("Foreground p99 latency under the same load (open loop, ms)", panel2, "#c0504d")
+    for name, items, color in panels:
+        panel(name, items, color)
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 

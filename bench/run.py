@@ -4,6 +4,8 @@ on identical copies of one fresh dataset, under the same foreground load, in one
     .venv/bin/python bench/run.py --quick          # 1M rows (+ 200k variants), < 3 minutes
     .venv/bin/python bench/run.py --full           # 1M and 10M rows (+ 1M variants)
     .venv/bin/python bench/run.py --sizes 1M --only single,product-2w --variants base
+    .venv/bin/python bench/run.py --shapes all --sizes 1M   # the shape matrix (bench/dataset.py)
+    .venv/bin/python bench/run.py --shapes interleaved-50,uuid-v4 --sizes 10M --only keyrange,product-2w
 
 Prints the tables (Markdown), checks the targets as ratios of the same run, saves
 ``bench/results/<mode>.json`` and ``.md``, and draws ``docs/performance.svg`` (plus a PNG
@@ -48,10 +50,13 @@ CONTENDERS: dict[str, dict] = {
     },
 }  # fmt: skip
 VARIANT_CONTENDERS = ("single", "keyrange", "product-2w")
+MATRIX_CONTENDERS = ("single", "naive", "keyrange", "product-1w", "product-2w", "product-2w-guard")
 
 MODES = {
     "quick": {"sizes": ["1M"], "variant_rows": "200k", "idle_s": 4.0, "time_cap_s": 60.0},
     "full": {"sizes": ["1M", "10M"], "variant_rows": "1M", "idle_s": 10.0, "time_cap_s": 150.0},
+    # --shapes: every shape of the matrix at every size, the six MATRIX_CONTENDERS on each.
+    "matrix": {"sizes": ["1M"], "idle_s": 6.0, "time_cap_s": 90.0, "time_cap_10m_s": 180.0},
 }
 
 
@@ -157,15 +162,15 @@ class Bench:
 
     # -- one contender ------------------------------------------------------
     def load_spec(self, table: str, rows: int, variant: str) -> dict:
-        retained_from = int(rows * (1 - dataset.RETENTION_DAYS / dataset.SPAN_DAYS)) + 1
+        shape = dataset.shape_of(variant)
         return {
             "dsn": self.url, "table": table, "rate": self.args.rate, "seed": 7,
-            "read_lo": min(rows, retained_from + 1000),
-            "read_hi": rows, "payload_bytes": 2500 if variant == "toast" else 90,
+            "cutoff": self.cutoff.isoformat(), "pk": list(shape.pk), "key_kind": shape.key_kind,
+            "tenant_order": shape.tenant_read_order, "payload_bytes": 2500 if shape.toast else 90,
         }  # fmt: skip
 
     def idle_baseline(self, template: str, rows: int, variant: str, seconds: float) -> dict:
-        table = f"c_{variant}_idle"
+        table = dataset.copy_name(variant, "idle")
         dataset.make_copy(self.conn, template, variant, table)
         load = self.spawn(
             "bench.load",
@@ -184,8 +189,9 @@ class Bench:
         self, name: str, template: str, facts: dict, variant: str, mode: dict
     ) -> dict:
         spec = CONTENDERS[name]
+        shape = dataset.shape_of(variant)
         rows = facts["rows"]
-        table = f"c_{variant}_{name.replace('-', '_')}"
+        table = dataset.copy_name(variant, name)
         tag = f"{variant}-{dataset.size_label(rows)}-{name}"
         self.log(f"{tag}: copying {template}")
         copy = dataset.make_copy(self.conn, template, variant, table)
@@ -196,8 +202,8 @@ class Bench:
         if spec["kind"] == "loop":
             loop_spec = {
                 "dsn": self.url, "table": table, "kind": spec["loop"], "cutoff": self.cutoff.isoformat(),
-                "chunk_size": self.args.chunk_size,
-                "time_cap_s": self.args.time_cap or mode["time_cap_s"],
+                "chunk_size": self.args.chunk_size, "time_cap_s": self.time_cap(mode, rows),
+                "pk": list(shape.pk), "int_key": shape.int_key,
             }  # fmt: skip
             workers.append(self.spawn("bench.loops", json.dumps(loop_spec), tag=tag))
         else:
@@ -210,8 +216,9 @@ class Bench:
                 "slug": f"b{self.stamp}-{variant}-{dataset.size_label(rows).lower()}-{name}",
                 "table": table, "retention": f"{dataset.RETENTION_DAYS} days",
                 "chunk_size": self.args.chunk_size, "target_chunk_ms": self.args.target_chunk_ms,
-                "workers": spec["workers"], "tenant": spec.get("tenant", False),
-                "cascade_ack": [f"{SCHEMA}.{table}_items"] if variant == "cascade" else [],
+                "workers": spec["workers"], "tenant": spec.get("tenant", shape.tenant_policy),
+                "key": shape.policy_key,
+                "cascade_ack": [f"{SCHEMA}.{table}_items"] if shape.cascade else [],
                 "tick": self.tick.isoformat(), "cutoff": self.cutoff.isoformat(),
             }  # fmt: skip
             proc = self.spawn(
@@ -219,6 +226,12 @@ class Bench:
             )
             setup = self.finish(proc)
             result["setup"] = setup
+            if "refused" in setup:
+                self.log(f"{tag}: refused: {setup['refused']}")
+                dataset.drop_copy(self.conn, table)
+                result.update(refused=setup["refused"], rows=0, capped=False, rows_per_s=None,
+                              wal_per_row=None, chunks={}, foreground={}, worker_rss_kb=None)  # fmt: skip
+                return result
             for i in range(spec["workers"]):
                 workers.append(
                     self.spawn(
@@ -227,7 +240,7 @@ class Bench:
                         json.dumps(
                             {
                                 "run_key": setup["run_key"],
-                                "time_cap_s": self.args.time_cap or mode["time_cap_s"],
+                                "time_cap_s": self.time_cap(mode, rows),
                             }
                         ),
                         env=env,
@@ -281,7 +294,7 @@ class Bench:
             chunks=chunk_stats(chunks),
             foreground=foreground_stats(fg["ops"], fg["t0"], started, ended),
         )  # fmt: skip
-        if variant == "cascade":
+        if shape.cascade:
             result["orphans"] = dataset.orphans(self.conn, table)
         if remaining and not capped:
             self.log(f"{tag}: WARNING {remaining} eligible rows left")
@@ -291,6 +304,13 @@ class Bench:
             f" fg p99 {result['foreground']['p99']} ms"
         )
         return result
+
+    def time_cap(self, mode: dict, rows: int) -> float:
+        if self.args.time_cap:
+            return self.args.time_cap
+        if rows >= 10_000_000 and "time_cap_10m_s" in mode:
+            return mode["time_cap_10m_s"]
+        return mode["time_cap_s"]
 
     def ledger(self, run_id: int) -> list[dict]:
         rows = self.conn.execute(
@@ -302,6 +322,13 @@ class Bench:
             {"pid": pid, "start": float(s), "seconds": float(c) - float(s), "rows": n}
             for pid, s, c, n in rows
         ]
+
+    def shapes(self) -> list[str]:
+        wanted = self.args.shapes
+        names = list(dataset.SHAPES) if wanted in (None, "all") else wanted.split(",")
+        for name in names:
+            dataset.shape_of(name)  # an unknown name stops here, before any work
+        return names
 
     # -- the whole run ------------------------------------------------------
     def main(self) -> dict:
@@ -324,10 +351,16 @@ class Bench:
             "machine": machine(), "server": self.conn.execute("SHOW server_version").fetchone()[0],
             "chunk_size": args.chunk_size, "target_chunk_ms": args.target_chunk_ms, "rate": args.rate,
             "retention_days": dataset.RETENTION_DAYS, "runs": [], "idle": {}, "datasets": {},
+            "load": {}, "commit": commit(),
         }  # fmt: skip
-        plan = [(rows, "base", names) for rows in sizes]
-        variant_rows = dataset.parse_size(mode["variant_rows"])
-        for variant in variants:
+        if args.mode == "matrix":
+            out["matrix"] = True
+            names = only or list(MATRIX_CONTENDERS)
+            plan = [(rows, shape, names) for rows in sizes for shape in self.shapes()]
+        else:
+            plan = [(rows, "base", names) for rows in sizes]
+            variant_rows = dataset.parse_size(mode["variant_rows"])
+        for variant in variants if args.mode != "matrix" else ():
             if variant != "base":
                 plan.append((variant_rows, variant, [n for n in names if n in VARIANT_CONTENDERS]))
         for rows, variant, contenders in plan:
@@ -341,13 +374,14 @@ class Bench:
                 f"dataset {key}: {facts['eligible']:,} eligible of {rows:,} ({facts['seconds']:.1f}s)"
             )
             out["idle"][key] = self.idle_baseline(facts["table"], rows, variant, mode["idle_s"])
+            out["load"].setdefault(key, []).append(load_average())
             self.log(f"idle {key}: fg p99 {out['idle'][key]['p99']} ms")
             for name in contenders:
                 res = self.run_contender(name, facts["table"], facts, variant, mode)
                 res["dataset"] = key
                 out["runs"].append(res)
-            self.conn.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{facts['table']}_items")
-            self.conn.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{facts['table']}")
+            out["load"][key].append(load_average())
+            dataset.drop_copy(self.conn, facts["table"])
         out["total_s"] = round(time.monotonic() - t_start, 1)
         return out
 
@@ -399,6 +433,21 @@ def foreground_stats(ops: list, t0: float, start: float, end: float) -> dict:
     }
 
 
+def load_average() -> str:
+    """The machine's load average (1, 5, 15 min), as ``uptime`` prints it."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def commit() -> str:
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    )
+    return done.stdout.strip() or "?"
+
+
 def machine() -> dict:
     info = {"cpus": os.cpu_count()}
     try:
@@ -420,7 +469,12 @@ def main() -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quick", dest="mode", action="store_const", const="quick")
     group.add_argument("--full", dest="mode", action="store_const", const="full")
+    group.add_argument("--matrix", dest="mode", action="store_const", const="matrix")
     parser.set_defaults(mode="quick")
+    parser.add_argument(
+        "--shapes",
+        help=f"the shape matrix (implies --matrix): all or comma-separated of {', '.join(dataset.SHAPES)}",
+    )
     parser.add_argument(
         "--sizes", help="comma-separated table sizes, e.g. 1M,10M (default by mode)"
     )
@@ -442,6 +496,8 @@ def main() -> None:
         "--report", type=Path, help="only redraw tables and chart from a results JSON"
     )
     args = parser.parse_args()
+    if args.shapes:
+        args.mode = "matrix"
     if args.report:
         data = json.loads(args.report.read_text())
         print(report.markdown(data))
@@ -452,13 +508,24 @@ def main() -> None:
         return
     data = Bench(args).main()
     RESULTS.mkdir(exist_ok=True)
-    name = args.mode if not (args.only or args.sizes or args.variants) else f"{args.mode}-partial"
+    if args.mode == "matrix":
+        sizes = args.sizes or ",".join(MODES["matrix"]["sizes"])
+        name = f"matrix-{sizes.replace(',', '-')}" + (
+            "-partial" if args.only or args.shapes not in (None, "all") else ""
+        )
+    else:
+        name = (
+            args.mode if not (args.only or args.sizes or args.variants) else f"{args.mode}-partial"
+        )
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
     text = report.markdown(data)
     (RESULTS / f"{name}.md").write_text(text)
     print(text)
     if not args.no_chart:
-        svg = ROOT / "docs" / "performance.svg" if name in MODES else RESULTS / f"{name}.svg"
+        if args.mode == "matrix":
+            svg = ROOT / "docs" / f"performance-{name}.svg"
+        else:
+            svg = ROOT / "docs" / "performance.svg" if name in MODES else RESULTS / f"{name}.svg"
         svg.write_text(report.svg_chart(data))
         png = report.to_png(svg)
         print(
