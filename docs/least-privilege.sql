@@ -28,6 +28,7 @@ GRANT SELECT, INSERT, UPDATE ON TABLE runs_chunk TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE ON TABLE runs_plannercursor TO :"worker_role";
 GRANT SELECT, INSERT, UPDATE ON TABLE runs_lease TO :"worker_role";
 GRANT SELECT, INSERT ON TABLE runs_deadletter TO :"worker_role";
+GRANT SELECT, INSERT, UPDATE ON TABLE runs_partitionaction TO :"worker_role";
 GRANT SELECT, INSERT, DELETE ON TABLE runs_guardsample TO :"worker_role";
 
 -- The audit trail: append only (SELECT for the chain head and INSERT ... RETURNING).

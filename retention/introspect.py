@@ -23,7 +23,7 @@ from django.utils.module_loading import import_string
 from psycopg import sql
 
 from core import timeouts
-from retention import predicate
+from retention import partitions, predicate
 from retention.spec import PolicySpec, SpecError
 
 KEY_TYPES = ("int2", "int4", "int8")
@@ -383,6 +383,24 @@ def validate(spec: PolicySpec) -> Validation:
                 f"{ref} references {where} with ON DELETE {fk.on_delete.upper()}: "
                 f"deleting updates those rows"
             )
+    tree = partitions.read_tree(spec)  # SpecError: sub-partitioned, or pg_partman's
+    if tree is not None and tree.on:
+        result.warnings.append(
+            f"{where} is range-partitioned by {tree.partkey} ({len(tree.partitions)} "
+            f"partitions): a partition wholly past the cutoff with nothing kept or held is "
+            f"detached and {'dropped' if spec.partition_action == 'drop' else 'left detached'}"
+            f"; the others{' and the default partition' if tree.has_default else ''} are "
+            f"deleted in chunks"
+        )
+    elif tree is not None:
+        result.warnings.append(
+            f"{where} is partitioned by {tree.partkey}, but {tree.why}: no partition is "
+            f"dropped whole, every row is deleted in chunks"
+        )
+    elif spec.partition_action != "drop":
+        result.warnings.append(
+            f"partition_action = {spec.partition_action!r} has no effect: {where} is not partitioned"
+        )
     stray = sorted(acknowledged - {fk.table for fk in result.foreign_keys if fk.acknowledged})
     if stray:
         result.warnings.append(

@@ -20,7 +20,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from psycopg import sql
 
-from retention import predicate
+from retention import partitions, predicate
 from retention.schedule_math import latest_tick
 from retention.spec import PolicySpec
 
@@ -264,6 +264,8 @@ def preview(
         "rows_per_second": None,
         "rate_source": "assumed",
         "drain_seconds": 0.0,
+        "partitions": [],
+        "rows_taken_whole": 0,
         "foreign_keys": [fk for fk in validation.to_json()["foreign_keys"]],
         "warnings": list(validation.warnings),
         "timed_out": False,
@@ -295,6 +297,11 @@ def preview(
                 text, params = _sample_query(spec, policy_id=policy_id, cutoff=cutoff)
                 cur.execute(text, params)
                 result["sample_keys"] = [row[0] for row in cur.fetchall()]
+            # per partition of a partitioned table: bounds, rows, kept, held, the action
+            result["partitions"] = partitions.plan(spec, policy_id=policy_id, cutoff=cutoff)
+            result["rows_taken_whole"] = sum(
+                p["rows"] for p in result["partitions"] if p["action"] in ("drop", "detach")
+            )
     except DatabaseError as exc:
         if isinstance(exc.__cause__, psycopg.errors.QueryCanceled):
             result["timed_out"] = True

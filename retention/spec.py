@@ -24,6 +24,7 @@ RETENTION_UNITS = {"minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
 CATCH_UP_MODES = ("latest", "none")
 OVERLAP_MODES = ("wait", "skip")
 VACUUM_MODES = ("recommend", "run", "off")
+PARTITION_ACTIONS = ("drop", "detach")
 # Bounds on a policy file, so no input makes the parser, the preview or the DELETE unbounded.
 MAX_POLICY_BYTES = 64 * 1024
 MAX_KEEP_RULES = 32
@@ -325,6 +326,10 @@ FIELDS: tuple[Field, ...] = (
           "verification passes before a run needs attention", lo=1, hi=20),
     Field("vacuum", "vacuum", "choice", "recommend", "",
           "what to do about dead tuples after a drained run", choices=VACUUM_MODES),
+    Field("partition_action", "partition_action", "choice", "drop", "",
+          "a partitioned table's partition that is wholly past the cutoff, with nothing kept "
+          "or held, is detached and dropped, or left detached (docs/policies.md, "
+          "\"Partitioned tables\")", choices=PARTITION_ACTIONS),
     Field("keep", "keep", "special", (), "see below", "rows that are never deleted",
           shown_default="none"),
 )  # fmt: skip
@@ -414,6 +419,9 @@ class PolicySpec:
     # (exported as retention_backlog_slo_seconds; deploy/prometheus/alerts.yml). None: no
     # SLO, and left out of the stored JSON like timestamp_zone.
     max_backlog_age: str | None = None
+    # What a run does with a partition it may drop whole; left out of the stored JSON when
+    # "drop" (the default), so the content hash of an older version does not change.
+    partition_action: str = "drop"
 
     @classmethod
     def parse(cls, data: dict) -> PolicySpec:
@@ -524,6 +532,8 @@ class PolicySpec:
             del data["timestamp_zone"]
         if data["max_backlog_age"] is None:
             del data["max_backlog_age"]
+        if data["partition_action"] == "drop":
+            del data["partition_action"]
         return data
 
     @classmethod

@@ -27,7 +27,10 @@ V2_FIELDS = (
     *V1_FIELDS, "chain_version", "run_key", "version_number", "version_hash", "author_id",
     "submitted_by_id", "approved_by_id", "approved_at", "approval_reason",
 )  # fmt: skip
-HASHED_COLUMNS = [*V2_FIELDS, "prev_hash", "hash"]
+# Version 3: a partition taken whole (runs.partitions) — version 2's fields and ``partition``.
+PARTITION_CHAIN_VERSION = 3
+V3_FIELDS = (*V2_FIELDS, "partition")
+HASHED_COLUMNS = [*V3_FIELDS, "prev_hash", "hash"]
 
 
 def _v1_hash(values: dict, prev_hash: str) -> str:
@@ -39,8 +42,12 @@ def _v1_hash(values: dict, prev_hash: str) -> str:
 
 
 def record_hash(values: dict, prev_hash: str) -> str:
-    if values.get("chain_version", 1) == 1:
+    version = values.get("chain_version", 1)
+    if version == 1:
         return _v1_hash(values, prev_hash)
+    if version == PARTITION_CHAIN_VERSION:
+        fields = {name: values[name] for name in V3_FIELDS}
+        return chain.link_hash(fields, prev_hash, version=PARTITION_CHAIN_VERSION)
     return chain.link_hash({name: values[name] for name in V2_FIELDS}, prev_hash)
 
 
@@ -78,7 +85,7 @@ def append(**values) -> dict:
     seq = (last_seq + 1) if last_seq else 1
     prev = last_hash or GENESIS
     values = {**values, "chain_seq": seq, "committed_at": committed_at}
-    values["chain_version"] = CHAIN_VERSION
+    values["chain_version"] = PARTITION_CHAIN_VERSION if values.get("partition") else CHAIN_VERSION
     values["hash"] = record_hash(values, prev)
     values["prev_hash"] = prev
     AuditRecord.objects.create(**values)

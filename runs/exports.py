@@ -29,6 +29,7 @@ from runs.models import AuditRecord, Chunk, Run
 from runs.progress import progress_for
 
 BATCH = 5000
+PARTITION_KEYS = ("name", "bounds", "rows", "digest")
 
 CSV_COLUMNS = [
     ("chain_seq", "chain_seq"),
@@ -47,13 +48,21 @@ CSV_COLUMNS = [
     ("attempt", "attempt"),
     ("rows_deleted", "rows_deleted"),
     ("outcome", "outcome"),
+    # a partition taken whole (outcome dropped / detached): what its record names
+    ("partition", "partition_name"),
+    ("partition_bounds", "partition_bounds"),
+    ("partition_rows", "partition_rows"),
+    ("partition_digest", "partition_digest"),
     ("worker_host", "worker_host"),
     ("worker_pid", "worker_pid"),
     ("prev_hash", "prev_hash"),
     ("hash", "hash"),
 ]
 # Columns that hold free text (names, tenants, hosts); only these can carry a formula.
-TEXT_COLUMNS = {"policy", "run_key", "table", "tenant", "outcome", "worker_host"}
+TEXT_COLUMNS = {
+    "policy", "run_key", "table", "tenant", "outcome", "worker_host", "partition",
+    "partition_bounds",
+}  # fmt: skip
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -63,6 +72,19 @@ class IsoText(Func):
 
     template = "(to_json(%(expressions)s) #>> '{}')"
     output_field = TextField()
+
+
+class PartitionFact(Func):
+    """One key of the record's ``partition`` document as text, the key written into the SQL
+    (one of ``PARTITION_KEYS``, never a value from a request): ``Neutralized`` repeats its
+    expression, which a bound key parameter cannot follow."""
+
+    template = "(%(expressions)s ->> '%(key)s')"
+    output_field = TextField()
+
+    def __init__(self, expression, *, key: str):
+        assert key in PARTITION_KEYS
+        super().__init__(expression, key=key)
 
 
 class Neutralized(Func):
@@ -177,6 +199,7 @@ def csv_rows(filters: AuditFilters) -> Iterator[bytes]:
         "committed_at_text": IsoText("committed_at"),
         "started_at_text": IsoText("started_at"),
         "cutoff_text": IsoText("cutoff"),
+        **{f"partition_{k}": PartitionFact("partition", key=k) for k in PARTITION_KEYS},
     }
     columns = []
     for name, field in CSV_COLUMNS:
@@ -294,6 +317,21 @@ def manifest_header(run: Run) -> dict:
             "last_committed_at": _iso(progress.last_commit),
         },
         "verification": run.verification,
+        "partitions": [
+            {
+                "partition": f"{a.schema}.{a.name}",
+                "bounds": a.bounds,
+                "action": a.action,
+                "state": a.state,
+                "concurrently": a.concurrently,
+                "rows": a.rows,
+                "digest": f"md5:{a.digest}" if a.digest else None,
+                "note": a.note,
+                "chunk": a.chunk_id,
+                "done_at": _iso(a.done_at),
+            }
+            for a in run.partition_actions.order_by("id")
+        ],
         "audit_chain": {
             "head_seq": head["chain_seq"] if head else None,
             "head_hash": head["hash"] if head else audit.GENESIS,
@@ -321,6 +359,7 @@ CHUNK_FIELDS = [
     ("audit_seq", "audit__chain_seq"),
     ("audit_hash", "audit__hash"),
     ("committed_at", "audit__committed_at"),
+    ("partition", "audit__partition"),  # a partition taken whole (pass 0): its record's facts
 ]
 
 

@@ -26,7 +26,7 @@ from django.db.models import Count, Max, Q, Sum
 from psycopg import sql
 
 from runs.audit import verify_chain
-from runs.models import AuditRecord, Chunk, Run
+from runs.models import AuditRecord, Chunk, PartitionAction, Run
 
 ROW = sql.Identifier("r")
 
@@ -292,6 +292,65 @@ def _ledger_problems(run: Run) -> list[str]:
     return problems
 
 
+def _partition_problems(run: Run, spec) -> list[str]:
+    """Each partition the run took whole: its audit record, its ledger row and the table agree
+    — a dropped partition is gone; a detached one is no longer attached and still holds exactly
+    the rows (count and md5 of the ordered keys) its record names."""
+    problems: list[str] = []
+    actions = {
+        f"{a.schema}.{a.name}": a
+        for a in PartitionAction.objects.filter(run=run, state__in=["dropped", "detached"])
+    }
+    records = AuditRecord.objects.filter(run=run, partition__isnull=False)
+    seen = set()
+    parent = sql.Identifier(spec.schema, spec.table)
+    for record in records:
+        facts = record.partition
+        name = facts["name"]
+        seen.add(name)
+        action = actions.get(name)
+        if action is None or action.state != facts["action"] or action.chunk_id != record.chunk_id:
+            problems.append(f"partition {name}: the audit record and the ledger disagree")
+        if record.rows_deleted != facts["rows"]:
+            problems.append(
+                f"partition {name}: {record.rows_deleted} rows audited, {facts['rows']} named"
+            )
+        schema, table = name.split(".", 1)
+        (exists, is_attached) = _scalar(
+            sql.SQL(
+                "SELECT to_regclass(%s) IS NOT NULL, EXISTS (SELECT 1 FROM pg_inherits"
+                " WHERE inhrelid = to_regclass(%s) AND inhparent = to_regclass(%s))"
+            ),
+            [sql.Identifier(schema, table).as_string(connection.connection)] * 2
+            + [parent.as_string(connection.connection)],
+        )
+        if facts["action"] == "dropped":
+            if exists:
+                problems.append(f"partition {name} was audited as dropped but still exists")
+            continue
+        if not exists:
+            problems.append(f"detached partition {name} is gone")
+            continue
+        if is_attached:
+            problems.append(f"partition {name} was audited as detached but is attached")
+        key = sql.Identifier(spec.key)
+        rows, digest = _scalar(
+            sql.SQL(
+                "SELECT count(*), md5(coalesce(string_agg({k}::text, ',' ORDER BY {k}), ''))"
+                " FROM {t}"
+            ).format(k=key, t=sql.Identifier(schema, table)),
+            [],
+        )
+        if rows != facts["rows"] or f"md5:{digest}" != facts["digest"]:
+            problems.append(
+                f"detached partition {name} holds {rows} row(s) with digest md5:{digest}, its "
+                f"record names {facts['rows']} with digest {facts['digest']}"
+            )
+    for name in sorted(set(actions) - seen):
+        problems.append(f"partition {name} was {actions[name].state} without an audit record")
+    return problems
+
+
 def check_run(
     run: Run,
     *,
@@ -306,6 +365,7 @@ def check_run(
     run = Run.objects.select_related("policy_version").get(pk=run.pk)
     spec = run.policy_version.parsed
     problems = _ledger_problems(run)
+    problems += _partition_problems(run, spec)
 
     expected = expected_cutoff(run)
     if expected is not None and expected != run.cutoff:

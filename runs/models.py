@@ -207,6 +207,9 @@ class AuditRecord(models.Model):
     approved_by_id = models.IntegerField(null=True, blank=True)
     approved_at = models.DateTimeField(null=True, blank=True)
     approval_reason = models.TextField(blank=True)
+    # Chain version 3: a partition detached (and dropped) whole — name, bounds, rows and the
+    # md5 of its ordered keys, taken before the drop (runs.partitions). NULL for a chunk.
+    partition = models.JSONField(null=True, blank=True)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
 
@@ -224,6 +227,43 @@ class AuditRecord(models.Model):
 
     def __str__(self) -> str:
         return f"audit #{self.chain_seq} chunk {self.chunk_id}: {self.rows_deleted} rows"
+
+
+class PartitionAction(models.Model):
+    """What a run did with one partition it could take whole (docs/engine.md, "Partitions").
+    Recorded before the detach, so a detach interrupted by a crash is finished (or undone) by
+    the next attempt; ``chunk`` is the pass-0 ledger chunk whose audit record proves it."""
+
+    class State(models.TextChoices):
+        DETACHING = "detaching"
+        DROPPED = "dropped"
+        DETACHED = "detached", "detached (kept)"
+        LEFT = "left", "left attached (deleted in chunks)"
+
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="partition_actions")
+    schema = models.CharField(max_length=63)
+    name = models.CharField(max_length=63)
+    bounds = models.TextField()
+    action = models.CharField(max_length=8)  # the policy's partition_action: drop | detach
+    concurrently = models.BooleanField(default=False)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.DETACHING)
+    rows = models.BigIntegerField(null=True, blank=True)
+    digest = models.CharField(max_length=40, blank=True)
+    note = models.TextField(blank=True)  # why a partition was left attached
+    chunk = models.OneToOneField(
+        Chunk, on_delete=models.PROTECT, null=True, blank=True, related_name="partition_action"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "schema", "name"], name="partition_action_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.name}: {self.get_state_display()}"
 
 
 class DeadLetter(models.Model):

@@ -224,6 +224,21 @@ def run_page_context(run: Run) -> dict:
         "troubled": troubled,
         "letters": letters,
         "leases": leases,
+        # partitions taken whole (or left to the chunks), beside the chunks
+        "partition_actions": list(
+            run.partition_actions.order_by("id").values(
+                "schema",
+                "name",
+                "bounds",
+                "state",
+                "rows",
+                "digest",
+                "note",
+                "chunk_id",
+                "chunk__audit__chain_seq",
+                "done_at",
+            )
+        ),
         "tenants": p.tenants,
         "broker": p.broker,
         "now": now,

@@ -27,7 +27,7 @@ from django.utils import timezone
 from core import locks
 from retention import predicate as P
 from retention.models import PolicyVersion
-from runs import actions, audit, guard, planner, stopping
+from runs import actions, audit, guard, partitions, planner, stopping
 from runs.errors import PERMANENT, classify, sqlstate_of
 from runs.models import Chunk, DeadLetter, Lease, Run, discarded_scopes
 
@@ -528,6 +528,19 @@ def drain(
                     stats["stopped"] = "lease superseded"
                     return stats
                 last_beat = time.monotonic()
+            if partitions.needs_settling(run) and partitions.settle(run) == partitions.POSTPONED:
+                # the guard, a decision in progress or another lease: the planner waits, so
+                # that no partition it could take whole is planned as chunks meanwhile
+                run = load()
+                if run is None or run.state != Run.State.ACTIVE:
+                    stats["stopped"] = f"run is {run.state if run else 'gone'}"
+                    return stats
+                if until_idle:
+                    stats["stopped"] = "idle: partitions postponed"
+                    stats["continue"] = True
+                    return stats
+                stopping.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+                continue
             if not run.planner_done:
                 if Chunk.objects.pending().filter(run=run).count() <= window // 2:
                     try:

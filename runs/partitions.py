@@ -1,0 +1,303 @@
+"""Partition-aware runs: a partition wholly past the cutoff, with nothing in it kept or held,
+is detached and dropped (or left detached) instead of deleted row by row; everything else is
+left to the planner's chunks over the parent. docs/engine.md, "Partitions".
+
+Ordering against decisions is the chunk's: the global fence and the policy's fence are taken
+shared before anything is read, and held until the drop (or the detach) has committed, so a
+legal hold that commits first is seen, and one placed later waits for the drop. No held row is
+ever dropped: the drop transaction checks every row of the detached table again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from contextlib import contextmanager
+
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+from psycopg import sql
+
+from core import locks
+from retention import partitions as RP
+from retention.models import PolicyVersion
+from retention.spec import SpecError
+from runs import audit, guard, planner
+from runs.errors import classify
+from runs.models import Chunk, PartitionAction, PlannerCursor, Run, discarded_scopes
+
+log = logging.getLogger(__name__)
+
+HOST = socket.gethostname()
+PARTITIONS = 0x52520040  # one lease settles a run's partitions at a time (run id)
+
+SETTLED = "settled"
+POSTPONED = "postponed"  # refused, throttled or busy: the planner must not start yet
+
+
+def _exec(query, params=()):
+    with connection.cursor() as cur:
+        cur.execute(
+            query.as_string(cur.connection) if not isinstance(query, str) else query, params
+        )
+        return cur.fetchall() if cur.description else None
+
+
+def needs_settling(run: Run) -> bool:
+    """Pass 1 before its first plan step (the planner's cursors not made yet)."""
+    return (
+        run.pass_no == 1
+        and not run.planner_done
+        and not PlannerCursor.objects.filter(run=run, pass_no=1).exists()
+    )
+
+
+def _refusal(run: Run) -> str:
+    """Why the run may not act now ('' when it may): the worker's admission read, in a
+    statement of its own after the fences were granted (runs.worker._open_chunk_transaction)."""
+    ((kill, state, enabled, paused, version_state),) = _exec(
+        "SELECT coalesce((SELECT k.on FROM retention_killswitch k WHERE k.name = 'global'), false),"
+        " (SELECT r.state FROM runs_run r WHERE r.id = %s),"
+        " (SELECT p.enabled FROM retention_policy p WHERE p.id = %s),"
+        " (SELECT p.paused FROM retention_policy p WHERE p.id = %s),"
+        " (SELECT v.state FROM retention_policyversion v WHERE v.id = %s)",
+        [run.pk, run.policy_id, run.policy_id, run.policy_version_id],
+    )
+    if kill:
+        return "global kill switch is on"
+    if state != Run.State.ACTIVE:
+        return f"run is {state}"
+    if not enabled:
+        return "policy is disabled"
+    if paused:
+        return "policy is paused"
+    if version_state != PolicyVersion.State.APPROVED:
+        return "policy version superseded"
+    return ""
+
+
+@contextmanager
+def _session_fences(run: Run, spec):
+    """The global fence and the policy's fence, shared, for the session (a concurrent detach
+    cannot run inside a transaction), under the policy's lock timeout. Released on exit."""
+    _exec("SELECT set_config('lock_timeout', %s, false)", [f"{spec.lock_timeout_ms}ms"])
+    try:
+        _exec("SELECT pg_advisory_lock_shared(%s, 0)", [locks.HOLDS])
+        try:
+            _exec("SELECT pg_advisory_lock_shared(%s, %s)", [locks.POLICY_FENCE, run.policy_id])
+            try:
+                yield
+            finally:
+                _exec(
+                    "SELECT pg_advisory_unlock_shared(%s, %s)", [locks.POLICY_FENCE, run.policy_id]
+                )
+        finally:
+            _exec("SELECT pg_advisory_unlock_shared(%s, 0)", [locks.HOLDS])
+    finally:
+        _exec("SELECT set_config('lock_timeout', '0', false)")
+
+
+def settle(run: Run) -> str:
+    """Take whole what the partitions allow, before the planner's first step of pass 1.
+    ``SETTLED``: the planner may plan the parent; ``POSTPONED``: try again later."""
+    spec = run.policy_version.parsed
+    try:
+        tree = RP.read_tree(spec)
+    except (SpecError, DatabaseError) as exc:
+        if isinstance(exc, DatabaseError) and classify(exc).label == "connection lost":
+            raise
+        # validation accepted the table, the catalog changed since (or cannot be read by
+        # this role): nothing is taken whole, the chunks decide row by row
+        log.warning("run %s: partitions not read, deleting in chunks: %s", run.run_key, exc)
+        return SETTLED
+    if tree is None or not tree.on:
+        return SETTLED
+    if not _exec("SELECT pg_try_advisory_lock(%s, %s)", [PARTITIONS, run.id])[0][0]:
+        return POSTPONED  # another lease settles them
+    try:
+        if not needs_settling(run):
+            return SETTLED
+        verdict = guard.admission(run, spec)
+        if not verdict.admit:
+            return POSTPONED
+        for part in tree.partitions:
+            if settle_one(run, spec, tree, part) == POSTPONED:
+                return POSTPONED
+        # an intent left by an interrupted attempt whose partition is no longer in the tree
+        for action in PartitionAction.objects.filter(
+            run=run, state=PartitionAction.State.DETACHING
+        ):
+            if _finish(run, spec, tree, action) == POSTPONED:
+                return POSTPONED
+        return SETTLED
+    except DatabaseError as exc:
+        if classify(exc).label == "connection lost":
+            raise
+        log.warning("run %s: partitions postponed: %s", run.run_key, exc)
+        return POSTPONED
+    finally:
+        if connection.connection is not None and not connection.needs_rollback:
+            try:
+                _exec("SELECT pg_advisory_unlock(%s, %s)", [PARTITIONS, run.id])
+            except DatabaseError:
+                connection.close()
+
+
+def settle_one(run: Run, spec, tree: RP.Tree, part: RP.Partition) -> str:
+    existing = PartitionAction.objects.filter(run=run, schema=part.schema, name=part.name).first()
+    if existing is not None and existing.state != PartitionAction.State.DETACHING:
+        return SETTLED
+    if existing is None and not RP.bound_past(spec, tree, part, run.cutoff):
+        return SETTLED
+    with _session_fences(run, spec):
+        if _refusal(run):
+            return POSTPONED
+        if existing is None:
+            census = RP.census(spec, part, policy_id=run.policy_id, cutoff=run.cutoff,
+                               outside=discarded_scopes(run))  # fmt: skip
+            if not census.droppable:
+                return SETTLED  # held, kept, not eligible or empty: the chunks decide per row
+            # DETACH CONCURRENTLY needs PostgreSQL 14, no default partition, and no
+            # transaction block around it
+            concurrently = (
+                connection.pg_version >= 140000
+                and not tree.has_default
+                and not connection.in_atomic_block
+            )
+            existing = PartitionAction.objects.create(
+                run=run, schema=part.schema, name=part.name, bounds=part.bound,
+                action=spec.partition_action, concurrently=concurrently, rows=census.rows,
+            )  # fmt: skip
+        return _finish(run, spec, tree, existing)
+
+
+def _parent(spec) -> sql.Identifier:
+    return sql.Identifier(spec.schema, spec.table)
+
+
+def _attached(spec, action: PartitionAction) -> tuple[bool, bool] | None:
+    """(attached to the policy's table, detach pending); None: no such table any more."""
+    rows = _exec(
+        "SELECT i.inhparent = to_regclass(quote_ident(%s) || '.' || quote_ident(%s)),"
+        " coalesce(i.inhdetachpending, false)"
+        " FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " LEFT JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid"
+        " WHERE n.nspname = %s AND c.relname = %s",
+        [spec.schema, spec.table, action.schema, action.name],
+    )
+    if not rows:
+        return None
+    return bool(rows[0][0]), bool(rows[0][1])
+
+
+def _detach(spec, action: PartitionAction) -> None:
+    """Detach the partition: concurrently (two transactions of PostgreSQL's own, outside any
+    block of ours) when the server allows it, else in a transaction under the lock timeout."""
+    child = sql.Identifier(action.schema, action.name)
+    state = _attached(spec, action)
+    if state is None or not state[0]:
+        return  # detached already (an earlier attempt got this far)
+    _exec("SELECT set_config('statement_timeout', %s, false)", [f"{spec.statement_timeout_ms}ms"])
+    try:
+        if state[1]:  # an interrupted concurrent detach: finish it
+            _exec(
+                sql.SQL("ALTER TABLE {} DETACH PARTITION {} FINALIZE").format(_parent(spec), child)
+            )
+        elif action.concurrently:
+            _exec(
+                sql.SQL("ALTER TABLE {} DETACH PARTITION {} CONCURRENTLY").format(
+                    _parent(spec), child
+                )
+            )
+        else:
+            with transaction.atomic():
+                _exec("SELECT set_config('lock_timeout', %s, true)", [f"{spec.lock_timeout_ms}ms"])
+                _exec(sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(_parent(spec), child))
+    finally:
+        _exec("SELECT set_config('statement_timeout', '0', false)")
+
+
+def _finish(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
+    """Detach (if not yet), then in one transaction: check every row again, audit, drop."""
+    try:
+        _detach(spec, action)
+    except DatabaseError as exc:
+        state = _attached(spec, action)
+        if state is not None and state[0] and not state[1]:
+            # still attached (no privilege to detach, a lock held too long): the chunks delete it
+            log.warning(
+                "run %s: %s.%s left to chunks: %s", run.run_key, action.schema, action.name, exc
+            )
+            _leave(action, f"not detached: {str(exc).splitlines()[0] if str(exc) else exc}")
+            return SETTLED
+        raise
+    part = RP.Partition(action.schema, action.name, action.bounds, None, None, None)
+    started = timezone.now()
+    with transaction.atomic():
+        _exec(
+            "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true),"
+            " pg_advisory_xact_lock_shared(%s, 0), pg_advisory_xact_lock_shared(%s, %s)",
+            [f"{spec.lock_timeout_ms}ms", f"{spec.statement_timeout_ms}ms", locks.HOLDS,
+             locks.POLICY_FENCE, run.policy_id],
+        )  # fmt: skip
+        if _attached(spec, action) is None:
+            raise DatabaseError(f"partition {action.schema}.{action.name} is gone")
+        _exec(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(part.ident()))
+        census = RP.census(spec, part, policy_id=run.policy_id, cutoff=run.cutoff,
+                           outside=discarded_scopes(run), digest=True)  # fmt: skip
+        if not census.droppable:
+            # a row may no longer go (a hold that committed while the detach was interrupted):
+            # put the partition back with the bounds it had, and let the chunks decide per row
+            _exec(
+                sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(
+                    _parent(spec),
+                    part.ident(),
+                    sql.SQL(action.bounds),  # catalog text
+                )
+            )
+            _leave(action, f"{census.protected} row(s) may not go: attached again")
+            return SETTLED
+        dropped = action.action == "drop"
+        chunk = Chunk.objects.create(
+            run=run, pass_no=0, tenant="", seq=0, key_from=census.min_key,
+            key_to=planner.exclusive_end(census.max_key), planned_rows=census.rows, state=Chunk.State.DONE,
+            done_at=timezone.now(), attempts=1,
+        )  # fmt: skip
+        facts = {
+            "name": f"{action.schema}.{action.name}",
+            "bounds": action.bounds,
+            "rows": census.rows,
+            "digest": f"md5:{census.digest}",
+            "action": "dropped" if dropped else "detached",
+            "concurrently": action.concurrently,
+        }
+        audit.append(
+            chunk_id=chunk.id, run_id=run.id, policy_version_id=run.policy_version_id,
+            policy_slug=spec.slug, table_name=spec.qualified_table, cutoff=run.cutoff, tenant="",
+            key_from=chunk.key_from, key_to=chunk.key_to, attempt=1, worker_host=HOST,
+            worker_pid=os.getpid(), rows_deleted=census.rows, started_at=started,
+            outcome=facts["action"], run_key=run.run_key, partition=facts,
+            **audit.version_facts(run.policy_version),
+        )  # fmt: skip
+        PartitionAction.objects.filter(pk=action.pk).update(
+            state=PartitionAction.State.DROPPED if dropped else PartitionAction.State.DETACHED,
+            rows=census.rows, digest=census.digest or "", chunk=chunk, done_at=timezone.now(),
+        )  # fmt: skip
+        if dropped:
+            _exec(sql.SQL("DROP TABLE {}").format(part.ident()))
+    log.info(
+        "run %s: partition %s %s (%s rows)",
+        run.run_key,
+        facts["name"],
+        facts["action"],
+        census.rows,
+    )
+    return SETTLED
+
+
+def _leave(action: PartitionAction, why: str) -> None:
+    PartitionAction.objects.filter(pk=action.pk).update(
+        state=PartitionAction.State.LEFT, note=why[:2000], done_at=timezone.now()
+    )
+    log.info("partition %s.%s: %s", action.schema, action.name, why)

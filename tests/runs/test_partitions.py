@@ -1,0 +1,412 @@
+"""Partition-aware runs on a real range-partitioned table (monthly partitions): a partition
+wholly past the cutoff with nothing kept or held is detached and dropped (or left detached)
+and audited in the same hash chain; one with a held tenant or a kept row is deleted in chunks
+and those rows survive; a hold that commits before the detach wins. docs/engine.md,
+"Partitions"."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.db import connection, transaction
+
+from retention import actions as retention_actions
+from retention import introspect
+from retention.spec import PolicySpec, SpecError
+from runs import exports, worker
+from runs.actions import trigger_run
+from runs.audit import HASHED_COLUMNS, record_hash, verify_chain
+from runs.invariants import check_run
+from runs.models import AuditRecord, PartitionAction, Run
+from tests.factories import approved_policy, events_spec
+from tests.runs.conftest import NOW, count
+from tests.runs.processes import pg_connect, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+MONTHS = [f"2026_{m:02d}" for m in range(1, 13)]
+EXPIRED = MONTHS[:7]  # retention 120 days before 2026-11-30 12:00: cutoff 2026-08-02 12:00
+
+
+def create_partitioned(name: str = "rr_parts", rows: int = 6000, *, default: bool = False,
+                       on: str = "occurred_at") -> None:  # fmt: skip
+    """``public.<name>``: 12 monthly partitions of 2026 (``<name>_2026_MM``); ``rows`` rows
+    from 2026-01-01 to NOW, ids increasing with time, tenants 1–4; a few 'disputed' rows in
+    March only. Shadow copy beside it."""
+    with connection.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS public.{name}, public.{name}_shadow CASCADE")
+        for month in MONTHS:
+            cur.execute(f"DROP TABLE IF EXISTS public.{name}_{month}")
+        cur.execute(
+            f"CREATE TABLE public.{name} (id bigint NOT NULL, tenant_id int NOT NULL,"
+            f" occurred_at timestamptz NOT NULL, status text, payload text)"
+            f" PARTITION BY RANGE ({on})"
+        )
+        for i, month in enumerate(MONTHS):
+            if on == "occurred_at":
+                nxt = "2027-01-01" if i == 11 else f"2026-{i + 2:02d}-01"
+                lo, hi = f"'2026-{i + 1:02d}-01 00:00+00'", f"'{nxt} 00:00+00'"
+            else:
+                lo, hi = str(i * rows // 11 + 1), str((i + 1) * rows // 11 + 1)
+            cur.execute(
+                f"CREATE TABLE public.{name}_{month} PARTITION OF public.{name}"
+                f" FOR VALUES FROM ({lo}) TO ({hi})"
+            )
+        if default:
+            cur.execute(f"CREATE TABLE public.{name}_default PARTITION OF public.{name} DEFAULT")
+        cur.execute(
+            f"""INSERT INTO public.{name}
+                SELECT g, 1 + g %% 4,
+                       '2026-01-01 00:00+00'::timestamptz
+                         + (%s::timestamptz - '2026-01-01 00:00+00'::timestamptz) * (g - 1)::float8 / %s,
+                       'closed', repeat('x', 40)
+                FROM generate_series(1, %s) AS g""",
+            [NOW, rows, rows],
+        )
+        cur.execute(
+            f"UPDATE public.{name} SET status = 'disputed' WHERE id % 97 = 0"
+            f" AND occurred_at >= '2026-03-01 00:00+00' AND occurred_at < '2026-04-01 00:00+00'"
+        )
+        cur.execute(f"CREATE INDEX ON public.{name} (tenant_id, id)")
+        cur.execute(f"CREATE TABLE public.{name}_shadow AS SELECT * FROM public.{name}")
+        cur.execute(f"ANALYZE public.{name}")
+
+
+@pytest.fixture
+def parts(transactional_db, settings):
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    create_partitioned()
+    yield "rr_parts"
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
+        for month in MONTHS:
+            cur.execute(f"DROP TABLE IF EXISTS public.rr_parts_{month}")
+
+
+def parts_spec(**overrides) -> dict:
+    return events_spec(slug="parts", table="rr_parts", retention="120 days", **overrides)
+
+
+def relation_exists(name: str) -> bool:
+    with connection.cursor() as cur:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", [f"public.{name}"])
+        return cur.fetchone()[0]
+
+
+def attached(name: str) -> bool:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass(%s)"
+            " AND inhparent = 'public.rr_parts'::regclass)",
+            [f"public.{name}"],
+        )
+        return cur.fetchone()[0]
+
+
+def shadow_month(month: str, what: str = "count(*)") -> object:
+    y, m = month.split("_")
+    nxt = f"{int(y) + 1}-01-01" if m == "12" else f"{y}-{int(m) + 1:02d}-01"
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT {what} FROM public.rr_parts_shadow"
+            f" WHERE occurred_at >= %s::timestamptz AND occurred_at < %s::timestamptz",
+            [f"{y}-{m}-01 00:00+00", f"{nxt} 00:00+00"],
+        )
+        return cur.fetchone()[0]
+
+
+def drain(run: Run) -> Run:
+    worker.drain(run.pk, budget_s=120)
+    run.refresh_from_db()
+    return run
+
+
+def test_expired_partitions_with_nothing_kept_or_held_are_dropped_and_audited(parts, make_user):
+    policy = approved_policy(make_user, **parts_spec())
+    run, _ = trigger_run(policy, tick=NOW)
+    run = drain(run)
+    assert run.state == Run.State.DRAINED, run.state_reason
+
+    dropped = {a.name: a for a in PartitionAction.objects.filter(run=run, state="dropped")}
+    # March has kept ('disputed') rows: deleted in chunks; August straddles the cutoff
+    assert sorted(dropped) == [f"rr_parts_{m}" for m in EXPIRED if m != "2026_03"]
+    for month in EXPIRED:
+        assert relation_exists(f"rr_parts_{month}") == (month == "2026_03")
+    assert count("rr_parts", "status = 'disputed'") == shadow_month(
+        "2026_03", "count(*) FILTER (WHERE status = 'disputed')"
+    )
+
+    records = {
+        r.partition["name"]: r for r in AuditRecord.objects.filter(run=run, outcome="dropped")
+    }
+    assert sorted(records) == sorted(f"public.{n}" for n in dropped)
+    for name, record in records.items():
+        month = name.removeprefix("public.rr_parts_")
+        assert record.rows_deleted == record.partition["rows"] == shadow_month(month)
+        digest = shadow_month(month, "md5(string_agg(id::text, ',' ORDER BY id))")
+        assert record.partition["digest"] == f"md5:{digest}"
+        assert record.partition["bounds"].startswith("FOR VALUES FROM ('2026-")
+        assert record.chain_version == 3
+    # the rest went in chunks; the chain, the ledger and the shadow agree
+    assert AuditRecord.objects.filter(run=run, outcome="deleted").exists()
+    assert verify_chain().ok
+    assert check_run(run, shadow=("public", "rr_parts_shadow")) == []
+
+    # the hash covers the partition's facts: another digest would not verify
+    row = (
+        AuditRecord.objects.filter(pk=records["public.rr_parts_2026_01"].pk)
+        .values(*HASHED_COLUMNS)
+        .get()
+    )
+    assert record_hash(row, row["prev_hash"]) == row["hash"]
+    forged = {**row, "partition": {**row["partition"], "digest": "md5:" + "0" * 32}}
+    assert record_hash(forged, row["prev_hash"]) != row["hash"]
+
+    # the CSV export and the run manifest show each partition action
+    text = b"".join(exports.csv_rows(exports.AuditFilters(run=str(run.pk)))).decode()
+    lines = list(csv.DictReader(io.StringIO(text)))
+    jan = next(r for r in lines if r["partition"] == "public.rr_parts_2026_01")
+    assert (jan["outcome"], jan["partition_rows"], jan["partition_digest"]) == (
+        "dropped", str(records["public.rr_parts_2026_01"].rows_deleted),
+        records["public.rr_parts_2026_01"].partition["digest"],
+    )  # fmt: skip
+    assert jan["partition_bounds"].startswith("FOR VALUES FROM")
+    manifest = json.loads("".join(exports.manifest_json(run)))
+    assert sorted(
+        p["partition"] for p in manifest["partitions"] if p["state"] == "dropped"
+    ) == sorted(records)
+    assert manifest["audit_chain"]["run_records"]["ok"]
+    assert any(c["partition"] and c["pass"] == 0 for c in manifest["chunks"])
+
+
+def test_detach_mode_leaves_expired_partitions_detached_with_their_rows(parts, make_user):
+    policy = approved_policy(make_user, **parts_spec(partition_action="detach", keep=[]))
+    run, _ = trigger_run(policy, tick=NOW)
+    run = drain(run)
+    assert run.state == Run.State.DRAINED, run.state_reason
+    detached = PartitionAction.objects.filter(run=run, state="detached")
+    assert sorted(a.name for a in detached) == [f"rr_parts_{m}" for m in EXPIRED]
+    for month in EXPIRED:
+        assert relation_exists(f"rr_parts_{month}") and not attached(f"rr_parts_{month}")
+        assert count(f"public.rr_parts_{month}") == shadow_month(month)
+    assert AuditRecord.objects.filter(run=run, outcome="detached").count() == 7
+    assert check_run(run, shadow=("public", "rr_parts_shadow")) == []
+
+    # the checker reads the detached tables: a row slipped into one breaks its digest
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO public.rr_parts_2026_02 VALUES (999999, 1, '2026-02-02', 'closed', '')"
+        )
+    problems = check_run(run)
+    assert any("rr_parts_2026_02" in p and "digest" in p for p in problems), problems
+
+
+def test_an_expired_partition_with_one_held_tenant_is_deleted_in_chunks_and_the_held_rows_survive(
+    parts, make_user
+):
+    policy = approved_policy(make_user, **parts_spec(keep=[]))
+    with connection.cursor() as cur:
+        cur.execute("SELECT min(id), max(id) + 1 FROM public.rr_parts_2026_04")
+        lo, hi = cur.fetchone()
+    keeper = make_user("kim", "compliance")
+    retention_actions.place_hold(actor=keeper, reason="litigation", policy=policy, tenant="3",
+                                 key_from=lo, key_to=hi)  # fmt: skip
+    held = count("rr_parts_2026_04", "tenant_id = 3")
+    assert held > 0
+    run, _ = trigger_run(policy, tick=NOW)
+    run = drain(run)
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert relation_exists("rr_parts_2026_04") and attached("rr_parts_2026_04")
+    assert count("rr_parts_2026_04") == held  # only the held tenant's rows are left
+    names = set(
+        PartitionAction.objects.filter(run=run, state="dropped").values_list("name", flat=True)
+    )
+    assert names == {f"rr_parts_{m}" for m in EXPIRED if m != "2026_04"}
+    assert check_run(run, shadow=("public", "rr_parts_shadow")) == []
+
+
+def test_a_hold_that_commits_while_the_detach_waits_for_the_fence_wins(parts, make_user):
+    policy = approved_policy(
+        make_user, **parts_spec(keep=[], timeouts={"lock_ms": 8000, "statement_ms": 8000})
+    )
+    run, _ = trigger_run(policy, tick=NOW)
+    keeper = make_user("kim", "compliance")
+    placed, release = threading.Event(), threading.Event()
+
+    def hold_open():
+        try:
+            with transaction.atomic():
+                retention_actions.place_hold(
+                    actor=keeper, reason="subpoena", policy=policy, tenant="2"
+                )
+                placed.set()
+                release.wait(60)
+        finally:
+            connection.close()
+
+    def run_drain():
+        try:
+            return worker.drain(run.pk, budget_s=120)
+        finally:
+            connection.close()
+
+    observer = pg_connect()
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            hold = pool.submit(hold_open)
+            assert placed.wait(30)
+            drained = pool.submit(run_drain)
+            # the run waits for the global fence the uncommitted hold holds exclusive
+            wait_for(lambda: observer.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND wait_event = 'advisory'").fetchone()[0],
+                what="the detach to wait for the fence")  # fmt: skip
+            assert not PartitionAction.objects.filter(run=run).exists()
+            release.set()
+            hold.result(timeout=60)
+            drained.result(timeout=180)
+    finally:
+        release.set()
+        observer.close()
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    # every expired partition holds tenant 2's rows: none is dropped, the held rows survive
+    assert not PartitionAction.objects.filter(run=run, state="dropped").exists()
+    for month in EXPIRED:
+        assert attached(f"rr_parts_{month}")
+        assert (
+            count(f"public.rr_parts_{month}")
+            == count(f"public.rr_parts_{month}", "tenant_id = 2")
+            > 0
+        )
+    assert check_run(run, shadow=("public", "rr_parts_shadow")) == []
+
+
+def test_the_default_partition_is_never_dropped_and_is_deleted_in_chunks(
+    transactional_db, settings, make_user
+):
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    create_partitioned(default=True)
+    with connection.cursor() as cur:  # old rows outside every monthly range land in the default
+        cur.execute(
+            "INSERT INTO public.rr_parts VALUES (-5, 1, '2025-06-01', 'closed', ''), (-4, 2, '2025-07-01', 'closed', '')"
+        )
+    try:
+        policy = approved_policy(make_user, **parts_spec(keep=[]))
+        run, _ = trigger_run(policy, tick=NOW)
+        run = drain(run)
+        assert run.state == Run.State.DRAINED, run.state_reason
+        assert relation_exists("rr_parts_default") and count("rr_parts_default") == 0
+        names = set(
+            PartitionAction.objects.filter(run=run, state="dropped").values_list("name", flat=True)
+        )
+        assert names == {f"rr_parts_{m}" for m in EXPIRED}
+        assert not any(a.concurrently for a in PartitionAction.objects.filter(run=run))
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
+
+
+def test_a_key_partitioned_table_drops_partitions_whose_rows_are_all_expired(
+    transactional_db, settings, make_user
+):
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    create_partitioned(on="id")
+    try:
+        policy = approved_policy(make_user, **parts_spec(keep=[]))
+        run, _ = trigger_run(policy, tick=NOW)
+        run = drain(run)
+        assert run.state == Run.State.DRAINED, run.state_reason
+        dropped = PartitionAction.objects.filter(run=run, state="dropped")
+        assert dropped.exists()
+        for action in dropped:
+            assert not relation_exists(action.name)
+        assert check_run(run, shadow=("public", "rr_parts_shadow")) == []
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
+
+
+def test_a_sub_partitioned_table_is_refused_with_one_clear_error(transactional_db):
+    with connection.cursor() as cur:
+        cur.execute(
+            "CREATE TABLE public.rr_nested (id bigint NOT NULL, tenant_id int NOT NULL,"
+            " occurred_at timestamptz NOT NULL, status text) PARTITION BY RANGE (occurred_at);"
+            "CREATE TABLE public.rr_nested_2026 PARTITION OF public.rr_nested"
+            " FOR VALUES FROM ('2026-01-01') TO ('2027-01-01') PARTITION BY LIST (tenant_id);"
+            "CREATE TABLE public.rr_nested_2026_t1 PARTITION OF public.rr_nested_2026 FOR VALUES IN (1)"
+        )
+    try:
+        spec = PolicySpec.parse(events_spec(slug="nested", table="rr_nested", keep=[]))
+        with pytest.raises(SpecError, match="sub-partitioned"):
+            introspect.validate(spec)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS public.rr_nested CASCADE")
+
+
+def test_a_table_pg_partman_manages_is_refused_naming_the_tool_that_owns_retention(
+    transactional_db,
+):
+    with connection.cursor() as cur:
+        try:
+            with transaction.atomic():
+                cur.execute("CREATE SCHEMA IF NOT EXISTS partman")
+                cur.execute("CREATE EXTENSION IF NOT EXISTS pg_partman SCHEMA partman")
+        except Exception as exc:  # noqa: BLE001 - any failure means the server lacks it
+            pytest.skip(f"pg_partman is not installable on this server: {str(exc).splitlines()[0]}")
+        cur.execute(
+            "CREATE TABLE public.rr_pm (id bigint NOT NULL, tenant_id int NOT NULL,"
+            " occurred_at timestamptz NOT NULL, status text) PARTITION BY RANGE (occurred_at)"
+        )
+        cur.execute(
+            "SELECT partman.create_parent('public.rr_pm', 'occurred_at', 'native', 'monthly')"
+        )
+    try:
+        spec = PolicySpec.parse(events_spec(slug="pm", table="rr_pm", keep=[]))
+        with pytest.raises(
+            SpecError, match=r"managed by pg_partman \(partman\.part_config lists it\)"
+        ):
+            introspect.validate(spec)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS public.rr_pm CASCADE")
+            cur.execute("DROP EXTENSION IF EXISTS pg_partman CASCADE")
+            cur.execute("DROP SCHEMA IF EXISTS partman CASCADE")
+
+
+def test_the_preview_and_the_run_page_show_each_partition_and_its_action(parts, make_user, client):
+    from django.urls import reverse
+
+    from retention.preview import preview
+
+    policy = approved_policy(make_user, **parts_spec())
+    spec = policy.versions.get(state="approved").parsed
+    result = preview(spec, policy_id=policy.pk, now=NOW)
+    actions = {p["partition"].removeprefix("public.rr_parts_"): p for p in result["partitions"]}
+    for month in EXPIRED:
+        assert actions[month]["past_cutoff"]
+        assert actions[month]["rows"] == shadow_month(month)
+    assert actions["2026_03"]["action"].startswith("chunks (0 held, ")
+    assert actions["2026_03"]["kept"] > 0
+    assert actions["2026_08"]["action"] == "chunks (straddles the cutoff)"
+    assert actions["2026_10"]["action"] == "none (newer)"
+    assert {m for m, p in actions.items() if p["action"] == "drop"} == set(EXPIRED) - {"2026_03"}
+    # dropped rows count like deleted ones: they are part of the eligible rows
+    taken = sum(shadow_month(m) for m in EXPIRED if m != "2026_03")
+    assert result["rows_taken_whole"] == taken and result["eligible"] > taken
+
+    run, _ = trigger_run(policy, tick=NOW)
+    drain(run)
+    client.force_login(make_user("vera", "viewer"))
+    page = client.get(reverse("runs:detail", args=[run.pk])).content.decode()
+    assert 'data-testid="partition-actions"' in page
+    for month in EXPIRED:
+        if month != "2026_03":
+            assert f'data-partition="public.rr_parts_{month}"' in page
+    assert page.count(">dropped") >= 6
