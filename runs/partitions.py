@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from contextlib import contextmanager
 
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from psycopg import sql
 
-from core import locks
+from core import locks, timeouts
 from retention import partitions as RP
 from retention.models import PolicyVersion
 from retention.spec import SpecError
@@ -42,6 +43,18 @@ def _exec(query, params=()):
             query.as_string(cur.connection) if not isinstance(query, str) else query, params
         )
         return cur.fetchall() if cur.description else None
+
+
+def statement_ms(spec) -> int:
+    """Statement timeout of a partition's statements (its census, the detach, the drop
+    transaction's census): the policy's, or half of what a chunk may take inside the task
+    timeout when that is longer — a census reads the whole partition once."""
+    return max(spec.statement_timeout_ms, timeouts.chunk_limit_ms() // 2)
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    cls = classify(exc)
+    return cls.label == "connection lost" or cls.sqlstate.startswith("08")
 
 
 def needs_settling(run: Run) -> bool:
@@ -81,7 +94,10 @@ def _refusal(run: Run) -> str:
 def _session_fences(run: Run, spec):
     """The global fence and the policy's fence, shared, for the session (a concurrent detach
     cannot run inside a transaction), under the policy's lock timeout. Released on exit."""
-    _exec("SELECT set_config('lock_timeout', %s, false)", [f"{spec.lock_timeout_ms}ms"])
+    _exec(
+        "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
+        [f"{spec.lock_timeout_ms}ms", f"{statement_ms(spec)}ms"],
+    )
     try:
         _exec("SELECT pg_advisory_lock_shared(%s, 0)", [locks.HOLDS])
         try:
@@ -95,17 +111,19 @@ def _session_fences(run: Run, spec):
         finally:
             _exec("SELECT pg_advisory_unlock_shared(%s, 0)", [locks.HOLDS])
     finally:
-        _exec("SELECT set_config('lock_timeout', '0', false)")
+        _exec("RESET lock_timeout")
+        _exec("RESET statement_timeout")
 
 
-def settle(run: Run) -> str:
+def settle(run: Run, *, deadline: float | None = None) -> str:
     """Take whole what the partitions allow, before the planner's first step of pass 1.
-    ``SETTLED``: the planner may plan the parent; ``POSTPONED``: try again later."""
+    ``SETTLED``: the planner may plan the parent; ``POSTPONED``: try again later (no partition
+    is started after ``deadline``, a ``time.monotonic()`` value: the next lease goes on)."""
     spec = run.policy_version.parsed
     try:
         tree = RP.read_tree(spec)
     except (SpecError, DatabaseError) as exc:
-        if isinstance(exc, DatabaseError) and classify(exc).label == "connection lost":
+        if isinstance(exc, DatabaseError) and _connection_lost(exc):
             raise
         # validation accepted the table, the catalog changed since (or cannot be read by
         # this role): nothing is taken whole, the chunks decide row by row
@@ -113,6 +131,8 @@ def settle(run: Run) -> str:
         return SETTLED
     if tree is None or not tree.on:
         return SETTLED
+    if deadline is not None and time.monotonic() >= deadline:
+        return POSTPONED
     if not _exec("SELECT pg_try_advisory_lock(%s, %s)", [PARTITIONS, run.id])[0][0]:
         return POSTPONED  # another lease settles them
     try:
@@ -122,6 +142,8 @@ def settle(run: Run) -> str:
         if not verdict.admit:
             return POSTPONED
         for part in tree.partitions:
+            if deadline is not None and time.monotonic() >= deadline:
+                return POSTPONED
             if settle_one(run, spec, tree, part) == POSTPONED:
                 return POSTPONED
         # an intent left by an interrupted attempt whose partition is no longer in the tree
@@ -132,7 +154,7 @@ def settle(run: Run) -> str:
                 return POSTPONED
         return SETTLED
     except DatabaseError as exc:
-        if classify(exc).label == "connection lost":
+        if _connection_lost(exc):
             raise
         log.warning("run %s: partitions postponed: %s", run.run_key, exc)
         return POSTPONED
@@ -154,8 +176,20 @@ def settle_one(run: Run, spec, tree: RP.Tree, part: RP.Partition) -> str:
         if _refusal(run):
             return POSTPONED
         if existing is None:
-            census = RP.census(spec, part, policy_id=run.policy_id, cutoff=run.cutoff,
-                               outside=discarded_scopes(run))  # fmt: skip
+            try:
+                census = RP.census(spec, part, policy_id=run.policy_id, cutoff=run.cutoff,
+                                   outside=discarded_scopes(run), digest=True)  # fmt: skip
+            except DatabaseError as exc:
+                if classify(exc).sqlstate != "57014":
+                    raise
+                # too large to read within the timeout: the chunks delete it, never stuck here
+                PartitionAction.objects.create(
+                    run=run, schema=part.schema, name=part.name, bounds=part.bound,
+                    action=spec.partition_action, state=PartitionAction.State.LEFT,
+                    note=f"its census exceeded the {statement_ms(spec)} ms statement timeout",
+                    done_at=timezone.now(),
+                )  # fmt: skip
+                return SETTLED
             if not census.droppable:
                 return SETTLED  # held, kept, not eligible or empty: the chunks decide per row
             # DETACH CONCURRENTLY needs PostgreSQL 14, no default partition, and no
@@ -198,24 +232,17 @@ def _detach(spec, action: PartitionAction) -> None:
     state = _attached(spec, action)
     if state is None or not state[0]:
         return  # detached already (an earlier attempt got this far)
-    _exec("SELECT set_config('statement_timeout', %s, false)", [f"{spec.statement_timeout_ms}ms"])
-    try:
-        if state[1]:  # an interrupted concurrent detach: finish it
-            _exec(
-                sql.SQL("ALTER TABLE {} DETACH PARTITION {} FINALIZE").format(_parent(spec), child)
-            )
-        elif action.concurrently:
-            _exec(
-                sql.SQL("ALTER TABLE {} DETACH PARTITION {} CONCURRENTLY").format(
-                    _parent(spec), child
-                )
-            )
-        else:
-            with transaction.atomic():
-                _exec("SELECT set_config('lock_timeout', %s, true)", [f"{spec.lock_timeout_ms}ms"])
-                _exec(sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(_parent(spec), child))
-    finally:
-        _exec("SELECT set_config('statement_timeout', '0', false)")
+    # under the session's statement timeout (_session_fences)
+    if state[1]:  # an interrupted concurrent detach: finish it
+        _exec(sql.SQL("ALTER TABLE {} DETACH PARTITION {} FINALIZE").format(_parent(spec), child))
+    elif action.concurrently:
+        _exec(
+            sql.SQL("ALTER TABLE {} DETACH PARTITION {} CONCURRENTLY").format(_parent(spec), child)
+        )
+    else:
+        with transaction.atomic():
+            _exec("SELECT set_config('lock_timeout', %s, true)", [f"{spec.lock_timeout_ms}ms"])
+            _exec(sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(_parent(spec), child))
 
 
 def _finish(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
@@ -238,7 +265,7 @@ def _finish(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
         _exec(
             "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true),"
             " pg_advisory_xact_lock_shared(%s, 0), pg_advisory_xact_lock_shared(%s, %s)",
-            [f"{spec.lock_timeout_ms}ms", f"{spec.statement_timeout_ms}ms", locks.HOLDS,
+            [f"{spec.lock_timeout_ms}ms", f"{statement_ms(spec)}ms", locks.HOLDS,
              locks.POLICY_FENCE, run.policy_id],
         )  # fmt: skip
         if _attached(spec, action) is None:

@@ -510,6 +510,7 @@ def drain(
         return Run.objects.select_related("policy_version", "policy").filter(pk=run_id).first()
 
     planning_failures = 0
+    settled = False  # the run's partitions (runs.partitions) are settled: no need to ask again
     run = load()
     if run is None:
         stats["stopped"] = "run not found"
@@ -528,7 +529,12 @@ def drain(
                     stats["stopped"] = "lease superseded"
                     return stats
                 last_beat = time.monotonic()
-            if partitions.needs_settling(run) and partitions.settle(run) == partitions.POSTPONED:
+            if not settled:
+                settled = (
+                    not partitions.needs_settling(run)
+                    or partitions.settle(run, deadline=deadline) == partitions.SETTLED
+                )
+            if not settled:
                 # the guard, a decision in progress or another lease: the planner waits, so
                 # that no partition it could take whole is planned as chunks meanwhile
                 run = load()

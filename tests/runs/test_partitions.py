@@ -410,3 +410,56 @@ def test_the_preview_and_the_run_page_show_each_partition_and_its_action(parts, 
         if month != "2026_03":
             assert f'data-partition="public.rr_parts_{month}"' in page
     assert page.count(">dropped") >= 6
+
+
+def _interrupted_after_detach(run: Run, month: str) -> None:
+    """What a worker killed between the detach and the drop transaction leaves behind."""
+    PartitionAction.objects.create(run=run, schema="public", name=f"rr_parts_{month}",
+                                   bounds=_bounds(month), action="drop")  # fmt: skip
+    with connection.cursor() as cur:
+        cur.execute(f"ALTER TABLE public.rr_parts DETACH PARTITION public.rr_parts_{month}")
+
+
+def _bounds(month: str) -> str:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pg_get_expr(relpartbound, oid) FROM pg_class WHERE oid = %s::regclass",
+            [f"public.rr_parts_{month}"],
+        )
+        return cur.fetchone()[0]
+
+
+def test_a_detach_interrupted_before_the_drop_is_finished_and_audited_by_the_next_attempt(
+    parts, make_user
+):
+    policy = approved_policy(make_user, **parts_spec(keep=[]))
+    run, _ = trigger_run(policy, tick=NOW)
+    _interrupted_after_detach(run, "2026_01")
+    run = drain(run)
+    assert run.state == Run.State.DRAINED, run.state_reason
+    action = PartitionAction.objects.get(run=run, name="rr_parts_2026_01")
+    assert action.state == "dropped" and not relation_exists("rr_parts_2026_01")
+    assert action.chunk.audit.rows_deleted == shadow_month("2026_01")
+    assert check_run(run, shadow=("public", "rr_parts_shadow")) == []
+
+
+def test_a_hold_that_commits_while_a_detach_was_interrupted_puts_the_partition_back(
+    parts, make_user
+):
+    policy = approved_policy(make_user, **parts_spec(keep=[]))
+    run, _ = trigger_run(policy, tick=NOW)
+    _interrupted_after_detach(run, "2026_02")
+    keeper = make_user("kim", "compliance")
+    retention_actions.place_hold(actor=keeper, reason="audit", policy=policy, tenant="4")
+    held = count("public.rr_parts_2026_02", "tenant_id = 4")
+    run = drain(run)
+    assert run.state == Run.State.DRAINED, run.state_reason
+    action = PartitionAction.objects.get(run=run, name="rr_parts_2026_02")
+    assert action.state == "left" and "attached again" in action.note
+    assert attached("rr_parts_2026_02")
+    assert (
+        count("public.rr_parts_2026_02")
+        == count("public.rr_parts_2026_02", "tenant_id = 4")
+        == held
+    )
+    assert check_run(run, shadow=("public", "rr_parts_shadow")) == []
