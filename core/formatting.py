@@ -1,8 +1,13 @@
-"""Numbers as people read them: one formatter for durations, used by pages and messages."""
+"""Numbers, instants and state names as people read them: one formatter each, used by pages
+and messages (the template filters in ``core.templatetags.formatting`` are these functions)."""
 
 from __future__ import annotations
 
+import re
+from datetime import date, datetime
 from decimal import Decimal
+
+from django.utils import timezone
 
 
 def duration(seconds: float | Decimal | int | None) -> str:
@@ -20,3 +25,100 @@ def duration(seconds: float | Decimal | int | None) -> str:
         return f"{hours}h {m:02d}m"
     days, h = divmod(hours, 24)
     return f"{days}d {h}h"
+
+
+def number(value) -> str:
+    """A count with thousands separators: ``499970`` → ``499,970``; ``12.5`` → ``12.5``;
+    ``None`` or ``""`` → ``—``. Text that is not a number comes back unchanged."""
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str):
+        try:
+            value = Decimal(value.replace(",", ""))
+        except ArithmeticError:
+            return value
+    if isinstance(value, float | Decimal) and value == int(value):
+        value = int(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float | Decimal):
+        return f"{value:,.1f}"
+    return str(value)
+
+
+def when(value, precision: str = "seconds") -> str:
+    """An instant with its zone, in the server's zone (``TIME_ZONE``):
+    ``2026-12-01 13:19:47 UTC``; ``precision="minutes"`` drops the seconds, ``"time"`` the
+    date (``13:19:47 UTC``). ISO text (as
+    stored in JSON) is parsed first; ``None`` → ``—``."""
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, str):
+        if len(value) == 10:  # a date (a `date` column's value) has no zone to show
+            return value
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    if isinstance(value, datetime):
+        if timezone.is_naive(value):
+            value = timezone.make_aware(value, timezone.get_default_timezone())
+        value = timezone.localtime(value)
+        fmt = {"minutes": "%Y-%m-%d %H:%M", "time": "%H:%M:%S"}.get(precision, "%Y-%m-%d %H:%M:%S")
+        return f"{value.strftime(fmt)} {value.tzname()}"
+    if isinstance(value, date):
+        return value.isoformat()
+    return str(value)
+
+
+# The one mapping from a stored state name to the words a page shows. Runs, chunks, policy
+# versions, dead letters, guard levels and drain-window verdicts share it; a name missing here
+# is shown as it is stored (tests/dashboard/test_layout.py checks every model state is here).
+STATE_LABELS: dict[str, str] = {
+    # runs
+    "waiting": "waiting for an earlier run",
+    "confirm": "held for confirmation",
+    "active": "active",
+    "paused": "paused",
+    "drained": "drained",
+    "attention": "needs attention",
+    "superseded": "superseded",
+    "cancelled": "cancelled",
+    "skipped": "skipped",
+    "expired": "expired unconfirmed",
+    # chunks
+    "pending": "pending",
+    "done": "done",
+    "dead": "dead-lettered",
+    "split": "split",
+    # policy versions
+    "draft": "draft",
+    "submitted": "awaiting approval",
+    "approved": "approved",
+    "rejected": "rejected",
+    # dead letters
+    "open": "open",
+    "replayed": "replayed",
+    "discarded": "discarded",
+    # guard levels
+    "ok": "ok",
+    "throttled": "throttled",
+    "critical": "critical",
+}
+
+
+def state_label(value) -> str:
+    """``"confirm"`` → ``"held for confirmation"`` (``STATE_LABELS``)."""
+    return STATE_LABELS.get(str(value), str(value))
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(text) -> tuple:
+    """A sort key that orders ``"2"`` before ``"10"`` and ``"t2"`` before ``"t10"``: runs of
+    digits compare as numbers, the rest as text (ties keep their order under a stable sort)."""
+    parts = _DIGITS.split(str(text if text is not None else ""))
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p != "")

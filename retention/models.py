@@ -103,6 +103,12 @@ class PolicyVersion(models.Model):
     def __str__(self) -> str:
         return f"{self.policy.slug} v{self.number}"
 
+    @property
+    def label(self) -> str:
+        """The version as pages name it: the name it was approved under and its number
+        ("Events older than 20 days v1"), whatever the policy is called today."""
+        return f"{self.spec.get('name') or self.spec.get('slug') or 'policy'} v{self.number}"
+
     @cached_property
     def parsed(self):
         """The spec as a PolicySpec (cached: a submitted version never changes)."""

@@ -20,6 +20,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from psycopg import sql
 
+from core.formatting import natural_key
 from retention import partitions, predicate
 from retention.schedule_math import latest_tick
 from retention.spec import PolicySpec
@@ -364,7 +365,7 @@ def _fill(
     if spec.tenant:
         tenants = sorted(
             (r for r in rows if r["gt"] == 0),
-            key=lambda r: (-r["eligible"], r["tn"] is None, r["tn"] or ""),
+            key=lambda r: (-r["eligible"], r["tn"] is None, natural_key(r["tn"])),
         )
         result["tenants"] = [
             {

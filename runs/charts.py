@@ -6,6 +6,8 @@ Only shapes to draw; the figures a person reads (rows, percent, ETA) come from
 
 from __future__ import annotations
 
+import math
+
 from django.db import connection
 
 from runs.models import Chunk, Run
@@ -72,3 +74,46 @@ def state_histogram(chunks: dict[str, int]) -> list[dict]:
     return [
         {"state": s, "count": c, "bar": b} for s, c, b in zip(states, counts, bars, strict=True)
     ]
+
+
+def _nice_ceiling(value: float) -> float:
+    """The smallest 1, 2, 2.5 or 5 × 10^n at or above ``value`` (an axis maximum)."""
+    if value <= 0:
+        return 1.0
+    exp = math.floor(math.log10(value))
+    for step in (1, 2, 2.5, 5, 10):
+        top = step * 10**exp
+        if top >= value:
+            return float(top)
+    return float(10 ** (exp + 1))
+
+
+def rate_chart(rates: dict, *, pace: int = 0, width: int = 600, height: int = 140) -> dict:
+    """The rows/s chart: bars on a y-axis from 0 to a round maximum at or above both the peak
+    and the policy's pace (``pace_rows_per_s``, 0 = none), four ticks, and the pace line.
+
+    The pace is kept on average over each chunk and the wait after it (``worker._pace``): a
+    chunk's rows commit at once, so a bucket shorter than a chunk and its wait can show more
+    than the pace. ``over_pace`` says a bucket does, so the page can say why."""
+    values = [float(pt["rate"]) for pt in rates.get("points", [])]
+    if not values:
+        return {"bars": [], "ticks": [], "pace": None, "over_pace": False}
+    top = _nice_ceiling(max(max(values), float(pace or 0)))
+    step = width / len(values)
+    bars = []
+    for i, value in enumerate(values):
+        h = round(height * value / top, 1)
+        bars.append(
+            {"x": round(i * step, 1), "y": round(height - h, 1), "w": max(1, step - 1), "h": h}
+        )
+    ticks = [{"value": top * k / 4, "y": round(height - height * k / 4, 1)} for k in range(0, 5)]
+    line = None
+    if pace:
+        line = {"value": int(pace), "y": round(height - height * pace / top, 1)}
+    return {
+        "bars": bars,
+        "ticks": ticks,
+        "pace": line,
+        "over_pace": bool(pace) and max(values) > pace,
+        "top": top,
+    }

@@ -176,6 +176,34 @@ def backlog_slo(max_backlog_age: str | None, window: dict) -> dict | None:
 
 # ---------------------------------------------------------------- run page
 
+# What the reconciler's verification (``reconciler.verify``) found, in the order a person reads
+# it; a key not listed here is shown under its own name after these.
+VERIFICATION_LABELS = {
+    "error": "Verification failed",
+    "remaining": "Eligible rows left",
+    "deferred_by_holds": "Deferred by legal holds",
+    "not_eligible_null": "Not eligible (NULL timestamp, key or tenant)",
+    "limit": "Counts stop at",
+    "pass": "After pass",
+    "checked_at": "Checked at",
+}
+
+
+def verification_items(result: dict | None) -> dict | None:
+    """The run's verification as label/value rows plus its discarded scopes (None when the run
+    was not verified yet). Values keep their type; the template formats numbers and instants."""
+    if not result:
+        return None
+    rows = []
+    for key, label in VERIFICATION_LABELS.items():
+        if key in result:
+            kind = "when" if key == "checked_at" else ("text" if key == "error" else "number")
+            rows.append({"label": label, "value": result[key], "kind": kind})
+    for key, value in result.items():
+        if key not in VERIFICATION_LABELS and key != "discarded":
+            rows.append({"label": key.replace("_", " "), "value": value, "kind": "text"})
+    return {"rows": rows, "discarded": list(result.get("discarded") or [])}
+
 
 def run_page_context(run: Run) -> dict:
     now = timezone.now()
@@ -219,8 +247,9 @@ def run_page_context(run: Run) -> dict:
         "last_age_s": _age(now, last["committed_at"]) if last else None,
         "histogram": charts.state_histogram(p.chunks),
         "rates": rates,
-        "rate_bars": charts.svg_bars([pt["rate"] for pt in rates["points"]]),
+        "rate_chart": charts.rate_chart(rates, pace=run.policy_version.parsed.pace_rows_per_s),
         "peak_rate": round(rates["peak"]),
+        "verification": verification_items(run.verification),
         "troubled": troubled,
         "letters": letters,
         "leases": leases,

@@ -32,6 +32,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import Count, F, Max, Min, Q, Sum
 
+from core.formatting import natural_key
 from runs.models import AuditRecord, Chunk, Run
 
 RATE_WINDOW = timedelta(minutes=10)
@@ -252,7 +253,8 @@ def progress_for(
         out[run_id].throttle_reason = reason
 
     for p in out.values():
-        p.tenants = sorted(tenants[p.run_id].values(), key=lambda t: t.tenant)
+        # natural order: tenant 2 before tenant 10 (a numeric tenant column), stable
+        p.tenants = sorted(tenants[p.run_id].values(), key=lambda t: natural_key(t.tenant))
         p.queue_age_s = _age(now, p.oldest_pending)
         p.last_commit_age_s = _age(now, p.last_commit)
         _derive(p, admitted[p.run_id], started[p.run_id], now)

@@ -7,6 +7,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django_q.models import Schedule
 
+from core.formatting import number
 from core.models import OperatorAction
 from retention.models import KillSwitch
 from runs import worker
@@ -52,7 +53,7 @@ def test_progress_shows_rows_deleted_and_chunks_done(client_for, run):
 
     card = card_of(client_for("viewer").get(reverse("home")).content.decode(), "events")
 
-    assert f"{deleted} rows deleted" in card
+    assert f"{number(deleted)} rows deleted" in card
     assert "3/" in card  # three chunks done out of the planned ones
     assert 'style="width: ' in card
 
@@ -67,7 +68,7 @@ def test_the_overview_moves_as_the_run_drains(client_for, run):
     run.refresh_from_db()
     assert run.state == "drained"
     assert "100%" in after and "100%" not in before
-    assert f"{rows_deleted(run)} rows deleted" in after
+    assert f"{number(rows_deleted(run))} rows deleted" in after
 
 
 def test_next_tick_comes_from_the_policy_schedule(client_for, run):

@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.formatting import number
 from retention.actions import place_hold
 from runs import actions, planner, worker
 from runs.actions import trigger_run
@@ -164,12 +165,12 @@ def test_every_surface_reports_the_same_progress_for_a_run_with_holds_splits_and
     html = page.content.decode()
     assert (
         f'<strong>{truth.percent}%</strong> · <span data-testid="rows-deleted">'
-        f'{truth.rows_deleted}</span> rows deleted of at least <span data-testid="rows-expected">'
-        f"{truth.rows_expected}</span> expected · {truth.chunks_done}/{truth.chunks_total} chunks"
+        f'{number(truth.rows_deleted)}</span> rows deleted of at least <span data-testid="rows-expected">'
+        f"{number(truth.rows_expected)}</span> expected · {number(truth.chunks_done)}/{number(truth.chunks_total)} chunks"
     ) in html or (
         f'<strong>{truth.percent}%</strong> · <span data-testid="rows-deleted">'
-        f'{truth.rows_deleted}</span> rows deleted of ~<span data-testid="rows-expected">'
-        f"{truth.rows_expected}</span> expected · {truth.chunks_done}/{truth.chunks_total} chunks"
+        f'{number(truth.rows_deleted)}</span> rows deleted of ~<span data-testid="rows-expected">'
+        f"{number(truth.rows_expected)}</span> expected · {number(truth.chunks_done)}/{number(truth.chunks_total)} chunks"
     ) in html
 
     status = json.loads(json.dumps(run_status(run), default=str))
