@@ -3,10 +3,10 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from core import views as core_views
-from runs.views import metrics_view
+from runs.views import home, metrics_view
 
 urlpatterns = [
-    path("", core_views.home, name="home"),
+    path("", home, name="home"),
     path("healthz", core_views.healthz, name="healthz"),
     path("metrics", metrics_view, name="metrics"),
     path("login/", core_views.LoginView.as_view(), name="login"),

@@ -12,6 +12,7 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 
+from core.oplog import record_action
 from core.roles import ALL_ROLES, COMPLIANCE, has_role
 
 GRANT, REVOKE = "role.grant", "role.revoke"
@@ -40,8 +41,6 @@ def _role(name: str) -> Group:
 @transaction.atomic
 def grant_role(user, role: str, *, actor, reason: str = "", via: str = "cli") -> bool:
     """Give ``user`` the role; False (and no log row) if they already hold it."""
-    from core.oplog import record_action
-
     group = _role(role)
     check_manager(actor, subject=user)
     if user.groups.filter(pk=group.pk).exists():
@@ -56,8 +55,6 @@ def grant_role(user, role: str, *, actor, reason: str = "", via: str = "cli") ->
 @transaction.atomic
 def revoke_role(user, role: str, *, actor, reason: str = "", via: str = "cli") -> bool:
     """Take the role from ``user``; False (and no log row) if they do not hold it."""
-    from core.oplog import record_action
-
     group = _role(role)
     check_manager(actor, subject=user)
     if not user.groups.filter(pk=group.pk).exists():
@@ -72,8 +69,6 @@ def revoke_role(user, role: str, *, actor, reason: str = "", via: str = "cli") -
 @transaction.atomic
 def add_user(username: str, password: str, *, actor, email: str = "", via: str = "cli"):
     """Create a user (no role yet) with a password that passes the password validators."""
-    from core.oplog import record_action
-
     check_manager(actor)
     User = get_user_model()
     username = username.strip()

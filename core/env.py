@@ -12,6 +12,8 @@ import os
 import re
 from urllib.parse import urlsplit
 
+from psycopg.conninfo import conninfo_to_dict
+
 
 class ConfigError(Exception):
     """A configuration value is missing or malformed."""
@@ -128,8 +130,6 @@ def database_from_url(name: str, url: str) -> dict:
     The URL is parsed by libpq (through psycopg), so every form libpq accepts
     works, including ``?host=/socket/dir``.
     """
-    from psycopg.conninfo import conninfo_to_dict
-
     if not url.startswith(("postgresql://", "postgres://")):
         raise ConfigError(f"{name} must be a postgresql:// URL, got {redact(url)!r}")
     try:

@@ -24,6 +24,7 @@ from functools import lru_cache
 from axes.handlers.database import AxesDatabaseHandler
 from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth.forms import AuthenticationForm
 from django.db import connection, transaction
 from django.shortcuts import render
 from django.urls import reverse
@@ -91,7 +92,6 @@ def lockout_response(request, credentials=None, *args, **kwargs):
         request,
         f"Too many failed sign-ins for this username. Try again in up to {minutes} minutes.",
     )
-    from django.contrib.auth.forms import AuthenticationForm
 
     return render(
         request, "registration/login.html", {"form": AuthenticationForm(request)}, status=429

@@ -10,9 +10,11 @@ from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from django.views.decorators.vary import vary_on_headers
+from django_q.status import Stat
 
-from core.roles import ROLE_DESCRIPTIONS, require_role, roles_of
+from core import tokens as api_tokens
+from core.models import ApiToken
+from core.roles import require_role
 
 
 class LoginView(auth_views.LoginView):
@@ -20,20 +22,6 @@ class LoginView(auth_views.LoginView):
 
     template_name = "registration/login.html"
     redirect_authenticated_user = True
-
-
-@require_GET
-@require_role()
-@vary_on_headers("HX-Request")  # one URL serves the page and its HTMX fragment
-def home(request):
-    from runs.pages import overview_context
-
-    context = {
-        "my_roles": [(role, ROLE_DESCRIPTIONS[role]) for role in sorted(roles_of(request.user))],
-        **overview_context(request),
-    }
-    template = "core/_overview.html" if request.htmx else "core/home.html"
-    return render(request, template, context, status=400 if context["filter_errors"] else 200)
 
 
 @require_GET
@@ -60,8 +48,6 @@ def healthz(request):
 
 def worker_heartbeats() -> dict:
     """Age of the newest heartbeat of each django-q2 cluster (from its shared-cache stat)."""
-    from django_q.status import Stat
-
     now = time.time()
     clusters: dict = {}
     try:
@@ -86,9 +72,6 @@ def worker_heartbeats() -> dict:
 def tokens(request):
     """Your personal API tokens: create one (its secret is shown once, on this response
     only), see when each was last used, revoke one. The CLI acts as you with it."""
-    from core import tokens as api_tokens
-    from core.models import ApiToken
-
     created = None
     status = 200
     if request.method == "POST":
@@ -112,9 +95,6 @@ def tokens(request):
 @require_POST
 @require_role()
 def token_revoke(request, token_id: int):
-    from core import tokens as api_tokens
-    from core.models import ApiToken
-
     token = get_object_or_404(ApiToken, pk=token_id, user=request.user)
     try:
         api_tokens.revoke_token(token, actor=request.user)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from retention.models import PolicyVersion
 from retention.spec import PolicySpec
 
 POLICY_DIR = Path(__file__).with_name("policies")
@@ -60,8 +61,6 @@ def apply_demo_policies(*, author, approver, actions: ModuleType | None = None) 
     ``apply_spec``, ``submit_version`` or ``approve_version``, nothing is done and every
     outcome is "unavailable". A failing policy does not stop the others.
     """
-    from retention.models import PolicyVersion
-
     State = PolicyVersion.State
     actions = actions if actions is not None else _actions()
     specs = load_specs()

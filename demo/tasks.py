@@ -10,6 +10,7 @@ from datetime import datetime
 
 from django.db import connection, transaction
 from django.utils import timezone
+from django_q.models import Schedule
 
 DEADLINE_CLUSTER = "deadline"
 BATCH = 500
@@ -37,8 +38,6 @@ def send_due_reminders(due=None, **_ignored) -> dict:
 
 def ensure_schedule() -> None:
     """Every minute on the deadline cluster."""
-    from django_q.models import Schedule
-
     Schedule.objects.update_or_create(
         name="demo:send-due-reminders",
         defaults={

@@ -18,9 +18,10 @@ from django.utils import timezone
 from core.locks import decision_fence, hold_fence
 from core.oplog import ActionError, record_action, require_reason
 from core.roles import COMPLIANCE, ONCALL, check_role
-from retention import introspect
+from retention import holds, introspect
 from retention.models import LegalHold, Policy, PolicyVersion
 from retention.preview import preview as take_preview
+from retention.signals import policy_decided
 from retention.spec import PolicySpec
 
 State = PolicyVersion.State
@@ -129,9 +130,6 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
     transaction. Never by anyone who wrote or submitted it; bound to the content hash and to the preview taken
     at submission. Needs a reason (refused here, so the CLI and the pages refuse alike).
     Copies name, schedule and timezone to the policy and syncs its schedule."""
-    from runs.actions import supersede_open_runs
-    from runs.schedules import sync_policy_schedule
-
     check_role(actor, COMPLIANCE)
     reason = require_reason(reason, "approving a version")
     decision_fence(version.policy_id)  # chunks of the old version in flight commit first
@@ -177,11 +175,7 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
         preview_cutoff=version.preview.get("cutoff"),
         superseded=previous.number if previous else None,
     )
-    supersede_open_runs(
-        policy, keep_version_id=version.pk, actor=actor,
-        reason=f"v{version.number} was approved; runs of older versions can never run again",
-    )  # fmt: skip
-    sync_policy_schedule(policy)
+    policy_decided.send(Policy, policy=policy, decision="approved", actor=actor, version=version)
     return version
 
 
@@ -223,8 +217,6 @@ def place_hold(
     approved meanwhile with a type the value does not fit), then the hold fence is taken
     exclusive before inserting, so it waits for every chunk transaction already past its
     fence (they hold it shared) to commit."""
-    from retention import holds
-
     check_role(actor, COMPLIANCE)
     reason = require_reason(reason, "placing a legal hold")
     # The tenant is taken as written (the tenant column's type decides what it equals: an
@@ -290,8 +282,6 @@ def pause_policy(policy: Policy, *, actor, reason: str, alert: bool = False) -> 
     """Stop new chunks of this policy from being admitted until resumed. A person needs the
     on-call role; the guard pauses in its own name (``actor="guard"``, ``alert=True``: its
     operator-log row is an alert)."""
-    from runs.schedules import sync_policy_schedule
-
     if hasattr(actor, "is_authenticated"):
         check_role(actor, ONCALL)
     reason = require_reason(reason, "pausing a policy")
@@ -305,15 +295,13 @@ def pause_policy(policy: Policy, *, actor, reason: str, alert: bool = False) -> 
     record_action(
         actor, "policy.pause", policy, reason=reason, **({"alert": True} if alert else {})
     )
-    sync_policy_schedule(policy)
+    policy_decided.send(Policy, policy=policy, decision="paused", actor=actor)
     return policy
 
 
 @transaction.atomic
 def resume_policy(policy: Policy, *, actor, reason: str) -> Policy:
     """Undo ``pause_policy``."""
-    from runs.schedules import sync_policy_schedule
-
     check_role(actor, ONCALL)
     reason = require_reason(reason, "resuming a policy")
     policy = Policy.objects.select_for_update().get(pk=policy.pk)
@@ -323,33 +311,14 @@ def resume_policy(policy: Policy, *, actor, reason: str) -> Policy:
     policy.paused_reason = ""
     policy.save(update_fields=["paused", "paused_reason"])
     record_action(actor, "policy.resume", policy, reason=reason)
-    sync_policy_schedule(policy)
-    _restart_runs(policy)
+    policy_decided.send(Policy, policy=policy, decision="resumed", actor=actor)
     return policy
-
-
-def _restart_runs(policy: Policy) -> None:
-    """Work resumes at once: fresh leases for the policy's active runs (not after the stale-lease
-    interval), and its waiting run is admitted if nothing blocks it."""
-    from retention.models import KillSwitch
-    from runs import dispatch
-    from runs.models import Run
-    from runs.reconciler import start_waiting_runs
-
-    if not KillSwitch.is_on():
-        for run in Run.objects.filter(policy=policy, state=Run.State.ACTIVE).select_related(
-            "policy_version"
-        ):
-            dispatch.republish_all(run)
-    start_waiting_runs(policy, actor="scheduler", reason=f"policy {policy.slug} resumed")
 
 
 @transaction.atomic
 def set_policy_enabled(policy: Policy, enabled: bool, *, actor, reason: str) -> Policy:
     """Enable or disable a policy: disabled, its schedule is removed and no run is triggered
     (open runs stop at their next chunk); enabled, its schedule is armed for the next tick."""
-    from runs.schedules import sync_policy_schedule
-
     check_role(actor, ONCALL)
     reason = require_reason(reason, "enabling a policy" if enabled else "disabling a policy")
     decision_fence(policy.pk)  # chunks in flight commit first; none starts after a disable
@@ -359,7 +328,7 @@ def set_policy_enabled(policy: Policy, enabled: bool, *, actor, reason: str) -> 
     policy.enabled = enabled
     policy.save(update_fields=["enabled"])
     record_action(actor, "policy.enable" if enabled else "policy.disable", policy, reason=reason)
-    sync_policy_schedule(policy)
-    if enabled:
-        _restart_runs(policy)
+    policy_decided.send(
+        Policy, policy=policy, decision="enabled" if enabled else "disabled", actor=actor
+    )
     return policy

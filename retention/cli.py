@@ -14,7 +14,9 @@ from django.db import transaction
 
 from core.cli_identity import acting_user, one_line
 from retention import actions
+from retention.holds import coverage as hold_coverage
 from retention.models import LegalHold, Policy, PolicyVersion
+from retention.preview import preview
 from retention.spec import load_toml
 
 CLAIM_HELP = "optional check: refused unless RETENTION_TOKEN belongs to this user"
@@ -157,8 +159,6 @@ def policy_reject(command, options) -> None:
 
 @one_line
 def policy_preview(command, options) -> None:
-    from retention.preview import preview
-
     policy = _policy(options["slug"])
     version = policy.approved_version or policy.versions.order_by("-number").first()
     if version is None:
@@ -266,9 +266,7 @@ def hold_list(command, options) -> None:
             f"by {hold.placed_by}: {hold.reason}"
         )
         if hold.released_at is None:
-            from retention.holds import coverage
-
-            _write_coverage(command, coverage(hold), hold)
+            _write_coverage(command, hold_coverage(hold), hold)
 
 
 def _write_coverage(command, coverage, hold: LegalHold) -> None:

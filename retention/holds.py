@@ -25,7 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.db import DatabaseError, connection, transaction
+from django.db.models import Q
 from psycopg import sql
+
+from retention import catalog
+from retention.models import LegalHold, Policy, PolicyVersion
 
 NO_TENANT_COLUMN = "every row: the policy has no tenant column"
 
@@ -48,9 +52,7 @@ def tenant_type(spec):
     """The tenant column's ``introspect.ColumnType`` (None: no tenant column, or not found)."""
     if not spec.tenant:
         return None
-    from retention import introspect
-
-    return introspect.column_types(spec.schema, spec.table, [spec.tenant]).get(spec.tenant)
+    return catalog.column_types(spec.schema, spec.table, [spec.tenant]).get(spec.tenant)
 
 
 def canonical(value: str, ctype) -> str:
@@ -71,8 +73,6 @@ def applicable_specs(policy) -> list[tuple[str, object]]:
     each policy's approved version; for a hold on one policy that has none yet, its newest
     version. (A policy without an approved version deletes nothing; every version is
     checked against the active holds when it is validated.)"""
-    from retention.models import Policy, PolicyVersion
-
     policies = [policy] if policy is not None else list(Policy.objects.order_by("slug"))
     out = []
     for p in policies:
@@ -146,10 +146,6 @@ def coverage(hold) -> list[Cover]:
 def check_version(spec) -> None:
     """Every active tenant-scoped hold that applies to the policy ``spec`` describes must be a
     value of its tenant column; raises TenantMismatch naming the first that is not."""
-    from django.db.models import Q
-
-    from retention.models import LegalHold
-
     if not spec.tenant:
         return  # tenant-scoped holds hold such a policy whole
     holds = LegalHold.objects.filter(released_at__isnull=True, tenant__isnull=False).filter(

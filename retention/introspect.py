@@ -23,7 +23,7 @@ from django.utils.module_loading import import_string
 from psycopg import sql
 
 from core import timeouts
-from retention import partitions, predicate
+from retention import holds, partitions, predicate
 from retention.spec import PolicySpec, SpecError
 
 KEY_TYPES = ("int2", "int4", "int8")
@@ -164,64 +164,6 @@ def table_columns(oid: int) -> dict[str, Column]:
     return columns
 
 
-@dataclass(frozen=True)
-class ColumnType:
-    """What the engine's statements need to know of a column: its type as a schema-qualified
-    name (to cast a value to it), its collation (to compare in it) and whether it can be NULL."""
-
-    schema: str
-    typname: str
-    base: str  # the typname of the base type for a domain, else typname
-    collation: tuple[str, str] | None  # (schema, name) of a non-default collation
-    not_null: bool
-    display: str = ""  # format_type(), e.g. "character varying(20)"
-
-    def cast(self) -> sql.Composed:
-        """The type to cast to, without a length or precision (so nothing is truncated)."""
-        return sql.SQL("{}.{}").format(sql.Identifier(self.schema), sql.Identifier(self.typname))
-
-    def collate(self) -> sql.Composable:
-        if self.collation is None:
-            return sql.SQL("")
-        return sql.SQL(" COLLATE {}.{}").format(*map(sql.Identifier, self.collation))
-
-
-def column_types(schema: str, table: str, names) -> dict[str, ColumnType]:
-    """The types of the named columns of ``schema.table`` as the catalog says now (missing
-    columns are left out: the statement that uses them then fails with PostgreSQL's own
-    error). One small catalog query, run in the caller's transaction."""
-    # Two catalog tables joined, the rest scalar lookups by oid: a statement that is cheap to
-    # plan, since the engine runs it for every statement it builds.
-    rows = _fetch(
-        "SELECT a.attname,"
-        " (SELECT n.nspname FROM pg_catalog.pg_namespace n WHERE n.oid = t.typnamespace),"
-        " t.typname,"
-        " CASE WHEN t.typtype = 'd'"
-        "  THEN (SELECT b.typname FROM pg_catalog.pg_type b WHERE b.oid = t.typbasetype)"
-        "  ELSE t.typname END,"
-        " (SELECT n.nspname FROM pg_catalog.pg_namespace n WHERE n.oid = co.collnamespace),"
-        " co.collname, a.attnotnull,"
-        " pg_catalog.format_type(a.atttypid, a.atttypmod)"
-        " FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
-        " LEFT JOIN pg_catalog.pg_collation co ON co.oid = a.attcollation"
-        "  AND a.attcollation <> t.typcollation AND co.collname <> 'default'"
-        " WHERE a.attrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s))"
-        " AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY(%s)",
-        [schema, table, list(names)],
-    )
-    return {
-        name: ColumnType(
-            tschema,
-            typname,
-            base,
-            (cschema, collname) if collname else None,
-            bool(not_null),
-            display,
-        )
-        for name, tschema, typname, base, cschema, collname, not_null, display in rows
-    }
-
-
 def _column(columns: dict[str, Column], name: str, where: str, table: str) -> Column:
     col = columns.get(name)
     if col is None:
@@ -326,8 +268,6 @@ def validate(spec: PolicySpec) -> Validation:
                 f"not {tenant.type}"
             )
         used[spec.tenant] = tenant
-        from retention import holds
-
         try:
             holds.check_version(spec)
         except holds.TenantMismatch as exc:

@@ -11,6 +11,7 @@ from django.utils import timezone as dj_timezone
 from django.utils.functional import cached_property
 
 from core.oplog import decision_token
+from retention.spec import PolicySpec
 
 
 class Policy(models.Model):
@@ -112,8 +113,6 @@ class PolicyVersion(models.Model):
     @cached_property
     def parsed(self):
         """The spec as a PolicySpec (cached: a submitted version never changes)."""
-        from retention.spec import PolicySpec
-
         return PolicySpec.from_json(self.spec)
 
     def hand_of(self, user) -> str | None:

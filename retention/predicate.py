@@ -17,6 +17,8 @@ from typing import NamedTuple
 
 from psycopg import sql
 
+from retention import catalog
+from retention.models import LegalHold
 from retention.spec import LIST_OPERATORS, KeepRule, PolicySpec
 
 ROW = sql.Identifier("t")
@@ -118,8 +120,6 @@ def held(spec: PolicySpec, policy_id: int, *, types: dict | None = None) -> Frag
     placed, and when a version is validated, that every applicable hold's value casts. In
     a policy without a tenant column, a tenant-scoped hold (one on all policies) covers
     every row: it cannot tell the tenant's rows from the others, so it protects them all."""
-    from retention.models import LegalHold
-
     hold = sql.Identifier("h")
     tenant_match = _tenant_equals(spec, hold, types)
     text = sql.SQL(
@@ -139,10 +139,8 @@ def held(spec: PolicySpec, policy_id: int, *, types: dict | None = None) -> Frag
 
 def column_types(spec: PolicySpec) -> dict:
     """The catalog's types of the key, timestamp and tenant columns (``introspect.ColumnType``)."""
-    from retention import introspect
-
     names = [spec.key, spec.timestamp] + ([spec.tenant] if spec.tenant else [])
-    return introspect.column_types(spec.schema, spec.table, names)
+    return catalog.column_types(spec.schema, spec.table, names)
 
 
 def planned_columns(spec: PolicySpec) -> list[str]:

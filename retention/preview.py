@@ -17,12 +17,15 @@ from datetime import UTC, datetime
 import psycopg
 from django.core.cache import cache
 from django.db import DatabaseError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 from psycopg import sql
 
 from core.formatting import natural_key
-from retention import partitions, predicate
+from retention import introspect, partitions, predicate
+from retention.models import LegalHold
 from retention.schedule_math import latest_tick
+from retention.signals import preview_rate_sources
 from retention.spec import PolicySpec
 
 PREVIEW_TIMEOUT_MS = 30_000  # at submission: the approver's evidence
@@ -173,27 +176,16 @@ def _sample_query(spec: PolicySpec, *, policy_id: int, cutoff: datetime):
 
 
 def measured_rate(slug: str) -> float | None:
-    """Rows per second per worker seen in this policy's recent committed chunks, if any."""
-    try:
-        from runs.models import AuditRecord
-    except ImportError:  # the ledger app is optional for the preview
-        return None
-    records = list(
-        AuditRecord.objects.filter(policy_slug=slug, rows_deleted__gt=0)
-        .order_by("-chain_seq")
-        .values_list("rows_deleted", "started_at", "committed_at")[:200]
-    )
-    rows = sum(r[0] for r in records)
-    seconds = sum(max((r[2] - r[1]).total_seconds(), 0.0) for r in records)
-    if rows < 1000 or seconds <= 0:
-        return None
-    return rows / seconds
+    """Rows per second per worker measured for this policy, from the first source that knows
+    (``retention.signals.preview_rate_sources``: the run ledger registers its audit trail)."""
+    for source in preview_rate_sources:
+        rate = source(slug)
+        if rate is not None:
+            return rate
+    return None
 
 
 def active_holds(policy_id: int | None) -> list[dict]:
-    from django.db.models import Q
-
-    from retention.models import LegalHold
 
     holds = LegalHold.objects.filter(released_at__isnull=True)
     holds = holds.filter(Q(policy__isnull=True) | Q(policy_id=policy_id))
@@ -226,8 +218,6 @@ def preview(
     when the table no longer validates; reports ``timed_out`` instead of raising when a
     query exceeds ``timeout_ms``.
     """
-    from retention import introspect
-
     now = now or timezone.now()
     if validation is None:
         validation = introspect.validate(spec)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import tomllib
 import zoneinfo
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
@@ -606,8 +607,6 @@ class PolicySpec:
 
 def load_toml(text: str) -> PolicySpec:
     """Parse a policy file's text (TOML) into a spec; SpecError names the first problem."""
-    import tomllib
-
     if not isinstance(text, str) or not text.strip():
         raise SpecError("the policy file is empty")
     size = len(text.encode("utf-8", "surrogatepass"))

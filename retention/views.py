@@ -19,7 +19,9 @@ from django.views.decorators.vary import vary_on_headers
 from core.roles import COMPLIANCE, ONCALL, require_role
 from retention import actions
 from retention.diff import spec_diff
+from retention.holds import coverage
 from retention.models import LegalHold, Policy, PolicyVersion
+from retention.preview import live_preview
 from retention.spec import MAX_POLICY_BYTES, SpecError, load_toml
 
 MAX_TOML_BYTES = MAX_POLICY_BYTES
@@ -208,8 +210,6 @@ def version_preview(request, slug: str, number: int):
     """A fresh dry-run of this version as of now (HTMX fragment; not stored). Full-scan
     aggregates on the live table: compliance only, once per version and minute
     (``live_preview``)."""
-    from retention.preview import live_preview
-
     version = _version_or_404(slug, number)
     try:
         result = live_preview(version)
@@ -281,8 +281,6 @@ def version_reject(request, slug: str, number: int):
 @require_GET
 @require_role()
 def holds(request):
-    from retention.holds import coverage
-
     all_holds = LegalHold.objects.select_related("policy")
     active = list(all_holds.filter(released_at__isnull=True))
     for hold in active:

@@ -3,7 +3,7 @@ its operator-action record; each names who and why."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
@@ -18,6 +18,7 @@ from retention.schedule_math import period_label
 from runs import dispatch
 from runs.models import MAX_DISCARDED_SCOPES, Chunk, DeadLetter, Run
 from runs.progress import progress_for
+from runs.schedules import sync_policy_schedule
 
 BLAST_RADIUS_FLOOR = 10_000  # below this many rows a run never needs confirmation
 
@@ -101,8 +102,6 @@ def _admit_new_run(run: Run, spec) -> None:
         _skip(run, f"skipped: run {earlier.run_key} was still {earlier.state}")
         return
     fold_waiting_runs(policy, actor=run.created_by)
-    from runs.reconciler import start_waiting_runs
-
     start_waiting_runs(policy, actor="scheduler", reason="admitted")
 
 
@@ -285,8 +284,6 @@ def cancel_run(run: Run, *, actor, reason: str, expected: str | None = None) -> 
     run.finished_at = timezone.now()
     run.save(update_fields=["state", "state_reason", "finished_at"])
     record_action(actor, "run.cancel", run, reason=reason, chunks_cancelled=cancelled)
-    from runs.reconciler import start_waiting_runs
-
     start_waiting_runs(run.policy)
     return run
 
@@ -426,8 +423,6 @@ def supersede_open_runs(policy: Policy, *, keep_version_id: int, actor, reason: 
 def expire_confirm_holds(policy: Policy, now: datetime, *, expiry_s: float) -> list[Run]:
     """A run held for confirmation and not confirmed within ``expiry_s`` expires (terminal,
     on the operator log); the policy's next run then goes through admission afresh."""
-    from datetime import timedelta
-
     expired = []
     for run in Run.objects.select_for_update().filter(
         policy=policy, state=Run.State.CONFIRM, held_at__lt=now - timedelta(seconds=expiry_s)
@@ -439,3 +434,52 @@ def expire_confirm_holds(policy: Policy, now: datetime, *, expiry_s: float) -> l
         record_action("reconciler", "run.expire", run, reason=reason)
         expired.append(run)
     return expired
+
+
+BLOCKING = (Run.State.ACTIVE, Run.State.PAUSED, Run.State.ATTENTION, Run.State.CONFIRM)
+
+
+def start_waiting_runs(
+    policy: Policy, *, actor="reconciler", reason: str = "the earlier run finished"
+) -> Run | None:
+    """Admit the policy's waiting run when no other open run blocks it (admission includes
+    the blast-radius check); otherwise make its reason name the run it waits for."""
+    waiting = fold_waiting_runs(policy, actor=actor)
+    if waiting is None:
+        return None
+    blocker = (
+        Run.objects.filter(policy=policy, state__in=BLOCKING)
+        .exclude(pk=waiting.pk)
+        .order_by("tick")
+        .first()
+    )
+    if blocker is not None:
+        why = f"waiting for run {blocker.run_key} ({blocker.state})"
+        if waiting.state_reason != why:
+            Run.objects.filter(pk=waiting.pk).update(state_reason=why)
+        return waiting
+    return admit(waiting, actor=actor, reason=reason)
+
+
+def restart_runs(policy: Policy, *, reason: str) -> None:
+    """Work resumes at once: fresh leases for the policy's active runs (not after the stale-lease
+    interval), and its waiting run is admitted if nothing blocks it."""
+    if not KillSwitch.is_on():
+        for run in Run.objects.filter(policy=policy, state=Run.State.ACTIVE).select_related(
+            "policy_version"
+        ):
+            dispatch.republish_all(run)
+    start_waiting_runs(policy, actor="scheduler", reason=reason)
+
+
+def follow_policy_decision(sender, *, policy: Policy, decision: str, actor, version=None, **_):
+    """A policy decision's consequences for runs, in the decision's own transaction
+    (``retention.signals.policy_decided``; connected in ``runs.apps``)."""
+    if decision == "approved":
+        supersede_open_runs(
+            policy, keep_version_id=version.pk, actor=actor,
+            reason=f"v{version.number} was approved; runs of older versions can never run again",
+        )  # fmt: skip
+    sync_policy_schedule(policy)
+    if decision in ("resumed", "enabled"):
+        restart_runs(policy, reason=f"policy {policy.slug} resumed")

@@ -3,6 +3,7 @@ from django.db.models.signals import post_migrate
 
 
 def _ensure_schedules(sender, **kwargs) -> None:
+    # django-q2's Schedule model: importable once the app registry is ready
     from runs.schedules import ensure_system_schedules
 
     ensure_system_schedules()
@@ -13,4 +14,14 @@ class RunsConfig(AppConfig):
     verbose_name = "Runs and audit"
 
     def ready(self) -> None:
+        # the app registry is ready only now: runs' modules use the models at import
+        from retention import signals
+        from runs import actions, audit
+
         post_migrate.connect(_ensure_schedules, sender=self)
+        # retention's decisions and preview reach the runs through these (imports go one way)
+        signals.policy_decided.connect(
+            actions.follow_policy_decision, dispatch_uid="runs.follow_policy_decision"
+        )
+        if audit.measured_rate not in signals.preview_rate_sources:
+            signals.preview_rate_sources.append(audit.measured_rate)

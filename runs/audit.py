@@ -14,6 +14,7 @@ import hashlib
 from django.db import connection
 
 from core import chain, locks
+from runs.models import AuditRecord, Chunk
 
 GENESIS = chain.GENESIS
 CHAIN_VERSION = chain.VERSION
@@ -72,8 +73,6 @@ def append(**values) -> dict:
     Takes the chain lock until commit, so records are chained in commit order
     and ``chain_seq`` has no gaps.
     """
-    from runs.models import AuditRecord
-
     locks.xact_lock(locks.AUDIT_CHAIN, 0)
     with connection.cursor() as cur:
         # after the lock, in its own statement: the head read must see every earlier commit
@@ -112,8 +111,6 @@ def _no_downgrade():
 def verify_chain(batch: int = 5000) -> ChainReport:
     """Walk the whole chain in order, in constant memory; then the tail: every finished
     chunk must have its record (removing the newest records leaves a chain that links up)."""
-    from runs.models import AuditRecord, Chunk
-
     rows = chain.batched(AuditRecord.objects.all(), HASHED_COLUMNS, batch)
     report = chain.walk(
         rows,
@@ -128,3 +125,18 @@ def verify_chain(batch: int = 5000) -> ChainReport:
             f"{orphans} finished chunk(s) have no audit record: records were removed"
         )
     return report
+
+
+def measured_rate(slug: str) -> float | None:
+    """Rows per second per worker seen in this policy's recent committed chunks, if any
+    (the dry-run preview's rate: ``retention.signals.preview_rate_sources``)."""
+    records = list(
+        AuditRecord.objects.filter(policy_slug=slug, rows_deleted__gt=0)
+        .order_by("-chain_seq")
+        .values_list("rows_deleted", "started_at", "committed_at")[:200]
+    )
+    rows = sum(r[0] for r in records)
+    seconds = sum(max((r[2] - r[1]).total_seconds(), 0.0) for r in records)
+    if rows < 1000 or seconds <= 0:
+        return None
+    return rows / seconds

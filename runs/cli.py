@@ -4,15 +4,37 @@ reconcile|startup|audit`` sub-commands: operations without a browser."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+import zoneinfo
 from datetime import datetime
 from pathlib import Path
 
+from django.conf import settings
 from django.core.management.base import CommandError
 from django.utils import timezone
 
 from core.cli_identity import acting_user
 from core.filters import as_id
+from core.oplog import verify_operator_log
+from retention.models import Policy
+from retention.schedule_math import latest_tick
+from runs import actions, evidence
+from runs.actions import (
+    ActionError,
+    discard_dead_letter,
+    replay_dead_letter,
+    set_kill_switch,
+    trigger_run,
+)
+from runs.audit import verify_chain
+from runs.explain import explain as explain_policy
+from runs.models import DeadLetter, Run
+from runs.reconciler import reconcile as run_reconciler
+from runs.schedules import ensure_system_schedules
+from runs.status import run_status
+from runs.worker import drain as drain_run
 
 
 def _actor(options):
@@ -21,8 +43,6 @@ def _actor(options):
 
 
 def _run(key: str):
-    from runs.models import Run
-
     run = Run.objects.select_related("policy", "policy_version").filter(run_key=key).first()
     if run is None and as_id(key) is not None:
         run = Run.objects.select_related("policy", "policy_version").filter(pk=as_id(key)).first()
@@ -32,8 +52,6 @@ def _run(key: str):
 
 
 def _policy(slug: str):
-    from retention.models import Policy
-
     policy = Policy.objects.filter(slug=slug).first()
     if policy is None:
         raise CommandError(f"no policy {slug!r}")
@@ -43,9 +61,6 @@ def _policy(slug: str):
 def _parse_period(policy, text: str | None) -> datetime:
     """The tick a manual trigger stands for: the newest scheduled tick at or before the given
     local date/time (a date means the end of that day), or now."""
-    import zoneinfo
-
-    from retention.schedule_math import latest_tick
 
     if not text:
         return latest_tick(policy, timezone.now())
@@ -66,8 +81,6 @@ def _parse_period(policy, text: str | None) -> datetime:
 
 
 def trigger(cmd, o):
-    from runs.actions import trigger_run
-
     policy = _policy(o["slug"])
     run, created = trigger_run(
         policy, tick=_parse_period(policy, o.get("period")), source="manual", actor=_actor(o)
@@ -78,8 +91,6 @@ def trigger(cmd, o):
 
 
 def status(cmd, o):
-    from runs.status import run_status
-
     data = run_status(_run(o["run_key"]))
     if o["json"]:
         cmd.stdout.write(json.dumps(data, indent=2, default=str))
@@ -90,10 +101,6 @@ def status(cmd, o):
 
 def _drain_helpers(o) -> list:
     """``--workers N``: N - 1 more drain processes beside this one (same run and options)."""
-    import subprocess
-    import sys
-
-    from django.conf import settings
 
     args = [sys.executable, str(settings.BASE_DIR / "manage.py"), "retention", "drain"]
     if o.get("run_key"):
@@ -105,9 +112,6 @@ def _drain_helpers(o) -> list:
 
 
 def drain(cmd, o):
-    from runs.models import Run
-    from runs.worker import drain as drain_run
-
     helpers = _drain_helpers(o)
     try:
         _drain_here(cmd, o, Run, drain_run)
@@ -147,8 +151,6 @@ def _drain_here(cmd, o, Run, drain_run) -> None:
 
 def _control(action_name):
     def handler(cmd, o):
-        from runs import actions
-
         run = _run(o["run_key"])
         getattr(actions, action_name)(run, actor=_actor(o), reason=o["reason"])
         run.refresh_from_db()
@@ -158,8 +160,6 @@ def _control(action_name):
 
 
 def _letter(letter_id: int):
-    from runs.models import DeadLetter
-
     letter = DeadLetter.objects.filter(pk=letter_id).first()
     if letter is None:
         raise CommandError(f"no dead letter #{letter_id}")
@@ -167,8 +167,6 @@ def _letter(letter_id: int):
 
 
 def replay(cmd, o):
-    from runs.actions import replay_dead_letter
-
     chunk = replay_dead_letter(_letter(o["id"]), actor=_actor(o), reason=o["reason"])
     cmd.stdout.write(
         f"dead letter #{o['id']} replayed" + (f" as chunk #{chunk.pk}" if chunk else "")
@@ -176,33 +174,21 @@ def replay(cmd, o):
 
 
 def discard(cmd, o):
-    from runs.actions import discard_dead_letter
-
     discard_dead_letter(_letter(o["id"]), actor=_actor(o), reason=o["reason"])
     cmd.stdout.write(f"dead letter #{o['id']} discarded")
 
 
 def kill_switch(cmd, o):
-    from runs.actions import set_kill_switch
-
     switch = set_kill_switch(o["state"] == "on", actor=_actor(o), reason=o["reason"])
     cmd.stdout.write(f"kill switch {'on' if switch.on else 'off'}")
 
 
 def reconcile(cmd, o):
-    from runs.reconciler import reconcile as run_reconciler
-
     cmd.stdout.write(json.dumps(run_reconciler(), default=str))
 
 
 def startup(cmd, o):
     """Arm the schedules, and start a run now for each policy that has none (demo start-up)."""
-    from retention.models import Policy
-    from retention.schedule_math import latest_tick
-    from runs.actions import ActionError, trigger_run
-    from runs.models import Run
-    from runs.schedules import ensure_system_schedules
-
     ensure_system_schedules()
     for policy in Policy.objects.filter(enabled=True):
         if policy.approved_version is None or Run.objects.filter(policy=policy).exists():
@@ -217,10 +203,6 @@ def startup(cmd, o):
 
 
 def audit_verify(cmd, o):
-    from core.oplog import verify_operator_log
-    from runs import evidence
-    from runs.audit import verify_chain
-
     report, log = verify_chain(), verify_operator_log()
     problems = [*report.problems, *log.problems]
     for path in o.get("against") or []:
@@ -241,8 +223,6 @@ def audit_verify(cmd, o):
 
 
 def audit_checkpoint(cmd, o):
-    from runs import evidence
-
     found = evidence.anchor()
     if found["hmac"] is None:
         raise CommandError("RETENTION_EVIDENCE_KEY is not set: a checkpoint must be signed")
@@ -258,8 +238,6 @@ def audit_checkpoint(cmd, o):
 
 
 def explain(cmd, o):
-    from runs.explain import explain as explain_policy
-
     for title, lines in explain_policy(_policy(o["slug"])):
         cmd.stdout.write(f"== {title}")
         for line in lines:

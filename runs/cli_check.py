@@ -14,6 +14,10 @@ import re
 from django.core.management.base import CommandError
 from django.db import connection
 
+from runs.cli import _run
+from runs.invariants import check_run
+from runs.models import Run
+
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
@@ -34,10 +38,6 @@ def parse_shadow(text: str) -> tuple[str, str]:
 
 
 def check(cmd, o) -> None:
-    from runs.cli import _run
-    from runs.invariants import check_run
-    from runs.models import Run
-
     run = _run(o["run_key"])
     shadow = parse_shadow(o["shadow"]) if o.get("shadow") else None
     expect_drained = o["expect_drained"]

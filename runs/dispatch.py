@@ -13,6 +13,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django_q.tasks import async_task
 
 from runs.models import Lease, Run
 
@@ -22,7 +23,6 @@ DRAIN_TASK = "runs.tasks.drain_lease"
 
 def enqueue(func: str, *args, **kwargs) -> None:
     """Send a task to the cleanup cluster: in this transaction (ORM broker) or after it commits."""
-    from django_q.tasks import async_task
 
     def send() -> None:
         async_task(func, *args, cluster=CLUSTER, **kwargs)

@@ -10,6 +10,13 @@ from psycopg import sql
 
 from retention import predicate as P
 from retention.schedule_math import latest_tick
+from runs.planner import (
+    LEDGER_KEY_MAX,
+    bounds_query,
+    exclusive_end,
+    step_query,
+    tenants_query,
+)
 
 
 class _Rollback(Exception):
@@ -34,14 +41,6 @@ def _plan(frag: P.Fragment) -> list[str]:
 def statements(policy) -> list[tuple[str, P.Fragment]]:
     """The engine's statements on the target, built by the engine's own functions, with
     realistic parameters for ``policy`` now (its first eligible key and that key's tenant)."""
-    from runs.planner import (
-        LEDGER_KEY_MAX,
-        bounds_query,
-        exclusive_end,
-        step_query,
-        tenants_query,
-    )
-
     spec = policy.approved_version.parsed
     cutoff = spec.cutoff_for(latest_tick(policy, timezone.now()))
     bounds = bounds_query(policy.id, cutoff, spec)

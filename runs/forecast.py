@@ -8,16 +8,20 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.core.cache import cache
 from django.db import connection, transaction
 from django.db.models import Max, Min, Sum
 from django.utils import timezone
+from django_q.models import Schedule
 from psycopg import sql
 
 from core import timeouts
 from core.formatting import duration as _human
 from retention import predicate as P
+from retention.models import KillSwitch
 from runs.models import AuditRecord, Chunk, Run
 from runs.progress import progress_for
+from runs.schedules import schedule_name
 
 RATE_WINDOW = timedelta(minutes=10)
 
@@ -51,8 +55,6 @@ def drain_window(policy, *, fresh: bool = False) -> dict:
     measured at most every CACHE_SECONDS (the overview polls; ``fresh`` bypasses the cache);
     the verdict and its sentence are judged on every call, as of now, from the run's current
     state and chunks and the tick the schedule is armed for — the same tick the page shows."""
-    from django.core.cache import cache
-
     key = f"retention:drain-window:{policy.pk}:{policy.created_at.timestamp()}"
     measured = None if fresh else cache.get(key)
     if measured is None:
@@ -104,9 +106,6 @@ def _measure(policy) -> dict:
 def _armed_tick(policy):
     """The tick the policy's trigger schedule is armed for (what the pages show as "Next
     tick"); None when it has no schedule."""
-    from django_q.models import Schedule
-
-    from runs.schedules import schedule_name
 
     return (
         Schedule.objects.filter(name=schedule_name(policy))
@@ -119,8 +118,6 @@ def _judge(policy, measured: dict, now) -> dict:
     """``{"backlog_rows", "pending_chunks", "oldest_eligible_age_s", "overdue_s",
     "inflow_per_day", "rows_per_s", "eta_s", "next_tick", "verdict":
     "converges"|"at risk"|"idle"|"paused"|"stopped"|"unknown", "explanation"}``."""
-    from retention.models import KillSwitch
-
     out = {
         "backlog_rows": None, "pending_chunks": 0, "eta_s": None, "next_tick": None,
         "verdict": "unknown", "explanation": "",

@@ -25,6 +25,8 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Max, Q, Sum
 from psycopg import sql
 
+from retention.models import LegalHold
+from retention.spec import _RETENTION
 from runs.audit import verify_chain
 from runs.models import AuditRecord, Chunk, PartitionAction, Run
 
@@ -111,8 +113,6 @@ def _casts(value: str, type_ident: sql.Composable) -> bool:
 
 
 def _retention_parts(retention: str) -> tuple[int, str]:
-    from retention.spec import _RETENTION
-
     match = _RETENTION.fullmatch(retention)
     return int(match.group(1)), match.group(2)
 
@@ -260,8 +260,6 @@ class Oracle:
 
 
 def active_holds(run: Run, *, ids=None) -> list[HoldScope]:
-    from retention.models import LegalHold
-
     qs = LegalHold.objects.filter(released_at__isnull=True).filter(
         Q(policy__isnull=True) | Q(policy_id=run.policy_id)
     )

@@ -10,7 +10,9 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from core.oplog import decision_token
 from retention.models import Policy, PolicyVersion
+from retention.predicate import Scope
 
 
 class Run(models.Model):
@@ -66,8 +68,6 @@ class Run(models.Model):
 
     @property
     def decision_token(self) -> str:
-        from core.oplog import decision_token
-
         return decision_token(self)
 
     def describe(self) -> str:
@@ -323,8 +323,6 @@ def discarded_letters(run: Run):
 def discarded_scopes(run: Run) -> list:
     """The scopes (tenant, key interval) an operator gave up on: the run's later passes, their
     DELETEs and its verification leave them out (``predicate.outside_scopes``)."""
-    from retention.predicate import Scope
-
     return [
         Scope(letter.chunk.tenant, letter.chunk.key_from, letter.chunk.key_to)
         for letter in discarded_letters(run)

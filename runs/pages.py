@@ -9,8 +9,11 @@ Durations are seconds here; templates format them with the ``duration`` filter.
 
 from __future__ import annotations
 
+import difflib
+
 from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
+from django_q.models import Schedule
 
 from core.filters import QueryFilters
 from retention.models import KillSwitch, Policy, PolicyVersion
@@ -105,7 +108,6 @@ def overview_context(request) -> dict:
         .exclude(spec__max_backlog_age=None)
         .values_list("policy_id", "spec__max_backlog_age")
     )  # one query for every policy's backlog SLO
-    from django_q.models import Schedule
 
     next_runs = dict(
         Schedule.objects.filter(name__in=[schedule_name(p) for p in policies]).values_list(
@@ -142,8 +144,6 @@ def overview_context(request) -> dict:
     known = []
     closest = []
     if slug and not rows:  # an unknown slug: the closest ones, and every policy
-        import difflib
-
         known = list(Policy.objects.order_by("slug").values_list("slug", "name"))
         closest = difflib.get_close_matches(slug, [k for k, _ in known], n=3, cutoff=0.5)
     return {

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
+from django_q.models import Failure, Success
 from psycopg import sql
 
 from core import locks, timeouts
@@ -23,7 +24,16 @@ from retention import predicate as P
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import latest_tick
 from runs import dispatch
-from runs.models import Chunk, DeadLetter, Run, discarded_letters, discarded_scopes
+from runs.actions import expire_confirm_holds, run_key_for, start_waiting_runs, trigger_run
+from runs.models import (
+    Chunk,
+    DeadLetter,
+    GuardSample,
+    Run,
+    discarded_letters,
+    discarded_scopes,
+)
+from runs.schedules import sync_policy_schedule
 
 log = logging.getLogger(__name__)
 
@@ -206,37 +216,8 @@ def after_run_maintenance(run: Run) -> dict:
     return out
 
 
-BLOCKING = (Run.State.ACTIVE, Run.State.PAUSED, Run.State.ATTENTION, Run.State.CONFIRM)
-
-
-def start_waiting_runs(
-    policy: Policy, *, actor="reconciler", reason: str = "the earlier run finished"
-) -> Run | None:
-    """Admit the policy's waiting run when no other open run blocks it (admission includes
-    the blast-radius check); otherwise make its reason name the run it waits for."""
-    from runs.actions import admit, fold_waiting_runs
-
-    waiting = fold_waiting_runs(policy, actor=actor)
-    if waiting is None:
-        return None
-    blocker = (
-        Run.objects.filter(policy=policy, state__in=BLOCKING)
-        .exclude(pk=waiting.pk)
-        .order_by("tick")
-        .first()
-    )
-    if blocker is not None:
-        why = f"waiting for run {blocker.run_key} ({blocker.state})"
-        if waiting.state_reason != why:
-            Run.objects.filter(pk=waiting.pk).update(state_reason=why)
-        return waiting
-    return admit(waiting, actor=actor, reason=reason)
-
-
 def catch_up(policy: Policy, now) -> Run | None:
     """One run for the newest missed tick of the policy, the older missed ticks recorded on it."""
-    from runs.actions import run_key_for, trigger_run
-
     version = policy.approved_version
     if version is None or not policy.enabled:
         return None
@@ -286,10 +267,6 @@ def prune_own_tables(now) -> dict:
     """Keep the app's own bulky tables bounded, a batch per pass: django-q2's results (it
     never prunes failures) after a week, guard samples after a day. Audit rows and the
     operator log are evidence and are never pruned here."""
-    from django_q.models import Failure, Success
-
-    from runs.models import GuardSample
-
     out = {}
     for model, field, age in (
         (Success, "stopped", timedelta(days=7)),
@@ -316,9 +293,6 @@ def _policies_to_reconcile() -> list[Policy]:
 def reconcile_policy(policy: Policy, now, report: dict, *, kill: bool, stale_s: float) -> None:
     """Everything one pass does for one policy (inside that policy's own transaction): repair
     its schedule, catch up a missed tick, start a waiting run, finish or re-publish active runs."""
-    from runs.actions import expire_confirm_holds
-    from runs.schedules import sync_policy_schedule
-
     if policy.enabled and sync_policy_schedule(policy, now=now):
         report["rearmed"].append(policy.slug)
     expiry_s = settings.RETENTION.get("CONFIRM_EXPIRY_S", 86_400)

@@ -10,11 +10,14 @@ ticks are the reconciler's job (one catch-up run), never django-q2's.
 
 from __future__ import annotations
 
+import zoneinfo
 from datetime import datetime, timedelta
 
 from croniter import croniter
 from django.utils import timezone
+from django_q.models import Schedule
 
+from retention.models import Policy
 from retention.schedule_math import next_tick
 
 TRIGGER_TASK = "runs.tasks.trigger_scheduled"
@@ -38,8 +41,6 @@ def arm(policy, *, after: datetime):
     Only a policy without an approved version loses its schedule here; a disabled one
     keeps it (its firings create nothing) — the enable/disable actions decide, not a
     firing that happens to see ``enabled`` off."""
-    from django_q.models import Schedule
-
     if policy.approved_version is None:
         Schedule.objects.filter(name=schedule_name(policy)).delete()
         return None
@@ -59,8 +60,6 @@ def arm(policy, *, after: datetime):
 
 
 def _fits(policy, when: datetime) -> bool:
-    import zoneinfo
-
     local = when.astimezone(zoneinfo.ZoneInfo(policy.timezone)).replace(tzinfo=None)
     return croniter.match(policy.schedule, local)
 
@@ -91,8 +90,6 @@ def sync_policy_schedule(policy, *, now: datetime | None = None) -> str:
     """Create, repair or remove the policy's trigger schedule to match the policy: armed for
     its true next tick while it is enabled and approved, absent otherwise. Returns what was
     wrong ('' when nothing was). Missed ticks are the catch-up rule's, never re-fired here."""
-    from django_q.models import Schedule
-
     now = now or timezone.now()
     current = Schedule.objects.filter(name=schedule_name(policy)).first()
     if not policy.enabled or policy.approved_version is None:
@@ -108,9 +105,6 @@ def sync_policy_schedule(policy, *, now: datetime | None = None) -> str:
 
 def ensure_system_schedules() -> None:
     """The reconciler every minute, and every policy's trigger schedule."""
-    from django_q.models import Schedule
-
-    from retention.models import Policy
 
     Schedule.objects.update_or_create(
         name="retention:reconciler",

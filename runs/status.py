@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.db.models import Max
 from django.utils import timezone
 
+from runs.forecast import drain_window
 from runs.models import Chunk, DeadLetter, Run
 from runs.progress import RunProgress, progress_for
 
@@ -49,8 +52,6 @@ def _health(run: Run, p: RunProgress, now) -> tuple[str, str, str]:
 
     The throttle reason is the progress model's (``runs.progress``: the latest reason of a
     pending chunk throttled within one lease budget)."""
-    from datetime import timedelta
-
     recent = timedelta(seconds=settings.RETENTION["LEASE_BUDGET_S"])
     last = p.last_commit
     pending_chunks = Chunk.objects.pending().filter(run=run)
@@ -90,7 +91,5 @@ def _health(run: Run, p: RunProgress, now) -> tuple[str, str, str]:
 
 
 def _window(run: Run) -> dict:
-    from runs.forecast import drain_window
-
     window = drain_window(run.policy, fresh=True)
     return {k: window[k] for k in ("backlog_rows", "rows_per_s", "eta_s", "verdict", "explanation")}

@@ -14,6 +14,8 @@ import os
 import sys
 import time
 
+from django_q.cluster import Sentinel
+
 _found: tuple[int, object | None] | None = None  # (pid, stop event) — re-read after a fork
 
 
@@ -22,12 +24,8 @@ def _stop_event():
     if _found is not None and _found[0] == os.getpid():
         return _found[1]
     event = None
-    try:
-        from django_q.cluster import Sentinel
-    except ImportError:  # pragma: no cover - django-q2 is a dependency
-        Sentinel = None
     frame = sys._getframe()
-    while frame is not None and Sentinel is not None:
+    while frame is not None:
         owner = frame.f_locals.get("self")
         if isinstance(owner, Sentinel):
             event = owner.stop_event

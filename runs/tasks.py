@@ -6,16 +6,23 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+from psycopg import sql
 
 from core import timeouts
+from retention.models import Policy
+from runs import dispatch, schedules, worker
+from runs.actions import ActionError, trigger_run
+from runs.models import Run
+from runs.reconciler import catch_up
+from runs.reconciler import reconcile as run_reconciler
+from runs.worker import dead_letter
 
 log = logging.getLogger(__name__)
 
 
 def _malformed(task: str, detail: str, payload: dict) -> str:
-    from runs.worker import dead_letter
-
     dead_letter(chunk=None, run=None, error_class="malformed", sqlstate="", attempts=1,
                 message=f"malformed {task} message: {detail}", extra={"payload": payload})  # fmt: skip
     return f"dead-lettered: {detail}"
@@ -23,10 +30,6 @@ def _malformed(task: str, detail: str, payload: dict) -> str:
 
 def trigger_scheduled(policy_id=None, tick=None, **_ignored) -> str:
     """Fired by the policy's schedule; ``tick`` is django-q2's intended date of the firing."""
-    from retention.models import Policy
-    from runs import schedules
-    from runs.actions import ActionError, trigger_run
-
     try:
         tick_at = datetime.fromisoformat(tick) if isinstance(tick, str) else None
     except ValueError:
@@ -56,8 +59,6 @@ def _late_firing(policy, tick_at: datetime, now: datetime) -> str:
     """A firing long after its tick (the cluster was down) follows the policy's catch-up rule,
     exactly as the reconciler would: ``none`` runs nothing, ``latest`` one run for the newest
     missed tick with the older ones recorded on it — never a run for the oldest one as well."""
-    from runs.reconciler import catch_up
-
     version = policy.approved_version
     late = f"fired {int((now - tick_at).total_seconds())} s after its tick {tick_at.isoformat()}"
     if version is None or version.parsed.catch_up == "none":
@@ -69,21 +70,16 @@ def _late_firing(policy, tick_at: datetime, now: datetime) -> str:
 
 
 def _now():
-    from django.utils import timezone
-
     return timezone.now()
 
 
 def drain_lease(run_id=None, slot=None, generation=None, *extra) -> dict | str:
     """One lease: drain chunks of the run for a time budget, then publish the next generation."""
-    from runs import dispatch, worker
-
     if extra or not all(
         isinstance(v, int) and not isinstance(v, bool) for v in (run_id, slot, generation)
     ):
         return _malformed("drain", "needs integer run_id, slot and generation",
                           {"args": repr((run_id, slot, generation, *extra))})  # fmt: skip
-    from django.db import DatabaseError, connection
 
     try:
         stats = worker.drain(run_id, slot=slot, generation=generation)
@@ -100,18 +96,12 @@ def drain_lease(run_id=None, slot=None, generation=None, *extra) -> dict | str:
 
 
 def reconcile() -> dict:
-    from runs.reconciler import reconcile as run_reconciler
-
     report = run_reconciler()
     return {k: v for k, v in report.items() if v}
 
 
 def vacuum_target(run_id=None) -> str:
     """``VACUUM (ANALYZE)`` the target of a drained run (outside any transaction)."""
-    from django.db import connection
-    from psycopg import sql
-
-    from runs.models import Run
 
     if not isinstance(run_id, int):
         return _malformed("vacuum", "needs an integer run_id", {"run_id": repr(run_id)})

@@ -23,12 +23,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from core.filters import QueryFilters, as_id
 from core.models import OperatorAction
-from core.roles import AUDITOR, COMPLIANCE, ONCALL, require_role, roles_of
+from core.roles import AUDITOR, COMPLIANCE, ONCALL, ROLE_DESCRIPTIONS, require_role, roles_of
 from retention.models import Policy
 from runs import actions, exports
 from runs.metrics import render_metrics
 from runs.models import DeadLetter, Run
-from runs.pages import run_page_context
+from runs.pages import overview_context, run_page_context
 
 RUN_ACTIONS = {
     "pause": actions.pause_run,
@@ -264,3 +264,15 @@ def metrics_view(request):
             response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
     return HttpResponse(render_metrics(), content_type=CONTENT_TYPE_LATEST)
+
+
+@require_GET
+@require_role()
+@vary_on_headers("HX-Request")  # one URL serves the page and its HTMX fragment
+def home(request):
+    context = {
+        "my_roles": [(role, ROLE_DESCRIPTIONS[role]) for role in sorted(roles_of(request.user))],
+        **overview_context(request),
+    }
+    template = "core/_overview.html" if request.htmx else "core/home.html"
+    return render(request, template, context, status=400 if context["filter_errors"] else 200)

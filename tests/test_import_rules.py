@@ -65,9 +65,13 @@ class Import:
 
     @property
     def commented(self) -> bool:
-        this = self._lines[self.line - 1]
-        above = self._lines[self.line - 2].strip() if self.line >= 2 else ""
-        return "#" in this or above.startswith("#")
+        """A comment on the import's line, or just above it or above its block of imports."""
+        if "#" in self._lines[self.line - 1]:
+            return True
+        above = self.line - 2
+        while above >= 0 and self._lines[above].strip().startswith(("from ", "import ")):
+            above -= 1
+        return above >= 0 and self._lines[above].strip().startswith("#")
 
 
 def _imports(module: str, path: Path) -> list[Import]:

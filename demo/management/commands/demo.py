@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.env import env_bool
 from demo.marketplace import DemoDataError, DemoParams, ensure_marketplace
 from demo.policy_files import apply_demo_policies
+from demo.tasks import ensure_schedule
 from demo.users import ensure_demo_users
 
 
@@ -28,8 +30,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, rows: int, seed: int, tenants: int, no_users: bool, **options):
-        from django.conf import settings
-
         self.verbosity = options["verbosity"]
 
         if not no_users and not (settings.DEBUG or env_bool("RETENTION_DEMO", False)):
@@ -63,7 +63,6 @@ class Command(BaseCommand):
         else:
             self.stdout.write("demo users already present")
         self._policies()
-        from demo.tasks import ensure_schedule
 
         ensure_schedule()
 

@@ -1,7 +1,8 @@
 """``python manage.py retention AREA ...`` — operations without a browser.
 
-Areas are registered by the apps: ``retention.cli`` (policy, hold) and
-``runs.cli`` (trigger, status, drain, pause, ...). Every failure is one line.
+Areas are registered by the apps: ``core.cli`` (user, role, token), ``retention.cli``
+(policy, hold) and ``runs.cli`` (trigger, status, drain, pause, ...). The command lives in
+``runs``, the top layer, because it composes all three. Every failure is one line.
 """
 
 from __future__ import annotations
@@ -9,7 +10,11 @@ from __future__ import annotations
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError
 
+from core import cli as people_cli
 from core.cli_identity import cli_command
+from retention import cli as policy_cli
+from runs import cli as run_cli
+from runs import cli_check
 
 
 class Command(BaseCommand):
@@ -18,11 +23,6 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         areas = parser.add_subparsers(dest="area", required=True, metavar="AREA")
-        from core import cli as people_cli
-        from retention import cli as policy_cli
-        from runs import cli as run_cli
-        from runs import cli_check
-
         policy_cli.register(areas)
         run_cli.register(areas)
         cli_check.register(areas)
