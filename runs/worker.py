@@ -27,7 +27,7 @@ from django.utils import timezone
 from core import locks
 from retention import predicate as P
 from retention.models import PolicyVersion
-from runs import actions, audit, guard, partitions, planner, stopping
+from runs import actions, audit, guard, partitions, planner, reconciler, stopping
 from runs.errors import PERMANENT, classify, sqlstate_of
 from runs.models import Chunk, DeadLetter, Lease, Run, discarded_scopes
 
@@ -498,8 +498,6 @@ def drain(
     (chunks backing off, throttled by the guard, ceilings full) a lease waits within its
     budget; with ``until_idle`` it returns at once (``stopped`` = "idle: <why>") and the caller
     decides when to come back. With a lease (slot, generation) it stops when superseded."""
-    from runs import reconciler
-
     budget = budget_s if budget_s is not None else settings.RETENTION["LEASE_BUDGET_S"]
     deadline = time.monotonic() + budget
     stats = {"chunks": 0, "rows": 0, "failed": 0, "throttled": 0, "stopped": "", "continue": False}
