@@ -1,18 +1,22 @@
 from __future__ import annotations
 
 import io
-from unittest import mock
+from datetime import timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.core.exceptions import PermissionDenied
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django_q.models import Schedule
 
 from core.models import OperatorAction
 from retention import actions
 from retention.actions import ActionError
 from retention.models import Policy, PolicyVersion
+from retention.schedule_math import next_tick
 from retention.spec import load_toml
+from runs.schedules import schedule_name
 from tests.conftest import token_for_claim
 
 from .conftest import policy_toml
@@ -73,8 +77,8 @@ def test_approval_by_another_officer_binds_the_hash_and_syncs_the_schedule(
 ):
     version = submitted(alice, schedule='"15 2 * * *"', name='"Events older than 30 days"')
 
-    with mock.patch("runs.schedules.sync_policy_schedule") as sync:
-        actions.approve_version(version, actor=bob, reason="reviewed with legal")
+    assert not Schedule.objects.filter(name=schedule_name(version.policy)).exists()
+    actions.approve_version(version, actor=bob, reason="reviewed with legal")
 
     version.refresh_from_db()
     assert version.state == "approved"
@@ -84,7 +88,10 @@ def test_approval_by_another_officer_binds_the_hash_and_syncs_the_schedule(
     policy = Policy.objects.get()
     assert (policy.schedule, policy.name) == ("15 2 * * *", "Events older than 30 days")
     assert policy.approved_version == version
-    sync.assert_called_once_with(policy)
+    # the schedule is armed for the policy's next tick, in the approval's transaction
+    schedule = Schedule.objects.get(name=schedule_name(policy))
+    assert schedule.next_run == next_tick(policy, schedule.next_run - timedelta(minutes=1))
+    assert schedule.next_run.astimezone(ZoneInfo(policy.timezone)).strftime("%H:%M") == "02:15"
     action = OperatorAction.objects.get(action="version.approve")
     assert action.actor == "bob"
     assert action.details["content_hash"] == version.content_hash

@@ -233,6 +233,6 @@ def test_the_admin_shows_versions_and_actions_read_only(events_table, alice, cli
     assert page.status_code == 200
     assert 'name="_save"' not in page.content.decode()
     action = OperatorAction.objects.first()
-    page = client.get(reverse("admin:retention_operatoraction_change", args=[action.pk]))
+    page = client.get(reverse("admin:core_operatoraction_change", args=[action.pk]))
     assert page.status_code == 200 and 'name="_save"' not in page.content.decode()
     assert client.get(reverse("admin:retention_legalhold_changelist")).status_code == 200
