@@ -34,7 +34,8 @@ HOST = socket.gethostname()
 PARTITIONS = 0x52520040  # one lease settles a run's partitions at a time (run id)
 
 SETTLED = "settled"
-POSTPONED = "postponed"  # refused, throttled or busy: the planner must not start yet
+POSTPONED = "postponed"  # throttled or busy: the planner must not start yet
+REFUSED = "refused: "  # + why the run may not act now (kill switch, paused, cancelled, ...)
 
 
 def _exec(query, params=()):
@@ -117,7 +118,9 @@ def _session_fences(run: Run, spec):
 
 def settle(run: Run, *, deadline: float | None = None) -> str:
     """Take whole what the partitions allow, before the planner's first step of pass 1.
-    ``SETTLED``: the planner may plan the parent; ``POSTPONED``: try again later (no partition
+    ``SETTLED``: the planner may plan the parent; ``REFUSED`` + why: the run may not act now
+    (kill switch, pause, cancel: the lease stops, as for a chunk); ``POSTPONED``: try again
+    later (no partition
     is started after ``deadline``, a ``time.monotonic()`` value: the next lease goes on)."""
     spec = run.policy_version.parsed
     try:
@@ -144,14 +147,18 @@ def settle(run: Run, *, deadline: float | None = None) -> str:
         for part in tree.partitions:
             if deadline is not None and time.monotonic() >= deadline:
                 return POSTPONED
-            if settle_one(run, spec, tree, part) == POSTPONED:
-                return POSTPONED
+            outcome = settle_one(run, spec, tree, part)
+            if outcome != SETTLED:
+                return outcome
         # an intent left by an interrupted attempt whose partition is no longer in the tree
         for action in PartitionAction.objects.filter(
             run=run, state=PartitionAction.State.DETACHING
         ):
-            if _finish(run, spec, tree, action) == POSTPONED:
-                return POSTPONED
+            with _session_fences(run, spec):
+                refusal = _refusal(run)
+                if refusal:
+                    return REFUSED + refusal
+                _finish(run, spec, tree, action)
         return SETTLED
     except DatabaseError as exc:
         if _connection_lost(exc):
@@ -173,8 +180,9 @@ def settle_one(run: Run, spec, tree: RP.Tree, part: RP.Partition) -> str:
     if existing is None and not RP.bound_past(spec, tree, part, run.cutoff):
         return SETTLED
     with _session_fences(run, spec):
-        if _refusal(run):
-            return POSTPONED
+        refusal = _refusal(run)
+        if refusal:
+            return REFUSED + refusal
         if existing is None:
             try:
                 census = RP.census(spec, part, policy_id=run.policy_id, cutoff=run.cutoff,

@@ -528,10 +528,15 @@ def drain(
                     return stats
                 last_beat = time.monotonic()
             if not settled:
-                settled = (
-                    not partitions.needs_settling(run)
-                    or partitions.settle(run, deadline=deadline) == partitions.SETTLED
+                outcome = (
+                    partitions.settle(run, deadline=deadline)
+                    if partitions.needs_settling(run)
+                    else partitions.SETTLED
                 )
+                if outcome.startswith(partitions.REFUSED):  # as a refused chunk: STOP
+                    stats["stopped"] = outcome.removeprefix(partitions.REFUSED)
+                    return stats
+                settled = outcome == partitions.SETTLED
             if not settled:
                 # the guard, a decision in progress or another lease: the planner waits, so
                 # that no partition it could take whole is planned as chunks meanwhile

@@ -463,3 +463,21 @@ def test_a_hold_that_commits_while_a_detach_was_interrupted_puts_the_partition_b
         == held
     )
     assert check_run(run, shadow=("public", "rr_parts_shadow")) == []
+
+
+def test_the_kill_switch_stops_the_partition_step_like_a_chunk_and_nothing_is_dropped(
+    parts, make_user
+):
+    from runs.actions import set_kill_switch
+
+    policy = approved_policy(make_user, **parts_spec(keep=[]))
+    run, _ = trigger_run(policy, tick=NOW)
+    olga = make_user("olga", "oncall")
+    set_kill_switch(True, actor=olga, reason="drill")
+    stats = worker.drain(run.pk, budget_s=30)
+    assert stats["stopped"] == "global kill switch is on" and not stats["continue"]
+    assert not PartitionAction.objects.filter(run=run).exists()
+    assert all(attached(f"rr_parts_{m}") for m in EXPIRED)
+    set_kill_switch(False, actor=olga, reason="drill over")
+    assert drain(run).state == Run.State.DRAINED
+    assert PartitionAction.objects.filter(run=run, state="dropped").count() == 7
