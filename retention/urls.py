@@ -6,6 +6,7 @@ app_name = "retention"
 
 urlpatterns = [
     path("", views.policy_list, name="policy_list"),
+    path("approvals/", views.approvals, name="approvals"),
     path("holds/", views.holds, name="holds"),
     path("holds/place/", views.hold_place, name="hold_place"),
     path("holds/<int:hold_id>/release/", views.hold_release, name="hold_release"),

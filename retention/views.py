@@ -13,10 +13,12 @@ from django.db.models import Count, Prefetch, Q
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from core.roles import COMPLIANCE, ONCALL, require_role
+from core.models import OperatorAction
+from core.roles import COMPLIANCE, ONCALL, require_role, roles_of
 from retention import actions
 from retention.diff import spec_diff
 from retention.holds import coverage
@@ -174,6 +176,73 @@ def policy_resume(request, slug: str):
     return redirect("retention:policy_detail", slug=slug)
 
 
+# -- approvals ---------------------------------------------------------------
+
+
+def previously_approved(version: PolicyVersion) -> PolicyVersion | None:
+    """The version this one is compared against: the approved one while it is not approved
+    itself; once approved, the one it superseded (so its diff stays visible)."""
+    approved = PolicyVersion.objects.filter(
+        policy_id=version.policy_id, state=PolicyVersion.State.APPROVED
+    ).first()
+    if approved and approved.pk != version.pk:
+        return approved
+    return (
+        PolicyVersion.objects.filter(policy_id=version.policy_id, number__lt=version.number)
+        .exclude(approved_hash="")
+        .order_by("-number")
+        .first()
+    )
+
+
+@require_GET
+@require_role()
+def approvals(request):
+    """Every submitted version: those the signed-in member of compliance may decide on
+    (someone else wrote and submitted them) first, with the submitter's reason, the changed
+    fields against the approved version and the preview's count; then those waiting for
+    someone else. Deciding goes through ``actions.approve_version`` / ``reject_version``."""
+    submitted = list(
+        PolicyVersion.objects.filter(state=PolicyVersion.State.SUBMITTED)
+        .select_related("policy", "author", "submitted_by")
+        .order_by("submitted_at", "id")
+    )
+    approved = {
+        v.policy_id: v
+        for v in PolicyVersion.objects.filter(
+            policy_id__in=[v.policy_id for v in submitted], state=PolicyVersion.State.APPROVED
+        )
+    }
+    reasons = dict(
+        OperatorAction.objects.filter(
+            action="version.submit",
+            target_type="policyversion",
+            target_id__in=[str(v.pk) for v in submitted],
+        )
+        .order_by("target_id", "at")
+        .values_list("target_id", "reason")
+    )  # the latest submit reason per version (a version is submitted once)
+    mine, others = [], []
+    for version in submitted:
+        base = approved.get(version.policy_id)
+        diff = spec_diff(base.parsed if base else None, version.parsed)
+        row = {
+            "version": version,
+            "base": base,
+            "changed": [r for r in diff if r["changed"]] if base else [],
+            "reason": reasons.get(str(version.pk), ""),
+            "eligible": (version.preview or {}).get("eligible"),
+            "base_eligible": ((base.preview or {}).get("eligible") if base else None),
+            "hand": version.hand_of(request.user),
+        }
+        (others if row["hand"] else mine).append(row)
+    return render(
+        request,
+        "retention/approvals.html",
+        {"awaiting": mine, "own": others, "decider": COMPLIANCE in roles_of(request.user)},
+    )
+
+
 # -- versions ----------------------------------------------------------------
 
 
@@ -184,8 +253,7 @@ def version_detail(request, slug: str, number: int):
     the preview taken at submission; the decision forms for compliance."""
     version = _version_or_404(slug, number)
     spec = version.parsed
-    approved = version.policy.approved_version
-    base = approved if approved and approved.pk != version.pk else None
+    base = previously_approved(version)
     diff = spec_diff(base.parsed if base else None, spec)
     validation = version.validation or {}
     context = {
@@ -198,6 +266,12 @@ def version_detail(request, slug: str, number: int):
         "foreign_keys": validation.get("foreign_keys", []),
         "toml": spec.to_toml(),
         "hand": version.hand_of(request.user),
+        "submit_reason": OperatorAction.objects.filter(
+            action="version.submit", target_type="policyversion", target_id=str(version.pk)
+        )
+        .order_by("-at")
+        .values_list("reason", flat=True)
+        .first(),
         **preview_context(version.preview),
     }
     return render(request, "retention/version_detail.html", context)
@@ -233,6 +307,9 @@ def _decide(request, slug: str, number: int, action) -> HttpResponseRedirect:
         messages.success(request, f"{done} is {done.state}")
     except REFUSALS as exc:
         _refused(request, exc)
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        return redirect(target)  # back to the approval queue the decision was made from
     return redirect("retention:version_detail", slug=slug, number=number)
 
 

@@ -63,6 +63,7 @@ MATRIX = {
     "runs:audit_export": ("GET", {}, EVIDENCE),
     "runs:activity": ("GET", {}, READ),
     "retention:policy_list": ("GET", {}, READ),
+    "retention:approvals": ("GET", {}, READ),
     "retention:policy_detail": ("GET", {"slug": "slug"}, READ),
     "retention:policy_pause": ("POST", {"slug": "slug"}, ONCALL_POST),
     "retention:policy_resume": ("POST", {"slug": "slug"}, ONCALL_POST),
