@@ -158,7 +158,7 @@ def product(slug: str, *, aware: bool) -> dict:
     author, approver = user("bench-author"), user("bench-approver")
     version = actions.apply_spec(spec, author=author)
     if version.state == PolicyVersion.State.DRAFT:
-        version = actions.submit_version(version, actor=author)
+        version = actions.submit_version(version, actor=author, reason="ready for review")
     if version.state == PolicyVersion.State.SUBMITTED:
         actions.approve_version(version, actor=approver, reason="benchmark")
     policy = Policy.objects.get(slug=slug)

@@ -77,7 +77,7 @@ def apply_demo_policies(*, author, approver, actions: ModuleType | None = None) 
         try:
             version = actions.apply_spec(spec, author=author)
             if version.state == State.DRAFT:
-                version = actions.submit_version(version, actor=author)
+                version = actions.submit_version(version, actor=author, reason="ready for review")
             if version.state != State.APPROVED:
                 version = actions.approve_version(version, actor=approver, reason=APPROVAL_REASON)
         except Exception as exc:  # reported by the command, which then fails

@@ -94,8 +94,10 @@ def apply_spec(spec: PolicySpec, *, author) -> PolicyVersion:
 @transaction.atomic
 def submit_version(version: PolicyVersion, *, actor, reason: str = "", now=None) -> PolicyVersion:
     """draft → submitted: validate against the live catalog and take the dry-run preview
-    the approver will see. From here the version's content never changes."""
+    the approver will see. From here the version's content never changes. Needs a reason
+    (refused here, so the CLI and the pages refuse alike)."""
     check_role(actor, COMPLIANCE)
+    reason = require_reason(reason, "submitting a version")
     version = _locked_version(version)
     if version.state != State.DRAFT:
         raise ActionError(f"{version} is {version.state}, only a draft can be submitted")
@@ -115,7 +117,7 @@ def submit_version(version: PolicyVersion, *, actor, reason: str = "", now=None)
         actor,
         "version.submit",
         version,
-        reason=(reason or "").strip(),
+        reason=reason,
         number=version.number,
         content_hash=version.content_hash,
         preview_eligible=version.preview.get("eligible"),

@@ -30,6 +30,7 @@ def register(areas) -> None:
     p = sub.add_parser("apply", help="create a draft from a TOML file and submit it")
     p.add_argument("file", metavar="FILE.toml")
     p.add_argument("--author", metavar="USERNAME", help=CLAIM_HELP)
+    p.add_argument("--reason", default="", help="why this version is submitted (required)")
     p.set_defaults(handler=policy_apply)
 
     p = sub.add_parser("approve", help="approve a submitted version")
@@ -112,7 +113,7 @@ def policy_apply(command, options) -> None:
     with transaction.atomic():
         version = actions.apply_spec(spec, author=author)
         if version.state == PolicyVersion.State.DRAFT:
-            version = actions.submit_version(version, actor=author)
+            version = actions.submit_version(version, actor=author, reason=options["reason"])
     command.stdout.write(
         f"{version.policy.slug} v{version.number} {version.state} {version.content_hash}"
     )

@@ -316,10 +316,7 @@ def _decide(request, slug: str, number: int, action) -> HttpResponseRedirect:
 @require_POST
 @require_role(COMPLIANCE)
 def version_submit(request, slug: str, number: int):
-    reason = request.POST.get("reason", "").strip()
-    if not reason:
-        messages.error(request, "submitting a version needs a reason")
-        return redirect("retention:version_detail", slug=slug, number=number)
+    reason = request.POST.get("reason", "")
     return _decide(
         request,
         slug,

@@ -303,6 +303,70 @@ def supersede_run(run: Run, *, actor="worker") -> bool:
     return bool(changed)
 
 
+def run_needs_attention(run: Run, *, actor, reason: str) -> bool:
+    """active → attention: something the run cannot get past by itself (a permanent planning
+    error). A run that already left ``active`` is left alone; True when this call moved it.
+    Written in the caller's transaction, with its operator-log row (a system actor:
+    ``worker``)."""
+    reason = reason[:2000]
+    moved = Run.objects.filter(pk=run.pk, state=Run.State.ACTIVE).update(
+        state=Run.State.ATTENTION, state_reason=reason
+    )
+    if moved:
+        record_action(actor, "run.attention", run, reason=reason)
+    return bool(moved)
+
+
+def conclude_pass(run: Run, result: dict, *, open_letters: int, actor="reconciler") -> str:
+    """After a pass's verification (``result``; the run row locked by the caller): drained,
+    another pass, or attention — with one operator-log row saying which (``run.drained``,
+    ``run.next_pass``, ``run.attention``). Returns the new state."""
+    run.verification = result
+    if open_letters:
+        run.state = Run.State.ATTENTION
+        run.state_reason = f"{open_letters} dead-lettered chunk(s) need a decision"
+    elif "error" in result:
+        run.state = Run.State.ATTENTION
+        run.state_reason = f"verification failed: {result['error']}"
+    elif result["remaining"] == 0:
+        run.state = Run.State.DRAINED
+        held, nulls = result["deferred_by_holds"], result.get("not_eligible_null", 0)
+        notes = [f"{held} row(s) deferred by legal holds"] if held else []
+        if nulls:
+            notes.append(f"{nulls} row(s) not eligible: NULL timestamp, key or tenant")
+        for d in result.get("discarded", []):
+            notes.append(f"{d['rows']} row(s) discarded by {d['by']} ({d['why']})")
+        run.state_reason = "; ".join(["verified: no eligible row left", *notes])
+        run.finished_at = timezone.now()
+    elif run.pass_no < run.policy_version.parsed.max_passes:
+        run.pass_no += 1
+        run.planner_done = False
+        run.state_reason = f"pass {run.pass_no}: {result['remaining']} eligible row(s) remained after pass {run.pass_no - 1}"
+    else:
+        run.state = Run.State.ATTENTION
+        run.state_reason = (
+            f"{result['remaining']} eligible row(s) remain after {run.pass_no} passes"
+        )
+    run.save(
+        update_fields=[
+            "state",
+            "state_reason",
+            "verification",
+            "finished_at",
+            "pass_no",
+            "planner_done",
+        ]
+    )
+    record_action(
+        actor,
+        "run.next_pass" if run.state == Run.State.ACTIVE else f"run.{run.state}",
+        run,
+        reason=run.state_reason,
+        **{"pass": run.pass_no, "remaining": result.get("remaining")},
+    )
+    return run.state
+
+
 def _resolve_open_letter(letter: DeadLetter, resolution: str, *, actor, reason: str) -> DeadLetter:
     """Lock an open dead letter and record the decision on it (inside the caller's transaction)."""
     _check_oncall(actor)

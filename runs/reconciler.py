@@ -24,7 +24,13 @@ from retention import predicate as P
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import latest_tick
 from runs import dispatch
-from runs.actions import expire_confirm_holds, run_key_for, start_waiting_runs, trigger_run
+from runs.actions import (
+    conclude_pass,
+    expire_confirm_holds,
+    run_key_for,
+    start_waiting_runs,
+    trigger_run,
+)
 from runs.models import (
     Chunk,
     DeadLetter,
@@ -151,42 +157,7 @@ def finish_run(run: Run) -> str:
                 "checked_at": timezone.now().isoformat(),
                 "pass": run.pass_no,
             }
-        run.verification = result
-        if open_letters:
-            run.state = Run.State.ATTENTION
-            run.state_reason = f"{open_letters} dead-lettered chunk(s) need a decision"
-        elif "error" in result:
-            run.state = Run.State.ATTENTION
-            run.state_reason = f"verification failed: {result['error']}"
-        elif result["remaining"] == 0:
-            run.state = Run.State.DRAINED
-            held, nulls = result["deferred_by_holds"], result.get("not_eligible_null", 0)
-            notes = [f"{held} row(s) deferred by legal holds"] if held else []
-            if nulls:
-                notes.append(f"{nulls} row(s) not eligible: NULL timestamp, key or tenant")
-            for d in result.get("discarded", []):
-                notes.append(f"{d['rows']} row(s) discarded by {d['by']} ({d['why']})")
-            run.state_reason = "; ".join(["verified: no eligible row left", *notes])
-            run.finished_at = timezone.now()
-        elif run.pass_no < run.policy_version.parsed.max_passes:
-            run.pass_no += 1
-            run.planner_done = False
-            run.state_reason = f"pass {run.pass_no}: {result['remaining']} eligible row(s) remained after pass {run.pass_no - 1}"
-        else:
-            run.state = Run.State.ATTENTION
-            run.state_reason = (
-                f"{result['remaining']} eligible row(s) remain after {run.pass_no} passes"
-            )
-        run.save(
-            update_fields=[
-                "state",
-                "state_reason",
-                "verification",
-                "finished_at",
-                "pass_no",
-                "planner_done",
-            ]
-        )
+        conclude_pass(run, result, open_letters=open_letters, actor="reconciler")
         if run.state == Run.State.ACTIVE:
             dispatch.republish_all(run)
         elif run.state == Run.State.DRAINED:

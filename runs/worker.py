@@ -433,9 +433,7 @@ def _planning_failed(run: Run, exc: BaseException) -> str:
     message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:2000]
     reason = f"planning failed: {cls.label}: {message}"
     with transaction.atomic():
-        moved = Run.objects.filter(pk=run.pk, state=Run.State.ACTIVE).update(
-            state=Run.State.ATTENTION, state_reason=reason[:2000]
-        )
+        moved = actions.run_needs_attention(run, actor="worker", reason=reason)
         if moved:  # one dead letter, however many leases hit the same error
             dead_letter(
                 chunk=None,

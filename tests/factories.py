@@ -36,7 +36,7 @@ def approved_policy(make_user, **spec_fields) -> Policy:
     approver = _user(make_user, "approver-" + spec.slug, "compliance")
     version = actions.apply_spec(spec, author=author)
     if version.state == PolicyVersion.State.DRAFT:
-        version = actions.submit_version(version, actor=author)
+        version = actions.submit_version(version, actor=author, reason="ready for review")
     actions.approve_version(version, actor=approver, reason="approved for the test")
     return Policy.objects.get(slug=spec.slug)
 

@@ -274,7 +274,15 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
         policy = tmp_path / "events.toml"
         policy.write_text(POLICY_TOML.format(retention="20 days"))
         seen["apply"] = manage(
-            as_alice, "retention", "policy", "apply", str(policy), "--author", "alice"
+            as_alice,
+            "retention",
+            "policy",
+            "apply",
+            str(policy),
+            "--author",
+            "alice",
+            "--reason",
+            "ready for review",
         ).stdout
         manage(as_carol, "retention", "policy", "approve", "events", "--version", "1",
                "--approver", "carol", "--reason", "reviewed")  # fmt: skip
@@ -361,7 +369,7 @@ def every_other_command(env: dict, run_key: str, tmp_path: Path, tokens: dict) -
     commands = {
         "policy list": ["retention", "policy", "list"],
         "policy preview": ["retention", "policy", "preview", "events"],
-        "policy apply v2": ["retention", "policy", "apply", str(v2), "--author", "alice"],
+        "policy apply v2": ["retention", "policy", "apply", str(v2), "--author", "alice", "--reason", "ready for review"],
         "policy reject v2": ["retention", "policy", "reject", "events", "--version", "2",
                              "--approver", "carol", "--reason", "not now"],
         "hold place": ["retention", "hold", "place", "--by", "alice", "--reason", "litigation",

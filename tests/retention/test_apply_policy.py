@@ -38,7 +38,9 @@ def db_state() -> tuple:
 def test_apply_creates_a_submitted_version_and_prints_slug_number_state_and_hash(
     events_table, alice, write_policy
 ):
-    out = run_cli("policy", "apply", write_policy(), "--author", "alice")
+    out = run_cli(
+        "policy", "apply", write_policy(), "--author", "alice", "--reason", "ready for review"
+    )
 
     version = PolicyVersion.objects.get()
     assert out.splitlines()[0] == f"events v1 submitted {version.content_hash}"
@@ -59,23 +61,41 @@ def test_apply_creates_a_submitted_version_and_prints_slug_number_state_and_hash
     ]
 
 
+def test_submitting_without_a_reason_is_refused_by_the_command_and_leaves_nothing(
+    events_table, alice, write_policy
+):
+    before = db_state()
+    for reason in ([], ["--reason", "  "]):
+        with pytest.raises(CommandError, match="^submitting a version needs a reason$"):
+            run_cli("policy", "apply", write_policy(), "--author", "alice", *reason)
+    assert db_state() == before  # not even a draft: one transaction
+
+
 def test_applying_the_same_content_again_finds_the_existing_version(
     events_table, alice, write_policy
 ):
     path = write_policy()
-    run_cli("policy", "apply", path, "--author", "alice")
+    run_cli("policy", "apply", path, "--author", "alice", "--reason", "ready for review")
     before = db_state()
 
-    out = run_cli("policy", "apply", path, "--author", "alice")
+    out = run_cli("policy", "apply", path, "--author", "alice", "--reason", "ready for review")
 
     assert out.startswith("events v1 submitted ")
     assert db_state() == before
 
 
 def test_applying_changed_content_makes_a_new_version(events_table, alice, write_policy):
-    run_cli("policy", "apply", write_policy(), "--author", "alice")
+    run_cli("policy", "apply", write_policy(), "--author", "alice", "--reason", "ready for review")
 
-    out = run_cli("policy", "apply", write_policy(retention='"60 days"'), "--author", "alice")
+    out = run_cli(
+        "policy",
+        "apply",
+        write_policy(retention='"60 days"'),
+        "--author",
+        "alice",
+        "--reason",
+        "ready for review",
+    )
 
     assert out.startswith("events v2 submitted ")
     assert list(PolicyVersion.objects.order_by("number").values_list("number", "state")) == [
@@ -115,7 +135,15 @@ def test_bad_policy_files_give_one_error_line_and_change_nothing(
     before = db_state()
 
     with pytest.raises(CommandError) as excinfo:
-        run_cli("policy", "apply", write_policy(text), "--author", "alice")
+        run_cli(
+            "policy",
+            "apply",
+            write_policy(text),
+            "--author",
+            "alice",
+            "--reason",
+            "ready for review",
+        )
 
     message = str(excinfo.value)
     assert expected in message
@@ -126,20 +154,32 @@ def test_bad_policy_files_give_one_error_line_and_change_nothing(
 def test_an_unknown_author_gives_one_error_line_and_changes_nothing(events_table, write_policy):
     before = db_state()
     with pytest.raises(CommandError, match="set RETENTION_TOKEN"):
-        run_cli("policy", "apply", write_policy(), "--author", "mallory")
+        run_cli(
+            "policy", "apply", write_policy(), "--author", "mallory", "--reason", "ready for review"
+        )
     assert db_state() == before
 
 
 def test_an_author_without_the_compliance_role_is_refused(events_table, olga, write_policy):
     before = db_state()
     with pytest.raises(CommandError, match="requires one of the roles: compliance"):
-        run_cli("policy", "apply", write_policy(), "--author", "olga")
+        run_cli(
+            "policy", "apply", write_policy(), "--author", "olga", "--reason", "ready for review"
+        )
     assert db_state() == before
 
 
 def test_a_missing_file_gives_one_error_line(alice, tmp_path):
     with pytest.raises(CommandError, match="cannot read"):
-        run_cli("policy", "apply", str(tmp_path / "absent.toml"), "--author", "alice")
+        run_cli(
+            "policy",
+            "apply",
+            str(tmp_path / "absent.toml"),
+            "--author",
+            "alice",
+            "--reason",
+            "ready for review",
+        )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -152,7 +192,18 @@ def test_the_command_exits_1_with_a_single_line_on_stderr(tmp_path):
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "DATABASE_URL": url, "RETENTION_DEMO": "1"}
     proc = subprocess.run(
-        [sys.executable, "manage.py", "retention", "policy", "apply", str(path), "--author", "x"],
+        [
+            sys.executable,
+            "manage.py",
+            "retention",
+            "policy",
+            "apply",
+            str(path),
+            "--author",
+            "x",
+            "--reason",
+            "ready for review",
+        ],
         cwd=root,
         env=env,
         capture_output=True,
@@ -167,7 +218,7 @@ def test_the_command_exits_1_with_a_single_line_on_stderr(tmp_path):
 
 
 def test_policy_list_shows_each_policy_with_its_state(events_table, alice, write_policy):
-    run_cli("policy", "apply", write_policy(), "--author", "alice")
+    run_cli("policy", "apply", write_policy(), "--author", "alice", "--reason", "ready for review")
 
     out = run_cli("policy", "list")
 

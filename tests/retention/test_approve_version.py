@@ -24,7 +24,7 @@ from .conftest import policy_toml
 
 def submitted(author, **overrides) -> PolicyVersion:
     version = actions.apply_spec(load_toml(policy_toml(**overrides)), author=author)
-    return actions.submit_version(version, actor=author)
+    return actions.submit_version(version, actor=author, reason="ready for review")
 
 
 def run_cli(*args: str) -> str:
@@ -204,7 +204,7 @@ def test_whoever_submitted_a_version_written_by_someone_else_cannot_approve_it(
 ):
     carol = make_user("carol", "compliance")
     draft = actions.apply_spec(load_toml(policy_toml()), author=alice)
-    version = actions.submit_version(draft, actor=bob)
+    version = actions.submit_version(draft, actor=bob, reason="ready for review")
 
     with pytest.raises(ActionError, match="bob submitted events v1 and cannot approve it"):
         actions.approve_version(version, actor=bob, reason="looks fine")
@@ -224,7 +224,7 @@ def test_submitting_the_same_content_again_is_writing_it_too(events_table, alice
     is one of its hands and cannot approve it."""
     actions.apply_spec(load_toml(policy_toml()), author=alice)
     same = actions.apply_spec(load_toml(policy_toml()), author=bob)
-    version = actions.submit_version(same, actor=bob)
+    version = actions.submit_version(same, actor=bob, reason="ready for review")
 
     for officer in (alice, bob):
         with pytest.raises(ActionError, match="cannot approve it"):

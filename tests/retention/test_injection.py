@@ -90,7 +90,9 @@ def test_a_hostile_keep_value_is_bound_and_matches_literally(value, events_table
     )
     spec = load_toml(text)
     assert spec.keep[0].value == value
-    version = actions.submit_version(actions.apply_spec(spec, author=alice), actor=alice)
+    version = actions.submit_version(
+        actions.apply_spec(spec, author=alice), actor=alice, reason="ready for review"
+    )
     result = version.preview
     cutoff = datetime.fromisoformat(result["cutoff"])
     marked_old = count_rows("status = %s AND occurred_at < %s", [value, cutoff])

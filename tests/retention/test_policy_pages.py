@@ -7,6 +7,7 @@ from django.urls import reverse
 
 from core.models import OperatorAction
 from retention import actions
+from retention.actions import ActionError
 from retention.models import LegalHold, Policy, PolicyVersion
 from retention.spec import load_toml
 
@@ -15,7 +16,7 @@ from .conftest import policy_toml
 
 def submitted(author, **overrides) -> PolicyVersion:
     version = actions.apply_spec(load_toml(policy_toml(**overrides)), author=author)
-    return actions.submit_version(version, actor=author)
+    return actions.submit_version(version, actor=author, reason="ready for review")
 
 
 def version_url(name: str, version: PolicyVersion) -> str:
@@ -85,7 +86,7 @@ def test_whoever_submitted_sees_no_decision_forms_and_is_named_on_the_page(
     events_table, alice, bob, as_user
 ):
     draft = actions.apply_spec(load_toml(policy_toml()), author=alice)
-    version = actions.submit_version(draft, actor=bob)
+    version = actions.submit_version(draft, actor=bob, reason="ready for review")
     html = as_user(bob).get(version_url("version_detail", version)).content.decode()
     assert "You submitted this version; another member of compliance must approve" in html
     assert "submitted by bob" in html
@@ -163,6 +164,23 @@ def test_pasting_toml_creates_a_draft_and_submitting_it_takes_the_preview(
     assert version.state == "submitted"
     assert version.preview["eligible"] > 0
     assert OperatorAction.objects.get(action="version.submit").reason == "first cut"
+
+
+def test_submitting_on_the_page_without_a_reason_gets_the_actions_refusal(
+    events_table, alice, as_user
+):
+    client = as_user(alice)
+    client.post(reverse("retention:version_create"), {"toml": policy_toml()})
+    version = PolicyVersion.objects.get()
+
+    page = client.post(version_url("version_submit", version), {"reason": "  "}, follow=True)
+
+    assert "submitting a version needs a reason" in page.content.decode()
+    version.refresh_from_db()
+    assert version.state == "draft" and not version.preview
+    assert not OperatorAction.objects.filter(action="version.submit").exists()
+    with pytest.raises(ActionError, match="^submitting a version needs a reason$"):
+        actions.submit_version(version, actor=alice, reason="")
 
 
 def test_pasting_bad_toml_shows_one_error_and_changes_nothing(events_table, alice, as_user):

@@ -48,7 +48,7 @@ def test_a_version_stored_with_an_integer_guard_value_still_verifies_and_approve
     )
 
     assert version.parsed.content_hash() == old_hash
-    actions.submit_version(version, actor=alice)
+    actions.submit_version(version, actor=alice, reason="ready for review")
     actions.approve_version(version, actor=bob, reason="verified against its stored hash")
 
     version.refresh_from_db()

@@ -49,7 +49,7 @@ def test_without_a_token_no_state_changing_command_runs(people, policy_file, mon
     hold = actions.place_hold(actor=people["alice"], reason="case 1")
     before = OperatorAction.objects.count()
     for args in (
-        ("policy", "apply", policy_file, "--author", "alice"),
+        ("policy", "apply", policy_file, "--author", "alice", "--reason", "ready for review"),
         ("hold", "place", "--reason", "x", "--by", "alice"),
         ("hold", "release", str(hold.pk), "--reason", "x", "--by", "alice"),
         ("kill-switch", "on", "--reason", "x"),
@@ -64,7 +64,7 @@ def test_without_a_token_no_state_changing_command_runs(people, policy_file, mon
 
 def test_one_person_cannot_write_and_approve_under_two_names(people, policy_file, act_as):
     act_as(people["alice"])
-    cli("policy", "apply", policy_file, "--author", "alice")
+    cli("policy", "apply", policy_file, "--author", "alice", "--reason", "ready for review")
 
     with pytest.raises(CommandError, match="--approver carol is not who is acting.*alice's"):
         cli("policy", "approve", "events", "--version", "1", "--approver", "carol")

@@ -25,7 +25,7 @@ events_table = retention_fixtures.events_table  # the fixture, shared with tests
 def version(events_table, make_user) -> PolicyVersion:
     alice = make_user("alice", "compliance")
     draft = actions.apply_spec(load_toml(policy_toml()), author=alice)
-    return actions.submit_version(draft, actor=alice)
+    return actions.submit_version(draft, actor=alice, reason="ready for review")
 
 
 def live_url(version) -> str:

@@ -165,7 +165,9 @@ def test_a_hostile_policy_file_is_refused_in_one_line_or_taken_literally(
 ):
     path = tmp_path_factory.mktemp("p") / "policy.toml"
     path.write_text(policy_text(field, value), encoding="utf-8")
-    output, error = cli("policy", "apply", str(path), "--author", "alice")
+    output, error = cli(
+        "policy", "apply", str(path), "--author", "alice", "--reason", "ready for review"
+    )
     if output is None:
         assert "\n" not in error.strip(), error
         return
@@ -280,14 +282,18 @@ def test_a_nul_character_in_the_hold_form_is_one_clear_error(fortress, client):
 def test_a_nul_in_a_policy_name_is_one_clear_error(fortress, tmp_path):
     path = tmp_path / "policy.toml"
     path.write_text(policy_text("name", "a\x00b"), encoding="utf-8")
-    output, error = cli("policy", "apply", str(path), "--author", "alice")
+    output, error = cli(
+        "policy", "apply", str(path), "--author", "alice", "--reason", "ready for review"
+    )
     assert output is None and error
 
 
 def test_a_slug_with_a_trailing_newline_is_refused(fortress, tmp_path):
     path = tmp_path / "policy.toml"
     path.write_text(policy_text("slug", "inj-fuzz\n"), encoding="utf-8")
-    output, error = cli("policy", "apply", str(path), "--author", "alice")
+    output, error = cli(
+        "policy", "apply", str(path), "--author", "alice", "--reason", "ready for review"
+    )
     assert output is None and "slug" in error
 
 
@@ -302,5 +308,7 @@ def test_an_overlong_tenant_is_one_clear_error(fortress, client):
 def test_a_timezone_that_names_a_directory_is_one_clear_error(fortress, tmp_path, tz):
     path = tmp_path / "policy.toml"
     path.write_text(policy_text("timezone", tz), encoding="utf-8")
-    output, error = cli("policy", "apply", str(path), "--author", "alice")
+    output, error = cli(
+        "policy", "apply", str(path), "--author", "alice", "--reason", "ready for review"
+    )
     assert output is None and "timezone" in error

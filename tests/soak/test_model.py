@@ -89,7 +89,9 @@ class EngineMachine(RuleBasedStateMachine):
         )  # fmt: skip
         version = policy_actions.apply_spec(spec, author=author)
         if version.state == PolicyVersion.State.DRAFT:
-            version = policy_actions.submit_version(version, actor=author)
+            version = policy_actions.submit_version(
+                version, actor=author, reason="ready for review"
+            )
         policy_actions.approve_version(version, actor=self.approver, reason="model")
         self.policy = version.policy
         self.spec = version.parsed
