@@ -63,7 +63,6 @@ TEXT_COLUMNS = {
     "policy", "run_key", "table", "tenant", "outcome", "worker_host", "partition",
     "partition_bounds",
 }  # fmt: skip
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 class IsoText(Func):
@@ -88,24 +87,14 @@ class PartitionFact(Func):
 
 
 class Neutralized(Func):
-    """``neutralize`` in SQL, so the export loop does no per-cell work in Python."""
+    """A cell a spreadsheet would run as a formula (starting with ``= + - @``, a tab or a carriage
+    return) gets a leading single quote — in SQL, so the export loop does no per-cell work."""
 
     template = (
         "CASE WHEN left(%(expressions)s, 1) IN ('=', '+', '-', '@', E'\\t', E'\\r') "
         "THEN chr(39) || %(expressions)s ELSE %(expressions)s END"
     )
     output_field = TextField()
-
-
-def neutralize(value):
-    """A cell a spreadsheet would run as a formula gets a leading single quote."""
-    if isinstance(value, str):
-        if value.startswith(_FORMULA_START):
-            return "'" + value
-        return value
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return value
 
 
 @dataclass
