@@ -1,6 +1,7 @@
-"""Failure boundaries of the design not covered elsewhere, with real processes:
-a connection reset in the middle of a chunk (transient) and a foreign key that restricts
-the DELETE (permanent, dead letter, replay after the cause is removed)."""
+"""Failure boundaries of the design that are errors, with real processes (the others are in
+test_failure_boundaries.py beside it): a connection reset in the middle of a chunk (transient)
+and a foreign key that restricts the DELETE (permanent, dead letter, replay after the cause is
+removed)."""
 
 from __future__ import annotations
 
