@@ -50,6 +50,13 @@ RETENTION = {
     "SYNCHRONOUS_COMMIT": env_bool("RETENTION_SYNCHRONOUS_COMMIT", False),
     "BROKER": env_str("RETENTION_BROKER", "orm"),
     "GUARD": env_bool("RETENTION_GUARD", True),
+    # The probe against its own idle baseline (docs/guard.md): p95 over this ratio of the idle
+    # p95 and at least the margin above it is pressure; under it chunk transactions may fill at
+    # most GUARD_DUTY_CYCLE of the wall time of the last GUARD_DUTY_WINDOW_S (0: a hard stop).
+    "GUARD_PROBE_RATIO": env_int("RETENTION_GUARD_PROBE_RATIO_PCT", 150, minimum=101) / 100,
+    "GUARD_PROBE_MARGIN_MS": env_int("RETENTION_GUARD_PROBE_MARGIN_MS", 1, minimum=0),
+    "GUARD_DUTY_CYCLE": env_int("RETENTION_GUARD_DUTY_CYCLE_PCT", 50, minimum=0, maximum=100) / 100,
+    "GUARD_DUTY_WINDOW_S": env_int("RETENTION_GUARD_DUTY_WINDOW_S", 10, minimum=1, maximum=3600),
     "LEASE_STALE_S": env_int("RETENTION_LEASE_STALE_S", 0, minimum=0),  # 0: 3 × budget + 30 s
     # a run held for confirmation and not confirmed within this time expires
     "CONFIRM_EXPIRY_S": env_int("RETENTION_CONFIRM_EXPIRY_S", 86_400, minimum=60),

@@ -5,6 +5,12 @@ lock) and stored as ``GuardSample`` rows; workers read the latest sample
 instead of each querying the catalog. Each signal has a per-policy threshold
 (``[guard]`` in the policy), and a higher "critical" threshold at which the
 policy is paused and an alert raised instead of just deferring the chunk.
+
+The foreground probe is also judged against its own idle baseline (the p95 of the samples
+taken while no chunk transaction of the product was in flight on the target), so CPU
+contention that lifts a 1 ms probe to 10 ms counts even under the absolute threshold. That
+relative pressure paces rather than stops: chunk transactions may fill at most the duty cycle
+of recent wall time (docs/guard.md).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ log = logging.getLogger(__name__)
 
 FRESH_S = 2.0  # a sample younger than this is used as is
 WINDOW_S = 30.0  # sliding window for probe percentiles
+BASELINE_WINDOW_S = 600.0  # idle samples of the last ten minutes make the probe's baseline
+BASELINE_MIN_SAMPLES = 5  # fewer idle samples: no baseline, only the absolute threshold
+BASELINE_MAX_SAMPLES = 200  # the most recent idle samples at most
 APP_PREFIX = "retention"  # application_name of the product's own connections
 CONFLICTING_MODES = ("ShareLock", "ShareRowExclusiveLock", "ExclusiveLock", "AccessExclusiveLock")
 
@@ -37,6 +46,8 @@ class Verdict:
     reason: str = ""
     critical: bool = False
     signals: dict = field(default_factory=dict)
+    # the only pressure is the probe over its idle baseline: admission applies the duty cycle
+    paced: bool = False
 
 
 ADMIT = Verdict(True)
@@ -118,6 +129,16 @@ def read_signals() -> tuple[dict, dict]:
         if oid is None:
             continue
         info: dict = {"probe_ms": _probe_ms(spec)}
+        # a chunk transaction of the product in flight on the target (its DELETE holds
+        # RowExclusiveLock until commit): this sample's probe is not an idle reading
+        info["in_flight"] = bool(
+            _rows(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                " WHERE l.relation = %s AND l.granted AND l.mode = 'RowExclusiveLock'"
+                " AND l.pid <> pg_backend_pid() AND a.application_name LIKE %s",
+                [oid, APP_PREFIX + "%"],
+            )[0][0]
+        )
         info["lock_waits"] = _rows(
             "SELECT count(*) FROM pg_locks WHERE relation = %s AND NOT granted", [oid]
         )[0][0]
@@ -191,6 +212,84 @@ def probe_percentiles(table: str, *, now=None) -> dict:
     return {"p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99), "n": len(values)}
 
 
+def idle_baseline(table: str, *, now=None) -> dict:
+    """The probe's idle baseline on ``table``: p95 of the probe over the samples of the last
+    ``BASELINE_WINDOW_S`` taken while no chunk transaction of the product was in flight on it.
+    ``{"p95": ms | None, "n": idle samples}``; no p95 under ``BASELINE_MIN_SAMPLES``."""
+    now = now or timezone.now()
+    values = sorted(
+        v
+        for (v,) in _rows(
+            "SELECT (tables -> %s ->> 'probe_ms')::float8 FROM runs_guardsample"
+            " WHERE taken_at >= %s AND tables -> %s ->> 'in_flight' = 'false'"
+            " AND tables -> %s ->> 'probe_ms' IS NOT NULL ORDER BY taken_at DESC LIMIT %s",
+            [
+                table,
+                now - timedelta(seconds=BASELINE_WINDOW_S),
+                table,
+                table,
+                BASELINE_MAX_SAMPLES,
+            ],
+        )
+    )
+    if len(values) < BASELINE_MIN_SAMPLES:
+        return {"p95": None, "n": len(values)}
+    rank = min(len(values) - 1, int(round(0.95 * (len(values) - 1))))
+    return {"p95": round(values[rank], 2), "n": len(values)}
+
+
+def _relative_probe(p95, baseline: dict) -> tuple[float | None, str]:
+    """The probe's limit from its idle baseline, and the reason when ``p95`` is over it."""
+    base = baseline.get("p95")
+    if base is None:
+        return None, ""
+    cfg = settings.RETENTION
+    ratio, margin = cfg["GUARD_PROBE_RATIO"], float(cfg["GUARD_PROBE_MARGIN_MS"])
+    limit = max(base * ratio, base + margin)
+    if p95 is None or p95 <= limit:
+        return limit, ""
+    how = (
+        f"{_fmt(ratio)} × idle baseline {_fmt(base)} ms"
+        if base * ratio >= base + margin
+        else f"idle baseline {_fmt(base)} ms + {_fmt(margin)} ms"
+    )
+    return limit, f"probe p95 {_fmt(p95)} ms > {how} (p95 of {baseline['n']} idle samples)"
+
+
+def duty_cycle(spec, *, now=None) -> float:
+    """The share of the last ``GUARD_DUTY_WINDOW_S`` of wall time that the policy's chunk
+    transactions filled (their audit rows' ``started_at`` → ``committed_at``, summed over
+    workers, so two busy workers make 2.0)."""
+    now = now or timezone.now()
+    window = float(settings.RETENTION["GUARD_DUTY_WINDOW_S"])
+    since = now - timedelta(seconds=window)
+    busy = _rows(
+        "SELECT coalesce(sum(extract(epoch FROM least(committed_at, %s) - greatest(started_at, %s))), 0)"
+        " FROM runs_auditrecord WHERE policy_slug = %s AND committed_at > %s AND started_at < %s",
+        [now, since, spec.slug, since, now],
+    )[0][0]
+    return max(0.0, float(busy)) / window
+
+
+def _pace(spec, verdict: Verdict, now=None) -> Verdict:
+    """Under relative pressure only: admit while chunk transactions fill less than the duty
+    cycle of recent wall time; a duty cycle of 0 makes it a stop like any other signal."""
+    cfg = settings.RETENTION
+    cap, window = cfg["GUARD_DUTY_CYCLE"], cfg["GUARD_DUTY_WINDOW_S"]
+    if cap <= 0:
+        return verdict
+    duty = duty_cycle(spec, now=now)
+    signals = dict(verdict.signals)
+    signals["duty_cycle"] = {"value": round(duty, 4), "threshold": cap, "unit": ""}
+    if duty < cap:
+        return Verdict(True, "", False, signals, paced=True)
+    reason = (
+        f"{verdict.reason}; {duty:.1%} of the last {window} s in chunk transactions"
+        f" > duty cycle {cap:.0%}"
+    )
+    return Verdict(False, reason, False, signals, paced=True)
+
+
 def evaluate(spec, latest: GuardSample | None) -> Verdict:
     """Compare the latest sample with the policy's thresholds."""
     if latest is None:
@@ -211,6 +310,8 @@ def evaluate(spec, latest: GuardSample | None) -> Verdict:
         "dead_tuple_ratio": (t.get("dead_tuple_ratio"), g["dead_tuple_ratio"], None, ""),
         "wal_mb_per_s": (v.get("wal_mb_per_s"), g["wal_mb_per_s"], None, "MB/s"),
     }
+    baseline = idle_baseline(spec.qualified_table) if p.get("p95") is not None else {"p95": None}
+    relative_limit, relative = _relative_probe(p.get("p95"), baseline)
     reasons, critical = [], False
     conflicting = t.get("conflicting_locks") or []
     if conflicting:
@@ -230,7 +331,10 @@ def evaluate(spec, latest: GuardSample | None) -> Verdict:
         reasons.append(
             f"free connections {free} < reserved headroom {_fmt(g['connections_headroom'])}"
         )
+    absolute_hit = any(r.startswith(_label("probe_p95_ms") + " ") for r in reasons)
     shown = {name: {"value": s[0], "threshold": s[1], "unit": s[3]} for name, s in signals.items()}
+    shown["probe_baseline_ms"] = {"value": baseline.get("p95"), "threshold": None, "unit": "ms"}
+    shown["probe_p95_vs_idle"] = {"value": p.get("p95"), "threshold": relative_limit, "unit": "ms"}
     shown["connections_free"] = {"value": free, "threshold": g["connections_headroom"], "unit": ""}
     shown["autovacuum_running"] = {
         "value": t.get("autovacuum_running"),
@@ -239,6 +343,8 @@ def evaluate(spec, latest: GuardSample | None) -> Verdict:
     }
     if reasons:
         return Verdict(False, "; ".join(reasons), critical, shown)
+    if relative and not absolute_hit:
+        return Verdict(False, relative, False, shown, paced=True)
     return Verdict(True, "", False, shown)
 
 
@@ -258,21 +364,23 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def admission(run, spec) -> Verdict:
+def admission(run, spec, *, now=None) -> Verdict:
     """Decide from the latest shared sample whether ``run`` may start a chunk.
-    A critical verdict pauses the policy (with an alert in the operator log)."""
+    A critical verdict pauses the policy (with an alert in the operator log); a probe over its
+    idle baseline (and nothing else) admits within the duty cycle (``now``: its clock)."""
     if not settings.RETENTION.get("GUARD", True):
         return ADMIT
     latest = sample()
     key = (latest.pk if latest else None, spec.qualified_table, tuple(sorted(spec.guard.items())))
-    cached = _last_verdict.get(key)
-    if cached is not None:
-        return cached
-    verdict = evaluate(spec, latest)
-    _last_verdict.clear()
-    _last_verdict[key] = verdict
-    if verdict.critical:
-        _pause_for_critical(run, verdict)
+    verdict = _last_verdict.get(key)
+    if verdict is None:
+        verdict = evaluate(spec, latest)
+        _last_verdict.clear()
+        _last_verdict[key] = verdict
+        if verdict.critical:
+            _pause_for_critical(run, verdict)
+    if verdict.paced:  # the duty cycle is judged per chunk, not per sample
+        return _pace(spec, verdict, now)
     return verdict
 
 

@@ -1,0 +1,176 @@
+"""The guard against the probe's own idle baseline: CPU contention that lifts a 1 ms probe to
+20 ms is pressure even below the absolute threshold; under it the guard paces chunks to a duty
+cycle instead of stopping them."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from runs import guard, planner, worker
+from runs.actions import trigger_run
+from runs.models import AuditRecord, Chunk, GuardSample, Run
+from tests.factories import approved_policy, events_spec
+from tests.runs.conftest import NOW, create_events
+from tests.runs.processes import pg_connect
+
+TABLE = "public.rr_events"
+
+
+def make_policy(make_user):
+    return approved_policy(make_user, **events_spec(keep=[], guard={"lock_waits": 10}))
+
+
+def probe_sample(probe_ms: float, *, in_flight: bool = False, ahead_s: float = 0.0) -> GuardSample:
+    """A sample of a quiet instance whose probe read ``probe_ms``. ``ahead_s`` dates it in the
+    future, so it stays the latest (fresh) sample for the whole test and no real one replaces it."""
+    values = {
+        "lock_waits": 0,
+        "replication_lag_s": 0.0,
+        "connections_free": 100,
+        "wal_mb_per_s": 0.0,
+    }
+    return GuardSample.objects.create(
+        taken_at=timezone.now() + timedelta(seconds=ahead_s),
+        values=values,
+        tables={TABLE: {"probe_ms": probe_ms, "in_flight": in_flight, "dead_tuple_ratio": 0.0}},
+    )
+
+
+def idle_then_inflated(inflated_ms: float = 20.0, *, idle_ms: float = 1.0) -> None:
+    for _ in range(6):
+        probe_sample(idle_ms)
+    probe_sample(15.0, in_flight=True)  # a chunk in flight: not part of the baseline
+    probe_sample(inflated_ms, in_flight=True, ahead_s=120)
+
+
+@pytest.fixture
+def committed_policy(transactional_db, make_user):
+    create_events(2000)
+    yield make_policy(make_user)
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
+
+
+@pytest.fixture
+def hard_stop(settings):
+    settings.RETENTION = {**settings.RETENTION, "GUARD_DUTY_CYCLE": 0.0}
+
+
+def test_a_probe_inflated_over_its_idle_baseline_throttles_and_names_the_baseline(
+    db, make_user, hard_stop
+):
+    create_events(500)
+    policy = make_policy(make_user)
+    spec = policy.approved_version.parsed
+    idle_then_inflated(20.0, idle_ms=4.0)  # 20 ms: under the absolute 25 ms threshold
+    verdict = guard.evaluate(spec, GuardSample.objects.order_by("-taken_at").first())
+    assert not verdict.admit
+    assert not verdict.critical
+    assert verdict.reason == "probe p95 20 ms > 1.5 × idle baseline 4 ms (p95 of 6 idle samples)"
+    assert verdict.signals["probe_baseline_ms"]["value"] == 4.0
+
+    run, _ = trigger_run(policy, tick=NOW)
+    planner.plan(run)
+    outcome = worker.process_one(Run.objects.get(pk=run.pk))
+    assert outcome.kind == worker.THROTTLED
+    assert "idle baseline 4 ms" in outcome.reason
+    assert Chunk.objects.get(pk=outcome.chunk_id).throttle_reason == outcome.reason
+
+
+def test_a_probe_near_its_baseline_admits_and_a_millisecond_margin_applies(
+    db, make_user, hard_stop
+):
+    create_events(500)
+    spec = make_policy(make_user).approved_version.parsed
+    for _ in range(6):
+        probe_sample(1.0)
+    verdict = guard.evaluate(
+        spec, probe_sample(1.9, in_flight=True)
+    )  # 1.9 × a 1 ms baseline, within 1 ms of it
+    assert verdict.admit, verdict.reason
+    verdict = guard.evaluate(spec, probe_sample(2.5, in_flight=True))
+    assert verdict.reason == "probe p95 2.5 ms > idle baseline 1 ms + 1 ms (p95 of 6 idle samples)"
+
+
+def test_the_idle_baseline_is_learnt_from_samples_with_no_chunk_in_flight(committed_policy):
+    trigger_run(committed_policy, tick=NOW)  # an active run: its table is sampled
+    GuardSample.objects.all().delete()
+    for _ in range(guard.BASELINE_MIN_SAMPLES):
+        guard.sample(force=True)
+    latest = GuardSample.objects.order_by("-taken_at").first()
+    assert latest.tables[TABLE]["in_flight"] is False
+    baseline = guard.idle_baseline(TABLE)
+    assert baseline["n"] == guard.BASELINE_MIN_SAMPLES
+    assert baseline["p95"] == pytest.approx(
+        max(s.tables[TABLE]["probe_ms"] for s in GuardSample.objects.all()), abs=0.01
+    )
+    shown = guard.current_state(committed_policy)["signals"]["probe_baseline_ms"]
+    assert shown["value"] == baseline["p95"]
+
+    # a chunk transaction of the product in flight on the target: that sample is not idle
+    cleanup = pg_connect(autocommit=False, application_name="retention:cleanup")
+    try:
+        cleanup.execute("DELETE FROM public.rr_events WHERE id < 0")
+        guard.sample(force=True)
+    finally:
+        cleanup.rollback()
+        cleanup.close()
+    latest = GuardSample.objects.order_by("-taken_at").first()
+    assert latest.tables[TABLE]["in_flight"] is True
+    assert guard.idle_baseline(TABLE)["n"] == guard.BASELINE_MIN_SAMPLES
+
+
+def test_too_few_idle_samples_learn_no_baseline(db, make_user):
+    create_events(500)
+    spec = make_policy(make_user).approved_version.parsed
+    probe_sample(1.0)
+    verdict = guard.evaluate(spec, probe_sample(20.0, in_flight=True))
+    assert verdict.admit  # one idle sample is no baseline: only the absolute threshold applies
+    assert verdict.signals["probe_baseline_ms"]["value"] is None
+
+
+def test_the_duty_cycle_limits_admissions_while_the_foreground_is_inflated(
+    committed_policy, settings
+):
+    settings.RETENTION = {
+        **settings.RETENTION, "GUARD_DUTY_CYCLE": 1e-6, "GUARD_DUTY_WINDOW_S": 60,
+    }  # fmt: skip
+    run, _ = trigger_run(committed_policy, tick=NOW)
+    planner.plan(run)
+    spec = committed_policy.approved_version.parsed
+    idle_then_inflated(20.0)
+    # inflated, but no chunk time in the window yet: paced, not stopped
+    first = worker.process_one(Run.objects.get(pk=run.pk))
+    assert first.kind == worker.DONE
+    record = AuditRecord.objects.get(run=run)
+    assert guard.duty_cycle(spec, now=record.committed_at) > 0
+
+    # the chunk's time fills the duty cycle: the next chunk waits, and the reason says why
+    second = worker.process_one(Run.objects.get(pk=run.pk))
+    assert second.kind == worker.THROTTLED
+    assert "idle baseline 1 ms" in second.reason
+    assert "of the last 60 s in chunk transactions > duty cycle" in second.reason
+
+    # once the window has moved past the chunk, the guard admits again
+    later = record.committed_at + timedelta(seconds=61)
+    assert guard.duty_cycle(spec, now=later) == 0
+    assert guard.admission(Run.objects.get(pk=run.pk), spec, now=later).admit
+
+
+def test_the_duty_cycle_does_not_apply_when_the_foreground_is_at_its_baseline(
+    committed_policy, settings
+):
+    settings.RETENTION = {
+        **settings.RETENTION, "GUARD_DUTY_CYCLE": 1e-6, "GUARD_DUTY_WINDOW_S": 60,
+    }  # fmt: skip
+    run, _ = trigger_run(committed_policy, tick=NOW)
+    planner.plan(run)
+    for _ in range(6):
+        probe_sample(1.0)
+    probe_sample(1.0, ahead_s=120)
+    outcomes = [worker.process_one(Run.objects.get(pk=run.pk)).kind for _ in range(3)]
+    assert outcomes == [worker.DONE] * 3
