@@ -6,9 +6,11 @@
 - ``keyrange``: a hand-tuned key-range loop. On a single integer key: find the key range of
   eligible rows once, then delete ``[k, k + n)`` slices of it in key order,
   ``AND occurred_at < cutoff``. On any other key (uuid, composite): walk the primary-key btree,
-  ``n`` entries at a time — the slice's upper key by an index-only ``OFFSET n - 1``, then
-  ``DELETE … WHERE (key) > (previous) AND (key) <= (upper) AND occurred_at < cutoff`` with
-  row comparisons (pt-archiver's way); both statements count as the slice's time.
+  ``n`` entries at a time, one statement per slice: the next ``n`` keys after the previous
+  slice's last (``WHERE (key) > (last) ORDER BY key LIMIT n``, a row comparison: pt-archiver's
+  way), the old ones among them deleted by ``ctid`` (TID scan), the new last key returned. (A range
+  ``(key) > (a) AND (key) <= (b) AND occurred_at < cutoff`` lets the planner pick the
+  ``occurred_at`` index and filter every eligible row per slice.)
 
 Every statement commits on its own (autocommit). The process waits for ``go`` on stdin
 so that start-up is not timed, and prints one JSON line: wall times (epoch seconds),
@@ -81,27 +83,30 @@ def run(spec: dict) -> dict:
                 capped = True
                 break
     elif kind == "keyrange":
-        after = sql.SQL("WHERE {} > {}").format(row, marks)
-        upper_q = sql.SQL("SELECT {cols} FROM {t} {w} ORDER BY {cols} OFFSET %s LIMIT 1")
-        delete_q = sql.SQL("DELETE FROM {t} {w} {upto} occurred_at < %s")
+        # One statement per slice: the next n primary-key entries after the previous slice (a
+        # btree walk, ORDER BY key LIMIT n), the old ones among them deleted by their ctid (a
+        # TID scan: a join back on the key tempts the planner into a hash join over the whole
+        # table), and the slice's last key returned for the next step.
+        query = sql.SQL(
+            "WITH s AS MATERIALIZED (SELECT ctid AS tid, {cols}, occurred_at < %s AS old FROM {t} {w}"
+            "  ORDER BY {cols} LIMIT %s),"
+            " d AS (DELETE FROM {t} WHERE ctid = ANY (ARRAY(SELECT tid FROM s WHERE old)) RETURNING 1)"
+            " SELECT (SELECT count(*) FROM d), last.* FROM"
+            " (SELECT {cols} FROM s ORDER BY {desc} LIMIT 1) AS last"
+        )
+        desc = sql.SQL(", ").join(sql.SQL("{} DESC").format(sql.Identifier(c)) for c in pk)
         pos = None
         while True:
+            where = sql.SQL("WHERE {} > {}").format(row, marks) if pos else sql.SQL("")
             t0, m0 = time.time(), time.monotonic()
-            where = after if pos is not None else sql.SQL("")
-            upper = conn.execute(
-                upper_q.format(cols=cols, t=tbl, w=where), [*(pos or ()), n - 1]
+            got = conn.execute(
+                query.format(cols=cols, t=tbl, w=where, row=row, desc=desc),
+                [cutoff, *(pos or ()), n],
             ).fetchone()
-            upto = sql.SQL("{} {} <= {} AND").format(
-                sql.SQL("AND" if pos is not None else "WHERE"), row, marks
-            )
-            if upper is None:  # the last, partial slice
-                upto = sql.SQL("AND" if pos is not None else "WHERE")
-            params = [*(pos or ()), *(upper or ()), cutoff]
-            cur = conn.execute(delete_q.format(t=tbl, w=where, upto=upto), params)
-            chunks.append((t0, time.monotonic() - m0, cur.rowcount))
-            if upper is None:
+            chunks.append((t0, time.monotonic() - m0, got[0] if got else 0))
+            if got is None:
                 break
-            pos = tuple(upper)
+            pos = tuple(got[1:])
             if deadline and time.monotonic() > deadline:
                 capped = True
                 break
