@@ -46,6 +46,7 @@ class Column:
     not_null: bool
     attnum: int
     scalar: bool
+    ordered: bool = False  # the type has a default btree operator class
 
 
 @dataclass
@@ -160,7 +161,7 @@ def table_columns(oid: int) -> dict[str, Column]:
         scalar = typtype in ("b", "d", "e", "r") and category not in ("A", "P", "X")
         scalar = scalar and (category != "U" or ordered)
         scalar = scalar and typname not in ("json", "jsonb", "xml")
-        columns[name] = Column(name, type_text, typname, not_null, attnum, scalar)
+        columns[name] = Column(name, type_text, typname, not_null, attnum, scalar, bool(ordered))
     return columns
 
 
@@ -241,12 +242,14 @@ def validate(spec: PolicySpec) -> Validation:
     oid = table_oid(spec.schema, spec.table)
     refuse_product_table(oid, where)
     columns = table_columns(oid)
-    key = _column(columns, spec.key, "key", where)
-    if key.typname not in KEY_TYPES:
-        raise SpecError(
-            f"key column {spec.key!r} of {where} must be smallint, integer or bigint, "
-            f"not {key.type}"
-        )
+    keys = [_column(columns, name, "key", where) for name in spec.key_columns]
+    for key in keys:
+        if not key.ordered or key.typname in ("json", "xml"):
+            raise SpecError(
+                f"key column {key.name!r} of {where} has no btree ordering ({key.type}): "
+                f"chunks are key intervals, so the key must be a type a btree index can order"
+            )
+    integer = len(keys) == 1 and keys[0].typname in KEY_TYPES
     ts = _column(columns, spec.timestamp, "timestamp", where)
     if ts.typname not in TIMESTAMP_TYPES:
         raise SpecError(
@@ -259,7 +262,7 @@ def validate(spec: PolicySpec) -> Validation:
             f"{spec.timestamp!r} of {where} is a timestamp with time zone, whose values "
             f"are instants already"
         )
-    used = {spec.key: key, spec.timestamp: ts}
+    used = {**{k.name: k for k in keys}, spec.timestamp: ts}
     if spec.tenant:
         tenant = _column(columns, spec.tenant, "tenant", where)
         if not tenant.scalar:
@@ -280,20 +283,37 @@ def validate(spec: PolicySpec) -> Validation:
     _probe_keep_rules(spec)
 
     result = Validation(where, oid, used, None, estimated_rows=_estimated_rows(oid))
-    # The planner walks keys per tenant: the index must lead with (tenant, key) or key.
-    wanted = [columns[spec.tenant].attnum, key.attnum] if spec.tenant else [key.attnum]
-    for name, keys in _indexes(oid):
-        if keys[: len(wanted)] == wanted:
+    # The planner walks keys per tenant: the index must lead with (tenant, key...) or key...
+    key_nums = [k.attnum for k in keys]
+    wanted = [columns[spec.tenant].attnum, *key_nums] if spec.tenant else key_nums
+    if spec.tenant and columns[spec.tenant].attnum in key_nums:
+        wanted = key_nums  # a composite key that holds the tenant column orders by it already
+    for name, index_keys in _indexes(oid):
+        if index_keys[: len(wanted)] == wanted:
             result.supporting_index = name
             break
     if result.supporting_index is None:
-        cols = f"({spec.tenant}, {spec.key})" if spec.tenant else f"({spec.key})"
+        names = ([spec.tenant] if wanted is not key_nums else []) + list(spec.key_columns)
+        cols = f"({', '.join(names)})"
+        if not integer:
+            # an integer key still plans (slowly); any other key has no order to plan in
+            raise SpecError(
+                f"no btree index on {where} {cols}: a key of type "
+                f"{', '.join(k.type for k in keys)} is planned and deleted along such an "
+                f"index; create one first"
+            )
         result.warnings.append(
             f"no btree index on {where} {cols}: every chunk would scan the whole table; "
             f"create one before the first run"
         )
-    for what, name in (("key", spec.key), ("timestamp", spec.timestamp), ("tenant", spec.tenant)):
-        if name and not columns[name].not_null:
+    named = [("key", k) for k in spec.key_columns]
+    named += [("timestamp", spec.timestamp), ("tenant", spec.tenant)]
+    seen: set[str] = set()
+    for what, name in named:
+        if not name or name in seen:
+            continue
+        seen.add(name)
+        if not columns[name].not_null:
             result.warnings.append(
                 f"{what} column {name!r} is nullable: rows with a NULL {what} are never "
                 f"deleted (runs and the preview report them as not eligible: NULL)"

@@ -203,7 +203,13 @@ def census_query(spec: PolicySpec, part_spec: PolicySpec, *, policy_id: int, cut
     ok = P.eligible(part_spec, policy_id=policy_id, cutoff=cutoff, outside=outside)
     held = P.held(part_spec, policy_id)
     kept = P.kept(part_spec)
-    key = P.col(spec.key)
+    key = P.key_expr(spec)
+    # min and max of an integer key (the partition's ledger chunk bounds); other keys have none
+    ends = (
+        sql.SQL("min({k}), max({k})").format(k=key)
+        if P.integer_key(spec)
+        else sql.SQL("NULL::bigint, NULL::bigint")
+    )
     dig = (
         sql.SQL("md5(coalesce(string_agg({}::text, ',' ORDER BY {}), ''))").format(key, key)
         if digest
@@ -213,8 +219,10 @@ def census_query(spec: PolicySpec, part_spec: PolicySpec, *, policy_id: int, cut
         sql.SQL(
             "SELECT count(*), count(*) FILTER (WHERE ({ok}) IS NOT TRUE),"
             " count(*) FILTER (WHERE {held}), count(*) FILTER (WHERE {kept}),"
-            " min({k}), max({k}), {dig} FROM {tbl}"
-        ).format(ok=ok.sql, held=held.sql, kept=kept.sql, k=key, dig=dig, tbl=P.table(part_spec)),
+            " {ends}, {dig} FROM {tbl}"
+        ).format(
+            ok=ok.sql, held=held.sql, kept=kept.sql, ends=ends, dig=dig, tbl=P.table(part_spec)
+        ),
         [*ok.params, *held.params, *kept.params],
     )
 

@@ -126,32 +126,121 @@ def held(spec: PolicySpec, policy_id: int, *, types: dict | None = None) -> Frag
         "EXISTS (SELECT 1 FROM {holds} AS {h} WHERE {h}.released_at IS NULL"
         " AND ({h}.policy_id IS NULL OR {h}.policy_id = %s)"
         " AND ({h}.tenant IS NULL OR {tenant_match})"
-        " AND ({h}.key_from IS NULL OR {key} >= {h}.key_from)"
-        " AND ({h}.key_to IS NULL OR {key} < {h}.key_to))"
+        "{keys})"
     ).format(
         holds=sql.Identifier(LegalHold._meta.db_table),
         h=hold,
         tenant_match=tenant_match,
-        key=col(spec.key),
+        keys=_hold_keys(spec, hold, types),
     )
     return Fragment(text, [policy_id])
 
 
+def _hold_keys(spec: PolicySpec, hold: sql.Identifier, types) -> sql.Composable:
+    """A hold's key interval (integers) applies to a policy with one integer key column; on any
+    other key it cannot be placed in the key's order, so it is decided conservatively: the
+    interval is ignored and the hold covers every row of its tenant (or all rows)."""
+    if not integer_key(spec, types):
+        return sql.SQL("")
+    return sql.SQL(
+        " AND ({h}.key_from IS NULL OR {key} >= {h}.key_from)"
+        " AND ({h}.key_to IS NULL OR {key} < {h}.key_to)"
+    ).format(h=hold, key=col(spec.key_columns[0]))
+
+
 def column_types(spec: PolicySpec) -> dict:
     """The catalog's types of the key, timestamp and tenant columns (``introspect.ColumnType``)."""
-    names = [spec.key, spec.timestamp] + ([spec.tenant] if spec.tenant else [])
-    return catalog.column_types(spec.schema, spec.table, names)
+    return catalog.column_types(spec.schema, spec.table, planned_columns(spec))
 
 
 def planned_columns(spec: PolicySpec) -> list[str]:
     """The columns a run plans by: a row with NULL in any of them is never eligible (it has no
-    age, no key interval or no tenant to be planned in)."""
-    return [spec.timestamp, spec.key] + ([spec.tenant] if spec.tenant else [])
+    age, no key interval or no tenant to be planned in). The timestamp first, each once."""
+    names = [spec.timestamp, *spec.key_columns] + ([spec.tenant] if spec.tenant else [])
+    return list(dict.fromkeys(names))
+
+
+INTEGER_KEY_TYPES = ("int2", "int4", "int8")
+
+
+def integer_key(spec: PolicySpec, types: dict | None = None) -> bool:
+    """The key is one integer column: chunk bounds are also kept as bigints (``key_from``,
+    ``key_to``), a chunk is bisected arithmetically and legal holds' key intervals apply."""
+    if len(spec.key_columns) != 1:
+        return False
+    types = column_types(spec) if types is None else types
+    found = types.get(spec.key_columns[0])
+    return found is not None and found.base in INTEGER_KEY_TYPES
+
+
+# -- keys and bounds ---------------------------------------------------------------------
+# A key value is carried as a tuple of the text forms of its columns' values (PostgreSQL's
+# own output, ``col::text``: lossless for every btree type the engine accepts) and cast back
+# to each column's type — with the column's collation — where a statement compares with it.
+# A composite key is compared as a row: ``(a, b) >= (x, y)``, which a btree index on (a, b)
+# serves as one index condition.
+
+Bound = tuple  # of str, one per key column
+
+
+def bound(value) -> Bound | None:
+    """A key bound in its one form: None, an integer (a plain integer key), a text or a
+    sequence of texts (one per key column)."""
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return (str(value),)
+    if isinstance(value, str):
+        return (value,)
+    return tuple(str(v) for v in value)
+
+
+def key_expr(spec: PolicySpec, alias: sql.Identifier = ROW) -> sql.Composable:
+    """The row's key: ``t.id`` or the row ``(t.a, t.b)``."""
+    cols = [sql.SQL("{}.{}").format(alias, sql.Identifier(c)) for c in spec.key_columns]
+    return cols[0] if len(cols) == 1 else sql.SQL("({})").format(sql.SQL(", ").join(cols))
+
+
+def key_order(spec: PolicySpec, *, descending: bool = False) -> sql.Composable:
+    """``ORDER BY`` the key, column by column (what a btree index on the columns returns)."""
+    way = sql.SQL(" DESC") if descending else sql.SQL("")
+    return sql.SQL(", ").join(sql.SQL("{}{}").format(col(c), way) for c in spec.key_columns)
+
+
+def key_texts(spec: PolicySpec) -> sql.Composable:
+    """The key's columns as text, for ``SELECT`` (read back as a ``Bound``)."""
+    return sql.SQL(", ").join(sql.SQL("{}::text").format(col(c)) for c in spec.key_columns)
+
+
+def _typed(spec: PolicySpec, name: str, types: dict) -> sql.Composable:
+    ctype = types.get(name)
+    if ctype is None:  # the column is gone: the statement fails on it, as it should
+        return sql.SQL("%s")
+    if ctype.base in INTEGER_KEY_TYPES:
+        # as bigint: a chunk of a smallint key may end at 32768 (last key + 1), which the
+        # column's own type cannot hold; btree compares integers across widths
+        return sql.SQL("%s::pg_catalog.int8")
+    return sql.SQL("%s::{}{}").format(ctype.cast(), ctype.collate())
+
+
+def key_value(spec: PolicySpec, value: Bound, types: dict) -> Fragment:
+    """A key value as the key compares with it: each text cast to its column's type."""
+    parts = [_typed(spec, c, types) for c in spec.key_columns]
+    if len(value) != len(parts):
+        raise ValueError(f"a bound of {len(value)} value(s) for a key of {len(parts)} column(s)")
+    text = parts[0] if len(parts) == 1 else sql.SQL("({})").format(sql.SQL(", ").join(parts))
+    return Fragment(text, list(value))
+
+
+def key_compare(spec: PolicySpec, op: str, value: Bound, types: dict) -> Fragment:
+    """``key <op> value`` (``>=`` or ``<``), a row comparison for a composite key."""
+    v = key_value(spec, value, types)
+    return Fragment(sql.SQL("{} {} {}").format(key_expr(spec), sql.SQL(op), v.sql), v.params)
 
 
 def has_values(spec: PolicySpec) -> Fragment:
     """Key and tenant are not NULL (the timestamp comparison already excludes a NULL one)."""
-    cols = planned_columns(spec)[1:]
+    cols = [c for c in planned_columns(spec) if c != spec.timestamp]
     return Fragment(
         sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(col(c)) for c in cols), []
     )
@@ -214,11 +303,12 @@ def null_rows(spec: PolicySpec, *, cutoff: datetime, nullable=None) -> Fragment 
 
 
 class Scope(NamedTuple):
-    """One tenant's key interval [key_from, key_to); ``key_to`` None: to the end of the keys."""
+    """One tenant's key interval [key_from, key_to); ``key_to`` None: to the end of the keys.
+    Bounds in any form ``bound`` takes (an integer, or one text per key column)."""
 
     tenant: str | None
-    key_from: int | None
-    key_to: int | None
+    key_from: object
+    key_to: object
 
 
 def outside_scopes(
@@ -230,21 +320,42 @@ def outside_scopes(
     One ``NOT EXISTS`` over a ``VALUES`` list, top-level like ``held``: an anti-join that leaves
     the chunk's key-range index scan alone (a ``NOT (s1 OR s2 ...)`` filter skews the row
     estimate and pushes the planner to combine indexes). The tenant is compared in the
-    column's own type, as in ``held``."""
+    column's own type, as in ``held``; the bounds in the key columns' types (a row for a
+    composite key)."""
     if not scopes:
         return Fragment(sql.SQL("TRUE"), [])
+    types = column_types(spec) if types is None else types
     d = sql.Identifier("d")
     tenant_match = _tenant_equals(spec, d, types)
-    rows = sql.SQL(", ").join(sql.SQL("(%s::text, %s::bigint, %s::bigint)") for _ in scopes)
-    params = [
-        x for s in scopes for x in ((s.tenant if spec.tenant else None), s.key_from, s.key_to)
-    ]
+    n = len(spec.key_columns)
+    typed = [_typed(spec, c, types) for c in spec.key_columns]
+    row = sql.SQL("(%s::text, {})").format(sql.SQL(", ").join(typed + typed))
+    rows = sql.SQL(", ").join(row for _ in scopes)
+    params: list = []
+    for s in scopes:
+        lo, hi = bound(s.key_from), bound(s.key_to)
+        params += [(s.tenant if spec.tenant else None), *(lo or [None] * n), *(hi or [None] * n)]
+    lo_cols = [sql.Identifier(f"l{i}") for i in range(n)]
+    hi_cols = [sql.Identifier(f"h{i}") for i in range(n)]
+
+    def of_d(names):
+        items = [sql.SQL("{}.{}").format(d, x) for x in names]
+        return items[0] if n == 1 else sql.SQL("({})").format(sql.SQL(", ").join(items))
+
     text = sql.SQL(
-        "NOT EXISTS (SELECT 1 FROM (VALUES {rows}) AS {d} (tenant, key_from, key_to)"
+        "NOT EXISTS (SELECT 1 FROM (VALUES {rows}) AS {d} (tenant, {names})"
         " WHERE ({d}.tenant IS NULL OR {tenant_match})"
-        " AND ({d}.key_from IS NULL OR {key} >= {d}.key_from)"
-        " AND ({d}.key_to IS NULL OR {key} < {d}.key_to))"
-    ).format(rows=rows, d=d, tenant_match=tenant_match, key=col(spec.key))
+        " AND ({d}.l0 IS NULL OR {key} >= {lo})"
+        " AND ({d}.h0 IS NULL OR {key} < {hi}))"
+    ).format(
+        rows=rows,
+        d=d,
+        names=sql.SQL(", ").join(lo_cols + hi_cols),
+        tenant_match=tenant_match,
+        key=key_expr(spec),
+        lo=of_d(lo_cols),
+        hi=of_d(hi_cols),
+    )
     return Fragment(text, params)
 
 
@@ -274,16 +385,25 @@ def eligible(
 
 
 def in_scope(
-    spec: PolicySpec, *, tenant: str | None, key_from: int | None, key_to: int | None
+    spec: PolicySpec,
+    *,
+    tenant: str | None,
+    key_from=None,
+    key_to=None,
+    types: dict | None = None,
 ) -> Fragment:
-    """Restrict to one tenant and key interval [key_from, key_to) (None: unbounded)."""
+    """Restrict to one tenant and key interval [key_from, key_to) (None: unbounded; bounds in
+    any form ``bound`` takes)."""
     parts = []
+    lo, hi = bound(key_from), bound(key_to)
+    if (lo is not None or hi is not None) and types is None:
+        types = column_types(spec)
     if spec.tenant and tenant is not None:
         parts.append(Fragment(sql.SQL("{} = %s").format(col(spec.tenant)), [tenant]))
-    if key_from is not None:
-        parts.append(Fragment(sql.SQL("{} >= %s").format(col(spec.key)), [key_from]))
-    if key_to is not None:
-        parts.append(Fragment(sql.SQL("{} < %s").format(col(spec.key)), [key_to]))
+    if lo is not None:
+        parts.append(key_compare(spec, ">=", lo, types))
+    if hi is not None:
+        parts.append(key_compare(spec, "<", hi, types))
     if not parts:
         return Fragment(sql.SQL("TRUE"), [])
     return Fragment.join(parts, " AND ")
@@ -295,13 +415,14 @@ def delete_chunk(
     policy_id: int,
     cutoff: datetime,
     tenant: str | None,
-    key_from: int,
-    key_to: int,
+    key_from,
+    key_to,
     outside: Sequence[Scope] = (),
 ) -> Fragment:
     """The chunk's DELETE: its immutable scope plus the full eligibility predicate (the run's
     discarded scopes excluded, when a chunk of a later pass spans one)."""
-    scope = in_scope(spec, tenant=tenant, key_from=key_from, key_to=key_to)
+    types = column_types(spec)
+    scope = in_scope(spec, tenant=tenant, key_from=key_from, key_to=key_to, types=types)
     cond = eligible(spec, policy_id=policy_id, cutoff=cutoff, outside=outside)
     return Fragment(
         sql.SQL("DELETE FROM {} WHERE {} AND {}").format(table(spec), scope.sql, cond.sql),

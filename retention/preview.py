@@ -106,9 +106,9 @@ def _summary_query(
     )
     text = sql.SQL(
         "WITH f AS ("
-        "  SELECT tn, b, k_, ts_, kp, h, pv AND NOT kp AND NOT h AS e{rule_names} FROM ("
+        "  SELECT tn, b, k_, nk, ts_, kp, h, pv AND NOT kp AND NOT h AS e{rule_names} FROM ("
         "    SELECT {tenant} AS tn, width_bucket({ts}, %s::timestamptz[]) AS b,"
-        "           {key} AS k_, {ts} AS ts_, ({kept}) AS kp, ({present}) AS pv,"
+        "           {key} AS k_, ({key_null}) AS nk, {ts} AS ts_, ({kept}) AS kp, ({present}) AS pv,"
         "           CASE WHEN ({kept}) OR NOT ({present}) THEN FALSE ELSE ({held}) END AS h"
         "           {rule_select}"
         "    FROM {table} WHERE {older} OFFSET 0"
@@ -119,7 +119,7 @@ def _summary_query(
         "         count(*) FILTER (WHERE kp) AS kept,"
         "         count(*) FILTER (WHERE h) AS held,"
         "         count(*) AS older,"
-        "         count(*) FILTER (WHERE k_ IS NULL) AS null_key,"
+        "         count(*) FILTER (WHERE nk) AS null_key,"
         "         count(*) FILTER (WHERE tn IS NULL) AS null_tenant,"
         "         min(ts_) FILTER (WHERE e) AS oldest,"
         "         min(k_) FILTER (WHERE e) AS min_key,"
@@ -138,7 +138,13 @@ def _summary_query(
         tenant=tenant,
         ts=instant,
         older=older.sql,
-        key=predicate.col(spec.key),
+        # the key range is shown for one integer key column (min/max of a row do not exist)
+        key=predicate.col(spec.key_columns[0])
+        if predicate.integer_key(spec)
+        else sql.SQL("NULL::bigint"),
+        key_null=sql.SQL(" OR ").join(
+            sql.SQL("{} IS NULL").format(predicate.col(c)) for c in spec.key_columns
+        ),
         kept=kept.sql,
         present=predicate.has_values(spec).sql,
         held=held.sql,
@@ -169,8 +175,13 @@ def _null_timestamp_query(spec: PolicySpec):
 
 def _sample_query(spec: PolicySpec, *, policy_id: int, cutoff: datetime):
     eligible = predicate.eligible(spec, policy_id=policy_id, cutoff=cutoff)
-    text = sql.SQL("SELECT {key} FROM {table} WHERE {cond} ORDER BY {key} LIMIT %s").format(
-        key=predicate.col(spec.key), table=predicate.table(spec), cond=eligible.sql
+    key = (
+        predicate.col(spec.key_columns[0])
+        if predicate.integer_key(spec)
+        else sql.SQL("concat_ws(', ', {})").format(predicate.key_texts(spec))
+    )  # an integer key's sample keys stay numbers; others are their text forms
+    text = sql.SQL("SELECT {key} FROM {table} WHERE {cond} ORDER BY {order} LIMIT %s").format(
+        key=key, table=predicate.table(spec), cond=eligible.sql, order=predicate.key_order(spec)
     )
     return text, [*eligible.params, SAMPLE_KEYS]
 

@@ -52,6 +52,22 @@ class SpecError(ValueError):
     """A policy specification is malformed; the message names the field."""
 
 
+MAX_KEY_COLUMNS = 4
+
+
+def _key(value) -> str | tuple[str, ...]:
+    """The key: one column name, or a list of distinct names (a composite key, compared as a
+    row). A one-element list is the column itself, so its content hash is the plain name's."""
+    if isinstance(value, list):
+        if not value or len(value) > MAX_KEY_COLUMNS:
+            raise SpecError(f"key must list 1 to {MAX_KEY_COLUMNS} columns, got {len(value)}")
+        names = tuple(_ident(v, f"key[{i}]") for i, v in enumerate(value))
+        if len(set(names)) != len(names):
+            raise SpecError(f"key lists a column twice: {', '.join(names)}")
+        return names[0] if len(names) == 1 else names
+    return _ident(value, "key")
+
+
 def _ident(value, where: str) -> str:
     if not isinstance(value, str) or not _IDENT.fullmatch(value):
         raise SpecError(
@@ -266,8 +282,12 @@ FIELDS: tuple[Field, ...] = (
           "team or person answerable for the policy", shown_default="the author"),
     Field("table", "table", "special", REQUIRED,
           '`"schema.table"` or `"table"` (schema `public`)', "a table or partitioned table"),
-    Field("key", "key", "special", REQUIRED, "column of type `smallint`, `integer` or `bigint`",
-          "chunks are key intervals `[from, to)`"),
+    Field("key", "key", "special", REQUIRED,
+          'a column, or a list of columns (`["occurred_at", "id"]`), of any type with a btree '
+          "ordering (integers, `uuid`, `text` in its collation, timestamps, `numeric`, …), led "
+          "by a btree index on those columns (after the tenant column, if any)",
+          "chunks are key intervals `[from, to)`; a list is compared as a row, "
+          "`(a, b) >= (x, y)`"),
     Field("timestamp", "timestamp", "special", REQUIRED,
           "column of type `timestamptz`, `timestamp` or `date`",
           "a row is old when this is before the cutoff"),
@@ -389,7 +409,7 @@ class PolicySpec:
     name: str
     schema: str
     table: str
-    key: str
+    key: str | tuple[str, ...]  # a tuple: a composite key, compared as a row
     timestamp: str
     tenant: str | None
     retention: str
@@ -455,7 +475,7 @@ class PolicySpec:
             raise SpecError(f'table must be "schema.table" or "table", got {table!r}')
         _ident(schema, "table (schema)")
         _ident(name, "table")
-        key = _ident(data["key"], "key")
+        key = _key(data["key"])
         ts = _ident(data["timestamp"], "timestamp")
         tenant = data.get("tenant")
         if tenant is not None:
@@ -529,6 +549,8 @@ class PolicySpec:
         data = asdict(self)
         data["keep"] = [rule.to_json() for rule in self.keep]
         data["cascade_ack"] = list(self.cascade_ack)
+        if isinstance(self.key, tuple):
+            data["key"] = list(self.key)
         if data["timestamp_zone"] is None:
             del data["timestamp_zone"]
         if data["max_backlog_age"] is None:
@@ -545,6 +567,8 @@ class PolicySpec:
         data = dict(data)
         data["keep"] = tuple(KeepRule.parse(item, "keep") for item in data.get("keep", []))
         data["cascade_ack"] = tuple(data.get("cascade_ack", ()))
+        if isinstance(data.get("key"), list):
+            data["key"] = tuple(data["key"])
         data["guard"] = {**GUARD_DEFAULTS, **data.get("guard", {})}
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -577,6 +601,17 @@ class PolicySpec:
         if not self.max_backlog_age:
             return None
         return parse_retention(self.max_backlog_age).total_seconds()
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        """The key's columns, in order (one for a plain key)."""
+        return self.key if isinstance(self.key, tuple) else (self.key,)
+
+    @property
+    def key_label(self) -> str:
+        """The key as people read it: ``id`` or ``(occurred_at, id)``."""
+        cols = self.key_columns
+        return cols[0] if len(cols) == 1 else f"({', '.join(cols)})"
 
     @property
     def qualified_table(self) -> str:

@@ -5,7 +5,12 @@ that recomputed every later hash.
 
 Chain version 1 (records written before the version fields existed) hashes ``V1_FIELDS``
 joined by U+001F; version 2 (``core.chain``) also covers the run key, the version's number
-and content hash, its author, submitter, approver, approval time and reason."""
+and content hash, its author, submitter, approver, approval time and reason; version 3 (a
+partition taken whole) also covers ``partition``; version 4 also covers the chunk's bounds in
+any key type (``key_lo``, ``key_hi``: one text per key column), written for chunks of a key
+that is not one integer column (an integer key's chunk is still version 2: its bigint bounds
+are the whole payload).
+Each record is verified by the fields of its own version, so older records keep verifying."""
 
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from core import chain, locks
 from runs.models import AuditRecord, Chunk
 
 GENESIS = chain.GENESIS
-CHAIN_VERSION = chain.VERSION
+CHAIN_VERSION = chain.VERSION  # a chunk of a plain integer key: its bigint bounds say it all
 
 V1_FIELDS = (
     "chain_seq", "chunk_id", "run_id", "policy_version_id", "policy_slug", "table_name", "cutoff",
@@ -31,7 +36,11 @@ V2_FIELDS = (
 # Version 3: a partition taken whole (runs.partitions) — version 2's fields and ``partition``.
 PARTITION_CHAIN_VERSION = 3
 V3_FIELDS = (*V2_FIELDS, "partition")
-HASHED_COLUMNS = [*V3_FIELDS, "prev_hash", "hash"]
+# Version 4: a chunk of a key that is not one integer column — version 2's fields and its
+# bounds in any key type (one text per key column).
+BOUNDS_CHAIN_VERSION = 4
+V4_FIELDS = (*V2_FIELDS, "key_lo", "key_hi")
+HASHED_COLUMNS = [*dict.fromkeys([*V3_FIELDS, *V4_FIELDS]), "prev_hash", "hash"]
 
 
 def _v1_hash(values: dict, prev_hash: str) -> str:
@@ -49,6 +58,9 @@ def record_hash(values: dict, prev_hash: str) -> str:
     if version == PARTITION_CHAIN_VERSION:
         fields = {name: values[name] for name in V3_FIELDS}
         return chain.link_hash(fields, prev_hash, version=PARTITION_CHAIN_VERSION)
+    if version == BOUNDS_CHAIN_VERSION:
+        fields = {name: values[name] for name in V4_FIELDS}
+        return chain.link_hash(fields, prev_hash, version=BOUNDS_CHAIN_VERSION)
     return chain.link_hash({name: values[name] for name in V2_FIELDS}, prev_hash)
 
 
@@ -84,7 +96,12 @@ def append(**values) -> dict:
     seq = (last_seq + 1) if last_seq else 1
     prev = last_hash or GENESIS
     values = {**values, "chain_seq": seq, "committed_at": committed_at}
-    values["chain_version"] = PARTITION_CHAIN_VERSION if values.get("partition") else CHAIN_VERSION
+    if values.get("partition"):
+        values["chain_version"] = PARTITION_CHAIN_VERSION
+    elif values.get("key_lo") is not None:
+        values["chain_version"] = BOUNDS_CHAIN_VERSION
+    else:
+        values["chain_version"] = CHAIN_VERSION
     values["hash"] = record_hash(values, prev)
     values["prev_hash"] = prev
     AuditRecord.objects.create(**values)

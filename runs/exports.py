@@ -19,6 +19,7 @@ import psycopg
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Func, Max, Min, TextField
+from django.db.models.functions import Cast
 from django.http import HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 from psycopg.errors import QueryCanceled
@@ -44,6 +45,9 @@ CSV_COLUMNS = [
     ("tenant", "tenant"),
     ("key_from", "key_from"),
     ("key_to", "key_to"),
+    # any key type: a JSON array of the key columns' texts (empty: an integer key's record)
+    ("key_lo", "key_lo_text"),
+    ("key_hi", "key_hi_text"),
     ("cutoff", "cutoff_text"),
     ("attempt", "attempt"),
     ("rows_deleted", "rows_deleted"),
@@ -189,6 +193,9 @@ def csv_rows(filters: AuditFilters) -> Iterator[bytes]:
         "started_at_text": IsoText("started_at"),
         "cutoff_text": IsoText("cutoff"),
         **{f"partition_{k}": PartitionFact("partition", key=k) for k in PARTITION_KEYS},
+        # '[...]' text: never read as a formula, whatever a text key holds
+        "key_lo_text": Cast("key_lo", TextField()),
+        "key_hi_text": Cast("key_hi", TextField()),
     }
     columns = []
     for name, field in CSV_COLUMNS:
@@ -341,6 +348,8 @@ CHUNK_FIELDS = [
     ("tenant", "tenant"),
     ("key_from", "key_from"),
     ("key_to", "key_to"),
+    ("key_lo", "lo"),  # any key type: the key columns' texts; key_hi None: to the end
+    ("key_hi", "hi"),
     ("state", "state"),
     ("attempts", "attempts"),
     ("planned_rows", "planned_rows"),

@@ -76,8 +76,12 @@ def _probe_ms(spec) -> float | None:
     the hot end of the table, where foreground traffic lives."""
     if spec.probe == "none":
         return None
-    query = sql.SQL("SELECT {k} FROM {s}.{t} ORDER BY {k} DESC LIMIT 1").format(
-        k=sql.Identifier(spec.key), s=sql.Identifier(spec.schema), t=sql.Identifier(spec.table)
+    query = sql.SQL("SELECT 1 FROM {s}.{t} ORDER BY {k} LIMIT 1").format(
+        k=sql.SQL(", ").join(
+            sql.SQL("{} DESC").format(sql.Identifier(c)) for c in spec.key_columns
+        ),
+        s=sql.Identifier(spec.schema),
+        t=sql.Identifier(spec.table),
     )
     t0 = time.perf_counter()
     try:

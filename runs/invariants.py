@@ -209,9 +209,16 @@ class Oracle:
                 params.append(rule.value)
         return sql.SQL("(({}) IS NOT FALSE)").format(sql.SQL(" OR ").join(parts)), params
 
+    def integer_key(self) -> bool:
+        cols = self.spec.key_columns
+        return len(cols) == 1 and self.types[cols[0]][1] in ("int2", "int4", "int8")
+
     def held(self) -> tuple[sql.Composable, list]:
+        """A hold's key interval (integers) applies to one integer key column; on any other
+        key the hold covers every row of its tenant (the conservative reading)."""
         parts, params = [], []
-        key = self.col(self.spec.key)
+        key = self.col(self.spec.key_columns[0])
+        by_key = self.integer_key()
         for hold in self.holds:
             conds, p = [], []
             if hold.tenant is not None:
@@ -226,10 +233,10 @@ class Oracle:
                         sql.SQL("{} = CAST(%s AS {})").format(self.col(self.spec.tenant), tid)
                     )
                     p.append(hold.tenant)
-            if hold.key_from is not None:
+            if hold.key_from is not None and by_key:
                 conds.append(sql.SQL("{} >= %s").format(key))
                 p.append(hold.key_from)
-            if hold.key_to is not None:
+            if hold.key_to is not None and by_key:
                 conds.append(sql.SQL("{} < %s").format(key))
                 p.append(hold.key_to)
             parts.append(sql.SQL(" AND ").join(conds) if conds else sql.SQL("TRUE"))
@@ -241,7 +248,7 @@ class Oracle:
 
     def unplannable(self) -> tuple[sql.Composable, list]:
         """Rows no chunk can name: a NULL key (and, by the chosen semantics, a NULL tenant)."""
-        parts = [sql.SQL("{} IS NULL").format(self.col(self.spec.key))]
+        parts = [sql.SQL("{} IS NULL").format(self.col(k)) for k in self.spec.key_columns]
         if self.spec.tenant and not NULL_TENANT_DELETABLE:
             parts.append(sql.SQL("{} IS NULL").format(self.col(self.spec.tenant)))
         return sql.SQL("({})").format(sql.SQL(" OR ").join(parts)), []
@@ -331,7 +338,9 @@ def _partition_problems(run: Run, spec) -> list[str]:
             continue
         if is_attached:
             problems.append(f"partition {name} was audited as detached but is attached")
-        key = sql.Identifier(spec.key)
+        key = sql.SQL(", ").join(sql.Identifier(c) for c in spec.key_columns)
+        if len(spec.key_columns) > 1:
+            key = sql.SQL("({})").format(key)
         rows, digest = _scalar(
             sql.SQL(
                 "SELECT count(*), md5(coalesce(string_agg({k}::text, ',' ORDER BY {k}), ''))"

@@ -85,10 +85,14 @@ class PlannerCursor(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="cursors")
     pass_no = models.PositiveIntegerField()
     tenant = models.TextField(blank=True, default="")  # any value the target column holds
-    next_key = models.BigIntegerField(null=True, blank=True)
+    next_key = models.BigIntegerField(null=True, blank=True)  # integer keys, before v2 bounds
     bound_key = models.BigIntegerField(
         null=True, blank=True, help_text="last eligible key at planning"
     )
+    # The walk's position and its last eligible key in any key type: one text per key column
+    # (``retention.predicate.Bound``). NULL on a cursor written before: read next_key/bound_key.
+    next_at = models.JSONField(null=True, blank=True)
+    bound_at = models.JSONField(null=True, blank=True)
     exhausted = models.BooleanField(default=False)
     chunks_planned = models.PositiveIntegerField(default=0)
 
@@ -98,7 +102,29 @@ class PlannerCursor(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"cursor {self.run_id}/{self.pass_no}/{self.tenant or '*'} at {self.next_key}"
+        return f"cursor {self.run_id}/{self.pass_no}/{self.tenant or '*'} at {self.position()}"
+
+    def position(self) -> tuple | None:
+        return _bound(self.next_at, self.next_key)
+
+    def last(self) -> tuple | None:
+        return _bound(self.bound_at, self.bound_key)
+
+
+def _bound(values, integer) -> tuple | None:
+    """A stored bound as a tuple of texts (``predicate.Bound``): the JSON array, else the
+    bigint column of a row written before bounds of any type existed; None: unbounded."""
+    if values is not None:
+        return tuple(values)
+    return None if integer is None else (str(integer),)
+
+
+def show_bound(value: tuple | None, *, end: bool = False) -> str:
+    """A bound as people read it: ``42``, ``2026-11-01 10:00:00+00`` or ``(7, 1043)``;
+    an open end is ``∞``."""
+    if value is None:
+        return "∞" if end else "−∞"
+    return value[0] if len(value) == 1 else f"({', '.join(value)})"
 
 
 class ChunkQuerySet(models.QuerySet):
@@ -127,9 +153,15 @@ class Chunk(models.Model):
     pass_no = models.PositiveIntegerField(default=1)
     tenant = models.TextField(blank=True, default="")  # any value the target column holds
     seq = models.PositiveIntegerField(help_text="order within the tenant; claims go round-robin")
-    key_from = models.BigIntegerField()
+    # The bounds as bigints, for a plain integer key (NULL for any other key type).
+    key_from = models.BigIntegerField(null=True, blank=True)
     # NULL: to the end of the key range (the chunk ends at the largest bigint)
     key_to = models.BigIntegerField(null=True, blank=True)
+    # The bounds in any key type: one text per key column, as PostgreSQL writes the value
+    # (cast back to the column's type in the DELETE). ``hi`` NULL: to the end of the keys.
+    # ``lo`` NULL only on a chunk written before: its bounds are key_from/key_to.
+    lo = models.JSONField(null=True, blank=True)
+    hi = models.JSONField(null=True, blank=True)
     planned_rows = models.PositiveIntegerField(default=0)
     parent = models.ForeignKey("self", on_delete=models.PROTECT, null=True, blank=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
@@ -150,8 +182,8 @@ class Chunk(models.Model):
         ordering = ["run", "seq", "id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["run", "pass_no", "tenant", "key_from", "key_to"],
-                name="chunk_identity",
+                fields=["run", "pass_no", "tenant", "key_from", "key_to", "lo", "hi"],
+                name="chunk_identity_v2",
                 nulls_distinct=False,  # one "to the end" chunk per start, too
             ),
             models.CheckConstraint(
@@ -171,8 +203,20 @@ class Chunk(models.Model):
 
     def __str__(self) -> str:
         tenant = f" tenant {self.tenant}" if self.tenant else ""
-        end = "∞" if self.key_to is None else self.key_to
-        return f"chunk #{self.pk}{tenant} [{self.key_from}, {end})"
+        return f"chunk #{self.pk}{tenant} {self.interval}"
+
+    def bounds(self) -> tuple[tuple | None, tuple | None]:
+        """(from, to) as tuples of texts (``predicate.Bound``); to None: to the end."""
+        lo = _bound(self.lo, self.key_from)
+        hi = tuple(self.hi) if self.lo is not None and self.hi is not None else None
+        if self.lo is None:
+            hi = _bound(None, self.key_to)
+        return lo, hi
+
+    @property
+    def interval(self) -> str:
+        lo, hi = self.bounds()
+        return f"[{show_bound(lo)}, {show_bound(hi, end=True)})"
 
 
 class AuditRecord(models.Model):
@@ -187,8 +231,11 @@ class AuditRecord(models.Model):
     table_name = models.CharField(max_length=130)
     cutoff = models.DateTimeField()
     tenant = models.TextField(blank=True)
-    key_from = models.BigIntegerField()
+    key_from = models.BigIntegerField(null=True, blank=True)  # a plain integer key only
     key_to = models.BigIntegerField(null=True, blank=True)  # NULL: to the end of the key range
+    # Chain version 3: the chunk's bounds in any key type, one text per key column (hashed).
+    key_lo = models.JSONField(null=True, blank=True)
+    key_hi = models.JSONField(null=True, blank=True)
     attempt = models.PositiveIntegerField()
     worker_host = models.CharField(max_length=200)
     worker_pid = models.IntegerField()
@@ -227,6 +274,15 @@ class AuditRecord(models.Model):
 
     def __str__(self) -> str:
         return f"audit #{self.chain_seq} chunk {self.chunk_id}: {self.rows_deleted} rows"
+
+    @property
+    def interval(self) -> str:
+        """The deleted chunk's key interval, readably (any chain version)."""
+        lo = _bound(self.key_lo, self.key_from)
+        hi = tuple(self.key_hi) if self.key_hi is not None else None
+        if self.key_lo is None:
+            hi = _bound(None, self.key_to)
+        return f"[{show_bound(lo)}, {show_bound(hi, end=True)})"
 
 
 class PartitionAction(models.Model):
@@ -323,10 +379,7 @@ def discarded_letters(run: Run):
 def discarded_scopes(run: Run) -> list:
     """The scopes (tenant, key interval) an operator gave up on: the run's later passes, their
     DELETEs and its verification leave them out (``predicate.outside_scopes``)."""
-    return [
-        Scope(letter.chunk.tenant, letter.chunk.key_from, letter.chunk.key_to)
-        for letter in discarded_letters(run)
-    ]
+    return [Scope(letter.chunk.tenant, *letter.chunk.bounds()) for letter in discarded_letters(run)]
 
 
 class Lease(models.Model):

@@ -214,17 +214,25 @@ def run_page_context(run: Run) -> dict:
     last = (
         AuditRecord.objects.filter(run=run)
         .order_by("-chain_seq")
-        .values(
-            "chain_seq", "chunk_id", "tenant", "key_from", "key_to", "rows_deleted", "committed_at"
-        )
+        .only(
+            "chain_seq",
+            "chunk_id",
+            "tenant",
+            "key_from",
+            "key_to",
+            "key_lo",
+            "key_hi",
+            "rows_deleted",
+            "committed_at",
+        )  # fmt: skip
         .first()
     )
     troubled = list(
         Chunk.objects.filter(run=run)
         .filter(Q(attempts__gt=1) | ~Q(throttle_reason="") | ~Q(last_error=""))
         .order_by("-not_before")
-        .values(
-            "id", "tenant", "key_from", "key_to", "state", "attempts", "not_before",
+        .only(
+            "id", "tenant", "key_from", "key_to", "lo", "hi", "state", "attempts", "not_before",
             "throttle_reason", "last_error", "last_sqlstate",
         )[:50]
     )  # fmt: skip
@@ -244,7 +252,7 @@ def run_page_context(run: Run) -> dict:
         "window": window,
         "guard": guard_state,
         "last": last,
-        "last_age_s": _age(now, last["committed_at"]) if last else None,
+        "last_age_s": _age(now, last.committed_at) if last else None,
         "histogram": charts.state_histogram(p.chunks),
         "rates": rates,
         "rate_chart": charts.rate_chart(rates, pace=run.policy_version.parsed.pace_rows_per_s),

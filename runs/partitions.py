@@ -296,7 +296,10 @@ def _finish(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
         dropped = action.action == "drop"
         chunk = Chunk.objects.create(
             run=run, pass_no=0, tenant="", seq=0, key_from=census.min_key,
-            key_to=planner.exclusive_end(census.max_key), planned_rows=census.rows, state=Chunk.State.DONE,
+            key_to=None if census.max_key is None else planner.exclusive_end(census.max_key),
+            # a key that is not one integer column has no bigint bounds: the partition names it
+            lo=None if census.min_key is not None else [f"partition {action.schema}.{action.name}"],
+            planned_rows=census.rows, state=Chunk.State.DONE,
             done_at=timezone.now(), attempts=1,
         )  # fmt: skip
         facts = {

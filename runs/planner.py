@@ -5,8 +5,10 @@
 - Durable: each step creates one chunk and advances that tenant's cursor in one
   transaction; a crashed planner resumes from the stored cursor.
 - Serialized per cursor: a step locks its cursor row (``SKIP LOCKED``), and chunk
-  identity (run, pass, tenant, key_from, key_to) is unique, so two planners never
-  create overlapping chunks.
+  identity (run, pass, tenant, bounds) is unique, so two planners never create
+  overlapping chunks.
+- Any btree-ordered key: bounds are tuples of the key columns' texts
+  (``retention.predicate.Bound``), compared as a row for a composite key.
 - Memory is independent of table size: it holds one cursor and one key at a time.
 """
 
@@ -21,7 +23,7 @@ from psycopg import sql
 from core import locks, timeouts
 from retention import predicate as P
 from retention.spec import PolicySpec
-from runs.models import Chunk, PlannerCursor, Run, discarded_scopes
+from runs.models import Chunk, PlannerCursor, Run, discarded_scopes, show_bound
 
 LEDGER_KEY_MAX = 2**63 - 1  # chunk bounds are stored as bigint
 
@@ -76,25 +78,26 @@ def tenants(spec: PolicySpec) -> list[str]:
 
 
 def bounds_query(run_policy_id: int, cutoff, spec: PolicySpec, outside=()) -> P.Fragment:
-    """First and last eligible key (holds left to the DELETE; ``outside``: discarded scopes)."""
+    """First and last eligible key, each as an array of its columns' texts (holds left to the
+    DELETE; ``outside``: discarded scopes). Two ``ORDER BY key LIMIT 1`` reads of the key's
+    index, for any key type (a composite key has no ``min``)."""
     where = P.eligible(
         spec, policy_id=run_policy_id, cutoff=cutoff, include_holds=False, outside=outside
     )
-    key = P.col(spec.key)
-    return P.Fragment(
-        sql.SQL("SELECT min({k}), max({k}) FROM {tbl} WHERE {w}").format(
-            k=key, tbl=P.table(spec), w=where.sql
-        ),
-        where.params,
+    one = sql.SQL("(SELECT ARRAY[{k}] FROM {tbl} WHERE {w} ORDER BY {o} LIMIT 1)")
+    first = one.format(k=P.key_texts(spec), tbl=P.table(spec), w=where.sql, o=P.key_order(spec))
+    last = one.format(
+        k=P.key_texts(spec), tbl=P.table(spec), w=where.sql, o=P.key_order(spec, descending=True)
     )
+    return P.Fragment(sql.SQL("SELECT {}, {}").format(first, last), where.params * 2)
 
 
 def step_query(spec: PolicySpec, where: P.Fragment, chunk_size: int) -> P.Fragment:
-    """The key ``chunk_size`` eligible rows ahead of the cursor."""
-    key = P.col(spec.key)
+    """The key ``chunk_size`` eligible rows ahead of the cursor, and the one after it (the
+    next chunk's first key): at most two rows of the key's column texts."""
     return P.Fragment(
-        sql.SQL("SELECT {k} FROM {tbl} WHERE {w} ORDER BY {k} OFFSET %s LIMIT 1").format(
-            k=key, tbl=P.table(spec), w=where.sql
+        sql.SQL("SELECT {k} FROM {tbl} WHERE {w} ORDER BY {o} OFFSET %s LIMIT 2").format(
+            k=P.key_texts(spec), tbl=P.table(spec), w=where.sql, o=P.key_order(spec)
         ),
         [*where.params, chunk_size - 1],
     )
@@ -113,7 +116,9 @@ def ensure_cursors(run: Run, spec: PolicySpec) -> None:
         names = tenants(spec) if spec.tenant else [""]
         PlannerCursor.objects.bulk_create(
             [
-                PlannerCursor(run=run, pass_no=run.pass_no, tenant=name, next_key=lo, bound_key=hi)
+                PlannerCursor(
+                    run=run, pass_no=run.pass_no, tenant=name, next_at=list(lo), bound_at=list(hi)
+                )
                 for name in names
             ]
         )
@@ -134,39 +139,69 @@ def step(run: Run, spec: PolicySpec, chunk_size: int) -> bool | None:
         try:
             made = _plan_chunk(run, spec, cursor, chunk_size)
         except DatabaseError as exc:
-            _context(exc, stage="planning a chunk", tenant=cursor.tenant, next_key=cursor.next_key)
+            _context(
+                exc,
+                stage="planning a chunk",
+                tenant=cursor.tenant,
+                next_key=show_bound(cursor.position()),
+            )
             raise
-        cursor.save(update_fields=["next_key", "exhausted", "chunks_planned"])
+        cursor.save(update_fields=["next_at", "exhausted", "chunks_planned"])
         return made
 
 
 def _plan_chunk(run: Run, spec: PolicySpec, cursor: PlannerCursor, chunk_size: int) -> bool:
     """The next chunk of ``cursor``: up to ``chunk_size`` eligible keys from its position,
-    or the rest of its walk (then the cursor is exhausted). Advances the cursor in memory."""
+    or the rest of its walk (then the cursor is exhausted). Advances the cursor in memory.
+
+    A chunk is ``[position, next chunk's first key)``; for a plain integer key ``[position,
+    last key + 1)``, as bigints too. The last chunk of a walk runs to the end of the keys
+    (an integer key's: to its last key + 1)."""
+    types = P.column_types(spec)
+    integer = P.integer_key(spec, types)
     tenant = cursor.tenant if spec.tenant else None
-    scope = P.in_scope(
-        spec, tenant=tenant, key_from=cursor.next_key, key_to=exclusive_end(cursor.bound_key)
+    position, last_key = cursor.position(), cursor.last()
+    scope = P.in_scope(spec, tenant=tenant, key_from=position, types=types)
+    upto = P.key_compare(spec, "<=", last_key, types)  # the run's last eligible key
+    where = P.Fragment.join(
+        [scope, upto, _planning_filter(run, spec, discarded_scopes(run))], " AND "
     )
-    where = P.Fragment.join([scope, _planning_filter(run, spec, discarded_scopes(run))], " AND ")
-    key = P.col(spec.key)
-    row = _fetchone(step_query(spec, where, chunk_size))
-    if row is not None:
-        last, planned = row[0], chunk_size
+    rows = _fetchall(step_query(spec, where, chunk_size))
+    if len(rows) == 2:
+        last, planned, following = tuple(rows[0]), chunk_size, tuple(rows[1])
+    elif len(rows) == 1:
+        last, planned, following = tuple(rows[0]), chunk_size, None
+        cursor.exhausted = True
     else:
-        last, planned = _fetchone(
+        (planned,) = _fetchone(
             P.Fragment(
-                sql.SQL("SELECT max({k}), count(*) FROM {tbl} WHERE {w}").format(
-                    k=key, tbl=P.table(spec), w=where.sql
+                sql.SQL("SELECT count(*) FROM {tbl} WHERE {w}").format(
+                    tbl=P.table(spec), w=where.sql
                 ),
                 where.params,
             )
         )
+        last = following = None
         cursor.exhausted = True
-    if last is None or planned <= 0:
+        if planned and integer:
+            (top,) = _fetchone(
+                P.Fragment(
+                    sql.SQL("SELECT max({k}) FROM {tbl} WHERE {w}").format(
+                        k=P.key_expr(spec), tbl=P.table(spec), w=where.sql
+                    ),
+                    where.params,
+                )
+            )
+            last = (str(top),)
+    if planned <= 0:
         return False
-    key_to = exclusive_end(last)
-    if key_to is None:  # the top of the key range: nothing can follow this chunk
-        cursor.exhausted = True
+    if integer:
+        key_to = exclusive_end(int(last[0]))
+        hi = None if key_to is None else (str(key_to),)
+        if key_to is None:  # the top of the key range: nothing can follow this chunk
+            cursor.exhausted = True
+    else:
+        hi = following
     made = False
     try:
         with transaction.atomic():
@@ -175,15 +210,18 @@ def _plan_chunk(run: Run, spec: PolicySpec, cursor: PlannerCursor, chunk_size: i
                 pass_no=run.pass_no,
                 tenant=cursor.tenant,
                 seq=cursor.chunks_planned,
-                key_from=cursor.next_key,
-                key_to=key_to,
+                key_from=int(position[0]) if integer else None,
+                key_to=int(hi[0]) if integer and hi is not None else None,
+                lo=list(position),
+                hi=None if hi is None else list(hi),
                 planned_rows=planned,
             )
         made = True
     except IntegrityError:
         pass  # the same chunk exists already: a step that crashed after insert is replayed
     cursor.chunks_planned += 1
-    cursor.next_key = key_to if key_to is not None else last
+    if hi is not None:
+        cursor.next_at = list(hi)
     return made
 
 

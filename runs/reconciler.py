@@ -98,10 +98,10 @@ def discarded_report(run: Run, spec) -> list[dict]:
     out = []
     for letter in discarded_letters(run):
         chunk = letter.chunk
+        lo, hi = chunk.bounds()
         scope = P.in_scope(
-            spec, tenant=chunk.tenant if spec.tenant else None,
-            key_from=chunk.key_from, key_to=chunk.key_to,
-        )  # fmt: skip
+            spec, tenant=chunk.tenant if spec.tenant else None, key_from=lo, key_to=hi
+        )
         cond = P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff)
         where = P.Fragment(
             sql.SQL("{} AND {}").format(scope.sql, cond.sql), scope.params + cond.params
@@ -109,7 +109,8 @@ def discarded_report(run: Run, spec) -> list[dict]:
         out.append(
             {
                 "chunk": chunk.pk, "tenant": chunk.tenant, "key_from": chunk.key_from,
-                "key_to": chunk.key_to, "rows": _count(P.count_where(spec, where)),
+                "key_to": chunk.key_to, "interval": chunk.interval,
+                "rows": _count(P.count_where(spec, where)),
                 "by": letter.resolved_by, "why": letter.resolution_reason,
             }
         )  # fmt: skip

@@ -12,6 +12,7 @@ so a redelivery is a no-op and there is exactly one audit row per chunk.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -23,6 +24,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
+from psycopg import sql
 
 from core import locks
 from retention import predicate as P
@@ -62,10 +64,24 @@ def backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0) -> float:
 class Claim:
     chunk_id: int
     tenant: str
-    key_from: int
+    key_from: int | None  # a plain integer key's bounds as bigints (else None)
     key_to: int | None
+    lo: tuple | None  # the bounds in any key type (``predicate.Bound``); hi None: to the end
+    hi: tuple | None
     attempts: int  # attempts recorded so far, the killed one included
     killed: bool  # the previous attempt claimed the chunk and never recorded an outcome
+
+    @classmethod
+    def from_row(cls, row) -> Claim:
+        chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed = row
+        chunk = Chunk(key_from=key_from, key_to=key_to, lo=_json(lo), hi=_json(hi))
+        lo, hi = chunk.bounds()
+        return cls(chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed)
+
+
+def _json(value):
+    """A jsonb value read by a raw cursor (Django leaves it as text for the field to parse)."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def _claim_ttl_s(spec) -> float:
@@ -96,7 +112,8 @@ def _claim(run: Run, spec, *, chunk_id: int | None, skip_tenants: list[str]) -> 
         " UPDATE runs_chunk k SET claimed_at = clock_timestamp(),"
         " attempts = k.attempts + (c.claimed_at IS NOT NULL)::int"
         " FROM c WHERE k.id = c.id"
-        " RETURNING k.id, k.tenant, k.key_from, k.key_to, k.attempts, c.claimed_at IS NOT NULL"
+        " RETURNING k.id, k.tenant, k.key_from, k.key_to, k.lo, k.hi, k.attempts,"
+        " c.claimed_at IS NOT NULL"
     )
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(
@@ -104,7 +121,7 @@ def _claim(run: Run, spec, *, chunk_id: int | None, skip_tenants: list[str]) -> 
         )  # a lost claim is harmless
         cur.execute(query, params)
         row = cur.fetchone()
-    return Claim(*row) if row else None
+    return Claim.from_row(row) if row else None
 
 
 def _release(chunk_id: int) -> None:
@@ -241,8 +258,8 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
             policy_id=run.policy_id,
             cutoff=run.cutoff,
             tenant=tenant if spec.tenant else None,
-            key_from=claim.key_from,
-            key_to=claim.key_to,
+            key_from=claim.lo,
+            key_to=claim.hi,
             outside=discarded_scopes(run),
         )
         try:
@@ -271,8 +288,7 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
             table_name=spec.qualified_table,
             cutoff=run.cutoff,
             tenant=tenant,
-            key_from=claim.key_from,
-            key_to=claim.key_to,
+            **_audit_bounds(claim),
             attempt=attempts + 1,
             worker_host=HOST,
             worker_pid=os.getpid(),
@@ -369,22 +385,81 @@ def _record_failure(run: Run, chunk_id: int, attempts: int, exc: BaseException) 
     )
 
 
+def _audit_bounds(claim: Claim) -> dict:
+    """The bounds an audit record carries: a plain integer key's as bigints (chain version 2),
+    any other key's as texts per column (version 3)."""
+    if claim.key_from is not None:
+        return {"key_from": claim.key_from, "key_to": claim.key_to}
+    return {
+        "key_from": None,
+        "key_to": None,
+        "key_lo": list(claim.lo),
+        "key_hi": None if claim.hi is None else list(claim.hi),
+    }
+
+
 def _split(chunk: Chunk, floor_rows: int) -> bool:
-    """Replace a chunk that timed out by its two halves (same run, pass, tenant and order)."""
-    end = chunk.key_to if chunk.key_to is not None else planner.LEDGER_KEY_MAX + 1
-    if end - chunk.key_from < 2 or chunk.planned_rows < 2 * floor_rows:
+    """Replace a chunk that timed out by its two halves (same run, pass, tenant and order): a
+    plain integer key's interval is bisected arithmetically; any other key's at its median
+    eligible key (one ordered read of the chunk's key index, in a savepoint: if even that
+    fails, the chunk is not split)."""
+    if chunk.planned_rows < 2 * floor_rows:
         return False
-    mid = chunk.key_from + (end - chunk.key_from) // 2
-    for lo, hi in ((chunk.key_from, mid), (mid, chunk.key_to)):
+    lo, hi = chunk.bounds()
+    if chunk.key_from is not None:
+        end = chunk.key_to if chunk.key_to is not None else planner.LEDGER_KEY_MAX + 1
+        if end - chunk.key_from < 2:
+            return False
+        mid = chunk.key_from + (end - chunk.key_from) // 2
+        halves = [
+            (chunk.key_from, mid, (str(chunk.key_from),), (str(mid),)),
+            (mid, chunk.key_to, (str(mid),), hi),
+        ]
+    else:
+        middle = _median_key(chunk, lo, hi)
+        if middle is None or middle == lo:
+            return False
+        halves = [(None, None, lo, middle), (None, None, middle, hi)]
+    for key_from, key_to, half_lo, half_hi in halves:
+        identity = {"hi": list(half_hi)} if half_hi is not None else {"hi__isnull": True}
         Chunk.objects.get_or_create(
             run_id=chunk.run_id,
             pass_no=chunk.pass_no,
             tenant=chunk.tenant,
-            key_from=lo,
-            key_to=hi,
-            defaults={"seq": chunk.seq, "planned_rows": chunk.planned_rows // 2, "parent": chunk},
+            key_from=key_from,
+            key_to=key_to,
+            lo=list(half_lo),
+            **identity,
+            defaults={
+                "seq": chunk.seq,
+                "planned_rows": chunk.planned_rows // 2,
+                "parent": chunk,
+                "hi": None if half_hi is None else list(half_hi),
+            },
         )
     return True
+
+
+def _median_key(chunk: Chunk, lo: tuple, hi: tuple | None) -> tuple | None:
+    """The key half way through the chunk's eligible rows (holds aside), or None."""
+    run = chunk.run
+    spec = run.policy_version.parsed
+    scope = P.in_scope(spec, tenant=chunk.tenant if spec.tenant else None, key_from=lo, key_to=hi)
+    cond = P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff, include_holds=False)
+    where = P.Fragment.join([scope, cond], " AND ")
+    query = P.Fragment(
+        sql.SQL("SELECT {k} FROM {t} WHERE {w} ORDER BY {o} OFFSET %s LIMIT 1").format(
+            k=P.key_texts(spec), t=P.table(spec), w=where.sql, o=P.key_order(spec)
+        ),
+        [*where.params, max(1, chunk.planned_rows // 2)],
+    )
+    try:
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(query.sql.as_string(cur.connection), query.params)
+            row = cur.fetchone()
+    except DatabaseError:
+        return None
+    return tuple(row) if row else None
 
 
 def dead_letter(
@@ -410,8 +485,9 @@ def dead_letter(
         )
     if chunk is not None:
         context.update(
-            tenant=chunk.tenant, key_from=chunk.key_from, key_to=chunk.key_to, chunk=chunk.pk
-        )
+            tenant=chunk.tenant, key_from=chunk.key_from, key_to=chunk.key_to, chunk=chunk.pk,
+            interval=chunk.interval,
+        )  # fmt: skip
     context.update(sqlstate=sqlstate, attempts=attempts, host=HOST, pid=os.getpid())
     return DeadLetter.objects.create(
         chunk=chunk, run=run, error_class=error_class, sqlstate=sqlstate, message=message,

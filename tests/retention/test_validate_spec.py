@@ -32,7 +32,9 @@ def test_a_valid_table_validates_with_its_supporting_index(events_table):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"key": '"status"'}, "key column 'status' of public.t_events must be smallint, integer or bigint, not text"),
+        ({"key": '"status"'}, "no btree index on public.t_events (tenant_id, status): a key of type text is planned and deleted along such an index; create one first"),
+        ({"key": '["occurred_at", "id"]'}, "no btree index on public.t_events (tenant_id, occurred_at, id)"),
+        ({"key": '["id", "id"]'}, "key lists a column twice: id, id"),
         ({"timestamp": '"id"'}, "timestamp column 'id' of public.t_events must be timestamptz, timestamp or date, not bigint"),
         ({"tenant": '"missing"'}, "tenant column 'missing' does not exist in table public.t_events"),
         ({"table": '"other.t_events"'}, "table other.t_events does not exist"),
@@ -56,6 +58,34 @@ def test_a_table_without_a_tenant_key_index_gets_a_warning(events_table):
         "table; create one before the first run"
     ]
     assert validate(tenant=None).supporting_index == "t_events_pkey"
+
+
+def test_a_key_without_a_btree_ordering_is_refused_with_one_error(events_table):
+    sql("ALTER TABLE public.t_events ADD COLUMN doc json, ADD COLUMN spot point")
+    for column, shown in (("doc", "json"), ("spot", "point")):
+        with pytest.raises(SpecError) as excinfo:
+            validate(key=f'"{column}"')
+        assert str(excinfo.value) == (
+            f"key column {column!r} of public.t_events has no btree ordering ({shown}): chunks "
+            f"are key intervals, so the key must be a type a btree index can order"
+        )
+
+
+def test_keys_of_any_ordered_type_and_composite_keys_validate_on_their_index(events_table):
+    sql('ALTER TABLE public.t_events ADD COLUMN ref uuid, ADD COLUMN code text COLLATE "C"')
+    sql("CREATE INDEX t_events_at_id ON public.t_events (tenant_id, occurred_at, id)")
+    sql("CREATE INDEX t_events_ref ON public.t_events (ref)")
+    sql("CREATE INDEX t_events_code ON public.t_events (tenant_id, code)")
+    composite = validate(key='["occurred_at", "id"]')
+    assert composite.supporting_index == "t_events_at_id"
+    assert list(composite.to_json()["column_types"])[:2] == ["occurred_at", "id"]
+    assert validate(key='"ref"', tenant=None).supporting_index == "t_events_ref"
+    assert validate(key='"code"').supporting_index == "t_events_code"
+    # a composite key that holds the tenant column is ordered by it already
+    assert validate(key='["tenant_id", "id"]').supporting_index == "t_events_tenant_id"
+    # a uuid key without an index leading with (tenant, key) has no order to plan in
+    with pytest.raises(SpecError, match=r"no btree index on public.t_events \(tenant_id, ref\)"):
+        validate(key='"ref"')
 
 
 def test_a_cascading_reference_must_be_acknowledged(events_table, alice):

@@ -49,6 +49,7 @@ def reason(defect: int) -> str:
 TABLE = "rr_shape"
 SHADOW = f"{TABLE}_shadow"
 COLLATION = "rr_shape_ci"  # ICU, case-insensitive, nondeterministic
+KEY_COLLATION = "rr_shape_de"  # ICU, German: orders ä with a and Z after z, unlike "C"
 
 KEY_RANGES = {
     "smallint": (-(2**15), 2**15 - 1),
@@ -80,6 +81,14 @@ TENANT_POOLS = {
     "citext": ["acme", "ACME", "globex", "Initech"],
     "uuid": [str(u) for u in UUIDS],
 }
+# Key types beyond the integers: the key column's SQL type (text in a non-C collation).
+OTHER_KEY_SQL = {
+    "uuid4": "uuid",
+    "uuid7": "uuid",
+    "text": f"text COLLATE {KEY_COLLATION}",
+    "timestamptz": "timestamptz",
+    "numeric": "numeric",
+}
 ZONES = ("UTC", "Europe/Berlin", "America/New_York")
 # Both DST days of 2026 in each zone (UTC has none: two ordinary days).
 DST_DAYS = {
@@ -106,7 +115,9 @@ class Shape:
     name: str = "shape"
     seed: int = 0
     tenant_type: str | None = "integer"
-    key_type: str = "bigint"
+    key_type: str = "bigint"  # an integer type (KEY_RANGES) or one of OTHER_KEY_SQL
+    # a composite key: "" (just id), "tenant" (tenant, id) or "at" (at, id)
+    composite: str = ""
     key_layout: str = "dense"  # dense | negative | sparse | top | bottom | dup
     correlated: bool = True  # keys ascend with time
     ts_type: str = "timestamptz"  # timestamptz | timestamp
@@ -215,7 +226,7 @@ def defects(shape: Shape, rows=None) -> set[int]:
         found |= _hold_defects(shape, hold, rows)
     if 1 in OPEN_DEFECTS:  # the engine on main still compares as text: 102 cannot show yet
         found.discard(102)
-    top = KEY_RANGES[shape.key_type][1]
+    top = KEY_RANGES.get(shape.key_type, (0, None))[1]
     if shape.key_type == "bigint" and any(r.key == top and r.old and not r.kept for r in rows):
         found.add(4)
     if true_cutoff(shape) != wall_clock_cutoff(shape):
@@ -250,7 +261,37 @@ class Row:
     kept: bool = False
 
 
-def _keys(shape: Shape, rng: random.Random, n: int) -> list[int]:
+def _other_keys(shape: Shape, rng: random.Random, n: int) -> list:
+    """Distinct keys of a non-integer type, ascending in the order rows are inserted where
+    the type's values follow time (uuid v7, timestamps), random where they do not."""
+    if shape.key_type == "uuid4":
+        return [uuid.UUID(int=rng.getrandbits(128), version=4) for _ in range(n)]
+    if shape.key_type == "uuid7":
+        base_ms = int(NOW.timestamp() * 1000) - 40 * 86_400_000
+        out = []
+        for i in range(n):
+            ms = base_ms + i * 1000 + rng.randint(0, 999)
+            value = (ms << 80) | (0x7 << 76) | (rng.getrandbits(12) << 64)
+            value |= (0b10 << 62) | rng.getrandbits(62)
+            out.append(uuid.UUID(int=value))
+        return out
+    if shape.key_type == "text":
+        heads = ["a", "Ä", "b", "ö", "Z", "z", "ß", "é", "E", "ñ"]
+        return [f"{rng.choice(heads)}{rng.choice(heads)}-{i:05d}" for i in range(n)]
+    if shape.key_type == "timestamptz":
+        start = NOW - timedelta(days=60)
+        picks = sorted(rng.sample(range(60 * 86_400_000_000), n))
+        return [start + timedelta(microseconds=m) for m in picks]
+    if shape.key_type == "numeric":
+        from decimal import Decimal
+
+        return sorted({Decimal(rng.randint(-(10**30), 10**30)) / 1000 for _ in range(n)})
+    raise ValueError(shape.key_type)
+
+
+def _keys(shape: Shape, rng: random.Random, n: int) -> list:
+    if shape.key_type in OTHER_KEY_SQL:
+        return _other_keys(shape, rng, n)
     lo, hi = KEY_RANGES[shape.key_type]
     n = min(n, hi - lo)
     if shape.key_layout == "dense":
@@ -346,6 +387,9 @@ def prepare_database() -> None:
                 f"CREATE COLLATION IF NOT EXISTS {COLLATION}"
                 " (provider = icu, locale = 'und-u-ks-level2', deterministic = false)"
             )
+            cur.execute(
+                f"CREATE COLLATION IF NOT EXISTS {KEY_COLLATION} (provider = icu, locale = 'de-DE')"
+            )
     except DatabaseError:
         pass  # "ICU is not supported in this build": has_icu() says so
 
@@ -356,14 +400,19 @@ def _stored_ts(shape: Shape, at: datetime | None):
     return at.astimezone(ZoneInfo(shape.timezone)).replace(tzinfo=None)
 
 
+def key_columns(shape: Shape) -> list[str]:
+    return {"": ["id"], "tenant": ["tenant", "id"], "at": ["at", "id"]}[shape.composite]
+
+
 def build_table(shape: Shape, rows: list[Row]) -> None:
     tenant_col = f", tenant {TENANT_SQL[shape.tenant_type]}" if shape.tenant_type else ""
     key_null = "" if shape.null_key else " NOT NULL"
+    key_sql = OTHER_KEY_SQL.get(shape.key_type, shape.key_type)
     ts_sql = "timestamptz" if shape.ts_type == "timestamptz" else "timestamp"
     with connection.cursor() as cur:
         cur.execute(f"DROP TABLE IF EXISTS public.{TABLE}, public.{SHADOW}")
         cur.execute(
-            f"CREATE TABLE public.{TABLE} (id {shape.key_type}{key_null}{tenant_col},"
+            f"CREATE TABLE public.{TABLE} (id {key_sql}{key_null}{tenant_col},"
             f" at {ts_sql}, status text, payload text)"
         )
         cols = "id, tenant, at, status, payload" if shape.tenant_type else "id, at, status, payload"
@@ -376,7 +425,8 @@ def build_table(shape: Shape, rows: list[Row]) -> None:
         if data:
             cur.executemany(f"INSERT INTO public.{TABLE} ({cols}) VALUES ({marks})", data)
         unique = "UNIQUE " if shape.key_layout != "dup" and not shape.null_key else ""
-        index = "(tenant, id)" if shape.tenant_type else "(id)"
+        cols = (["tenant"] if shape.tenant_type else []) + key_columns(shape)
+        index = f"({', '.join(dict.fromkeys(cols))})"
         cur.execute(f"CREATE {unique}INDEX ON public.{TABLE} {index}")
         cur.execute(f"CREATE INDEX ON public.{TABLE} (at)")
         cur.execute(f"ANALYZE public.{TABLE}")
@@ -387,7 +437,7 @@ def policy_spec(shape: Shape, slug: str = "shape") -> dict:
         slug=slug,
         name=f"{shape.name} table",
         table=f"public.{TABLE}",
-        key="id",
+        key=key_columns(shape) if shape.composite else "id",
         timestamp="at",
         retention=shape.retention,
         schedule="0 3 * * *",

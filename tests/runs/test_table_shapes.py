@@ -104,6 +104,20 @@ CURATED = [
     Shape("no-eligible-row", 43, "text", age="none_eligible"),
     Shape("every-row-eligible", 44, "integer", age="all_eligible", keep=False),
     Shape("every-row-held", 45, "citext", age="all_eligible", holds=(Hold(),)),
+    # keys of any btree-ordered type, and composite keys (compared as a row)
+    Shape("uuid-v4-key", 60, "integer", key_type="uuid4", correlated=False),
+    Shape("uuid-v4-key-no-tenant-small-chunks", 61, None, key_type="uuid4", chunk_size=10),
+    Shape("uuid-v7-key", 62, "text", key_type="uuid7"),
+    Shape("uuid-v7-key-nullable", 63, "integer", key_type="uuid7", null_key=True),
+    Shape("text-key-german-collation", 64, "integer", key_type="text", correlated=False),
+    Shape("text-key-german-collation-no-tenant", 65, None, key_type="text", chunk_size=10),
+    Shape("timestamptz-key", 66, "uuid", key_type="timestamptz", correlated=False),
+    Shape("numeric-key", 67, None, key_type="numeric"),
+    Shape("composite-tenant-id-key", 68, "integer", composite="tenant"),
+    Shape("composite-at-id-key", 69, "text", composite="at", correlated=False),
+    Shape("composite-at-id-key-no-tenant", 70, None, composite="at", chunk_size=10),
+    Shape("uuid-v4-key-with-key-range-hold", 71, "integer", key_type="uuid4",
+          holds=(Hold(None, 40, 90, "all"), Hold("7"))),
 ]
 # fmt: on
 
@@ -124,7 +138,7 @@ def shape_db(db, settings):
 
 @pytest.mark.parametrize("shape", [_param(s) for s in CURATED])
 def test_shape(shape, shape_db):
-    if shape.tenant_type == "varchar_ci" and not S.has_icu():
+    if (shape.tenant_type == "varchar_ci" or shape.key_type == "text") and not S.has_icu():
         pytest.skip("this PostgreSQL has no ICU collations")
     problems = S.run_shape(shape)
     assert problems == [], f"{shape.name}: {shape.describe()}"
@@ -154,7 +168,8 @@ def shape_strategy(draw) -> Shape:
     day = draw(st.sampled_from(S.DST_DAYS[zone] + ["2026-06-15", "2026-11-30"]))
     hour = draw(st.sampled_from([3, 12, 23]))
     tick = local(day, hour, zone)
-    key_type = draw(st.sampled_from(list(S.KEY_RANGES)))
+    key_type = draw(st.sampled_from([*S.KEY_RANGES, *S.OTHER_KEY_SQL]))
+    composite = draw(st.sampled_from(["", "", "at"] + (["tenant"] if tenant_type else [])))
     key_layout = draw(st.sampled_from(["dense", "negative", "sparse", "top", "bottom", "dup"]))
     if 4 in open_ and key_type == "bigint" and key_layout == "top":
         key_layout = "bottom"
@@ -183,6 +198,7 @@ def shape_strategy(draw) -> Shape:
         seed=draw(st.integers(0, 2**32)),
         tenant_type=tenant_type,
         key_type=key_type,
+        composite=composite,
         key_layout=key_layout,
         correlated=draw(st.booleans()),
         ts_type=ts_type,
@@ -231,12 +247,15 @@ def test_generated_shapes(shape_db):
     def check(shape):
         if shape.tenant_type == "varchar_ci" and not S.has_icu():
             shape = Shape(**{**shape.__dict__, "tenant_type": "text"})
+        if shape.key_type == "text" and not S.has_icu():
+            shape = Shape(**{**shape.__dict__, "key_type": "bigint"})
         assume(not (S.defects(shape) & S.OPEN_DEFECTS))
         note(shape.describe())
         problems = S.run_isolated(shape, stats=counts)
         counts["shapes"] += 1
         for feature in (
             f"tenant {shape.tenant_type}", f"key {shape.key_type} {shape.key_layout}",
+            f"composite key {shape.composite or 'no'}",
             f"{shape.ts_type} {shape.timezone}", f"retention in {shape.retention.split()[1]}",
             f"age {shape.age}", *(f"NULL {n}" for n in ("tenant", "ts", "key", "keep")
                                   if getattr(shape, f"null_{n}")),

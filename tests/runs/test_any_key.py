@@ -1,0 +1,114 @@
+"""Keys of any btree-ordered type: the bounds a chunk is planned, deleted, split and audited
+by are the key columns' values, stored losslessly as text and cast back in the DELETE; the
+audit chain covers them and the run's surfaces show them readably."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+
+from runs import audit, exports, worker
+from runs.actions import trigger_run
+from runs.invariants import Shadow, check_run
+from runs.models import AuditRecord, Chunk, Run
+from tests.factories import approved_policy
+from tests.runs.conftest import NOW
+from tests.security.test_audit_anchor import as_owner
+
+
+def _uuid_table(rows: int = 600) -> None:
+    """``public.rr_uuid``: a random uuid key, three tenants, a row a minute back from NOW."""
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_uuid, public.rr_uuid_shadow")
+        cur.execute(
+            "CREATE TABLE public.rr_uuid (id uuid PRIMARY KEY, tenant_id int NOT NULL,"
+            " occurred_at timestamptz NOT NULL, status text)"
+        )
+        cur.execute(
+            "INSERT INTO public.rr_uuid SELECT md5(g::text)::uuid, g %% 3,"
+            " %s::timestamptz - make_interval(mins => 60 * g), 'closed'"
+            " FROM generate_series(1, %s) AS g",
+            [NOW, rows],
+        )
+        cur.execute("CREATE INDEX ON public.rr_uuid (tenant_id, id)")
+        cur.execute("CREATE TABLE public.rr_uuid_shadow AS SELECT * FROM public.rr_uuid")
+        cur.execute("ANALYZE public.rr_uuid")
+
+
+@pytest.fixture
+def uuid_policy(db, make_user, settings):
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    _uuid_table()
+    return approved_policy(
+        make_user,
+        slug="uuids",
+        table="public.rr_uuid",
+        key="id",
+        timestamp="occurred_at",
+        tenant="tenant_id",
+        retention="10 days",
+        schedule="0 3 * * *",
+        chunk_size=50,
+    )
+
+
+def test_a_uuid_key_run_is_audited_with_its_bounds_and_the_chain_covers_them(uuid_policy):
+    run, _ = trigger_run(uuid_policy, tick=NOW)
+    worker.drain(run.pk, budget_s=60, until_idle=True)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED
+    assert check_run(run, shadow=Shadow("public", "rr_uuid_shadow")) == []
+
+    records = list(AuditRecord.objects.filter(run=run).order_by("chain_seq"))
+    assert sum(r.rows_deleted for r in records) == 600 - 10 * 24
+    assert {r.chain_version for r in records} == {audit.BOUNDS_CHAIN_VERSION}
+    first = records[0]
+    assert first.key_from is None and len(first.key_lo) == 1
+    assert first.interval.startswith(f"[{first.key_lo[0]}, ")
+    # the manifest lists every chunk's bounds as the key's texts
+    manifest = json.loads("".join(exports.manifest_json(run)))
+    assert {tuple(c["key_lo"]) for c in manifest["chunks"]} == {
+        tuple(c.lo) for c in Chunk.objects.filter(run=run)
+    }
+    assert audit.verify_chain().ok
+
+    # an owner who moves a record's bounds is caught by the chain
+    as_owner(
+        (
+            "UPDATE runs_auditrecord SET key_lo = '[\"00000000-0000-0000-0000-000000000000\"]'"
+            " WHERE chain_seq = %s",
+            [first.chain_seq],
+        )
+    )
+    assert f"record {first.chain_seq}: content does not match its hash" in (
+        audit.verify_chain().problems
+    )
+
+
+def test_a_uuid_chunk_is_split_at_its_median_key_into_halves_that_cover_it(uuid_policy):
+    run, _ = trigger_run(uuid_policy, tick=NOW)
+    from runs import planner
+
+    planner.plan(run, window=1)
+    chunk = Chunk.objects.filter(run=run).order_by("id").first()
+    lo, hi = chunk.bounds()
+    assert chunk.key_from is None and hi is not None
+
+    assert worker._split(chunk, 0)
+
+    halves = sorted(Chunk.objects.filter(parent=chunk), key=lambda c: c.id)
+    assert [h.bounds()[0] for h in halves][0] == lo
+    assert halves[0].bounds()[1] == halves[1].bounds()[0]  # they meet at the median key
+    assert halves[1].bounds()[1] == hi
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FILTER (WHERE id < %s::uuid), count(*) FROM public.rr_uuid"
+            " WHERE tenant_id = %s::int AND id >= %s::uuid AND id < %s::uuid"
+            " AND occurred_at < %s",
+            [halves[0].bounds()[1][0], chunk.tenant, lo[0], hi[0], run.cutoff],
+        )
+        first_half, whole = cur.fetchone()
+    assert whole == chunk.planned_rows
+    assert first_half == chunk.planned_rows // 2
