@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
+from django.contrib.auth import base_user, hashers
+from django.contrib.auth import models as auth_models
 from django.contrib.auth.models import Group, User
 
 from core.roles import ALL_ROLES
+
+
+@pytest.fixture(autouse=True, scope="session")
+def hash_each_test_password_once():
+    """PBKDF2 costs about half a second a password, by design, and the tests reuse a handful of
+    passwords: each is hashed once per session. It stays a real PBKDF2 hash, so every process
+    (a spawned CLI, a worker) verifies it with the product's own settings."""
+    original = base_user.make_password
+    once = functools.cache(hashers.make_password)
+
+    def make_password(password, salt=None, hasher="default"):
+        if password is None or salt is not None or hasher != "default":
+            return original(password, salt, hasher)
+        return once(password)
+
+    base_user.make_password = auth_models.make_password = make_password  # set_password, create_user
+    yield
+    base_user.make_password = auth_models.make_password = original
 
 
 @pytest.fixture
