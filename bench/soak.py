@@ -22,7 +22,11 @@ PostgreSQL restart (fast shutdown, then start again).
 Each epoch has its own table ``soak_eN`` with a shadow copy ``soak_eN_shadow`` and its own
 policy. Eligible rows are far older than any cutoff the soak can produce and young rows far
 newer, so every run of an epoch (superseded or scheduled) has the same eligible set and
-``runs.invariants.check_run`` is exact for each of them.
+``runs.invariants.check_run`` is exact for each of them. With ``--partitioned`` the table is
+range-partitioned by day (with a default partition) and its kept rows (and NULL statuses)
+sit in the older half of the old rows only, so each run's first pass detaches and drops the
+younger half's partitions whole (``runs.partitions``) under the same faults; the report
+counts them (``partitions_dropped``).
 
 A fault counts as survived when its own check passed (the cluster exited by itself, the held
 rows were all still there at release, the paused run admitted no chunk, the triggers converged
@@ -81,6 +85,10 @@ def parse_args(argv=None):
     p.add_argument("--restart-every", type=float, default=420)
     p.add_argument("--converge-seconds", type=float, default=120)
     p.add_argument("--keep", action="store_true", help="keep the data directory afterwards")
+    p.add_argument(
+        "--partitioned", action="store_true",
+        help="daily range partitions (and a default one): runs take whole partitions too",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.minutes:
         args.seconds = args.minutes * 60

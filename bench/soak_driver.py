@@ -212,13 +212,38 @@ class Driver:
         young_start -= timedelta(days=20)
         young_span = (datetime.now(UTC) - young_start).total_seconds()
         t = ep.table
+        partitioned = self.args.partitioned
+        # partitioned: kept rows ('disputed', and a NULL status, which a keep rule cannot
+        # decide) only among the older half of the old rows, so the run can take the younger
+        # half's daily partitions whole
+        older = " AND g <= %(e)s / 2" if partitioned else ""
+        disputed, no_status = f"g %% 17 = 0{older}", f"g %% 29 = 0{older}"
         with connection.cursor() as cur:
-            cur.execute(f"DROP TABLE IF EXISTS public.{t}, public.{t}_shadow")
-            cur.execute(
-                f"""CREATE TABLE public.{t} (
-                    id bigint PRIMARY KEY, tenant_id int NOT NULL, occurred_at timestamptz NOT NULL,
-                    status text, payload text)"""
-            )
+            cur.execute(f"DROP TABLE IF EXISTS public.{t}, public.{t}_shadow CASCADE")
+            if partitioned:
+                cur.execute(
+                    f"""CREATE TABLE public.{t} (
+                        id bigint NOT NULL, tenant_id int NOT NULL, occurred_at timestamptz NOT NULL,
+                        status text, payload text, PRIMARY KEY (id, occurred_at))
+                        PARTITION BY RANGE (occurred_at)"""
+                )
+                day = datetime(old_start.year, old_start.month, old_start.day, tzinfo=UTC)
+                last = datetime.now(UTC) + timedelta(days=2)
+                while day < last:
+                    nxt = day + timedelta(days=1)
+                    cur.execute(
+                        f"CREATE TABLE public.{t}_{day:%Y%m%d} PARTITION OF public.{t}"
+                        f" FOR VALUES FROM (%s) TO (%s)",
+                        [day, nxt],
+                    )
+                    day = nxt
+                cur.execute(f"CREATE TABLE public.{t}_default PARTITION OF public.{t} DEFAULT")
+            else:
+                cur.execute(
+                    f"""CREATE TABLE public.{t} (
+                        id bigint PRIMARY KEY, tenant_id int NOT NULL, occurred_at timestamptz NOT NULL,
+                        status text, payload text)"""
+                )
             cur.execute(
                 f"""INSERT INTO public.{t}
                     SELECT g,
@@ -227,7 +252,7 @@ class Driver:
                                 THEN %(old)s::timestamptz + make_interval(secs => %(ospan)s * g::float8 / %(e)s)
                                 ELSE %(young)s::timestamptz + make_interval(secs => %(yspan)s * (g - %(e)s)::float8 / (%(n)s - %(e)s + 1))
                            END,
-                           CASE WHEN g %% 17 = 0 THEN 'disputed' WHEN g %% 29 = 0 THEN NULL ELSE 'closed' END,
+                           CASE WHEN {disputed} THEN 'disputed' WHEN {no_status} THEN NULL ELSE 'closed' END,
                            repeat('x', 60)
                     FROM generate_series(1, %(n)s) AS g""",
                 {
@@ -596,6 +621,7 @@ class Driver:
             "injected": sum(r["injected"] for r in rows),
             "survived": sum(r["survived"] for r in rows),
             "rows_deleted": sum(AuditRecord.objects.values_list("rows_deleted", flat=True)),
+            "partitions_dropped": AuditRecord.objects.filter(outcome="dropped").count(),
             "runs": sum(states.values()),
             "run_states": ", ".join(f"{k} {v}" for k, v in sorted(states.items())),
             "invariant_checks_passed": self.checks_passed,

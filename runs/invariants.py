@@ -13,6 +13,10 @@ covers it, where a hold's tenant is compared with the row's tenant
 by the column type's own ``=`` (the hold's value cast to the column's type).
 The cutoff itself is recomputed by PostgreSQL from the run's tick: hours and
 minutes are elapsed time, days and weeks wall-clock time in the policy's zone.
+
+A partition the run took whole (``runs.partitions``) must agree with its audit record and
+ledger row: a dropped one is gone; a detached one is no longer attached and still holds the
+rows (count, md5 of the ordered keys) its record names. Its rows count among the rows gone.
 """
 
 from __future__ import annotations

@@ -481,3 +481,22 @@ def test_the_kill_switch_stops_the_partition_step_like_a_chunk_and_nothing_is_dr
     set_kill_switch(False, actor=olga, reason="drill over")
     assert drain(run).state == Run.State.DRAINED
     assert PartitionAction.objects.filter(run=run, state="dropped").count() == 7
+
+
+def test_the_guard_holds_the_partition_step_back_and_the_planner_waits_for_it(
+    parts, make_user, settings
+):
+    from runs.models import GuardSample, PlannerCursor
+
+    settings.RETENTION = {**settings.RETENTION, "GUARD": True}
+    policy = approved_policy(make_user, **parts_spec(keep=[], guard={"lock_waits": 10}))
+    run, _ = trigger_run(policy, tick=NOW)
+    calm = {"lock_waits": 0, "replication_lag_s": 0.0, "connections_free": 100, "wal_mb_per_s": 0.0}
+    GuardSample.objects.create(values={**calm, "lock_waits": 14}, tables={})
+    stats = worker.drain(run.pk, budget_s=30, until_idle=True)
+    assert stats["stopped"] == "idle: partitions postponed"
+    assert not PartitionAction.objects.filter(run=run).exists()
+    assert not PlannerCursor.objects.filter(run=run).exists()  # nothing planned as chunks
+    GuardSample.objects.create(values=calm, tables={})
+    assert drain(run).state == Run.State.DRAINED
+    assert PartitionAction.objects.filter(run=run, state="dropped").count() == 7

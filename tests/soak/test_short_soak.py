@@ -52,3 +52,30 @@ def test_a_run_under_chaos_converges_and_every_invariant_holds(tmp_path):
         assert injected[kind] > 0, kind
     assert report["survived"] == report["injected"], report["table"]
     assert report["stuck_messages"] == 0 and report["idle_in_transaction"] == 0
+
+
+@pytest.mark.skipif(
+    bool(os.environ.get("DATABASE_URL")),
+    reason="the soak always runs on its own embedded server; it runs in the embedded pass",
+)
+def test_a_partitioned_table_under_chaos_drops_whole_partitions_and_every_invariant_holds(
+    tmp_path,
+):
+    report_path = tmp_path / "soak.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "RR_PGDATA")}
+    result = subprocess.run(
+        [
+            sys.executable, "bench/soak.py", "--seconds", "60", "--converge-seconds", "60",
+            "--partitioned", "--json", str(report_path),
+        ],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert report_path.exists(), result.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    print(report["table"])
+    assert report["problems"] == [], report["table"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert report["partitions_dropped"] > 0
+    [epoch] = report["epochs"]
+    assert epoch["converged"] and "drained" in epoch["runs"].values()
+    assert report["invariant_checks_passed"] >= 2
