@@ -135,6 +135,8 @@ def test_expired_partitions_with_nothing_kept_or_held_are_dropped_and_audited(pa
     dropped = {a.name: a for a in PartitionAction.objects.filter(run=run, state="dropped")}
     # March has kept ('disputed') rows: deleted in chunks; August straddles the cutoff
     assert sorted(dropped) == [f"rr_parts_{m}" for m in EXPIRED if m != "2026_03"]
+    # no default partition and no transaction block around the worker: detached concurrently
+    assert all(a.concurrently for a in dropped.values())
     for month in EXPIRED:
         assert relation_exists(f"rr_parts_{month}") == (month == "2026_03")
     assert count("rr_parts", "status = 'disputed'") == shadow_month(
