@@ -16,7 +16,8 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from core.filters import QueryFilters
-from retention.models import KillSwitch, Policy, PolicyVersion
+from core.models import OperatorAction
+from retention.models import KillSwitch, LegalHold, Policy, PolicyVersion
 from retention.schedule_math import period_label
 from retention.spec import parse_retention
 from runs import charts, forecast, guard
@@ -277,6 +278,17 @@ def run_page_context(run: Run) -> dict:
             )
         ),
         "tenants": p.tenants,
+        "kill_switch": KillSwitch.objects.filter(name="global", on=True).first(),
+        "holds": list(
+            LegalHold.objects.filter(
+                Q(policy_id=run.policy_id) | Q(policy__isnull=True), released_at__isnull=True
+            ).order_by("placed_at")[:50]
+        ),
+        "history": list(
+            OperatorAction.objects.filter(target_type="run", target_id=str(run.pk)).order_by("-at")[
+                :50
+            ]
+        ),
         "broker": p.broker,
         "now": now,
     }

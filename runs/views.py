@@ -12,6 +12,8 @@ import hmac
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
+from django.db.models import CharField, Q
+from django.db.models.functions import Cast
 from django.http import HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -24,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from core.filters import QueryFilters, as_id
 from core.models import OperatorAction
 from core.roles import AUDITOR, COMPLIANCE, ONCALL, ROLE_DESCRIPTIONS, require_role, roles_of
-from retention.models import Policy
+from retention.models import Policy, PolicyVersion
 from runs import actions, exports
 from runs.metrics import render_metrics
 from runs.models import DeadLetter, Run
@@ -212,6 +214,37 @@ def run_manifest(request, run_id: int):
     return exports.manifest_response(run)
 
 
+def _activity_run(read: QueryFilters) -> Run | None:
+    """The ``run`` filter: a run id or a run key; an unknown one is a filter error."""
+    text = read.text("run")
+    if not text:
+        return None
+    run_id = as_id(text)
+    run = Run.objects.filter(pk=run_id).first() if run_id else None
+    run = run or Run.objects.filter(run_key=text).first()
+    if run is None:
+        read.errors.append(f"run: no run with id or key {text[:80]!r}")
+    return run
+
+
+def _target_labels(rows: list) -> dict[tuple[str, str], tuple[str, str]]:
+    """(target type, id) → (label, URL) for the runs, versions and policies on the page: one
+    query per kind, so a page of 500 actions costs three lookups."""
+    ids: dict[str, set[int]] = {"run": set(), "policyversion": set(), "policy": set()}
+    for row in rows:
+        if row.target_type in ids and row.target_id.isdigit():
+            ids[row.target_type].add(int(row.target_id))
+    out = {}
+    for run in Run.objects.filter(pk__in=ids["run"]).only("id", "run_key"):
+        out["run", str(run.pk)] = (run.run_key, reverse("runs:detail", args=[run.pk]))
+    for v in PolicyVersion.objects.filter(pk__in=ids["policyversion"]).select_related("policy"):
+        url = reverse("retention:version_detail", args=[v.policy.slug, v.number])
+        out["policyversion", str(v.pk)] = (f"{v.policy.slug} v{v.number}", url)
+    for p in Policy.objects.filter(pk__in=ids["policy"]).only("id", "slug"):
+        out["policy", str(p.pk)] = (p.slug, reverse("retention:policy_detail", args=[p.slug]))
+    return out
+
+
 @require_GET
 @require_role()
 def activity(request):
@@ -223,19 +256,50 @@ def activity(request):
         rows = rows.filter(actor=actor)
     if action:
         rows = rows.filter(action=action)
+    run = _activity_run(read)
+    if run is not None:
+        rows = rows.filter(target_type="run", target_id=str(run.pk))
+    slug = read.text("policy")
+    policy = Policy.objects.filter(slug=slug).first() if slug else None
+    if slug and policy is None:
+        read.errors.append(f"policy: no policy named {slug[:80]!r}")
+    if policy is not None:  # the policy itself, its versions and its runs
+        as_text = Cast("pk", CharField())
+        rows = rows.filter(
+            Q(target_type="policy", target_id=str(policy.pk))
+            | Q(
+                target_type="policyversion",
+                target_id__in=PolicyVersion.objects.filter(policy=policy)
+                .annotate(t=as_text)
+                .values("t"),
+            )
+            | Q(
+                target_type="run",
+                target_id__in=Run.objects.filter(policy=policy).annotate(t=as_text).values("t"),
+            )
+        )
     status = _filter_errors(request, read)
     if status != 200:
         rows = rows.none()
+    page = list(rows[:500])
+    labels = _target_labels(page)
+    for row in page:
+        row.target_label, row.target_url = labels.get(
+            (row.target_type, row.target_id), (f"{row.target_type} {row.target_id}", "")
+        )
     distinct = OperatorAction.objects.order_by()
     return render(
         request,
         "runs/activity.html",
         {
-            "actions": rows[:500],
+            "actions": page,
             "actors": distinct.values_list("actor", flat=True).distinct().order_by("actor"),
             "action_names": distinct.values_list("action", flat=True).distinct().order_by("action"),
+            "policies": Policy.objects.order_by("slug").values_list("slug", flat=True),
             "actor_filter": actor,
             "action_filter": action,
+            "run_filter": read.text("run"),
+            "policy_filter": slug,
         },
         status=status,
     )

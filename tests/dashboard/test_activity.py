@@ -5,6 +5,8 @@ from django.urls import reverse
 
 from runs.actions import pause_run, resume_run
 
+from .conftest import make_dead_letter
+
 pytestmark = pytest.mark.django_db
 
 
@@ -25,3 +27,33 @@ def test_the_activity_page_lists_operator_actions_and_filters_them(client_for, r
         'data-action="run.resume"' in by_oscar and 'data-action="version.approve"' not in by_oscar
     )
     assert "No action recorded." in by_nobody
+
+
+def test_activity_filters_by_run_and_policy_and_names_its_targets(
+    client_for, run, users, make_user
+):
+    pause_run(run, actor=users["oncall"], reason="INC-1 lock waits")
+    letter = make_dead_letter(make_user, slug="gone", rows=300)
+    client = client_for("viewer")
+    url = reverse("runs:activity")
+
+    by_run = client.get(url, {"run": run.run_key}).content.decode()
+    by_id = client.get(url, {"run": str(run.pk)}).content.decode()
+    by_policy = client.get(url, {"policy": "events"}).content.decode()
+
+    for html in (by_run, by_id):
+        assert 'data-action="run.pause"' in html and 'data-action="version.approve"' not in html
+        assert f">{run.run_key}</a>" in html  # the run's key, not "run 9"
+    assert 'data-action="run.pause"' in by_policy and 'data-action="version.approve"' in by_policy
+    assert f"run {letter.run_id}<" not in by_policy and "gone/" not in by_policy
+    assert "policyversion " not in by_policy
+    assert f"events v{run.policy_version.number}" in by_policy
+
+
+def test_an_unknown_run_or_policy_filter_is_an_error_not_an_unfiltered_list(client_for, run):
+    client = client_for("viewer")
+    for query in ({"run": "no-such-run"}, {"policy": "no-such-policy"}):
+        response = client.get(reverse("runs:activity"), query)
+        assert response.status_code == 400, query
+        html = response.content.decode()
+        assert "No action recorded." in html and 'data-action="' not in html

@@ -61,10 +61,10 @@ def login(browser, live_server, users):
     """``login("oncall")`` → a page signed in as that role's user."""
     contexts = []
 
-    def open_as(role: str, user=None):
+    def open_as(role: str, user=None, width: int = 1400):
         user = user or users[role]
         context = browser.new_context(
-            viewport={"width": 1400, "height": 1000}, accept_downloads=True
+            viewport={"width": width, "height": 1000}, accept_downloads=True
         )
         contexts.append(context)
         page = context.new_page()
@@ -273,3 +273,155 @@ def test_oncall_flips_the_global_kill_switch_with_a_reason(login, live_server, a
     page.click("#kill-switch-form button[type=submit]")
     expect(page.locator('[data-testid="kill-switch-on"]')).to_have_count(0)
     assert not KillSwitch.is_on()
+
+
+# -- role workflows, stale controls, dead ends -----------------------------------
+
+
+@pytest.fixture
+def submitted_version(users, make_user):
+    """events v1 approved; v2 (30 days) written and submitted by carla, with a reason."""
+    from tests.factories import approved_policy
+
+    create_events(3000, tenants=12)
+    approved_policy(make_user, **events_spec())
+    carla = users["compliance"]
+    draft = retention_actions.apply_spec(
+        PolicySpec.parse(events_spec(retention="30 days")), author=carla
+    )
+    return retention_actions.submit_version(draft, actor=carla, reason="legal asked for 30 days")
+
+
+def test_compliance_approves_from_the_queue_but_not_their_own(
+    login, live_server, submitted_version, make_user
+):
+    card = f'[data-approval="events-v{submitted_version.number}"]'
+    own = login("compliance")
+    own.goto(f"{live_server.url}/policies/approvals/")
+    expect(own.locator('[data-testid="queue-empty"]')).to_be_visible()
+    expect(own.locator(card).locator('[data-testid="not-yours"]')).to_be_visible()
+    assert own.locator(card).locator('[data-testid="approve"]').count() == 0
+
+    for width in (1024, 1400):
+        page = login("compliance", user=make_user(f"cora{width}", "compliance"), width=width)
+        page.goto(f"{live_server.url}/policies/approvals/")
+        entry = page.locator(card)
+        expect(entry.locator('[data-testid="submit-reason"]')).to_contain_text(
+            "legal asked for 30 days"
+        )
+        expect(entry.locator('[data-testid="diff-link"]')).to_be_visible()
+        assert_no_horizontal_overflow(page)
+        shoot(page, f"approvals-{width}")
+
+    entry.locator('input[name="reason"]').first.fill("checked with legal")
+    entry.locator('[data-testid="approve"]').click()
+    expect(page.locator(".messages")).to_contain_text("approved")
+    expect(page.locator('[data-testid="queue-empty"]')).to_be_visible()
+    submitted_version.refresh_from_db()
+    assert submitted_version.state == PolicyVersion.State.APPROVED
+    assert submitted_version.decided_by.username == "cora1400"
+
+
+def test_a_stale_resume_is_refused_with_the_current_state(
+    login, live_server, active_run, users, make_user
+):
+    pause_run(active_run, actor=users["oncall"], reason="INC-1 replica lag")
+    page = login("oncall")
+    page.goto(f"{live_server.url}/runs/{active_run.pk}/")
+    # typing a reason holds the refresh, so the form stays as it was rendered
+    page.fill('input[aria-label="reason to resume"]', "INC-1 over")
+    other = make_user("olga", "oncall")
+    from runs.actions import resume_run
+
+    resume_run(Run.objects.get(pk=active_run.pk), actor=other, reason="INC-1 over")
+    pause_run(Run.objects.get(pk=active_run.pk), actor=other, reason="INC-2 primary CPU")
+
+    page.click('[data-testid="resume"]')
+    expect(page.locator(".messages")).to_contain_text("changed since the page was loaded")
+    expect(page.locator(".messages")).to_contain_text("INC-2 primary CPU")
+    expect(page.locator('[data-testid="run-state"]')).to_have_text(re.compile("paused", re.I))
+    assert Run.objects.get(pk=active_run.pk).state == Run.State.PAUSED
+    assert not OperatorAction.objects.filter(action="run.resume", actor="oscar").exists()
+
+
+def test_the_run_page_shows_the_kill_switch_when_it_is_on(login, live_server, active_run, users):
+    from runs.actions import set_kill_switch
+
+    page = login("viewer")
+    page.goto(f"{live_server.url}/runs/{active_run.pk}/")
+    expect(page.locator('[data-testid="kill-switch-on"]')).to_have_count(0)
+
+    set_kill_switch(True, actor=users["oncall"], reason="INC-52 primary at 95% CPU")
+    # no reload: the refreshed part of the page brings the banner
+    banner = page.locator('[data-testid="kill-switch-on"]')
+    expect(banner).to_contain_text("INC-52 primary at 95% CPU", timeout=15_000)
+    expect(banner).to_contain_text("oscar")
+
+
+def test_an_unknown_slug_offers_the_closest_policy_and_a_404_has_a_way_back(
+    login, live_server, active_run
+):
+    page = login("oncall")
+    page.goto(f"{live_server.url}/?policy=evnts")
+    expect(page.locator('[data-testid="closest"]')).to_contain_text("events")
+    page.click('[data-testid="closest"] a >> text=events')
+    expect(page.locator('[data-policy="events"]')).to_be_visible()
+
+    response = page.goto(f"{live_server.url}/policies/no-such-policy/")
+    assert response.status == 404
+    expect(page.locator('[data-testid="error-404"]')).to_contain_text("no-such-policy")
+    page.click('[data-testid="error-404"] a >> text=Overview')
+    expect(page).to_have_url(f"{live_server.url}/")
+    expect(page.locator('[data-policy="events"]')).to_be_visible()
+
+
+# -- layout ---------------------------------------------------------------------
+
+
+def assert_no_horizontal_overflow(page) -> None:
+    """Nothing sticks out sideways: the document is no wider than the window."""
+    width = page.evaluate("document.documentElement.scrollWidth")
+    viewport = page.evaluate("window.innerWidth")
+    assert width <= viewport, f"{page.url}: content {width}px wide in a {viewport}px window"
+
+
+CLIPPED = """() => Array.from(document.querySelectorAll('.preview dl.facts dd')).filter(dd => {
+    const card = dd.closest('.card').getBoundingClientRect();
+    const box = dd.getBoundingClientRect();
+    return box.right > card.right + 0.5 || dd.scrollWidth > dd.clientWidth + 1;
+}).map(dd => dd.previousElementSibling.textContent)"""
+
+
+def test_the_preview_summary_is_not_clipped(login, live_server, make_user):
+    """What an approver checks (table, cutoff, sample keys) is inside its card, with a long
+    table name, at both widths."""
+    from tests.factories import approved_policy
+
+    table = "rr_customer_interaction_events_archive_2019_q4"
+    create_events(800, name=table)
+    approved_policy(make_user, **events_spec(slug="archive", table=table))
+    for width in (1024, 1400):
+        page = login("compliance", width=width)
+        for path in ("/policies/archive/v1/", "/policies/archive/v1/preview/"):
+            page.goto(f"{live_server.url}{path}")
+            expect(page.locator(".preview dl.facts").first).to_contain_text(table)
+            assert page.evaluate(CLIPPED) == [], (path, width)
+            assert_no_horizontal_overflow(page)
+        shoot(page, f"preview-{width}")
+
+
+def test_the_main_pages_fit_1024_and_1400_pixels(login, live_server, active_run, users):
+    from runs.actions import resume_run
+
+    pause_run(active_run, actor=users["oncall"], reason="INC-7 a long reason " + "x" * 120)
+    resume_run(active_run, actor=users["oncall"], reason="INC-7 mitigated")
+    for width in (1024, 1400):
+        page = login("oncall", width=width)
+        for name, path in (
+            ("overview", "/"),
+            ("run-page", f"/runs/{active_run.pk}/"),
+            ("activity", "/runs/activity/"),
+        ):
+            page.goto(f"{live_server.url}{path}")
+            assert_no_horizontal_overflow(page)
+            shoot(page, f"{name}-{width}")
