@@ -502,3 +502,21 @@ def test_the_guard_holds_the_partition_step_back_and_the_planner_waits_for_it(
     GuardSample.objects.create(values=calm, tables={})
     assert drain(run).state == Run.State.DRAINED
     assert PartitionAction.objects.filter(run=run, state="dropped").count() == 7
+
+
+def test_with_a_key_that_is_not_one_integer_column_no_partition_goes_whole(parts, make_user):
+    with connection.cursor() as cur:
+        cur.execute("ALTER TABLE public.rr_parts ADD COLUMN ref text")
+        cur.execute("UPDATE public.rr_parts SET ref = lpad(id::text, 8, '0')")
+        cur.execute("ALTER TABLE public.rr_parts ALTER COLUMN ref SET NOT NULL")
+        cur.execute("CREATE INDEX ON public.rr_parts (tenant_id, ref)")
+    spec = PolicySpec.parse(parts_spec(key="ref", keep=[]))
+    warnings = introspect.validate(spec).warnings
+    assert any(
+        "not one integer column" in w and "every row is deleted in chunks" in w for w in warnings
+    )
+    policy = approved_policy(make_user, **parts_spec(key="ref", keep=[]))
+    run, _ = trigger_run(policy, tick=NOW)
+    assert drain(run).state == Run.State.DRAINED
+    assert not PartitionAction.objects.filter(run=run).exists()
+    assert all(attached(f"rr_parts_{m}") and count(f"public.rr_parts_{m}") == 0 for m in EXPIRED)
