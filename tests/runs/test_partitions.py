@@ -14,15 +14,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.db import connection, transaction
+from django.urls import reverse
+from django.utils import timezone
 
 from retention import actions as retention_actions
 from retention import introspect
+from retention.preview import preview
 from retention.spec import PolicySpec, SpecError
 from runs import exports, worker
-from runs.actions import trigger_run
+from runs.actions import set_kill_switch, trigger_run
 from runs.audit import HASHED_COLUMNS, record_hash, verify_chain
 from runs.invariants import check_run
-from runs.models import AuditRecord, PartitionAction, Run
+from runs.models import AuditRecord, GuardSample, PartitionAction, PlannerCursor, Run
+from runs.progress import progress_for
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, count
 from tests.runs.processes import pg_connect, wait_for
@@ -135,6 +139,10 @@ def test_expired_partitions_with_nothing_kept_or_held_are_dropped_and_audited(pa
     dropped = {a.name: a for a in PartitionAction.objects.filter(run=run, state="dropped")}
     # March has kept ('disputed') rows: deleted in chunks; August straddles the cutoff
     assert sorted(dropped) == [f"rr_parts_{m}" for m in EXPIRED if m != "2026_03"]
+    # the blast-radius count (expected rows) and progress count dropped rows as deleted rows
+    audited = sum(AuditRecord.objects.filter(run=run).values_list("rows_deleted", flat=True))
+    assert run.expected_rows == audited
+    assert progress_for([run.pk], now=timezone.now())[run.pk].rows_deleted == audited
     # no default partition and no transaction block around the worker: detached concurrently
     assert all(a.concurrently for a in dropped.values())
     for month in EXPIRED:
@@ -383,10 +391,6 @@ def test_a_table_pg_partman_manages_is_refused_naming_the_tool_that_owns_retenti
 
 
 def test_the_preview_and_the_run_page_show_each_partition_and_its_action(parts, make_user, client):
-    from django.urls import reverse
-
-    from retention.preview import preview
-
     policy = approved_policy(make_user, **parts_spec())
     spec = policy.versions.get(state="approved").parsed
     result = preview(spec, policy_id=policy.pk, now=NOW)
@@ -470,8 +474,6 @@ def test_a_hold_that_commits_while_a_detach_was_interrupted_puts_the_partition_b
 def test_the_kill_switch_stops_the_partition_step_like_a_chunk_and_nothing_is_dropped(
     parts, make_user
 ):
-    from runs.actions import set_kill_switch
-
     policy = approved_policy(make_user, **parts_spec(keep=[]))
     run, _ = trigger_run(policy, tick=NOW)
     olga = make_user("olga", "oncall")
@@ -488,8 +490,6 @@ def test_the_kill_switch_stops_the_partition_step_like_a_chunk_and_nothing_is_dr
 def test_the_guard_holds_the_partition_step_back_and_the_planner_waits_for_it(
     parts, make_user, settings
 ):
-    from runs.models import GuardSample, PlannerCursor
-
     settings.RETENTION = {**settings.RETENTION, "GUARD": True}
     policy = approved_policy(make_user, **parts_spec(keep=[], guard={"lock_waits": 10}))
     run, _ = trigger_run(policy, tick=NOW)
