@@ -25,7 +25,7 @@ from retention import partitions as RP
 from retention.models import PolicyVersion
 from retention.spec import SpecError
 from runs import audit, guard, planner
-from runs.errors import classify
+from runs.errors import PERMANENT, classify
 from runs.models import Chunk, PartitionAction, PlannerCursor, Run, discarded_scopes
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,17 @@ def statement_ms(spec) -> int:
 def _connection_lost(exc: BaseException) -> bool:
     cls = classify(exc)
     return cls.label == "connection lost" or cls.sqlstate.startswith("08")
+
+
+def _may_detach(spec) -> bool:
+    """Whether this session's role may detach and drop the table's partitions (it owns the
+    table, or is a member of the role that does)."""
+    rows = _exec(
+        "SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_catalog.pg_class c"
+        " WHERE c.oid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s))",
+        [spec.schema, spec.table],
+    )
+    return bool(rows and rows[0][0])
 
 
 def needs_settling(run: Run) -> bool:
@@ -134,6 +145,13 @@ def settle(run: Run, *, deadline: float | None = None) -> str:
         return SETTLED
     if tree is None or not tree.on:
         return SETTLED
+    if not _may_detach(spec):
+        # detaching and dropping are the table owner's: a least-privilege worker role deletes
+        # every row in chunks (docs/security.md)
+        log.info(
+            "run %s: %s is not owned by this role: chunks only", run.run_key, spec.qualified_table
+        )
+        return SETTLED
     if deadline is not None and time.monotonic() >= deadline:
         return POSTPONED
     if not _exec("SELECT pg_try_advisory_lock(%s, %s)", [PARTITIONS, run.id])[0][0]:
@@ -163,6 +181,14 @@ def settle(run: Run, *, deadline: float | None = None) -> str:
     except DatabaseError as exc:
         if _connection_lost(exc):
             raise
+        detaching = PartitionAction.objects.filter(
+            run=run, state=PartitionAction.State.DETACHING
+        ).exists()
+        if classify(exc).kind == PERMANENT and not detaching:
+            # a permanent error (a privilege, a changed table) would fail every attempt: take
+            # nothing whole, the chunks decide row by row
+            log.warning("run %s: partitions left to chunks: %s", run.run_key, exc)
+            return SETTLED
         log.warning("run %s: partitions postponed: %s", run.run_key, exc)
         return POSTPONED
     finally:
@@ -277,7 +303,12 @@ def _finish(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
              locks.POLICY_FENCE, run.policy_id],
         )  # fmt: skip
         if _attached(spec, action) is None:
-            raise DatabaseError(f"partition {action.schema}.{action.name} is gone")
+            # dropped by someone else after this run detached it: its rows cannot be audited
+            # (the invariant checker reports them as gone unaudited); the run goes on
+            _leave(
+                action, "the detached table was dropped outside the run: its rows are not audited"
+            )
+            return SETTLED
         _exec(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(part.ident()))
         census = RP.census(spec, part, policy_id=run.policy_id, cutoff=run.cutoff,
                            outside=discarded_scopes(run), digest=True)  # fmt: skip
