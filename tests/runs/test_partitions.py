@@ -531,3 +531,36 @@ def test_with_a_key_that_is_not_one_integer_column_no_partition_goes_whole(parts
     assert drain(run).state == Run.State.DRAINED
     assert not PartitionAction.objects.filter(run=run).exists()
     assert all(attached(f"rr_parts_{m}") and count(f"public.rr_parts_{m}") == 0 for m in EXPIRED)
+
+
+def test_a_concurrent_detach_cut_short_in_its_second_phase_is_finalized_by_the_next_attempt(
+    parts, make_user
+):
+    policy = approved_policy(make_user, **parts_spec(keep=[]))
+    run, _ = trigger_run(policy, tick=NOW)
+    PartitionAction.objects.create(run=run, schema="public", name="rr_parts_2026_05",
+                                   bounds=_bounds("2026_05"), action="drop", concurrently=True)  # fmt: skip
+    old_snapshot = pg_connect(autocommit=False)
+    detacher = pg_connect()
+    try:  # a transaction that read the parent makes the detach wait in its second phase
+        old_snapshot.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        old_snapshot.execute("SELECT count(*) FROM public.rr_parts")
+        detacher.execute("SET statement_timeout = '1s'")
+        with pytest.raises(Exception, match="statement timeout"):
+            detacher.execute(
+                "ALTER TABLE public.rr_parts DETACH PARTITION public.rr_parts_2026_05 CONCURRENTLY"
+            )
+    finally:
+        old_snapshot.rollback()
+        old_snapshot.close()
+        detacher.close()
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = 'public.rr_parts_2026_05'::regclass"
+        )
+        assert cur.fetchone() == (True,)
+    run = drain(run)
+    assert run.state == Run.State.DRAINED, run.state_reason
+    action = PartitionAction.objects.get(run=run, name="rr_parts_2026_05")
+    assert action.state == "dropped" and not relation_exists("rr_parts_2026_05")
+    assert check_run(run, shadow=("public", "rr_parts_shadow")) == []
