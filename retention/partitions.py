@@ -198,6 +198,39 @@ def bound_past(spec: PolicySpec, tree: Tree, part: Partition, cutoff: datetime) 
     return bool(_fetch(query, [part.upper])[0][0])
 
 
+def blocker(spec: PolicySpec, part: Partition) -> str:
+    """Why the partition may not go whole ('' when it may): a DELETE trigger or rule a drop
+    would bypass (on it or on the policy's table), or an object that depends on it (a view, a
+    foreign key referencing it, ...) that ``DROP TABLE`` would refuse. Such a partition is
+    deleted in chunks."""
+    rows = _fetch(
+        "WITH p AS (SELECT to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) AS oid,"
+        " to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) AS parent)"
+        " SELECT format('DELETE trigger %%I on %%s', t.tgname, t.tgrelid::regclass)"
+        " FROM pg_catalog.pg_trigger t, p WHERE t.tgrelid IN (p.oid, p.parent)"
+        " AND NOT t.tgisinternal AND t.tgenabled <> 'D' AND (t.tgtype & 8) <> 0"
+        " UNION ALL SELECT format('DELETE rule %%I on %%s', r.rulename, r.ev_class::regclass)"
+        " FROM pg_catalog.pg_rewrite r, p WHERE r.ev_class IN (p.oid, p.parent)"
+        " AND r.ev_type = '4'"
+        " UNION ALL SELECT pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid)"
+        " FROM pg_catalog.pg_depend d, p WHERE d.refclassid = 'pg_catalog.pg_class'::regclass"
+        " AND d.refobjid = p.oid AND d.deptype = 'n'"
+        # its own parts, and a foreign key on the parent's level (DETACH checks and moves it)
+        " AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint c WHERE d.classid ="
+        "  'pg_catalog.pg_constraint'::regclass AND c.oid = d.objid"
+        "  AND (c.conrelid = p.oid OR c.conparentid <> 0))"
+        " AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_rewrite r WHERE d.classid ="
+        "  'pg_catalog.pg_rewrite'::regclass AND r.oid = d.objid AND r.ev_class = p.oid)"
+        " AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE d.classid ="
+        "  'pg_catalog.pg_trigger'::regclass AND t.oid = d.objid AND t.tgrelid = p.oid)"
+        " LIMIT 3",
+        [part.schema, part.name, spec.schema, spec.table],
+    )
+    if not rows:
+        return ""
+    return f"a drop would bypass or break {', '.join(r[0] for r in rows)}"
+
+
 def census_query(spec: PolicySpec, part_spec: PolicySpec, *, policy_id: int, cutoff, outside=(),
                  digest: bool = False) -> P.Fragment:  # fmt: skip
     """One scan of a partition (``part_spec``): rows, rows not eligible under the full
@@ -268,6 +301,8 @@ def plan(spec: PolicySpec, *, policy_id: int, cutoff, tree: Tree | None = None) 
             action = f"chunks ({tree.why})"
         elif not past:
             action = "chunks (straddles the cutoff)" if c.rows - c.protected else "none (newer)"
+        elif c.rows and blocker(spec, part):
+            action = f"chunks ({blocker(spec, part)})"
         elif c.rows == 0:
             action = "none (empty)"
         elif c.droppable:

@@ -226,6 +226,14 @@ def settle_one(run: Run, spec, tree: RP.Tree, part: RP.Partition) -> str:
                 return SETTLED
             if not census.droppable:
                 return SETTLED  # held, kept, not eligible or empty: the chunks decide per row
+            blocked = RP.blocker(spec, part)
+            if blocked:  # a DELETE trigger, a view, a foreign key to it: the chunks delete it
+                PartitionAction.objects.create(
+                    run=run, schema=part.schema, name=part.name, bounds=part.bound,
+                    action=spec.partition_action, state=PartitionAction.State.LEFT,
+                    note=blocked[:2000], done_at=timezone.now(),
+                )  # fmt: skip
+                return SETTLED
             # DETACH CONCURRENTLY needs PostgreSQL 14, no default partition, and no
             # transaction block around it
             concurrently = (
@@ -312,9 +320,11 @@ def _finish(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
         _exec(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(part.ident()))
         census = RP.census(spec, part, policy_id=run.policy_id, cutoff=run.cutoff,
                            outside=discarded_scopes(run), digest=True)  # fmt: skip
-        if not census.droppable:
-            # a row may no longer go (a hold that committed while the detach was interrupted):
-            # put the partition back with the bounds it had, and let the chunks decide per row
+        blocked = RP.blocker(spec, part)
+        if not census.droppable or blocked:
+            # a row may no longer go (a hold that committed while the detach was interrupted),
+            # or a trigger, view or foreign key came since: put the partition back with the
+            # bounds it had, and let the chunks decide per row
             _exec(
                 sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(
                     _parent(spec),
@@ -322,7 +332,7 @@ def _finish(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
                     sql.SQL(action.bounds),  # catalog text
                 )
             )
-            _leave(action, f"{census.protected} row(s) may not go: attached again")
+            _leave(action, f"{blocked or f'{census.protected} row(s) may not go'}: attached again")
             return SETTLED
         dropped = action.action == "drop"
         chunk = Chunk.objects.create(
