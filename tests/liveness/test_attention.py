@@ -3,6 +3,8 @@ discarded scope no longer counts as remaining."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection
 
@@ -157,7 +159,6 @@ def test_a_run_excludes_at_most_200_discarded_scopes_and_refuses_one_more(events
 
 def _scan(frag) -> list[str]:
     """The plan's scan of the target table: node and index condition, costs left out."""
-    import re
 
     with connection.cursor() as cur:
         cur.execute("EXPLAIN " + frag.sql.as_string(cur.connection), frag.params)
