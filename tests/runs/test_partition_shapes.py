@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
+from retention import actions as retention_actions
 from runs.actions import trigger_run
 from runs.invariants import check_run
 from runs.models import PartitionAction, Run
@@ -101,3 +102,242 @@ def test_an_upper_bound_equal_to_the_cutoff_is_dropped(parts, make_user):
     assert run.state == Run.State.DRAINED, run.state_reason
     assert dropped(run) == [f"rr_parts_{m}" for m in EXPIRED]
     assert check_run(run, shadow=SHADOW) == []
+
+
+def build(ddl: list[str], table: str, rows_sql: str, *, index: str = "(tenant_id, id)") -> None:
+    """Run ``ddl`` (dropping what it creates first is the caller's), fill ``table`` (a quoted
+    qualified name) with ``rows_sql``, index it, and copy it to public.rr_parts_shadow."""
+    sql("DROP TABLE IF EXISTS public.rr_parts_shadow", *ddl, f"INSERT INTO {table} {rows_sql}")
+    sql(f"CREATE INDEX ON {table} {index}", f"CREATE TABLE public.rr_parts_shadow AS SELECT * FROM {table}",
+        f"ANALYZE {table}")  # fmt: skip
+
+
+MONTHLY = """SELECT g, 1 + g % 4, timestamptz '2026-01-01 00:00+00' + (g * interval '1 hour'),
+                    'closed', 'x' FROM generate_series(1, 7000) g"""
+
+
+def run_policy(make_user, **overrides) -> Run:
+    spec = events_spec(slug="parts", table="rr_parts", retention="120 days", keep=[])
+    spec.update(overrides)
+    policy = approved_policy(make_user, **spec)
+    run, _ = trigger_run(policy, tick=NOW)
+    return drain(run)
+
+
+def test_quoted_schema_and_partition_names(transactional_db, settings, make_user):
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    t = '"OpsData"."Events"'
+    build(
+        [
+            'DROP SCHEMA IF EXISTS "OpsData" CASCADE',
+            'CREATE SCHEMA "OpsData"',
+            f"CREATE TABLE {t} (id bigint NOT NULL, tenant_id int NOT NULL,"
+            " occurred_at timestamptz NOT NULL, status text, payload text)"
+            " PARTITION BY RANGE (occurred_at)",
+            f'CREATE TABLE "OpsData"."Events 2026-01" PARTITION OF {t}'
+            " FOR VALUES FROM (MINVALUE) TO ('2026-02-01 00:00+00')",
+            f'CREATE TABLE "OpsData"."Events 2026-02..05" PARTITION OF {t}'
+            " FOR VALUES FROM ('2026-02-01 00:00+00') TO ('2026-06-01 00:00+00')",
+            f'CREATE TABLE "OpsData"."Events later" PARTITION OF {t}'
+            " FOR VALUES FROM ('2026-06-01 00:00+00') TO (MAXVALUE)",
+        ],
+        t,
+        MONTHLY,
+    )
+    try:
+        run = run_policy(make_user, table="OpsData.Events")
+        assert run.state == Run.State.DRAINED, run.state_reason
+        assert dropped(run) == ["Events 2026-01", "Events 2026-02..05"]
+        assert check_run(run, shadow=SHADOW) == []
+    finally:
+        sql(
+            'DROP SCHEMA IF EXISTS "OpsData" CASCADE', "DROP TABLE IF EXISTS public.rr_parts_shadow"
+        )
+
+
+@pytest.mark.parametrize("zone", ["Pacific/Kiritimati", "Pacific/Pago_Pago"])
+def test_a_date_partition_key_in_a_zone_far_from_utc(transactional_db, settings, make_user, zone):
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    t = "public.rr_parts"
+    build(
+        [
+            "DROP TABLE IF EXISTS public.rr_parts CASCADE",
+            f"CREATE TABLE {t} (id bigint NOT NULL, tenant_id int NOT NULL,"
+            " occurred_at date NOT NULL, status text, payload text) PARTITION BY RANGE (occurred_at)",
+            *[
+                f"CREATE TABLE public.rr_parts_d{d} PARTITION OF {t} FOR VALUES FROM"
+                f" ('2026-07-{d:02d}') TO ('2026-07-{d + 1:02d}')"
+                for d in range(28, 31)
+            ],
+            f"CREATE TABLE public.rr_parts_old PARTITION OF {t} FOR VALUES FROM (MINVALUE) TO ('2026-07-28')",
+            f"CREATE TABLE public.rr_parts_new PARTITION OF {t} FOR VALUES FROM ('2026-07-31') TO (MAXVALUE)",
+        ],
+        t,
+        """SELECT g, 1 + g % 4, date '2026-07-20' + (g % 20), 'closed', 'x'
+           FROM generate_series(1, 2000) g""",
+    )
+    try:
+        # cutoff 2026-11-30 12:00 UTC less 123 days: 2026-07-30 12:00 UTC, which is
+        # 2026-07-31 02:00 in Kiritimati (+14) and 2026-07-30 01:00 in Pago Pago (-11)
+        run = run_policy(make_user, retention="123 days", timezone=zone, timestamp_zone=zone)
+        assert run.state == Run.State.DRAINED, run.state_reason
+        assert check_run(run, shadow=SHADOW) == []
+        expected = ["rr_parts_d28", "rr_parts_d29", "rr_parts_old"]
+        if zone == "Pacific/Kiritimati":
+            expected = ["rr_parts_d28", "rr_parts_d29", "rr_parts_d30", "rr_parts_old"]
+        assert dropped(run) == expected
+    finally:
+        sql("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
+
+
+def test_null_timestamps_and_old_rows_in_the_default_partition(
+    transactional_db, settings, make_user
+):
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    t = "public.rr_parts"
+    build(
+        [
+            "DROP TABLE IF EXISTS public.rr_parts CASCADE",
+            f"CREATE TABLE {t} (id bigint NOT NULL, tenant_id int, occurred_at timestamptz,"
+            " status text, payload text) PARTITION BY RANGE (occurred_at)",
+            f"CREATE TABLE public.rr_parts_h1 PARTITION OF {t} FOR VALUES FROM"
+            " ('2026-03-01 00:00+00') TO ('2026-06-01 00:00+00')",
+            f"CREATE TABLE public.rr_parts_h2 PARTITION OF {t} FOR VALUES FROM"
+            " ('2026-06-01 00:00+00') TO ('2027-01-01 00:00+00')",
+            f"CREATE TABLE public.rr_parts_default PARTITION OF {t} DEFAULT",
+        ],
+        t,
+        """SELECT g, CASE WHEN g % 50 = 0 THEN NULL ELSE 1 + g % 4 END,
+                  CASE WHEN g % 37 = 0 THEN NULL
+                       ELSE timestamptz '2026-01-01 00:00+00' + (g * interval '1 hour') END,
+                  'closed', 'x' FROM generate_series(1, 7000) g""",
+    )
+    try:
+        run = run_policy(make_user)
+        assert run.state == Run.State.DRAINED, run.state_reason
+        assert dropped(run) == []  # h1 has NULL tenants, the default partition never goes
+        assert count(t, "occurred_at IS NULL") == count(
+            "public.rr_parts_shadow", "occurred_at IS NULL"
+        )
+        assert check_run(run, shadow=SHADOW) == []
+    finally:
+        sql("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
+
+
+@pytest.mark.parametrize(
+    "how", ["LIST (tenant_id)", "HASH (id)", "RANGE (tenant_id)", "RANGE (occurred_at, id)"]
+)
+def test_other_partitionings_go_in_chunks(transactional_db, settings, make_user, how):
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    t = "public.rr_parts"
+    kind = how.split()[0]
+    if kind == "LIST":
+        parts_ddl = [
+            f"CREATE TABLE public.rr_parts_{i} PARTITION OF {t} FOR VALUES IN ({i})"
+            for i in range(1, 5)
+        ]
+    elif kind == "HASH":
+        parts_ddl = [
+            f"CREATE TABLE public.rr_parts_{i} PARTITION OF {t} FOR VALUES WITH (MODULUS 3, REMAINDER {i})"
+            for i in range(3)
+        ]
+    elif "," in how:
+        parts_ddl = [f"CREATE TABLE public.rr_parts_a PARTITION OF {t} FOR VALUES FROM (MINVALUE, MINVALUE) TO ('2026-06-01 00:00+00', 0)",
+                     f"CREATE TABLE public.rr_parts_b PARTITION OF {t} FOR VALUES FROM ('2026-06-01 00:00+00', 0) TO (MAXVALUE, MAXVALUE)"]  # fmt: skip
+    else:
+        parts_ddl = [f"CREATE TABLE public.rr_parts_lo PARTITION OF {t} FOR VALUES FROM (MINVALUE) TO (3)",
+                     f"CREATE TABLE public.rr_parts_hi PARTITION OF {t} FOR VALUES FROM (3) TO (MAXVALUE)"]  # fmt: skip
+    build(
+        [
+            "DROP TABLE IF EXISTS public.rr_parts CASCADE",
+            f"CREATE TABLE {t} (id bigint NOT NULL, tenant_id int NOT NULL,"
+            f" occurred_at timestamptz NOT NULL, status text, payload text) PARTITION BY {how}",
+            *parts_ddl,
+        ],
+        t,
+        MONTHLY,
+    )
+    try:
+        run = run_policy(make_user)
+        assert run.state == Run.State.DRAINED, run.state_reason
+        assert dropped(run) == []
+        assert check_run(run, shadow=SHADOW) == []
+    finally:
+        sql("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
+
+
+@pytest.mark.parametrize("tenant_type", ["citext", "varchar(10)", "bigint"])
+def test_a_held_tenant_in_an_expired_partition_of_another_type(
+    transactional_db, settings, make_user, tenant_type
+):
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    t = "public.rr_parts"
+    value = (
+        "1 + g % 4"
+        if tenant_type == "bigint"
+        else "(ARRAY['Acme', 'globex', 'ACME ', 'initech'])[1 + g % 4]"
+    )
+    sql("CREATE EXTENSION IF NOT EXISTS citext")
+    build(
+        [
+            "DROP TABLE IF EXISTS public.rr_parts CASCADE",
+            f"CREATE TABLE {t} (id bigint NOT NULL, tenant_id {tenant_type} NOT NULL,"
+            " occurred_at timestamptz NOT NULL, status text, payload text) PARTITION BY RANGE (occurred_at)",
+            f"CREATE TABLE public.rr_parts_a PARTITION OF {t} FOR VALUES FROM (MINVALUE) TO ('2026-04-01 00:00+00')",
+            f"CREATE TABLE public.rr_parts_b PARTITION OF {t} FOR VALUES FROM ('2026-04-01 00:00+00') TO (MAXVALUE)",
+        ],
+        t,
+        f"SELECT g, {value}, timestamptz '2026-01-01 00:00+00' + (g * interval '1 hour'), 'closed', 'x'"
+        " FROM generate_series(1, 7000) g",
+    )
+    try:
+        spec = events_spec(slug="parts", table="rr_parts", retention="120 days", keep=[])
+        policy = approved_policy(make_user, **spec)
+        held = (
+            "acme"
+            if tenant_type == "citext"
+            else ("ACME " if tenant_type.startswith("varchar") else "03")
+        )
+        where = {"citext": "tenant_id = 'acme'", "bigint": "tenant_id = 3"}.get(
+            tenant_type, "tenant_id = 'ACME '"
+        )
+        before = count("public.rr_parts_a", where)
+        assert before > 0
+        retention_actions.place_hold(
+            actor=make_user("kim", "compliance"), reason="court", policy=policy, tenant=held
+        )
+        run, _ = trigger_run(policy, tick=NOW)
+        run = drain(run)
+        assert run.state == Run.State.DRAINED, run.state_reason
+        assert dropped(run) == []
+        assert count("public.rr_parts_a", where) == before
+        assert check_run(run, shadow=SHADOW) == []
+    finally:
+        sql("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
+
+
+def test_a_cascading_foreign_key_to_the_partitioned_table(parts, make_user):
+    sql(
+        "ALTER TABLE public.rr_parts ADD PRIMARY KEY (id, occurred_at)",
+        "CREATE TABLE public.rr_parts_ref (id bigint, at timestamptz,"
+        " FOREIGN KEY (id, at) REFERENCES public.rr_parts ON DELETE CASCADE)",
+        "INSERT INTO public.rr_parts_ref SELECT id, occurred_at FROM public.rr_parts WHERE id % 500 = 1",
+    )
+    try:
+        referenced = count("public.rr_parts_ref")
+        policy = approved_policy(make_user, **parts_spec(cascade_ack=["public.rr_parts_ref"]))
+        run, _ = trigger_run(policy, tick=NOW)
+        run = drain(run)
+        assert run.state == Run.State.DRAINED, run.state_reason
+        # referencing rows went with the rows they reference, by the cascade, never orphaned
+        assert (
+            count(
+                "public.rr_parts_ref r",
+                "NOT EXISTS (SELECT 1 FROM public.rr_parts p WHERE p.id = r.id)",
+            )
+            == 0
+        )
+        assert count("public.rr_parts_ref") < referenced
+        assert check_run(run, shadow=SHADOW) == []
+    finally:
+        sql("DROP TABLE IF EXISTS public.rr_parts_ref")
