@@ -189,6 +189,40 @@ def timed_gets(client: Client, url: str, n: int, **headers) -> dict:
     }
 
 
+def _plan_nodes(node: dict) -> list[str]:
+    """A plan's nodes, depth first: "Seq Scan runs_chunk", "Index Scan audit_run", …"""
+    rel = node.get("Relation Name") or node.get("Index Name") or ""
+    out = [f"{node['Node Type']}{' ' + rel if rel else ''}"]
+    for child in node.get("Plans", []):
+        out.extend(_plan_nodes(child))
+    return out
+
+
+def explain(client: Client, url: str, top: int = 6) -> None:
+    """Every query the page runs, re-run under EXPLAIN (ANALYZE, BUFFERS): the count and the
+    slowest ones with their plan's first lines (where an index is missing, it shows)."""
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        client.get(url)
+    timed = []
+    with connection.cursor() as cur:
+        for q in captured.captured_queries:
+            sql = q["sql"]
+            if not sql.lstrip().upper().startswith(("SELECT", "WITH")):
+                continue
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql)
+            plan = cur.fetchone()[0][0]
+            timed.append((plan["Execution Time"], sql, plan["Plan"]))
+    timed.sort(key=lambda t: -t[0])
+    total = sum(t[0] for t in timed)
+    print(f"\n{url}: {len(captured)} queries, {total:.1f} ms of execution in all; slowest:")
+    for ms, sql, node in timed[:top]:
+        kinds = _plan_nodes(node)
+        print(f"  {ms:8.1f} ms  {' > '.join(kinds[:5])}")
+        print(f"             {' '.join(sql.split())[:160]}")
+
+
 def stream(client: Client, url: str) -> dict:
     rss_start = rss_mb()
     peak = rss_start
@@ -227,6 +261,9 @@ def main() -> None:
     parser.add_argument("--audit", type=int, default=1_000_000)
     parser.add_argument("--requests", type=int, default=50)
     parser.add_argument("--keep", action="store_true", help="keep the bench database")
+    parser.add_argument(
+        "--explain", action="store_true", help="EXPLAIN (ANALYZE, BUFFERS) the run page's queries"
+    )
     args = parser.parse_args()
 
     setup_test_environment()
@@ -254,6 +291,9 @@ def main() -> None:
             ("audit page (first 200)", timed_gets(client, "/runs/audit/", n)),
             ("/metrics", timed_gets(client, "/metrics", min(n, 10))),
         ]  # fmt: skip
+        if args.explain:
+            explain(client, f"/runs/{run.pk}/")
+            explain(client, "/metrics")
         print()
         print(f"{'page':32} {'p50 ms':>9} {'p95 ms':>9} {'max ms':>9}   target p95 <= 150 ms")
         for name, r in results:

@@ -62,6 +62,11 @@ class OperatorAction(models.Model):
         # the table kept its name (the append-only trigger, the worker role's grants)
         db_table = "retention_operatoraction"
         ordering = ["-at", "-id"]
+        indexes = [
+            # a target's own history and its decision token (``oplog.decision_token``), read
+            # by every page with controls: the latest chain position per target
+            models.Index(fields=["target_type", "target_id", "chain_seq"], name="oplog_target"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M} {self.actor} {self.action} {self.target_type}:{self.target_id}"

@@ -50,17 +50,19 @@ def observed_rate(policy, now=None) -> float | None:
 CACHE_SECONDS = 15
 
 
-def drain_window(policy, *, fresh: bool = False) -> dict:
+def drain_window(policy, *, fresh: bool = False, progress: dict | None = None) -> dict:
     """The policy's drain window. The counts behind it read the target table, so they are
     measured at most every CACHE_SECONDS (the overview polls; ``fresh`` bypasses the cache);
     the verdict and its sentence are judged on every call, as of now, from the run's current
-    state and chunks and the tick the schedule is armed for — the same tick the page shows."""
+    state and chunks and the tick the schedule is armed for — the same tick the page shows.
+    ``progress`` (run id → ``RunProgress``, from the caller's own ``progress_for``) saves
+    reading the policy's latest run's progress a second time."""
     key = f"retention:drain-window:{policy.pk}:{policy.created_at.timestamp()}"
     measured = None if fresh else cache.get(key)
     if measured is None:
         measured = _measure(policy)
         cache.set(key, measured, CACHE_SECONDS)
-    return _judge(policy, measured, timezone.now())
+    return _judge(policy, measured, timezone.now(), progress or {})
 
 
 def _measure(policy) -> dict:
@@ -114,7 +116,7 @@ def _armed_tick(policy):
     )
 
 
-def _judge(policy, measured: dict, now) -> dict:
+def _judge(policy, measured: dict, now, progress: dict) -> dict:
     """``{"backlog_rows", "pending_chunks", "oldest_eligible_age_s", "overdue_s",
     "inflow_per_day", "rows_per_s", "eta_s", "next_tick", "verdict":
     "converges"|"at risk"|"idle"|"paused"|"stopped"|"unknown", "explanation"}``."""
@@ -128,7 +130,7 @@ def _judge(policy, measured: dict, now) -> dict:
         return out
     run = Run.objects.filter(policy=policy).order_by("-tick", "-id").first()
     if run is not None and not run.is_terminal:
-        p = progress_for([run.pk], now=now)[run.pk]
+        p = progress.get(run.pk) or progress_for([run.pk], now=now)[run.pk]
         out["pending_chunks"] = p.chunks[Chunk.State.PENDING]
         if run.planner_done or run.expected_rows is not None:
             out["backlog_rows"] = max(0, p.rows_expected - p.rows_deleted, p.rows_pending)

@@ -174,8 +174,12 @@ class LedgerCollector:
             Run.objects.values_list("policy_id").annotate(t=Max("tick")).order_by()
         ):
             run_tick.add_metric([by_id.get(policy_id, "?")], tick.timestamp())
+        # Ids first: a join would make the planner walk every chunk of every run. Read once,
+        # for the drain windows below and the chunk and run families after them.
+        open_runs = list(Run.objects.filter(state__in=Run.OPEN).values_list("id", flat=True))
+        progress = progress_for(open_runs, now=now)
         for policy in policies:
-            window = forecast.drain_window(policy)
+            window = forecast.drain_window(policy, progress=progress)
             age = window.get("oldest_eligible_age_s")
             if age is not None:
                 backlog.add_metric([policy.slug], float(age))
@@ -201,9 +205,6 @@ class LedgerCollector:
         yield from (backlog, overdue, slo, due_tick, run_tick)
         yield from (guard_value, guard_threshold, guard_level)
 
-        # Ids first: a join would make the planner walk every chunk of every run.
-        open_runs = list(Run.objects.filter(state__in=Run.OPEN).values_list("id", flat=True))
-        progress = progress_for(open_runs, now=now)
         queue_age = GaugeMetricFamily(
             "retention_queue_age_seconds",
             "Age of the oldest pending chunk of an open run",

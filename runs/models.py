@@ -132,9 +132,18 @@ class ChunkQuerySet(models.QuerySet):
         """Chunks still to be deleted (admissible now or backing off)."""
         return self.filter(state=Chunk.State.PENDING)
 
+    def troubled(self):
+        """Chunks retried, throttled or failed at least once (``TROUBLED``)."""
+        return self.filter(TROUBLED)
+
     def throttled(self, since):
         """Pending chunks the guard pushed back, to a time after ``since``, with its reason."""
         return self.pending().filter(not_before__gt=since).exclude(throttle_reason="")
+
+
+# A chunk that was retried, throttled or failed (``Chunk.objects.troubled()``; the partial
+# index ``chunk_troubled`` has the same condition, so the planner can use it).
+TROUBLED = Q(attempts__gt=1) | ~Q(throttle_reason="") | ~Q(last_error="")
 
 
 class Chunk(models.Model):
@@ -198,6 +207,13 @@ class Chunk(models.Model):
                 fields=["run", "state"],
                 include=["tenant", "planned_rows", "attempts", "created_at", "not_before"],
                 name="chunk_run_state",
+            ),
+            # the run page's throttle and retry history: the few chunks that were retried,
+            # throttled or failed, newest first, without visiting the run's other chunks
+            models.Index(
+                fields=["run", "-not_before"],
+                condition=TROUBLED,
+                name="chunk_troubled",
             ),
         ]
 

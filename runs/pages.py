@@ -119,7 +119,7 @@ def overview_context(request) -> dict:
     for policy in policies:
         run = current.get(policy.id)
         p = progress.get(run.pk) if run else None
-        window = forecast.drain_window(policy)
+        window = forecast.drain_window(policy, progress=progress)
         guard_state = guard.current_state(policy)
         dead_n = dead.get(policy.id, 0)
         eta = p.eta_s if p else window.get("eta_s")
@@ -210,7 +210,7 @@ def run_page_context(run: Run) -> dict:
     now = timezone.now()
     p = progress_for([run], now=now)[run.pk]
     rates = charts.rate_series(run)
-    window = forecast.drain_window(run.policy)
+    window = forecast.drain_window(run.policy, progress={run.pk: p})
     guard_state = guard.current_state(run.policy)
     last = (
         AuditRecord.objects.filter(run=run)
@@ -230,7 +230,7 @@ def run_page_context(run: Run) -> dict:
     )
     troubled = list(
         Chunk.objects.filter(run=run)
-        .filter(Q(attempts__gt=1) | ~Q(throttle_reason="") | ~Q(last_error=""))
+        .troubled()
         .order_by("-not_before")
         .only(
             "id", "tenant", "key_from", "key_to", "lo", "hi", "state", "attempts", "not_before",
@@ -285,9 +285,9 @@ def run_page_context(run: Run) -> dict:
             ).order_by("placed_at")[:50]
         ),
         "history": list(
-            OperatorAction.objects.filter(target_type="run", target_id=str(run.pk)).order_by("-at")[
-                :50
-            ]
+            OperatorAction.objects.filter(target_type="run", target_id=str(run.pk)).order_by(
+                "-chain_seq"
+            )[:50]
         ),
         "broker": p.broker,
         "now": now,

@@ -1,0 +1,71 @@
+"""The run page, its fragment and the overview read with a fixed number of queries: more
+chunks, more runs, more audit rows and more operator actions add none (behaviour, not
+timing; the latency figures live in bench/dashboard.py)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from runs import planner, worker
+from runs.actions import pause_run, resume_run, trigger_run
+from tests.runs.conftest import NOW
+
+pytestmark = pytest.mark.django_db
+
+
+def queries(client, url: str, **headers) -> int:
+    client.get(url, **headers)  # warm: sessions, caches
+    with CaptureQueriesContext(connection) as captured:
+        assert client.get(url, **headers).status_code == 200
+    return len(captured)
+
+
+def later_run(run, years: int):
+    """A later run of the same policy (waiting behind ``run``), planned."""
+    later, _ = trigger_run(run.policy, tick=NOW.replace(year=NOW.year + years))
+    planner.plan(later)
+    return later
+
+
+def grow(run, users) -> None:
+    """More committed chunks, one more run of the policy and more operator actions."""
+    done = sum(worker.process_one(run).kind == worker.DONE for _ in range(4))
+    assert done >= 2
+    for i in range(5):
+        pause_run(run, actor=users["oncall"], reason=f"INC-{i}")
+        resume_run(run, actor=users["oncall"], reason=f"INC-{i} over")
+    later_run(run, 2)
+
+
+@pytest.mark.parametrize("fragment", [False, True])
+def test_the_run_page_query_count_does_not_grow_with_chunks_runs_or_actions(
+    client_for, run, users, fragment, django_assert_max_num_queries
+):
+    client = client_for("oncall")
+    url = reverse("runs:detail", args=[run.pk])
+    headers = {"HTTP_HX_REQUEST": "true"} if fragment else {}
+    later_run(run, 1)  # the policy's latest run is not the one shown: its progress is read too
+    before = queries(client, url, **headers)
+    audit_before = run.audit_records.count()
+
+    grow(run, users)
+
+    assert run.audit_records.count() > audit_before
+    with django_assert_max_num_queries(before):
+        assert client.get(url, **headers).status_code == 200
+
+
+def test_the_overview_query_count_does_not_grow_with_runs(
+    client_for, run, users, django_assert_max_num_queries
+):
+    client = client_for("oncall")
+    later_run(run, 1)
+    before = queries(client, reverse("home"))
+
+    grow(run, users)
+
+    with django_assert_max_num_queries(before):
+        assert client.get(reverse("home")).status_code == 200
