@@ -88,7 +88,11 @@ OTHER_KEY_SQL = {
     "text": f"text COLLATE {KEY_COLLATION}",
     "timestamptz": "timestamptz",
     "numeric": "numeric",
+    "text_ci": f"text COLLATE {COLLATION}",  # 'Acme-1' and 'acme-1' are one key
+    "text_odd": 'text COLLATE "C"',  # '', spaces, quotes, backslashes, 900-character keys
+    "bytea": "bytea",
 }
+ICU_KEYS = {"text", "text_ci"}
 ZONES = ("UTC", "Europe/Berlin", "America/New_York")
 # Both DST days of 2026 in each zone (UTC has none: two ordinary days).
 DST_DAYS = {
@@ -286,12 +290,24 @@ def _other_keys(shape: Shape, rng: random.Random, n: int) -> list:
         from decimal import Decimal
 
         return sorted({Decimal(rng.randint(-(10**30), 10**30)) / 1000 for _ in range(n)})
+    if shape.key_type == "text_ci":  # distinct in "C", equal by twos under the collation
+        return [f"{'aA'[i % 2]}cme-{i // 2:05d}{' ' * (i % 3 == 0)}" for i in range(n)]
+    if shape.key_type == "text_odd":
+        odd = ["", " ", "  ", "a", "a ", "'", "''", "\\", "\\x00", '"', "NULL", "[1]", "é", "\t"]
+        out = odd[:n] + [f"{rng.choice(odd)}{'z' * rng.randint(0, 900)}-{i}" for i in range(n)]
+        return out[:n]
+    if shape.key_type == "bytea":
+        fixed = [b"", b"\x00", b"\x00\x00", b"\xff", b"\\x"]
+        return fixed[:n] + [rng.randbytes(rng.randint(1, 40)) for _ in range(max(0, n - 5))]
     raise ValueError(shape.key_type)
 
 
 def _keys(shape: Shape, rng: random.Random, n: int) -> list:
     if shape.key_type in OTHER_KEY_SQL:
-        return _other_keys(shape, rng, n)
+        keys = _other_keys(shape, rng, n)
+        if shape.key_layout == "dup":  # a non-unique key: each value about three times
+            keys = [rng.choice(keys[: max(1, n // 3)]) for _ in range(n)]
+        return keys
     lo, hi = KEY_RANGES[shape.key_type]
     n = min(n, hi - lo)
     if shape.key_layout == "dense":
@@ -424,7 +440,8 @@ def build_table(shape: Shape, rows: list[Row]) -> None:
             data.append(values)
         if data:
             cur.executemany(f"INSERT INTO public.{TABLE} ({cols}) VALUES ({marks})", data)
-        unique = "UNIQUE " if shape.key_layout != "dup" and not shape.null_key else ""
+        distinct = shape.key_layout != "dup" and shape.key_type != "text_ci"
+        unique = "UNIQUE " if distinct and not shape.null_key else ""
         cols = (["tenant"] if shape.tenant_type else []) + key_columns(shape)
         index = f"({', '.join(dict.fromkeys(cols))})"
         cur.execute(f"CREATE {unique}INDEX ON public.{TABLE} {index}")

@@ -341,3 +341,70 @@ def test_a_cascading_foreign_key_to_the_partitioned_table(parts, make_user):
         assert check_run(run, shadow=SHADOW) == []
     finally:
         sql("DROP TABLE IF EXISTS public.rr_parts_ref")
+
+
+def test_keys_not_following_time_and_a_key_range_hold(transactional_db, settings, make_user):
+    """Timestamp partitions whose ids are shuffled: a dropped partition's [min, max] key
+    interval overlaps rows of every other partition, and a key-range hold picks rows of
+    several partitions."""
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    t = "public.rr_parts"
+    build(
+        [
+            "DROP TABLE IF EXISTS public.rr_parts CASCADE",
+            f"CREATE TABLE {t} (id bigint NOT NULL, tenant_id int NOT NULL,"
+            " occurred_at timestamptz NOT NULL, status text, payload text) PARTITION BY RANGE (occurred_at)",
+            *[
+                f"CREATE TABLE public.rr_parts_q{q} PARTITION OF {t} FOR VALUES FROM"
+                f" ('2026-{3 * q + 1:02d}-01 00:00+00') TO ('{2027 if q == 3 else 2026}-{(3 * q + 3) % 12 + 1:02d}-01 00:00+00')"
+                for q in range(4)
+            ],
+        ],
+        t,
+        """SELECT (g * 7919) % 8009, 1 + g % 4, timestamptz '2026-01-01 00:00+00' + (g * interval '1 hour'),
+                  'closed', 'x' FROM generate_series(1, 8000) g""",
+    )
+    try:
+        spec = events_spec(slug="parts", table="rr_parts", retention="120 days", keep=[])
+        policy = approved_policy(make_user, **spec)
+        held = count("public.rr_parts_q1", "id >= 100 AND id < 140")
+        assert held > 0
+        retention_actions.place_hold(actor=make_user("kim", "compliance"), reason="court", policy=policy,
+                                     key_from=100, key_to=140)  # fmt: skip
+        run, _ = trigger_run(policy, tick=NOW)
+        run = drain(run)
+        assert run.state == Run.State.DRAINED, run.state_reason
+        assert dropped(run) == ["rr_parts_q0"]  # q1 holds held keys, q2 straddles
+        assert count("public.rr_parts_q1", "id >= 100 AND id < 140") == held
+        assert count(t, "id >= 100 AND id < 140") == count(
+            "public.rr_parts_shadow", "id >= 100 AND id < 140 AND occurred_at >= '2026-04-01'"
+        )
+        assert check_run(run, shadow=SHADOW) == []
+    finally:
+        sql("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
+
+
+def test_partitioned_on_the_key_with_open_ends(transactional_db, settings, make_user):
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    t = "public.rr_parts"
+    build(
+        [
+            "DROP TABLE IF EXISTS public.rr_parts CASCADE",
+            f"CREATE TABLE {t} (id bigint NOT NULL, tenant_id int NOT NULL,"
+            " occurred_at timestamptz NOT NULL, status text, payload text) PARTITION BY RANGE (id)",
+            f"CREATE TABLE public.rr_parts_k0 PARTITION OF {t} FOR VALUES FROM (MINVALUE) TO (0)",
+            f"CREATE TABLE public.rr_parts_k1 PARTITION OF {t} FOR VALUES FROM (0) TO (2000)",
+            f"CREATE TABLE public.rr_parts_k2 PARTITION OF {t} FOR VALUES FROM (2000) TO (4000)",
+            f"CREATE TABLE public.rr_parts_k3 PARTITION OF {t} FOR VALUES FROM (4000) TO (MAXVALUE)",
+        ],
+        t,
+        """SELECT g - 3000, 1 + g % 4, timestamptz '2026-01-01 00:00+00' + (g * interval '1 hour'),
+                  'closed', 'x' FROM generate_series(1, 8000) g""",
+    )
+    try:
+        run = run_policy(make_user)
+        assert run.state == Run.State.DRAINED, run.state_reason
+        assert dropped(run) == ["rr_parts_k0", "rr_parts_k1"]
+        assert check_run(run, shadow=SHADOW) == []
+    finally:
+        sql("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
