@@ -42,7 +42,7 @@ ON_DELETE = {
 class Column:
     name: str
     type: str  # format_type(), e.g. "timestamp with time zone"
-    typname: str  # e.g. "timestamptz"
+    typname: str  # e.g. "timestamptz"; a domain's base type
     not_null: bool
     attnum: int
     scalar: bool
@@ -144,11 +144,16 @@ def refuse_product_table(oid: int, where: str) -> None:
 
 def table_columns(oid: int) -> dict[str, Column]:
     rows = _fetch(
-        "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), t.typname,"
+        # a domain is judged by its base type (a key of a domain over bigint is an integer
+        # key); an enum is ordered by the btree operator class of all enums
+        "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), b.typname,"
         " a.attnotnull, a.attnum, t.typtype, t.typcategory,"
         " EXISTS (SELECT 1 FROM pg_catalog.pg_opclass o JOIN pg_catalog.pg_am m ON m.oid = o.opcmethod"
-        "  WHERE m.amname = 'btree' AND o.opcdefault AND o.opcintype = t.oid)"
+        "  WHERE m.amname = 'btree' AND o.opcdefault AND (o.opcintype = b.oid"
+        "  OR (b.typtype = 'e' AND o.opcintype = 'pg_catalog.anyenum'::pg_catalog.regtype)))"
         " FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
+        " JOIN pg_catalog.pg_type b"
+        "  ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END"
         " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
         [oid],
     )

@@ -91,7 +91,10 @@ OTHER_KEY_SQL = {
     "text_ci": f"text COLLATE {COLLATION}",  # 'Acme-1' and 'acme-1' are one key
     "text_odd": 'text COLLATE "C"',  # '', spaces, quotes, backslashes, 900-character keys
     "bytea": "bytea",
+    "bigint_domain": "rr_shape_id",  # a domain over bigint
+    "enum": "rr_shape_grade",  # ordered by the enum's declaration, not its labels' text
 }
+ENUM_LABELS = [f"{c}{i}" for i in range(40) for c in "zmA"]
 ICU_KEYS = {"text", "text_ci"}
 ZONES = ("UTC", "Europe/Berlin", "America/New_York")
 # Both DST days of 2026 in each zone (UTC has none: two ordinary days).
@@ -124,7 +127,7 @@ class Shape:
     composite: str = ""
     key_layout: str = "dense"  # dense | negative | sparse | top | bottom | dup
     correlated: bool = True  # keys ascend with time
-    ts_type: str = "timestamptz"  # timestamptz | timestamp
+    ts_type: str = "timestamptz"  # timestamptz | timestamp | domain (over timestamptz)
     timezone: str = "UTC"
     retention: str = "20 days"
     tick: datetime = NOW
@@ -296,6 +299,10 @@ def _other_keys(shape: Shape, rng: random.Random, n: int) -> list:
         odd = ["", " ", "  ", "a", "a ", "'", "''", "\\", "\\x00", '"', "NULL", "[1]", "é", "\t"]
         out = odd[:n] + [f"{rng.choice(odd)}{'z' * rng.randint(0, 900)}-{i}" for i in range(n)]
         return out[:n]
+    if shape.key_type == "bigint_domain":
+        return [rng.randint(1, 50) * 1000 + i for i in range(n)]
+    if shape.key_type == "enum":
+        return sorted(rng.sample(ENUM_LABELS, min(n, len(ENUM_LABELS))), key=ENUM_LABELS.index)
     if shape.key_type == "bytea":
         fixed = [b"", b"\x00", b"\x00\x00", b"\xff", b"\\x"]
         return fixed[:n] + [rng.randbytes(rng.randint(1, 40)) for _ in range(max(0, n - 5))]
@@ -397,6 +404,19 @@ def prepare_database() -> None:
     the server is built with ICU)."""
     with connection.cursor() as cur:
         cur.execute("CREATE EXTENSION IF NOT EXISTS citext")
+        cur.execute(
+            "DO $$BEGIN CREATE DOMAIN rr_shape_id AS bigint CHECK (VALUE > 0);"
+            " EXCEPTION WHEN duplicate_object THEN NULL; END$$"
+        )
+        cur.execute(
+            "DO $$BEGIN CREATE DOMAIN rr_shape_at AS timestamptz;"
+            " EXCEPTION WHEN duplicate_object THEN NULL; END$$"
+        )
+        labels = ", ".join(f"'{label}'" for label in ENUM_LABELS)
+        cur.execute(
+            f"DO $$BEGIN CREATE TYPE rr_shape_grade AS ENUM ({labels});"
+            " EXCEPTION WHEN duplicate_object THEN NULL; END$$"
+        )
     try:
         with transaction.atomic(), connection.cursor() as cur:
             cur.execute(
@@ -411,7 +431,7 @@ def prepare_database() -> None:
 
 
 def _stored_ts(shape: Shape, at: datetime | None):
-    if at is None or shape.ts_type == "timestamptz":
+    if at is None or shape.ts_type in ("timestamptz", "domain"):
         return at
     return at.astimezone(ZoneInfo(shape.timezone)).replace(tzinfo=None)
 
@@ -424,7 +444,7 @@ def build_table(shape: Shape, rows: list[Row]) -> None:
     tenant_col = f", tenant {TENANT_SQL[shape.tenant_type]}" if shape.tenant_type else ""
     key_null = "" if shape.null_key else " NOT NULL"
     key_sql = OTHER_KEY_SQL.get(shape.key_type, shape.key_type)
-    ts_sql = "timestamptz" if shape.ts_type == "timestamptz" else "timestamp"
+    ts_sql = {"timestamptz": "timestamptz", "domain": "rr_shape_at"}.get(shape.ts_type, "timestamp")
     with connection.cursor() as cur:
         cur.execute(f"DROP TABLE IF EXISTS public.{TABLE}, public.{SHADOW}")
         cur.execute(

@@ -128,6 +128,9 @@ CURATED = [
     Shape("text-key-duplicates-no-tenant", 77, None, key_type="text", key_layout="dup",
           chunk_size=10),
     Shape("timestamptz-key-duplicates", 78, "citext", key_type="timestamptz", key_layout="dup"),
+    Shape("bigint-domain-key", 80, "integer", key_type="bigint_domain"),
+    Shape("enum-key", 81, None, key_type="enum", correlated=False, chunk_size=10),
+    Shape("timestamptz-domain-column", 82, "text", ts_type="domain"),
     Shape("numeric-key-duplicates", 79, None, key_type="numeric", key_layout="dup",
           chunk_size=10),
 ]
