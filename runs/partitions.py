@@ -162,13 +162,9 @@ def settle(run: Run, *, deadline: float | None = None) -> str:
         verdict = guard.admission(run, spec)
         if not verdict.admit:
             return POSTPONED
-        for part in tree.partitions:
-            if deadline is not None and time.monotonic() >= deadline:
-                return POSTPONED
-            outcome = settle_one(run, spec, tree, part)
-            if outcome != SETTLED:
-                return outcome
-        # an intent left by an interrupted attempt whose partition is no longer in the tree
+        # an intent left by an interrupted attempt first: a table has one pending detach at a
+        # time (a partition whose concurrent detach waits for a foreground snapshot is not in
+        # the tree any more, and PostgreSQL refuses to detach another one meanwhile)
         for action in PartitionAction.objects.filter(
             run=run, state=PartitionAction.State.DETACHING
         ):
@@ -177,6 +173,12 @@ def settle(run: Run, *, deadline: float | None = None) -> str:
                 if refusal:
                     return REFUSED + refusal
                 _finish(run, spec, tree, action)
+        for part in tree.partitions:
+            if deadline is not None and time.monotonic() >= deadline:
+                return POSTPONED
+            outcome = settle_one(run, spec, tree, part)
+            if outcome != SETTLED:
+                return outcome
         return SETTLED
     except DatabaseError as exc:
         if _connection_lost(exc):

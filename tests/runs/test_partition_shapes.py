@@ -11,12 +11,22 @@ import pytest
 from django.db import connection
 
 from retention import actions as retention_actions
+from runs import worker
 from runs.actions import trigger_run
 from runs.invariants import check_run
 from runs.models import PartitionAction, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, count
-from tests.runs.test_partitions import EXPIRED, drain, parts, parts_spec, relation_exists
+from tests.runs.processes import pg_connect
+from tests.runs.test_partitions import (
+    EXPIRED,
+    MONTHS,
+    create_partitioned,
+    drain,
+    parts,
+    parts_spec,
+    relation_exists,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 __all__ = ["parts"]
@@ -408,3 +418,41 @@ def test_partitioned_on_the_key_with_open_ends(transactional_db, settings, make_
         assert check_run(run, shadow=SHADOW) == []
     finally:
         sql("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
+
+
+@pytest.mark.parametrize("default", [False, True])
+def test_a_foreground_transaction_reading_an_expired_partition(
+    transactional_db, settings, make_user, default
+):
+    """A foreground transaction holds a snapshot (and its lock) on an expired partition while
+    the run reaches it: the detach waits no longer than the lock timeout, the run goes on
+    once the transaction ends, and nothing is lost or left half-detached."""
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    create_partitioned(default=default)
+    fg = pg_connect(autocommit=False)
+    try:
+        fg.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        before = fg.execute("SELECT count(*) FROM public.rr_parts_2026_02").fetchone()[0]
+        policy = approved_policy(make_user, **parts_spec(keep=[], timeouts={"lock_ms": 200}))
+        run, _ = trigger_run(policy, tick=NOW)
+        worker.drain(run.pk, budget_s=3)
+        run.refresh_from_db()
+        # the foreground transaction still reads the rows it read
+        assert fg.execute("SELECT count(*) FROM public.rr_parts_2026_02").fetchone()[0] == before
+        fg.rollback()
+        run = drain(run)
+        assert run.state == Run.State.DRAINED, run.state_reason
+        # a concurrent detach waits (pending) and is finished first, before the next one; a
+        # plain detach (beside a default partition) gave up at the lock timeout: chunks
+        waited = ["2026_02"] if default else []
+        assert dropped(run) == [f"rr_parts_{m}" for m in EXPIRED if m not in waited]
+        assert PartitionAction.objects.filter(run=run, state="detaching").count() == 0
+        with connection.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_inherits WHERE inhdetachpending")
+            assert cur.fetchone()[0] == 0
+        assert check_run(run, shadow=SHADOW) == []
+    finally:
+        fg.close()
+        sql("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
+        for month in MONTHS:
+            sql(f"DROP TABLE IF EXISTS public.rr_parts_{month}")
