@@ -78,6 +78,13 @@ class Run(models.Model):
     def is_terminal(self) -> bool:
         return self.state in self.TERMINAL
 
+    @property
+    def elapsed_s(self) -> float | None:
+        """Seconds from start to finish (to now while it is open); None before it started."""
+        if self.started_at is None:
+            return None
+        return ((self.finished_at or timezone.now()) - self.started_at).total_seconds()
+
 
 class PlannerCursor(models.Model):
     """Where the planner's keyset walk stands, per run pass and tenant ('' = whole table)."""

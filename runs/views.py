@@ -79,6 +79,9 @@ def run_list(request):
     read = QueryFilters(request.GET)
     policy = read.text("policy")
     state = read.choice("state", Run.State.values)
+    key = read.text("q")
+    if key:  # part of a run key: "events/2026-11"
+        runs = runs.filter(run_key__icontains=key)
     if policy:
         runs = runs.filter(policy__slug=policy)
     if state:
@@ -95,6 +98,7 @@ def run_list(request):
             "states": Run.State.choices,
             "policy_filter": policy,
             "state_filter": state,
+            "key_filter": key,
         },
         status=status,
     )

@@ -151,7 +151,7 @@ def test_the_overview_queries_do_not_grow_with_the_number_of_policies(
 
     from runs import forecast, guard
 
-    monkeypatch.setattr(forecast, "drain_window", lambda policy: {"verdict": "unknown"})
+    monkeypatch.setattr(forecast, "drain_window", lambda policy, **kw: {"verdict": "unknown"})
     monkeypatch.setattr(guard, "current_state", lambda policy: {"level": "ok", "reasons": []})
     client = client_for("viewer")
     client.get(reverse("home"))

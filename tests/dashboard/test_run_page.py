@@ -121,3 +121,21 @@ def test_the_run_list_filters_by_policy_and_state(client_for, run):
     client = client_for("viewer")
     assert run.run_key in client.get(reverse("runs:list") + "?policy=events").content.decode()
     assert run.run_key not in client.get(reverse("runs:list") + "?state=drained").content.decode()
+
+
+def test_the_run_list_searches_by_run_key_and_shows_duration(client_for, run, make_user):
+    from runs.actions import trigger_run
+    from tests.factories import approved_policy, events_spec
+    from tests.runs.conftest import NOW, create_events
+
+    create_events(300, name="rr_other")
+    other = approved_policy(make_user, **events_spec(slug="other", table="rr_other"))
+    other_run, _ = trigger_run(other, tick=NOW)
+    client = client_for("viewer")
+
+    found = client.get(reverse("runs:list"), {"q": "events/2026"}).content.decode()
+    assert run.run_key in found and other_run.run_key not in found
+    assert 'name="q"' in found and 'value="events/2026"' in found
+    assert "<th>Duration</th>" in found
+    none = client.get(reverse("runs:list"), {"q": "no-such-key"}).content.decode()
+    assert "No run matches." in none
