@@ -208,6 +208,28 @@ def _foreign_keys(oid: int) -> list[ForeignKey]:
     ]
 
 
+def _published_without_identity(oid: int) -> list[tuple[str, str]]:
+    """(table, publication): the table or one of its partitions is published with its
+    deletes and some relation a DELETE would change has no replica identity."""
+    return _fetch(
+        "WITH tree AS (SELECT relid FROM pg_catalog.pg_partition_tree(%s::oid)"
+        "  UNION SELECT %s::oid),"
+        " pub AS (SELECT pt.pubname FROM pg_catalog.pg_publication_tables pt"
+        "  JOIN pg_catalog.pg_publication pb ON pb.pubname = pt.pubname WHERE pb.pubdelete"
+        "  AND to_regclass(quote_ident(pt.schemaname) || '.' || quote_ident(pt.tablename))"
+        "   IN (SELECT relid FROM tree) ORDER BY 1 LIMIT 1)"
+        " SELECT c.oid::regclass::text, pub.pubname FROM pub, tree"
+        " JOIN pg_catalog.pg_class c ON c.oid = tree.relid"
+        " WHERE c.relkind = 'r' AND (c.relreplident = 'n' OR (c.relreplident = 'd'"
+        "  AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i"
+        "   WHERE i.indrelid = c.oid AND i.indisprimary))"
+        "  OR (c.relreplident = 'i' AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i"
+        "   WHERE i.indrelid = c.oid AND i.indisreplident)))"
+        " ORDER BY 1 LIMIT 1",
+        [oid, oid],
+    )
+
+
 def _estimated_rows(oid: int) -> int | None:
     rows = _fetch("SELECT reltuples::bigint FROM pg_catalog.pg_class WHERE oid = %s", [oid])
     value = rows[0][0] if rows else None
@@ -348,6 +370,14 @@ def validate(spec: PolicySpec) -> Validation:
                 f"{ref} references {where} with ON DELETE {fk.on_delete.upper()}: "
                 f"deleting updates those rows"
             )
+    unidentified = _published_without_identity(oid)
+    if unidentified:
+        raise SpecError(
+            f"{where} is in publication {unidentified[0][1]}, which publishes deletes, but "
+            f"{unidentified[0][0]} has no replica identity (no primary key, no REPLICA "
+            f"IDENTITY index or FULL): PostgreSQL refuses every DELETE on it; add a primary "
+            f"key or set its replica identity first"
+        )
     tree = partitions.read_tree(spec)  # SpecError: sub-partitioned, or pg_partman's
     if tree is not None and tree.on:
         result.warnings.append(

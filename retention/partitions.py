@@ -200,7 +200,8 @@ def bound_past(spec: PolicySpec, tree: Tree, part: Partition, cutoff: datetime) 
 
 def blocker(spec: PolicySpec, part: Partition) -> str:
     """Why the partition may not go whole ('' when it may): a DELETE trigger or rule a drop
-    would bypass (on it or on the policy's table), or an object that depends on it (a view, a
+    would bypass (on it or on the policy's table), a publication that replicates its deletes
+    (a drop reaches no subscriber), or an object that depends on it (a view, a
     foreign key referencing it, ...) that ``DROP TABLE`` would refuse. Such a partition is
     deleted in chunks."""
     rows = _fetch(
@@ -212,6 +213,11 @@ def blocker(spec: PolicySpec, part: Partition) -> str:
         " UNION ALL SELECT format('DELETE rule %%I on %%s', r.rulename, r.ev_class::regclass)"
         " FROM pg_catalog.pg_rewrite r, p WHERE r.ev_class IN (p.oid, p.parent)"
         " AND r.ev_type = '4'"
+        " UNION ALL SELECT format('publication %%I (publishes deletes)', pt.pubname)"
+        " FROM pg_catalog.pg_publication_tables pt"
+        " JOIN pg_catalog.pg_publication pb ON pb.pubname = pt.pubname, p"
+        " WHERE pb.pubdelete AND to_regclass(quote_ident(pt.schemaname) || '.'"
+        "  || quote_ident(pt.tablename)) IN (p.oid, p.parent)"
         " UNION ALL SELECT pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid)"
         " FROM pg_catalog.pg_depend d, p WHERE d.refclassid = 'pg_catalog.pg_class'::regclass"
         " AND d.refobjid = p.oid AND d.deptype = 'n'"

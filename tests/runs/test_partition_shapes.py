@@ -11,6 +11,8 @@ import pytest
 from django.db import connection
 
 from retention import actions as retention_actions
+from retention import introspect
+from retention.spec import PolicySpec, SpecError
 from runs import worker
 from runs.actions import trigger_run
 from runs.invariants import check_run
@@ -456,3 +458,47 @@ def test_a_foreground_transaction_reading_an_expired_partition(
         sql("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
         for month in MONTHS:
             sql(f"DROP TABLE IF EXISTS public.rr_parts_{month}")
+
+
+@pytest.mark.parametrize("root", [False, True])
+def test_a_published_table_replicates_its_deletes(parts, make_user, root):
+    """Logical replication sends a subscriber the rows a DELETE removes; a dropped partition
+    reaches no subscriber, which would keep every row of it. A table published with its
+    deletes goes in chunks."""
+    via = " WITH (publish_via_partition_root = true)" if root else ""
+    sql(
+        "ALTER TABLE public.rr_parts ADD PRIMARY KEY (id, occurred_at)",  # its replica identity
+        "DROP PUBLICATION IF EXISTS rr_parts_pub",
+        f"CREATE PUBLICATION rr_parts_pub FOR TABLE public.rr_parts{via}",
+    )
+    try:
+        policy = approved_policy(make_user, **parts_spec())
+        run, _ = trigger_run(policy, tick=NOW)
+        run = drain(run)
+        assert run.state == Run.State.DRAINED, run.state_reason
+        assert dropped(run) == []
+        assert check_run(run, shadow=SHADOW) == []
+    finally:
+        sql("DROP PUBLICATION IF EXISTS rr_parts_pub")
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_a_published_table_without_replica_identity_is_refused(parts, make_user, partitioned):
+    """PostgreSQL refuses every DELETE on a table that publishes deletes and has no replica
+    identity: validation says so once, instead of a run whose every chunk dead-letters."""
+    target = "public.rr_parts" if partitioned else "public.rr_parts_shadow"
+    sql(
+        "DROP PUBLICATION IF EXISTS rr_parts_pub",
+        f"CREATE PUBLICATION rr_parts_pub FOR TABLE {target}",
+    )
+    try:
+        spec = parts_spec() if partitioned else events_spec(slug="parts", table="rr_parts_shadow")
+        with pytest.raises(SpecError, match="replica identity"):
+            introspect.validate(PolicySpec.parse(spec))
+        sql(f"ALTER TABLE {target} REPLICA IDENTITY FULL")
+        if partitioned:
+            for month in MONTHS:
+                sql(f"ALTER TABLE public.rr_parts_{month} REPLICA IDENTITY FULL")
+        introspect.validate(PolicySpec.parse(spec))
+    finally:
+        sql("DROP PUBLICATION IF EXISTS rr_parts_pub")
