@@ -93,9 +93,12 @@ OTHER_KEY_SQL = {
     "bytea": "bytea",
     "bigint_domain": "rr_shape_id",  # a domain over bigint
     "enum": "rr_shape_grade",  # ordered by the enum's declaration, not its labels' text
+    "float8": "float8",  # NaN, ±Infinity, -0 (equal to 0), denormals, 0.1
+    "interval": "interval",  # '1 day' and '24 hours' are one key
 }
 ENUM_LABELS = [f"{c}{i}" for i in range(40) for c in "zmA"]
 ICU_KEYS = {"text", "text_ci"}
+NON_UNIQUE_KEYS = {"text_ci", "float8", "interval"}  # values their type's = calls equal
 ZONES = ("UTC", "Europe/Berlin", "America/New_York")
 # Both DST days of 2026 in each zone (UTC has none: two ordinary days).
 DST_DAYS = {
@@ -303,6 +306,13 @@ def _other_keys(shape: Shape, rng: random.Random, n: int) -> list:
         return [rng.randint(1, 50) * 1000 + i for i in range(n)]
     if shape.key_type == "enum":
         return sorted(rng.sample(ENUM_LABELS, min(n, len(ENUM_LABELS))), key=ENUM_LABELS.index)
+    if shape.key_type == "float8":
+        fixed = [float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 5e-324, 0.1, 1e308]
+        return fixed[:n] + [rng.uniform(-1e6, 1e6) for _ in range(max(0, n - len(fixed)))]
+    if shape.key_type == "interval":
+        return [
+            timedelta(hours=rng.randint(0, 400), microseconds=rng.randint(0, 10)) for _ in range(n)
+        ]
     if shape.key_type == "bytea":
         fixed = [b"", b"\x00", b"\x00\x00", b"\xff", b"\\x"]
         return fixed[:n] + [rng.randbytes(rng.randint(1, 40)) for _ in range(max(0, n - 5))]
@@ -460,7 +470,7 @@ def build_table(shape: Shape, rows: list[Row]) -> None:
             data.append(values)
         if data:
             cur.executemany(f"INSERT INTO public.{TABLE} ({cols}) VALUES ({marks})", data)
-        distinct = shape.key_layout != "dup" and shape.key_type != "text_ci"
+        distinct = shape.key_layout != "dup" and shape.key_type not in NON_UNIQUE_KEYS
         unique = "UNIQUE " if distinct and not shape.null_key else ""
         cols = (["tenant"] if shape.tenant_type else []) + key_columns(shape)
         index = f"({', '.join(dict.fromkeys(cols))})"

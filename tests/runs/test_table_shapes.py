@@ -131,6 +131,8 @@ CURATED = [
     Shape("bigint-domain-key", 80, "integer", key_type="bigint_domain"),
     Shape("enum-key", 81, None, key_type="enum", correlated=False, chunk_size=10),
     Shape("timestamptz-domain-column", 82, "text", ts_type="domain"),
+    Shape("float8-key", 83, "integer", key_type="float8", correlated=False),
+    Shape("interval-key", 84, None, key_type="interval", correlated=False, chunk_size=10),
     Shape("numeric-key-duplicates", 79, None, key_type="numeric", key_layout="dup",
           chunk_size=10),
 ]
