@@ -13,6 +13,7 @@ urlpatterns = [
     path("<int:run_id>/confirm/", views.run_action, {"action": "confirm"}, name="confirm"),
     path("<int:run_id>/manifest.json", views.run_manifest, name="manifest"),
     path("dead-letters/", views.dead_letters, name="dead_letters"),
+    path("dead-letters/bulk/", views.dead_letters_bulk, name="dead_letters_bulk"),
     path(
         "dead-letters/<int:letter_id>/replay/",
         views.dead_letter_action,

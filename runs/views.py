@@ -12,6 +12,7 @@ import hmac
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
+from django.db import transaction
 from django.db.models import CharField, Q
 from django.db.models.functions import Cast
 from django.http import HttpResponse, HttpResponseRedirect
@@ -150,6 +151,36 @@ def dead_letters(request):
         {"letters": letters[:500], "show": show, "run_filter": run, "policy_filter": policy},
         status=status,
     )
+
+
+@require_POST
+@require_role(ONCALL)
+def dead_letters_bulk(request):
+    """Replay or discard every chosen dead letter with one reason, all or none: each goes
+    through the same action as a single one (its own operator-log row), inside one
+    transaction, so a refusal for one (already resolved, the run's discard limit, no
+    reason) changes none of them."""
+    action = request.POST.get("action", "")
+    reason = request.POST.get("reason", "").strip()
+    ids = [as_id(v) for v in request.POST.getlist("letter")]
+    func = LETTER_ACTIONS.get(action)
+    if func is None or not ids or None in ids:
+        messages.error(
+            request, "Bulk action refused: choose replay or discard and at least one letter"
+        )
+        return _back(request, reverse("runs:dead_letters"))
+    letters = list(DeadLetter.objects.filter(pk__in=ids).order_by("pk"))
+    try:
+        if len(letters) != len(set(ids)):
+            raise actions.ActionError("a chosen dead letter does not exist")
+        with transaction.atomic():
+            for letter in letters:
+                func(letter, actor=request.user, reason=reason)
+    except actions.ActionError as exc:
+        messages.error(request, f"Bulk {action} refused, nothing changed: {exc}")
+    else:
+        messages.success(request, f"{action.capitalize()}: {len(letters)} dead letters ({reason})")
+    return _back(request, reverse("runs:dead_letters"))
 
 
 @require_POST

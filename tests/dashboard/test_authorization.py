@@ -57,6 +57,7 @@ MATRIX = {
     "runs:manifest": ("GET", {"run_id": "run"}, EVIDENCE),
     "runs:dead_letters": ("GET", {}, READ),
     "runs:replay": ("POST", {"letter_id": "letter"}, ONCALL_POST),
+    "runs:dead_letters_bulk": ("POST", {}, ONCALL_POST),
     "runs:discard": ("POST", {"letter_id": "letter"}, ONCALL_POST),
     "runs:kill_switch": ("POST", {}, ONCALL_POST),
     "runs:audit": ("GET", {}, EVIDENCE),

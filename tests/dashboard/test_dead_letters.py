@@ -71,3 +71,66 @@ def test_the_run_page_lists_its_open_dead_letters_with_replay(client_for, dead_l
 
     assert "undefined table" in html
     assert reverse("runs:replay", args=[dead_letter.pk]) in html
+
+
+@pytest.fixture
+def two_letters(db, make_user):
+    from .conftest import make_dead_letter
+
+    return [make_dead_letter(make_user, slug=s, rows=300) for s in ("gone", "lost")]
+
+
+def test_bulk_replay_resolves_every_chosen_letter_with_one_reason(client_for, two_letters):
+    page = reverse("runs:dead_letters")
+    response = post(
+        client_for("oncall"),
+        reverse("runs:dead_letters_bulk"),
+        {
+            "letter": [str(x.pk) for x in two_letters],
+            "action": "replay",
+            "reason": "INC-8 restored",
+        },
+        page=page,
+    )
+
+    for letter in two_letters:
+        letter.refresh_from_db()
+        assert letter.resolution == DeadLetter.Resolution.REPLAYED
+    assert (
+        list(
+            OperatorAction.objects.filter(action="dead_letter.replay").values_list(
+                "reason", flat=True
+            )
+        )
+        == ["INC-8 restored"] * 2
+    )
+    assert "2 dead letters" in response.content.decode()
+
+
+def test_bulk_discard_refused_for_one_changes_none(client_for, two_letters, users):
+    from runs.actions import discard_dead_letter
+
+    discard_dead_letter(two_letters[1], actor=users["oncall"], reason="earlier")
+    page = reverse("runs:dead_letters")
+    response = post(
+        client_for("oncall"),
+        reverse("runs:dead_letters_bulk"),
+        {"letter": [str(x.pk) for x in two_letters], "action": "discard", "reason": "INC-9"},
+        page=page,
+    )
+
+    two_letters[0].refresh_from_db()
+    assert two_letters[0].resolution == DeadLetter.Resolution.OPEN
+    assert not OperatorAction.objects.filter(reason="INC-9").exists()
+    assert "refused" in response.content.decode()
+
+
+def test_bulk_without_a_reason_or_a_letter_changes_nothing(client_for, two_letters):
+    page = reverse("runs:dead_letters")
+    for data in (
+        {"letter": [str(two_letters[0].pk)], "action": "replay", "reason": ""},
+        {"action": "replay", "reason": "INC-10"},
+    ):
+        post(client_for("oncall"), reverse("runs:dead_letters_bulk"), data, page=page)
+    two_letters[0].refresh_from_db()
+    assert two_letters[0].resolution == DeadLetter.Resolution.OPEN
