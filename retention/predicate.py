@@ -418,16 +418,20 @@ def delete_chunk(
     key_from,
     key_to,
     outside: Sequence[Scope] = (),
+    by_tenant: bool = False,
 ) -> Fragment:
     """The chunk's DELETE: its immutable scope plus the full eligibility predicate (the run's
-    discarded scopes excluded, when a chunk of a later pass spans one)."""
+    discarded scopes excluded, when a chunk of a later pass spans one). ``by_tenant``: a chunk
+    across tenants — the statement returns (tenant as text, rows deleted) per tenant."""
     types = column_types(spec)
     scope = in_scope(spec, tenant=tenant, key_from=key_from, key_to=key_to, types=types)
     cond = eligible(spec, policy_id=policy_id, cutoff=cutoff, outside=outside)
-    return Fragment(
-        sql.SQL("DELETE FROM {} WHERE {} AND {}").format(table(spec), scope.sql, cond.sql),
-        scope.params + cond.params,
-    )
+    delete = sql.SQL("DELETE FROM {} WHERE {} AND {}").format(table(spec), scope.sql, cond.sql)
+    if by_tenant and spec.tenant:
+        delete = sql.SQL(
+            "WITH d AS ({} RETURNING {} AS tenant) SELECT tenant::text, count(*) FROM d GROUP BY 1"
+        ).format(delete, col(spec.tenant))
+    return Fragment(delete, scope.params + cond.params)
 
 
 def count_where(spec: PolicySpec, where: Fragment, *, limit: int | None = None) -> Fragment:

@@ -22,7 +22,7 @@ from django.utils import timezone
 from psycopg import sql
 
 from core.formatting import natural_key
-from retention import introspect, partitions, predicate
+from retention import geometry, introspect, partitions, predicate
 from retention.models import LegalHold
 from retention.schedule_math import latest_tick
 from retention.signals import preview_rate_sources
@@ -270,11 +270,14 @@ def preview(
         "rows_taken_whole": 0,
         "foreign_keys": [fk for fk in validation.to_json()["foreign_keys"]],
         "warnings": list(validation.warnings),
+        "chunking": None,
         "timed_out": False,
         "error": None,
         "duration_ms": None,
         "timeout_ms": timeout_ms,
     }
+    shape = geometry.choose_safely(spec)  # what a run created now would chunk along
+    result["chunking"] = {"kind": shape.kind, "reason": shape.reason}
     started = time.monotonic()
     try:
         with transaction.atomic(), connection.cursor() as cur:

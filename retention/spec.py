@@ -304,6 +304,11 @@ FIELDS: tuple[Field, ...] = (
           "IANA name; only for a `timestamp` or `date` column",
           'the zone whose wall-clock time the timestamp column holds (see "Time" below)',
           shown_default="`timezone`"),
+    Field("chunking", "chunking", "choice", "auto", "",
+          "what chunks run along: `key` (key ranges across tenants, in the key's order), "
+          "`tenant` (per-tenant key ranges on a `(tenant, key)` index), or `auto`: chosen "
+          "from the table when a run is created (docs/engine.md, \"Chunk geometry\")",
+          choices=("auto", "key", "tenant")),
     Field("chunk_size", "chunk_size", "int", 5000, "", "rows per chunk to start with "
           "(adapts toward `target_chunk_ms`)", lo=10, hi=200_000),
     Field("pace_rows_per_s", "pace_rows_per_s", "int", 0, "",
@@ -443,6 +448,9 @@ class PolicySpec:
     # What a run does with a partition it may drop whole; left out of the stored JSON when
     # "drop" (the default), so the content hash of an older version does not change.
     partition_action: str = "drop"
+    # What chunks run along (retention.geometry); "auto" is left out of the stored JSON, so
+    # the content hash of a version written before this field existed does not change.
+    chunking: str = "auto"
 
     @classmethod
     def parse(cls, data: dict) -> PolicySpec:
@@ -555,6 +563,8 @@ class PolicySpec:
             del data["timestamp_zone"]
         if data["max_backlog_age"] is None:
             del data["max_backlog_age"]
+        if data["chunking"] == "auto":
+            del data["chunking"]
         if data["partition_action"] == "drop":
             del data["partition_action"]
         return data

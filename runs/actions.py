@@ -12,6 +12,7 @@ from core import timeouts
 from core.locks import decision_fence
 from core.oplog import ActionError, check_decision, record_action, require_reason
 from core.roles import ONCALL, check_role
+from retention import geometry
 from retention import predicate as P
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import period_label
@@ -57,9 +58,11 @@ def trigger_run(
         raise ActionError(f"policy {policy.slug} is disabled")
     spec = version.parsed
     key = run_key_for(policy, tick)
+    shape = geometry.choose_safely(spec)  # what its chunks run along, fixed like the cutoff
     try:
         with transaction.atomic():
             run = Run.objects.create(
+                chunking=shape.kind, chunking_reason=shape.reason,
                 run_key=key, policy=policy, policy_version=version, tick=tick,
                 cutoff=spec.cutoff_for(tick), source=source, created_by=_actor_name(actor),
                 skipped_ticks=list(skipped_ticks), chunk_size=spec.chunk_size, state=Run.State.WAITING,

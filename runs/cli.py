@@ -29,6 +29,7 @@ from runs.actions import (
     trigger_run,
 )
 from runs.audit import verify_chain
+from runs.explain import chunking as explain_chunking
 from runs.explain import explain as explain_policy
 from runs.models import DeadLetter, Run
 from runs.reconciler import reconcile as run_reconciler
@@ -238,7 +239,9 @@ def audit_checkpoint(cmd, o):
 
 
 def explain(cmd, o):
-    for title, lines in explain_policy(_policy(o["slug"])):
+    policy = _policy(o["slug"])
+    cmd.stdout.write(f"== {explain_chunking(policy)}")
+    for title, lines in explain_policy(policy):
         cmd.stdout.write(f"== {title}")
         for line in lines:
             cmd.stdout.write(f"   {line}")

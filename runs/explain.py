@@ -8,6 +8,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg import sql
 
+from retention import geometry
 from retention import predicate as P
 from retention.schedule_math import latest_tick
 from runs.planner import bounds_query, exclusive_end, step_query, tenants_query
@@ -85,6 +86,12 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
         ("reconciler: verification count", verify),
     ]
     return out
+
+
+def chunking(policy) -> str:
+    """What a run of ``policy`` created now would chunk along, and why (retention.geometry)."""
+    shape = geometry.choose_safely(policy.approved_version.parsed)
+    return f"chunking: {shape.kind} — {shape.reason}"
 
 
 def explain(policy) -> list[tuple[str, list[str]]]:

@@ -54,6 +54,10 @@ class Run(models.Model):
         null=True, blank=True, help_text="when the blast-radius guard held it for confirmation"
     )
     verification = models.JSONField(null=True, blank=True)
+    # What its chunks run along, chosen at creation and fixed, like the cutoff
+    # (retention.geometry): "tenant" or "key"; "" on a run created before the choice existed.
+    chunking = models.CharField(max_length=16, blank=True, default="")
+    chunking_reason = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-tick", "-id"]
@@ -84,6 +88,12 @@ class Run(models.Model):
         if self.started_at is None:
             return None
         return ((self.finished_at or timezone.now()) - self.started_at).total_seconds()
+
+    def per_tenant(self, spec) -> bool:
+        """Whether its chunks are one tenant's each (else key ranges across tenants)."""
+        if self.chunking:
+            return self.chunking == "tenant" and bool(spec.tenant)
+        return bool(spec.tenant)
 
 
 class PlannerCursor(models.Model):
@@ -259,6 +269,8 @@ class AuditRecord(models.Model):
     # Chain version 3: the chunk's bounds in any key type, one text per key column (hashed).
     key_lo = models.JSONField(null=True, blank=True)
     key_hi = models.JSONField(null=True, blank=True)
+    # Chain version 5: a chunk across tenants — rows deleted per tenant ({tenant: rows}).
+    tenant_rows = models.JSONField(null=True, blank=True)
     attempt = models.PositiveIntegerField()
     worker_host = models.CharField(max_length=200)
     worker_pid = models.IntegerField()
@@ -402,7 +414,11 @@ def discarded_letters(run: Run):
 def discarded_scopes(run: Run) -> list:
     """The scopes (tenant, key interval) an operator gave up on: the run's later passes, their
     DELETEs and its verification leave them out (``predicate.outside_scopes``)."""
-    return [Scope(letter.chunk.tenant, *letter.chunk.bounds()) for letter in discarded_letters(run)]
+    per_tenant = run.per_tenant(run.policy_version.parsed)
+    return [
+        Scope(letter.chunk.tenant if per_tenant else None, *letter.chunk.bounds())
+        for letter in discarded_letters(run)
+    ]
 
 
 class Lease(models.Model):

@@ -113,7 +113,7 @@ def ensure_cursors(run: Run, spec: PolicySpec) -> None:
         if lo is None:
             PlannerCursor.objects.create(run=run, pass_no=run.pass_no, tenant="", exhausted=True)
             return
-        names = tenants(spec) if spec.tenant else [""]
+        names = tenants(spec) if run.per_tenant(spec) else [""]
         PlannerCursor.objects.bulk_create(
             [
                 PlannerCursor(
@@ -159,7 +159,7 @@ def _plan_chunk(run: Run, spec: PolicySpec, cursor: PlannerCursor, chunk_size: i
     (an integer key's: to its last key + 1)."""
     types = P.column_types(spec)
     integer = P.integer_key(spec, types)
-    tenant = cursor.tenant if spec.tenant else None
+    tenant = cursor.tenant if run.per_tenant(spec) else None
     position, last_key = cursor.position(), cursor.last()
     scope = P.in_scope(spec, tenant=tenant, key_from=position, types=types)
     upto = P.key_compare(spec, "<=", last_key, types)  # the run's last eligible key

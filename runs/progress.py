@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count, F, Max, Min, Q, Sum
 
 from core.formatting import natural_key
@@ -227,6 +228,7 @@ def progress_for(
             first=Min("committed_at"),
             last=Max("committed_at"),
             recent_rows=Sum("rows_deleted", filter=Q(committed_at__gte=recent)),
+            across=Sum("rows_deleted", filter=Q(tenant_rows__isnull=False)),
         )
         .order_by()
     ):
@@ -238,7 +240,19 @@ def progress_for(
         p.last_commit = max(filter(None, (p.last_commit, row["last"])), default=None)
         p.rate_per_s = (p.rate_per_s or 0.0) + float(_int(row["recent_rows"]))
         t = tenants[p.run_id].setdefault(row["tenant"], TenantProgress(row["tenant"]))
-        t.rows_deleted += rows
+        t.rows_deleted += rows - _int(row["across"])  # chunks across tenants: counted below
+
+    # a chunk across tenants (key-range geometry) records its rows per tenant
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT a.run_id, kv.key, sum(kv.value::bigint) FROM runs_auditrecord a,"
+            " jsonb_each_text(a.tenant_rows) AS kv WHERE a.run_id = ANY(%s)"
+            " AND a.tenant_rows IS NOT NULL GROUP BY 1, 2",
+            [ids],
+        )
+        for run_id, name, rows in cur.fetchall():
+            t = tenants[run_id].setdefault(name, TenantProgress(name))
+            t.rows_deleted += _int(rows)
 
     # A reason read only while the back-off is still in force would vanish a few seconds after
     # each throttle; one lease budget back, the surfaces keep saying why the run is held.

@@ -100,7 +100,7 @@ def discarded_report(run: Run, spec) -> list[dict]:
         chunk = letter.chunk
         lo, hi = chunk.bounds()
         scope = P.in_scope(
-            spec, tenant=chunk.tenant if spec.tenant else None, key_from=lo, key_to=hi
+            spec, tenant=chunk.tenant if run.per_tenant(spec) else None, key_from=lo, key_to=hi
         )
         cond = P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff)
         where = P.Fragment(

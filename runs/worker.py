@@ -235,7 +235,9 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
             )
             if cur.fetchone() is None:  # finished or cancelled meanwhile
                 return Outcome(NO_WORK)
-        if spec.tenant and not _slot(
+        per_tenant = run.per_tenant(spec)
+        # a chunk across tenants has no tenant of its own: the policy ceiling bounds it
+        if per_tenant and not _slot(
             locks.CEILING_TENANT, f"{run.policy_id}:{tenant}", spec.tenant_workers
         ):
             _release(chunk_id)
@@ -257,18 +259,24 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
             spec,
             policy_id=run.policy_id,
             cutoff=run.cutoff,
-            tenant=tenant if spec.tenant else None,
+            tenant=tenant if per_tenant else None,
             key_from=claim.lo,
             key_to=claim.hi,
             outside=discarded_scopes(run),
+            by_tenant=bool(spec.tenant) and not per_tenant,
         )
+        tenant_rows = None
         try:
             with (
                 transaction.atomic()
             ):  # a savepoint: a failed DELETE is recorded in this transaction
                 with connection.cursor() as cur:
                     cur.execute(statement.sql.as_string(cur.connection), statement.params)
-                    deleted = cur.rowcount
+                    if spec.tenant and not per_tenant:  # rows deleted per tenant
+                        tenant_rows = {t: int(n) for t, n in cur.fetchall()}
+                        deleted = sum(tenant_rows.values())
+                    else:
+                        deleted = cur.rowcount
         except DatabaseError as exc:
             # If the connection itself is gone, recording fails too and the error reaches
             # drain(): the whole transaction is lost, the chunk stays pending and claimed, and
@@ -293,6 +301,7 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
             worker_host=HOST,
             worker_pid=os.getpid(),
             rows_deleted=deleted,
+            tenant_rows=tenant_rows,
             started_at=started,
             outcome="deleted",
             run_key=run.run_key,
@@ -444,7 +453,8 @@ def _median_key(chunk: Chunk, lo: tuple, hi: tuple | None) -> tuple | None:
     """The key half way through the chunk's eligible rows (holds aside), or None."""
     run = chunk.run
     spec = run.policy_version.parsed
-    scope = P.in_scope(spec, tenant=chunk.tenant if spec.tenant else None, key_from=lo, key_to=hi)
+    tenant = chunk.tenant if run.per_tenant(spec) else None
+    scope = P.in_scope(spec, tenant=tenant, key_from=lo, key_to=hi)
     cond = P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff, include_holds=False)
     where = P.Fragment.join([scope, cond], " AND ")
     query = P.Fragment(

@@ -25,6 +25,9 @@ def events_spec(slug: str = "events", table: str = "rr_events", **overrides) -> 
         chunk_size=200,
         keep=[{"column": "status", "op": "=", "value": "disputed"}],
         limits={"policy_workers": 2, "tenant_workers": 1},
+        # per-tenant chunks: these tests are about tenant ceilings and per-tenant order; the
+        # table interleaves tenants, where "auto" would chunk by key range across them
+        chunking="tenant",
     )
     spec.update(overrides)
     return spec

@@ -51,6 +51,7 @@ def uuid_policy(db, make_user, settings):
         retention="10 days",
         schedule="0 3 * * *",
         chunk_size=50,
+        chunking="tenant",  # per-tenant chunks: one tenant's uuid interval each
     )
 
 

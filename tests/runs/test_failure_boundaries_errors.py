@@ -33,6 +33,7 @@ def policy(transactional_db, make_user):
         chunk_size=200, keep=[{"column": "status", "op": "=", "value": "disputed"}],
         timeouts={"lock_ms": 8000, "statement_ms": 10000},
         limits={"policy_workers": 2, "tenant_workers": 1},
+        chunking="tenant",  # these tests follow one tenant's chunk
     )  # fmt: skip
     with connection.cursor() as cur:
         cur.execute(

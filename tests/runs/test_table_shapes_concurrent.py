@@ -47,7 +47,8 @@ def build(shape: S.Shape, **spec_overrides):
     with connection.cursor() as cur:  # a third of the rows carry what the next version keeps
         cur.execute(f"UPDATE public.{S.TABLE} SET payload = 'v2' WHERE abs(id % 3) = 0")
         cur.execute(f"CREATE TABLE public.{S.SHADOW} AS SELECT * FROM public.{S.TABLE}")
-    spec = {**S.policy_spec(shape), "timeouts": TIMEOUTS, **spec_overrides}
+    # per-tenant chunks: the cases follow one tenant's chunk in flight
+    spec = {**S.policy_spec(shape), "timeouts": TIMEOUTS, "chunking": "tenant", **spec_overrides}
     policy = approved_policy(S.fast_user, **spec)
     return policy, spec
 
