@@ -502,3 +502,37 @@ def test_a_published_table_without_replica_identity_is_refused(parts, make_user,
         introspect.validate(PolicySpec.parse(spec))
     finally:
         sql("DROP PUBLICATION IF EXISTS rr_parts_pub")
+
+
+@pytest.mark.parametrize("key", ["uuid", "composite"])
+def test_a_partitioned_table_with_a_key_that_is_not_one_integer(
+    transactional_db, settings, make_user, key
+):
+    """Partitions go whole only for one integer key; with a uuid or a composite key every row
+    goes in chunks over the parent, along its partitioned index."""
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    t = "public.rr_parts"
+    id_sql = "uuid NOT NULL" if key == "uuid" else "bigint NOT NULL"
+    id_val = "md5(g::text)::uuid" if key == "uuid" else "g % 50"
+    build(
+        [
+            "DROP TABLE IF EXISTS public.rr_parts CASCADE",
+            f"CREATE TABLE {t} (id {id_sql}, tenant_id int NOT NULL,"
+            " occurred_at timestamptz NOT NULL, status text, payload text) PARTITION BY RANGE (occurred_at)",
+            f"CREATE TABLE public.rr_parts_a PARTITION OF {t} FOR VALUES FROM (MINVALUE) TO ('2026-05-01 00:00+00')",
+            f"CREATE TABLE public.rr_parts_b PARTITION OF {t} FOR VALUES FROM ('2026-05-01 00:00+00') TO (MAXVALUE)",
+        ],
+        t,
+        f"SELECT {id_val}, 1 + g % 4, timestamptz '2026-01-01 00:00+00' + (g * interval '1 hour'), 'closed', 'x'"
+        " FROM generate_series(1, 7000) g",
+        index="(tenant_id, id)" if key == "uuid" else "(tenant_id, occurred_at, id)",
+    )
+    try:
+        overrides = {} if key == "uuid" else {"key": ["occurred_at", "id"]}
+        run = run_policy(make_user, **overrides)
+        assert run.state == Run.State.DRAINED, run.state_reason
+        assert dropped(run) == []
+        assert count("public.rr_parts_a") == 0
+        assert check_run(run, shadow=SHADOW) == []
+    finally:
+        sql("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
