@@ -150,7 +150,10 @@ def table_columns(oid: int) -> dict[str, Column]:
         " a.attnotnull, a.attnum, t.typtype, t.typcategory,"
         " EXISTS (SELECT 1 FROM pg_catalog.pg_opclass o JOIN pg_catalog.pg_am m ON m.oid = o.opcmethod"
         "  WHERE m.amname = 'btree' AND o.opcdefault AND (o.opcintype = b.oid"
-        "  OR (b.typtype = 'e' AND o.opcintype = 'pg_catalog.anyenum'::pg_catalog.regtype)))"
+        "  OR (b.typtype = 'e' AND o.opcintype = 'pg_catalog.anyenum'::pg_catalog.regtype)"
+        # varchar (cidr, ...): the class of the type it coerces to binary, as an index has
+        "  OR EXISTS (SELECT 1 FROM pg_catalog.pg_cast k WHERE k.castsource = b.oid"
+        "   AND k.casttarget = o.opcintype AND k.castmethod = 'b' AND k.castcontext = 'i')))"
         " FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
         " JOIN pg_catalog.pg_type b"
         "  ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END"

@@ -93,6 +93,7 @@ OTHER_KEY_SQL = {
     "bytea": "bytea",
     "bigint_domain": "rr_shape_id",  # a domain over bigint
     "enum": "rr_shape_grade",  # ordered by the enum's declaration, not its labels' text
+    "varchar": "varchar(60)",  # ordered by text's operator class (a binary coercion)
     "float8": "float8",  # NaN, ±Infinity, -0 (equal to 0), denormals, 0.1
     "interval": "interval",  # '1 day' and '24 hours' are one key
 }
@@ -306,6 +307,8 @@ def _other_keys(shape: Shape, rng: random.Random, n: int) -> list:
         return [rng.randint(1, 50) * 1000 + i for i in range(n)]
     if shape.key_type == "enum":
         return sorted(rng.sample(ENUM_LABELS, min(n, len(ENUM_LABELS))), key=ENUM_LABELS.index)
+    if shape.key_type == "varchar":
+        return [f"ORD-{rng.randint(0, 99):02d}-{i:05d}" for i in range(n)]
     if shape.key_type == "float8":
         fixed = [float("nan"), float("inf"), float("-inf"), -0.0, 0.0, 5e-324, 0.1, 1e308]
         return fixed[:n] + [rng.uniform(-1e6, 1e6) for _ in range(max(0, n - len(fixed)))]
