@@ -92,12 +92,13 @@ OTHER_KEY_SQL = {
     "text_odd": 'text COLLATE "C"',  # '', spaces, quotes, backslashes, 900-character keys
     "bytea": "bytea",
     "bigint_domain": "rr_shape_id",  # a domain over bigint
-    "enum": "rr_shape_grade",  # ordered by the enum's declaration, not its labels' text
+    "enum": "rr_shape_grade180",  # ordered by its declaration, not its labels' text
     "varchar": "varchar(60)",  # ordered by text's operator class (a binary coercion)
     "float8": "float8",  # NaN, ±Infinity, -0 (equal to 0), denormals, 0.1
     "interval": "interval",  # '1 day' and '24 hours' are one key
 }
-ENUM_LABELS = [f"{c}{i}" for i in range(40) for c in "zmA"]
+ENUM_LABELS = [f"{c}{i}" for i in range(60) for c in "zmA"]  # more than a shape has rows
+assert OTHER_KEY_SQL["enum"].endswith(str(len(ENUM_LABELS)))  # a new list makes a new type
 ICU_KEYS = {"text", "text_ci"}
 NON_UNIQUE_KEYS = {"text_ci", "float8", "interval"}  # values their type's = calls equal
 ZONES = ("UTC", "Europe/Berlin", "America/New_York")
@@ -427,7 +428,7 @@ def prepare_database() -> None:
         )
         labels = ", ".join(f"'{label}'" for label in ENUM_LABELS)
         cur.execute(
-            f"DO $$BEGIN CREATE TYPE rr_shape_grade AS ENUM ({labels});"
+            f"DO $$BEGIN CREATE TYPE {OTHER_KEY_SQL['enum']} AS ENUM ({labels});"
             " EXCEPTION WHEN duplicate_object THEN NULL; END$$"
         )
     try:
