@@ -59,3 +59,27 @@ def period_label(obj, tick: datetime) -> str:
         offset = local.strftime("%z")
         label += f"{offset[:3]}:{offset[3:]}"
     return label
+
+
+def tick_for_period(obj, text: str | None, now: datetime) -> datetime:
+    """The tick a manual trigger stands for: the newest scheduled tick at or before the given
+    local date/time in the policy's zone (a date means the end of that day), or the latest
+    tick before ``now``. ``ValueError`` (one sentence) for bad or future input: the CLI's
+    ``trigger --period`` and the policy page's form read it the same way."""
+    text = (text or "").strip()
+    if not text:
+        return latest_tick(obj, now)
+    try:
+        if len(text) == 10:
+            local = datetime.fromisoformat(text).replace(hour=23, minute=59, second=59)
+        else:
+            local = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"the period must be YYYY-MM-DD or YYYY-MM-DDTHH:MM, got {text[:40]!r}"
+        ) from None
+    if local.tzinfo is None:
+        local = local.replace(tzinfo=_tz(_schedule_of(obj)[1]))
+    if local > now:
+        raise ValueError("the period is in the future; a run can only be triggered for a past tick")
+    return latest_tick(obj, local)

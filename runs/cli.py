@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import time
-import zoneinfo
 from datetime import datetime
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from core.cli_identity import acting_user
 from core.filters import as_id
 from core.oplog import verify_operator_log
 from retention.models import Policy
-from retention.schedule_math import latest_tick
+from retention.schedule_math import latest_tick, tick_for_period
 from runs import actions, evidence
 from runs.actions import (
     ActionError,
@@ -60,25 +59,11 @@ def _policy(slug: str):
 
 
 def _parse_period(policy, text: str | None) -> datetime:
-    """The tick a manual trigger stands for: the newest scheduled tick at or before the given
-    local date/time (a date means the end of that day), or now."""
-
-    if not text:
-        return latest_tick(policy, timezone.now())
+    """The tick a manual trigger stands for (``schedule_math.tick_for_period``)."""
     try:
-        if len(text) == 10:
-            local = datetime.fromisoformat(text).replace(hour=23, minute=59, second=59)
-        else:
-            local = datetime.fromisoformat(text)
-    except ValueError:
-        raise CommandError(
-            f"--period must be YYYY-MM-DD or YYYY-MM-DDTHH:MM, got {text!r}"
-        ) from None
-    if local.tzinfo is None:
-        local = local.replace(tzinfo=zoneinfo.ZoneInfo(policy.timezone))
-    if local > timezone.now():
-        raise CommandError("--period is in the future; a run can only be triggered for a past tick")
-    return latest_tick(policy, local)
+        return tick_for_period(policy, text, timezone.now())
+    except ValueError as exc:
+        raise CommandError(f"--period: {exc}") from None
 
 
 def trigger(cmd, o):

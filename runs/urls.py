@@ -7,6 +7,7 @@ app_name = "runs"
 urlpatterns = [
     path("", views.run_list, name="list"),
     path("<int:run_id>/", views.run_detail, name="detail"),
+    path("trigger/", views.trigger, name="trigger"),
     path("<int:run_id>/pause/", views.run_action, {"action": "pause"}, name="pause"),
     path("<int:run_id>/resume/", views.run_action, {"action": "resume"}, name="resume"),
     path("<int:run_id>/cancel/", views.run_action, {"action": "cancel"}, name="cancel"),

@@ -18,6 +18,7 @@ from django.db.models.functions import Cast
 from django.http import HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
@@ -28,6 +29,7 @@ from core.filters import QueryFilters, as_id
 from core.models import OperatorAction
 from core.roles import AUDITOR, COMPLIANCE, ONCALL, ROLE_DESCRIPTIONS, require_role, roles_of
 from retention.models import Policy, PolicyVersion
+from retention.schedule_math import tick_for_period
 from runs import actions, exports
 from runs.metrics import render_metrics
 from runs.models import DeadLetter, Run
@@ -122,6 +124,27 @@ def run_action(request, run_id: int, action: str):
     run = get_object_or_404(Run, pk=run_id)
     _perform(request, RUN_ACTIONS[action], run, label=f"{action.capitalize()} run {run.run_key}")
     return _back(request, reverse("runs:detail", args=[run.pk]))
+
+
+@require_POST
+@require_role(ONCALL)
+def trigger(request):
+    """Start (or find) the run of a policy for a period, like ``retention trigger --period``:
+    the same tick rule and the same idempotent run key, so a second click lands on the same
+    run. Goes through ``actions.trigger_run``."""
+    slug = request.POST.get("policy", "").strip()
+    policy = get_object_or_404(Policy, slug=slug)
+    back = reverse("retention:policy_detail", args=[policy.slug])
+    try:
+        tick = tick_for_period(policy, request.POST.get("period"), timezone.now())
+        run, created = actions.trigger_run(policy, tick=tick, source="manual", actor=request.user)
+    except (ValueError, actions.ActionError) as exc:
+        messages.error(request, f"Trigger refused: {exc}")
+        return redirect(back)
+    messages.success(
+        request, f"Run {run.run_key} {'created' if created else 'already existed'} ({run.state})"
+    )
+    return redirect(reverse("runs:detail", args=[run.pk]))
 
 
 @require_GET

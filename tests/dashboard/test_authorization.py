@@ -60,6 +60,7 @@ MATRIX = {
     "runs:dead_letters_bulk": ("POST", {}, ONCALL_POST),
     "runs:discard": ("POST", {"letter_id": "letter"}, ONCALL_POST),
     "runs:kill_switch": ("POST", {}, ONCALL_POST),
+    "runs:trigger": ("POST", {}, only({"oncall": 404})),  # no policy posted
     "runs:audit": ("GET", {}, EVIDENCE),
     "runs:audit_export": ("GET", {}, EVIDENCE),
     "runs:activity": ("GET", {}, READ),

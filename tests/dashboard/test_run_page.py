@@ -139,3 +139,26 @@ def test_the_run_list_searches_by_run_key_and_shows_duration(client_for, run, ma
     assert "<th>Duration</th>" in found
     none = client.get(reverse("runs:list"), {"q": "no-such-key"}).content.decode()
     assert "No run matches." in none
+
+
+def test_oncall_starts_a_run_for_a_period_from_the_policy_page(client_for, events_policy):
+    from runs.actions import run_key_for
+
+    client = client_for("oncall")
+    page = reverse("retention:policy_detail", args=["events"])
+    assert 'data-testid="trigger"' in client.get(page).content.decode()
+    url = reverse("runs:trigger")
+
+    first = post(client, url, {"policy": "events", "period": "2026-11-20"}, page=page)
+    run = Run.objects.get(policy=events_policy)
+    assert run.source == "manual" and run.created_by == "oscar"
+    assert run.run_key == run_key_for(events_policy, run.tick)
+    assert first.redirect_chain[-1][0] == reverse("runs:detail", args=[run.pk])
+    again = post(client, url, {"policy": "events", "period": "2026-11-20"}, page=page)
+    assert Run.objects.filter(policy=events_policy).count() == 1
+    assert "already existed" in again.content.decode()
+
+    for bad in ("20-11-2026", "2999-01-01"):
+        refused = post(client, url, {"policy": "events", "period": bad}, page=page)
+        assert "Trigger refused" in refused.content.decode()
+    assert Run.objects.filter(policy=events_policy).count() == 1
