@@ -202,6 +202,11 @@ def _plan_chunk(run: Run, spec: PolicySpec, cursor: PlannerCursor, chunk_size: i
             cursor.exhausted = True
     else:
         hi = following
+        if hi is not None and not _after(spec, hi, position, types):
+            # one key on more rows than a chunk: [position, following) would be empty and
+            # the cursor would not move; the chunk takes every row of that key
+            hi = _first_after(spec, where, position, types)
+            cursor.exhausted = cursor.exhausted or hi is None
     made = False
     try:
         with transaction.atomic():
@@ -223,6 +228,28 @@ def _plan_chunk(run: Run, spec: PolicySpec, cursor: PlannerCursor, chunk_size: i
     if hi is not None:
         cursor.next_at = list(hi)
     return made
+
+
+def _after(spec: PolicySpec, a, b, types) -> bool:
+    """Whether key value ``a`` sorts after ``b`` (in the key's types and collations)."""
+    x, y = P.key_value(spec, a, types), P.key_value(spec, b, types)
+    query = P.Fragment(sql.SQL("SELECT {} > {}").format(x.sql, y.sql), [*x.params, *y.params])
+    return bool(_fetchone(query)[0])
+
+
+def _first_after(spec: PolicySpec, where: P.Fragment, position, types):
+    """The first eligible key after ``position`` (None: there is none)."""
+    ahead = P.key_compare(spec, ">", position, types)
+    rows = _fetchall(
+        P.Fragment(
+            sql.SQL("SELECT {k} FROM {tbl} WHERE {w} AND {a} ORDER BY {o} LIMIT 1").format(
+                k=P.key_texts(spec), tbl=P.table(spec), w=where.sql, a=ahead.sql,
+                o=P.key_order(spec),
+            ),
+            [*where.params, *ahead.params],
+        )
+    )  # fmt: skip
+    return tuple(rows[0]) if rows else None
 
 
 def plan(run: Run, *, window: int | None = None, deadline: float | None = None) -> int:

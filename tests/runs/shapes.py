@@ -130,7 +130,7 @@ class Shape:
     key_type: str = "bigint"  # an integer type (KEY_RANGES) or one of OTHER_KEY_SQL
     # a composite key: "" (just id), "tenant" (tenant, id) or "at" (at, id)
     composite: str = ""
-    key_layout: str = "dense"  # dense | negative | sparse | top | bottom | dup
+    key_layout: str = "dense"  # dense | negative | sparse | top | bottom | dup | heavy
     correlated: bool = True  # keys ascend with time
     ts_type: str = "timestamptz"  # timestamptz | timestamp | domain (over timestamptz)
     timezone: str = "UTC"
@@ -328,6 +328,8 @@ def _keys(shape: Shape, rng: random.Random, n: int) -> list:
         keys = _other_keys(shape, rng, n)
         if shape.key_layout == "dup":  # a non-unique key: each value about three times
             keys = [rng.choice(keys[: max(1, n // 3)]) for _ in range(n)]
+        if shape.key_layout == "heavy" and keys:  # one value on half the rows
+            keys = [keys[0] if rng.random() < 0.5 else k for k in keys]
         return keys
     lo, hi = KEY_RANGES[shape.key_type]
     n = min(n, hi - lo)
@@ -348,6 +350,8 @@ def _keys(shape: Shape, rng: random.Random, n: int) -> list:
         return [lo + i for i in range(n)]
     if shape.key_layout == "dup":
         return sorted(rng.randint(1, max(1, n // 3)) for _ in range(n))
+    if shape.key_layout == "heavy":  # one value on half the rows, far more than a chunk
+        return sorted(500 if rng.random() < 0.5 else rng.randint(1, 1000) for _ in range(n))
     raise ValueError(shape.key_layout)
 
 
@@ -474,7 +478,9 @@ def build_table(shape: Shape, rows: list[Row]) -> None:
             data.append(values)
         if data:
             cur.executemany(f"INSERT INTO public.{TABLE} ({cols}) VALUES ({marks})", data)
-        distinct = shape.key_layout != "dup" and shape.key_type not in NON_UNIQUE_KEYS
+        distinct = (
+            shape.key_layout not in ("dup", "heavy") and shape.key_type not in NON_UNIQUE_KEYS
+        )
         unique = "UNIQUE " if distinct and not shape.null_key else ""
         cols = (["tenant"] if shape.tenant_type else []) + key_columns(shape)
         index = f"({', '.join(dict.fromkeys(cols))})"
