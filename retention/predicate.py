@@ -148,9 +148,51 @@ def _hold_keys(spec: PolicySpec, hold: sql.Identifier, types) -> sql.Composable:
     ).format(h=hold, key=col(spec.key_columns[0]))
 
 
+_TYPES: dict = {}  # (token, schema, table, columns) -> types: kept until forgotten (or full)
+_SCOPE: list = []  # the open ``cached_types`` scopes, innermost last
+_MAX_CACHED = 256
+
+
 def column_types(spec: PolicySpec) -> dict:
-    """The catalog's types of the key, timestamp and tenant columns (``introspect.ColumnType``)."""
-    return catalog.column_types(spec.schema, spec.table, planned_columns(spec))
+    """The catalog's types of the key, timestamp and tenant columns (``catalog.ColumnType``):
+    one catalog query, or none inside a ``cached_types`` scope that looked them up already."""
+    names = planned_columns(spec)
+    if not _SCOPE:
+        return catalog.column_types(spec.schema, spec.table, names)
+    key = (_SCOPE[-1], spec.schema, spec.table, tuple(names))
+    found = _TYPES.get(key)
+    if found is None:
+        if len(_TYPES) >= _MAX_CACHED:
+            _TYPES.clear()
+        found = _TYPES[key] = catalog.column_types(spec.schema, spec.table, names)
+    return found
+
+
+class cached_types:
+    """Within this scope, ``column_types`` asks the catalog once per table and columns.
+
+    ``token`` names what the types are cached for — a run and its approved version: the
+    columns' types cannot change under an approved version without the statements that use
+    them failing, and a failure calls ``forget_types(token)`` (the next statement looks the
+    types up again, so a table altered mid-run is read afresh)."""
+
+    def __init__(self, token):
+        self.token = token
+
+    def __enter__(self):
+        _SCOPE.append(self.token)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        _SCOPE.pop()
+        if exc_type is not None:
+            forget_types(self.token)
+        return False
+
+
+def forget_types(token) -> None:
+    for key in [k for k in _TYPES if k[0] == token]:
+        del _TYPES[key]
 
 
 def planned_columns(spec: PolicySpec) -> list[str]:

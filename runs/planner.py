@@ -269,7 +269,8 @@ def plan(run: Run, *, window: int | None = None, deadline: float | None = None) 
     created = 0
     pending = Chunk.objects.pending().filter(run=run).count()
     while pending < window and (deadline is None or time.monotonic() < deadline):
-        made = step(run, spec, chunk_size)
+        with P.cached_types(("run", run.pk, run.policy_version_id)):
+            made = step(run, spec, chunk_size)
         if made is None:
             break
         if made:

@@ -184,7 +184,18 @@ TENANT_BUSY = "tenant_busy"  # internal: try a chunk of another tenant
 
 
 def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
-    """Run one chunk transaction for ``run`` (or the given chunk). Never raises for a chunk error."""
+    """Run one chunk transaction for ``run`` (or the given chunk). Never raises for a chunk error.
+    The target's column types are read from the catalog once per run and version and kept
+    until a chunk fails (``P.cached_types``, ``P.forget_types``)."""
+    with P.cached_types(types_token(run)):
+        return _process_one(run, chunk_id=chunk_id)
+
+
+def types_token(run: Run) -> tuple:
+    return ("run", run.pk, run.policy_version_id)
+
+
+def _process_one(run: Run, *, chunk_id: int | None) -> Outcome:
     spec = run.policy_version.parsed
     verdict = guard.admission(run, spec)  # from the shared sample, before the transaction opens
     skip: list[str] = []
@@ -350,6 +361,7 @@ def _record_failure(run: Run, chunk_id: int, attempts: int, exc: BaseException) 
     cls = classify(exc)
     message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:2000]
     attempts += 1
+    P.forget_types(types_token(run))  # the table may have changed: read its types afresh
     chunk = Chunk.objects.get(pk=chunk_id)
     cfg = settings.RETENTION
     # a transient error that a smaller chunk may avoid splits it down to the floor; a row-level

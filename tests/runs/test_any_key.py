@@ -8,8 +8,10 @@ import json
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
-from runs import audit, exports, worker
+from retention import predicate as P
+from runs import audit, exports, planner, worker
 from runs.actions import trigger_run
 from runs.invariants import Shadow, check_run
 from runs.models import AuditRecord, Chunk, Run
@@ -90,8 +92,6 @@ def test_a_uuid_key_run_is_audited_with_its_bounds_and_the_chain_covers_them(uui
 
 def test_a_uuid_chunk_is_split_at_its_median_key_into_halves_that_cover_it(uuid_policy):
     run, _ = trigger_run(uuid_policy, tick=NOW)
-    from runs import planner
-
     planner.plan(run, window=1)
     chunk = Chunk.objects.filter(run=run).order_by("id").first()
     lo, hi = chunk.bounds()
@@ -113,3 +113,17 @@ def test_a_uuid_chunk_is_split_at_its_median_key_into_halves_that_cover_it(uuid_
         first_half, whole = cur.fetchone()
     assert whole == chunk.planned_rows
     assert first_half == chunk.planned_rows // 2
+
+
+def test_a_chunk_reads_the_targets_column_types_from_the_catalog_once(uuid_policy):
+    """Cached per run and version (they cannot change under an approved version without the
+    statements failing, and a failure forgets them): at most one catalog lookup per chunk."""
+    run, _ = trigger_run(uuid_policy, tick=NOW)
+    planner.plan(run, window=3)
+    run = Run.objects.select_related("policy_version", "policy").get(pk=run.pk)
+    P.forget_types(worker.types_token(run))  # what planning read is cached for the run too
+    with CaptureQueriesContext(connection) as queries:
+        outcome = worker.process_one(run)
+    assert outcome.kind == worker.DONE
+    lookups = [q for q in queries.captured_queries if "pg_catalog.pg_attribute a JOIN" in q["sql"]]
+    assert len(lookups) == 1
