@@ -166,4 +166,4 @@ def test_the_overview_queries_do_not_grow_with_the_number_of_policies(
     make_dead_letter(make_user, slug="gone2", rows=200)
     three_policies = count()
 
-    assert three_policies == one_policy <= 14
+    assert three_policies == one_policy <= 15  # progress: + per-tenant rows of cross-tenant chunks
