@@ -397,7 +397,9 @@ def generate_rows(shape: Shape) -> list[Row]:
                 setattr(r, field, None)
                 if field != "status":
                     r.status = "closed"
-    if shape.key_layout == "top" and rows:  # the key at the top of the type's range is eligible
+    if (
+        shape.key_layout == "top" and rows and shape.key_type in KEY_RANGES
+    ):  # the top key is eligible
         top = max(rows, key=lambda r: r.key if r.key is not None else -(2**64))
         if top.at is not None and top.at < cutoff:
             top.status = "closed"
