@@ -46,26 +46,6 @@ def test_replaying_a_committed_chunk_changes_nothing(events_policy):
     assert AuditRecord.objects.filter(chunk_id=outcome.chunk_id).count() == 1
 
 
-def test_chunks_cover_disjoint_intervals_per_tenant(events_policy):
-    run, _ = trigger_run(events_policy, tick=NOW)
-    while not run.planner_done:
-        planner.plan(run, window=1000)
-    by_tenant: dict[str, list[tuple[int, int]]] = {}
-    for c in Chunk.objects.filter(run=run):
-        by_tenant.setdefault(c.tenant, []).append((c.key_from, c.key_to))
-    for intervals in by_tenant.values():
-        intervals.sort()
-        for (_a_from, a_to), (b_from, _b_to) in zip(intervals, intervals[1:], strict=False):
-            assert a_to <= b_from
-
-
-def test_the_planner_keeps_a_bounded_window_of_pending_chunks(events_policy):
-    run, _ = trigger_run(events_policy, tick=NOW)
-    planner.plan(run, window=3)
-    assert Chunk.objects.filter(run=run, state=Chunk.State.PENDING).count() == 3
-    assert not run.planner_done
-
-
 def test_a_paused_run_admits_no_chunk(events_policy, make_user):
     from runs.actions import pause_run
 

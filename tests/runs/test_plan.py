@@ -1,4 +1,5 @@
-"""Planning on tables the demo does not look like: a permanent error while planning puts the
+"""Planning: chunks cover disjoint intervals, the planner keeps a bounded window ahead, and on
+tables the demo does not look like a permanent error while planning puts the
 run in "needs attention" with a dead letter (it is not retried for ever as if the connection
 were lost); the ledger holds any tenant value the target column can hold; keys at the top of
 their type's range are planned and deleted."""
@@ -8,7 +9,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from runs import worker
+from runs import planner, worker
 from runs.actions import trigger_run
 from runs.invariants import check_run
 from runs.models import Chunk, DeadLetter, Run
@@ -133,3 +134,23 @@ def test_a_transient_planning_error_backs_off_and_the_run_goes_on(events_policy,
     assert run.state == Run.State.DRAINED, run.state_reason
     with connection.cursor() as cur:
         cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
+
+
+def test_chunks_cover_disjoint_intervals_per_tenant(events_policy):
+    run, _ = trigger_run(events_policy, tick=NOW)
+    while not run.planner_done:
+        planner.plan(run, window=1000)
+    by_tenant: dict[str, list[tuple[int, int]]] = {}
+    for c in Chunk.objects.filter(run=run):
+        by_tenant.setdefault(c.tenant, []).append((c.key_from, c.key_to))
+    for intervals in by_tenant.values():
+        intervals.sort()
+        for (_a_from, a_to), (b_from, _b_to) in zip(intervals, intervals[1:], strict=False):
+            assert a_to <= b_from
+
+
+def test_the_planner_keeps_a_bounded_window_of_pending_chunks(events_policy):
+    run, _ = trigger_run(events_policy, tick=NOW)
+    planner.plan(run, window=3)
+    assert Chunk.objects.filter(run=run, state=Chunk.State.PENDING).count() == 3
+    assert not run.planner_done
