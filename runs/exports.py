@@ -17,9 +17,10 @@ from datetime import date, datetime, time, timedelta
 
 import psycopg
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Count, Func, Max, Min, TextField
-from django.db.models.functions import Cast
+from django.db.models import Count, Func, Max, Min, OuterRef, Subquery, TextField, Value
+from django.db.models.functions import Cast, Coalesce, NullIf
 from django.http import HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 from psycopg.errors import QueryCanceled
@@ -29,6 +30,7 @@ from runs import audit, evidence
 from runs.models import AuditRecord, Chunk, Run
 from runs.progress import progress_for
 
+User = get_user_model()
 BATCH = 5000
 PARTITION_KEYS = ("name", "bounds", "rows", "digest")
 
@@ -38,6 +40,10 @@ CSV_COLUMNS = [
     ("started_at", "started_at_text"),
     ("policy", "policy_slug"),
     ("policy_version", "policy_version__number"),
+    # the approved version's content hash and its approver, as the record states them
+    # (a version 1 record, written before it carried them: the version's own)
+    ("version_hash", "version_hash_text"),
+    ("approved_by", "approved_by_name"),
     ("run_id", "run_id"),
     ("run_key", "run__run_key"),
     ("chunk_id", "chunk_id"),
@@ -65,7 +71,7 @@ CSV_COLUMNS = [
 # Columns that hold free text (names, tenants, hosts); only these can carry a formula.
 TEXT_COLUMNS = {
     "policy", "run_key", "table", "tenant", "outcome", "worker_host", "partition",
-    "partition_bounds",
+    "partition_bounds", "approved_by",
 }  # fmt: skip
 
 
@@ -143,6 +149,13 @@ class AuditFilters:
         return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)[:120]
 
 
+def file_stem(run_key: str) -> str:
+    """A run's evidence files are ``<stem>.csv`` and ``<stem>.manifest.json``: its run key,
+    with anything but letters, digits, ``_ . -`` as ``-`` (``events/2026-11-30T12:00`` →
+    ``events-2026-11-30T12-00``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", run_key)[:180]
+
+
 def _start_of(day: date) -> datetime:
     return datetime.combine(day, time.min, tzinfo=timezone.get_current_timezone())
 
@@ -196,6 +209,15 @@ def csv_rows(filters: AuditFilters) -> Iterator[bytes]:
         # '[...]' text: never read as a formula, whatever a text key holds
         "key_lo_text": Cast("key_lo", TextField()),
         "key_hi_text": Cast("key_hi", TextField()),
+        "version_hash_text": Coalesce(
+            NullIf("version_hash", Value("")),
+            NullIf("policy_version__approved_hash", Value("")),
+            "policy_version__content_hash",
+        ),
+        "approved_by_name": Coalesce(
+            Subquery(User.objects.filter(pk=OuterRef("approved_by_id")).values("username")[:1]),
+            "policy_version__decided_by__username",
+        ),
     }
     columns = []
     for name, field in CSV_COLUMNS:
@@ -227,7 +249,12 @@ def csv_response(filters: AuditFilters) -> HttpResponse:
         text = "error: " + "\nerror: ".join(filters.errors) + "\n"
         return HttpResponse(text, status=400, content_type="text/plain; charset=utf-8")
     response = StreamingHttpResponse(csv_rows(filters), content_type="text/csv; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="audit_{filters.label()}.csv"'
+    run = filters.run_obj()
+    narrowed = filters.policy or filters.tenant or filters.date_from or filters.date_to
+    whole_run = run is not None and not narrowed
+    # a run's whole trail is the run's evidence file; any other selection says its filters
+    name = file_stem(run.run_key) if whole_run else f"audit_{filters.label()}"
+    response["Content-Disposition"] = f'attachment; filename="{name}.csv"'
     response["Cache-Control"] = "no-store"
     return response
 
@@ -394,7 +421,7 @@ def manifest_json(run: Run) -> Iterator[str]:
 
 def manifest_response(run: Run) -> StreamingHttpResponse:
     response = StreamingHttpResponse(manifest_json(run), content_type="application/json")
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", run.run_key)
-    response["Content-Disposition"] = f'attachment; filename="run_{name}_manifest.json"'
+    name = file_stem(run.run_key)
+    response["Content-Disposition"] = f'attachment; filename="{name}.manifest.json"'
     response["Cache-Control"] = "no-store"
     return response

@@ -109,7 +109,7 @@ def test_the_manifest_holds_version_approval_cutoff_chunks_totals_and_chain_head
 
     response = client_for("auditor").get(reverse("runs:manifest", args=[run.pk]))
 
-    assert response["Content-Disposition"].startswith('attachment; filename="run_events-')
+    assert response["Content-Disposition"].startswith('attachment; filename="events-')
     manifest = json.loads(download(response))
     version = run.policy_version
     assert manifest["run"]["run_key"] == run.run_key
@@ -141,3 +141,25 @@ def test_viewer_and_oncall_may_not_export(client_for, run):
         assert client.get(reverse("runs:audit_export")).status_code == 403
         assert client.get(reverse("runs:manifest", args=[run.pk])).status_code == 403
         assert client.get(reverse("runs:audit")).status_code == 403
+
+
+def test_each_csv_row_names_the_approver_and_the_versions_content_hash(client_for, run):
+    rows = read_csv(client_for("auditor").get(reverse("runs:audit_export") + f"?run={run.pk}"))
+
+    version = run.policy_version
+    assert rows and {r["approved_by"] for r in rows} == {version.decided_by.username}
+    assert {r["version_hash"] for r in rows} == {version.approved_hash}
+    assert {r["policy_version"] for r in rows} == {str(version.number)}
+
+
+def test_a_runs_files_are_named_by_its_run_key(client_for, run):
+    client = client_for("auditor")
+    safe = run.run_key.replace("/", "-").replace(":", "-")  # events-2026-11-30T12-00
+
+    by_key = client.get(reverse("runs:audit_export") + f"?run={run.run_key}")
+    by_id = client.get(reverse("runs:audit_export") + f"?run={run.pk}")
+    manifest = client.get(reverse("runs:manifest", args=[run.pk]))
+
+    assert by_key["Content-Disposition"] == f'attachment; filename="{safe}.csv"'
+    assert by_id["Content-Disposition"] == f'attachment; filename="{safe}.csv"'
+    assert manifest["Content-Disposition"] == f'attachment; filename="{safe}.manifest.json"'
