@@ -19,13 +19,29 @@ import psycopg
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Count, Func, Max, Min, OuterRef, Subquery, TextField, Value
+from django.db.models import (
+    BigIntegerField,
+    Case,
+    Count,
+    Exists,
+    F,
+    Func,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    Subquery,
+    TextField,
+    Value,
+    When,
+)
 from django.db.models.functions import Cast, Coalesce, NullIf
 from django.http import HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 from psycopg.errors import QueryCanceled
 
 from core.filters import QueryFilters, as_id
+from retention.models import LegalHold
 from runs import audit, evidence
 from runs.models import AuditRecord, Chunk, Run
 from runs.progress import progress_for
@@ -57,7 +73,9 @@ CSV_COLUMNS = [
     ("cutoff", "cutoff_text"),
     ("attempt", "attempt"),
     ("rows_deleted", "rows_deleted"),
-    ("outcome", "outcome"),
+    # what happened, read from the record: deleted, held, nothing eligible, dropped, detached
+    ("outcome", "outcome_text"),
+    ("recorded_outcome", "outcome"),  # the record's own outcome field, as the chain hashes it
     # a partition taken whole (outcome dropped / detached): what its record names
     ("partition", "partition_name"),
     ("partition_bounds", "partition_bounds"),
@@ -69,8 +87,10 @@ CSV_COLUMNS = [
     ("hash", "hash"),
 ]
 # Columns that hold free text (names, tenants, hosts); only these can carry a formula.
+# (``Neutralized`` repeats its expression: one with bound parameters cannot be among them —
+# the outcomes are the product's own words.)
 TEXT_COLUMNS = {
-    "policy", "run_key", "table", "tenant", "outcome", "worker_host", "partition",
+    "policy", "run_key", "table", "tenant", "worker_host", "partition",
     "partition_bounds", "approved_by",
 }  # fmt: skip
 
@@ -197,6 +217,44 @@ def audit_queryset(filters: AuditFilters):
     return qs.order_by("chain_seq")
 
 
+HELD = "held"
+NOTHING_ELIGIBLE = "nothing eligible"
+
+
+def hold_applied():
+    """An ``Exists`` over legal holds that covered the record's chunk when it committed: on
+    its policy or all policies, its tenant or all tenants, a key interval that overlaps the
+    chunk's (a chunk of another key type: any interval, as the DELETE decides it), placed
+    before the commit and not released before it."""
+    # the record's bounds; NULL (to the end, or not an integer key) reads as unbounded
+    lo = Coalesce(OuterRef("key_from"), Value(-(2**63)), output_field=BigIntegerField())
+    hi = Coalesce(OuterRef("key_to"), Value(2**63 - 1), output_field=BigIntegerField())
+    overlaps = (Q(key_from__isnull=True) | Q(key_from__lt=hi)) & (
+        Q(key_to__isnull=True) | Q(key_to__gt=lo)
+    )
+    holds = LegalHold.objects.filter(
+        Q(policy__isnull=True) | Q(policy_id=OuterRef("policy_version__policy_id")),
+        Q(tenant__isnull=True) | Q(tenant=OuterRef("tenant")),
+        Q(released_at__isnull=True) | Q(released_at__gt=OuterRef("committed_at")),
+        overlaps,
+        placed_at__lte=OuterRef("committed_at"),
+    )
+    return Exists(holds)
+
+
+def reported_outcome():
+    """The record's outcome as an auditor reads it. The worker records every committed chunk
+    as ``deleted``; one that deleted 0 rows is ``held`` when a legal hold covered it at the
+    commit, else ``nothing eligible`` (its rows were gone or kept already). Partitions taken
+    whole keep their own outcome (``dropped``, ``detached``)."""
+    return Case(
+        When(~Q(outcome="deleted") | Q(rows_deleted__gt=0), then=F("outcome")),
+        When(hold_applied(), then=Value(HELD)),
+        default=Value(NOTHING_ELIGIBLE),
+        output_field=TextField(),
+    )
+
+
 def csv_rows(filters: AuditFilters) -> Iterator[bytes]:
     """The CSV, produced by PostgreSQL itself (``COPY (…) TO STDOUT (FORMAT csv)``) and streamed
     block by block: constant memory, no per-row Python. Timestamps are formatted and formula
@@ -209,6 +267,7 @@ def csv_rows(filters: AuditFilters) -> Iterator[bytes]:
         # '[...]' text: never read as a formula, whatever a text key holds
         "key_lo_text": Cast("key_lo", TextField()),
         "key_hi_text": Cast("key_hi", TextField()),
+        "outcome_text": reported_outcome(),
         "version_hash_text": Coalesce(
             NullIf("version_hash", Value("")),
             NullIf("policy_version__approved_hash", Value("")),

@@ -163,3 +163,33 @@ def test_a_runs_files_are_named_by_its_run_key(client_for, run):
     assert by_key["Content-Disposition"] == f'attachment; filename="{safe}.csv"'
     assert by_id["Content-Disposition"] == f'attachment; filename="{safe}.csv"'
     assert manifest["Content-Disposition"] == f'attachment; filename="{safe}.manifest.json"'
+
+
+def test_a_chunk_that_deleted_nothing_says_why_held_or_nothing_eligible(
+    client_for, events_policy, make_user
+):
+    from retention.actions import place_hold
+    from runs import planner
+    from runs.actions import trigger_run
+    from tests.runs.conftest import NOW
+
+    created, _ = trigger_run(events_policy, tick=NOW)
+    planner.plan(created)
+    place_hold(
+        policy=events_policy, tenant="3", actor=make_user("hilda", "compliance"), reason="case 7"
+    )
+    with connection.cursor() as cur:  # tenant 2's rows are gone before its chunks run
+        cur.execute("DELETE FROM public.rr_events WHERE tenant_id = '2'")
+    worker.drain(created.pk, budget_s=60)
+
+    rows = read_csv(client_for("auditor").get(reverse("runs:audit_export") + f"?run={created.pk}"))
+
+    by_tenant = {}
+    for r in rows:
+        by_tenant.setdefault(r["tenant"], set()).add((r["outcome"], r["rows_deleted"]))
+    assert by_tenant["3"] == {("held", "0")}
+    assert by_tenant["2"] == {("nothing eligible", "0")}
+    assert {o for o, n in by_tenant["1"]} == {"deleted"} and all(
+        n != "0" for _, n in by_tenant["1"]
+    )
+    assert {r["recorded_outcome"] for r in rows} == {"deleted"}  # as hashed in the chain
