@@ -41,6 +41,7 @@ from django.utils import timezone
 from psycopg.errors import QueryCanceled
 
 from core.filters import QueryFilters, as_id
+from core.models import OperatorAction
 from retention.models import LegalHold
 from runs import audit, evidence
 from runs.models import AuditRecord, Chunk, Run
@@ -339,6 +340,94 @@ def rehash_run_records(run: Run) -> dict:
     return {"records_checked": checked, "mismatched_seqs": mismatched, "ok": not mismatched}
 
 
+MAX_RANGES = 1000  # a run interleaved with many others: its first ranges, and a count
+
+
+def chain_ranges(run: Run, span: dict) -> dict:
+    """Why a run's ``chain_seq`` has gaps: the chain is one sequence for every run, so records
+    of runs committing at the same time sit between this run's. The run's records as
+    contiguous ranges (gaps and islands, in SQL), and the other runs' records inside its span."""
+    if not span["records"]:
+        return {"run_seq_ranges": [], "other_runs_records_between": 0, "other_runs_between": []}
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT min(chain_seq), max(chain_seq) FROM ("
+            " SELECT chain_seq, chain_seq - row_number() OVER (ORDER BY chain_seq) AS island"
+            " FROM runs_auditrecord WHERE run_id = %s) AS t"
+            " GROUP BY island ORDER BY 1",
+            [run.pk],
+        )
+        ranges = [[lo, hi] for lo, hi in cur.fetchall()]
+    between = span["last_seq"] - span["first_seq"] + 1 - span["records"]
+    others = (
+        AuditRecord.objects.filter(chain_seq__range=(span["first_seq"], span["last_seq"]))
+        .exclude(run_id=run.pk)
+        .values("run_id", "run__run_key")
+        .annotate(records=Count("id"))
+        .order_by("run_id")[:100]
+    )
+    return {
+        "run_seq_ranges": ranges[:MAX_RANGES],
+        "run_seq_ranges_total": len(ranges),
+        "other_runs_records_between": between,
+        "other_runs_between": [
+            {"id": o["run_id"], "run_key": o["run__run_key"], "records": o["records"]}
+            for o in others
+        ],
+        "gaps_note": (
+            "chain_seq is one sequence over the records of all runs; the numbers missing "
+            "between this run's ranges are records of other runs committed meanwhile "
+            "(other_runs_between), not removed records — `retention audit verify` checks "
+            "the whole chain"
+        ),
+    }
+
+
+def applied_holds(run: Run) -> list[dict]:
+    """Legal holds that were in force on the run's policy (or all policies) at some moment
+    of the run: placed before it ended, not released before it started."""
+    start = run.started_at or run.created_at
+    holds = LegalHold.objects.filter(
+        Q(policy_id=run.policy_id) | Q(policy__isnull=True),
+        Q(released_at__isnull=True) | Q(released_at__gte=start),
+    ).select_related("policy")
+    if run.finished_at is not None:
+        holds = holds.filter(placed_at__lte=run.finished_at)
+    return [
+        {
+            "id": h.pk,
+            "policy": h.policy.slug if h.policy_id else None,
+            "tenant": h.tenant,
+            "key_from": h.key_from,
+            "key_to": h.key_to,
+            "reason": h.reason,
+            "placed_by": h.placed_by,
+            "placed_at": _iso(h.placed_at),
+            "released_by": h.released_by or None,
+            "released_at": _iso(h.released_at),
+            "release_reason": h.release_reason or None,
+        }
+        for h in holds.order_by("placed_at", "id")
+    ]
+
+
+def run_actions(run: Run) -> list[dict]:
+    """The operator log's entries on the run (confirm, pause, resume, cancel, …), in order."""
+    rows = OperatorAction.objects.filter(target_type="run", target_id=str(run.pk))
+    return [
+        {
+            "chain_seq": a.chain_seq,
+            "at": _iso(a.at),
+            "actor": a.actor,
+            "action": a.action,
+            "reason": a.reason,
+            "details": a.details,
+            "hash": a.hash,
+        }
+        for a in rows.order_by("chain_seq")
+    ]
+
+
 def manifest_header(run: Run) -> dict:
     version = run.policy_version
     progress = progress_for([run.pk], now=timezone.now())[run.pk]
@@ -421,7 +510,10 @@ def manifest_header(run: Run) -> dict:
             "run_last_seq": span["last_seq"],
             "run_last_hash": run_last["hash"] if run_last else None,
             "run_records": rehash_run_records(run),
+            **chain_ranges(run, span),
         },
+        "holds": applied_holds(run),
+        "operator_actions": run_actions(run),
         # both chains' heads, signed with the evidence key (runs.evidence): keep the file,
         # and `retention audit verify --against` it shows a later rewrite
         "anchor": evidence.anchor(),

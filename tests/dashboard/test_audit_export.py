@@ -193,3 +193,62 @@ def test_a_chunk_that_deleted_nothing_says_why_held_or_nothing_eligible(
         n != "0" for _, n in by_tenant["1"]
     )
     assert {r["recorded_outcome"] for r in rows} == {"deleted"}  # as hashed in the chain
+
+
+def manifest_of(client, run) -> dict:
+    return json.loads(download(client.get(reverse("runs:manifest", args=[run.pk]))))
+
+
+def test_the_manifest_lists_the_holds_that_applied_and_the_operator_actions_on_the_run(
+    client_for, run, users, make_user
+):
+    from retention.actions import place_hold, release_hold
+    from runs.actions import pause_run, resume_run
+    from tests.factories import approved_policy, events_spec
+    from tests.runs.conftest import create_events
+
+    hilda = make_user("hilda", "compliance")
+    create_events(100, name="rr_other")
+    other = approved_policy(make_user, **events_spec(slug="other", table="rr_other"))
+    on_other = place_hold(policy=other, actor=hilda, reason="another policy's case")
+    on_tenant = place_hold(policy=run.policy, tenant="3", actor=hilda, reason="case 7")
+    everywhere = place_hold(actor=hilda, reason="board order")
+    release_hold(everywhere, actor=hilda, reason="order lifted")
+    pause_run(run, actor=users["oncall"], reason="db maintenance")
+    resume_run(run, actor=users["oncall"], reason="maintenance over")
+
+    manifest = manifest_of(client_for("auditor"), run)
+
+    holds = {h["id"]: h for h in manifest["holds"]}
+    assert set(holds) == {on_tenant.pk, everywhere.pk}  # not the other policy's
+    assert holds[on_tenant.pk]["tenant"] == "3" and holds[on_tenant.pk]["reason"] == "case 7"
+    assert holds[everywhere.pk]["policy"] is None
+    assert holds[everywhere.pk]["released_by"] == "hilda"
+    assert on_other.pk not in holds
+    actions = [(a["action"], a["actor"], a["reason"]) for a in manifest["operator_actions"]]
+    assert ("run.pause", users["oncall"].username, "db maintenance") in actions
+    assert actions[-1] == ("run.resume", users["oncall"].username, "maintenance over")
+    assert all(a["hash"] for a in manifest["operator_actions"])
+
+
+def test_the_manifest_explains_the_gaps_in_a_runs_chain_sequence(client_for, run, make_user):
+    from runs import planner
+    from runs.actions import trigger_run
+    from tests.factories import approved_policy, events_spec
+    from tests.runs.conftest import NOW, create_events
+
+    create_events(1000, name="rr_other")
+    other_policy = approved_policy(make_user, **events_spec(slug="other", table="rr_other"))
+    other, _ = trigger_run(other_policy, tick=NOW)
+    planner.plan(other)
+    for _ in range(2):  # this run, the other, this run, the other, this run
+        assert worker.process_one(other).kind == worker.DONE
+        assert worker.process_one(run).kind == worker.DONE
+
+    chain = manifest_of(client_for("auditor"), run)["audit_chain"]
+
+    seqs = list(run.audit_records.order_by("chain_seq").values_list("chain_seq", flat=True))
+    assert chain["run_seq_ranges"] == [[seqs[0], seqs[2]], [seqs[3], seqs[3]], [seqs[4], seqs[4]]]
+    assert chain["other_runs_records_between"] == 2
+    assert chain["other_runs_between"] == [{"id": other.pk, "run_key": other.run_key, "records": 2}]
+    assert "other runs" in chain["gaps_note"]
