@@ -42,7 +42,7 @@ from psycopg.errors import QueryCanceled
 
 from core.filters import QueryFilters, as_id
 from core.models import OperatorAction
-from retention.models import LegalHold
+from retention.models import LegalHold, Policy
 from runs import audit, evidence
 from runs.models import AuditRecord, Chunk, Run
 from runs.progress import progress_for
@@ -128,6 +128,9 @@ class Neutralized(Func):
     output_field = TextField()
 
 
+FILTER_NAMES = ("policy", "run", "tenant", "from", "to")
+
+
 @dataclass
 class AuditFilters:
     policy: str = ""
@@ -149,8 +152,26 @@ class AuditFilters:
         )
         if filters.run and filters.run_obj() is None:
             read.errors.append(f"run: no run with id or key {filters.run[:80]!r}")
+        if filters.policy and not filters.policy_known():
+            read.errors.append(f"policy: no policy named {filters.policy[:80]!r}")
+        if filters.date_from and filters.date_to and filters.date_from > filters.date_to:
+            read.errors.append(f"from: {filters.date_from} is after to: {filters.date_to}")
+        for name in query:  # a misspelt or repeated filter must not widen the selection
+            if name not in FILTER_NAMES:
+                read.errors.append(
+                    f"unknown filter {name[:40]!r} (filters: {', '.join(FILTER_NAMES)})"
+                )
+            elif len(query.getlist(name)) > 1:
+                read.errors.append(f"{name}: given more than once")
         filters.errors = tuple(read.errors)
         return filters
+
+    def policy_known(self) -> bool:
+        """A policy of that slug exists, or records carry it (a slug the records keep)."""
+        return (
+            Policy.objects.filter(slug=self.policy).exists()
+            or AuditRecord.objects.filter(policy_slug=self.policy).exists()
+        )
 
     def run_obj(self) -> Run | None:
         if not self.run:

@@ -252,3 +252,25 @@ def test_the_manifest_explains_the_gaps_in_a_runs_chain_sequence(client_for, run
     assert chain["other_runs_records_between"] == 2
     assert chain["other_runs_between"] == [{"id": other.pk, "run_key": other.run_key, "records": 2}]
     assert "other runs" in chain["gaps_note"]
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        (
+            "?tenant_id=3",
+            "error: unknown filter 'tenant_id' (filters: policy, run, tenant, from, to)\n",
+        ),
+        ("?policy=evnets", "error: policy: no policy named 'evnets'\n"),
+        ("?from=2026-12-02&to=2026-12-01", "error: from: 2026-12-02 is after to: 2026-12-01\n"),
+        ("?tenant=1&tenant=2", "error: tenant: given more than once\n"),
+    ],
+)
+def test_an_invalid_filter_on_the_export_is_one_clear_error_not_an_unfiltered_list(
+    client_for, run, query, message
+):
+    response = client_for("auditor").get(reverse("runs:audit_export") + query)
+
+    assert response.status_code == 400
+    assert response["Content-Type"].startswith("text/plain")
+    assert response.content.decode() == message
