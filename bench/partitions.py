@@ -76,7 +76,7 @@ def build(conn, rows: int) -> None:
         )
     conn.execute(
         "INSERT INTO bench.parts SELECT g, '2026-01-01 00:00+00'::timestamptz"
-        " + interval '365 days' * (g - 1)::float8 / %s, 'closed', repeat('x', 80)"
+        " + interval '365 days' * ((g - 1)::float8 / %s), 'closed', repeat('x', 80)"
         " FROM generate_series(1, %s) AS g",
         [rows, rows],
     )
