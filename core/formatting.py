@@ -73,6 +73,44 @@ def when(value, precision: str = "seconds") -> str:
     return str(value)
 
 
+ISO_INSTANT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}")
+
+
+def detail_value(value) -> str:
+    """One value of an operator action's details, readably: numbers with separators, an ISO
+    instant with its zone, a list as its items, ``None`` as ``—``."""
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int | float | Decimal):
+        return number(value)
+    if isinstance(value, str):
+        return when(value) if ISO_INSTANT.match(value) else value
+    if isinstance(value, list | tuple):
+        return ", ".join(detail_value(v) for v in value) or "—"
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {v}" for k, v in detail_items(value)) or "—"
+    return str(value)
+
+
+def detail_items(details, prefix: str = "") -> list[tuple[str, str]]:
+    """An operator action's details (a JSON object) as ``(label, text)`` pairs in key order;
+    a nested object's keys follow its own (``{"split": {"from": 1}}`` → ``("split from",
+    "1")``). Not an object: one pair with an empty label."""
+    if not isinstance(details, dict):
+        return [(prefix, detail_value(details))] if details not in (None, "", [], {}) else []
+    items: list[tuple[str, str]] = []
+    for key in sorted(details):
+        label = f"{prefix} {key}" if prefix else str(key)
+        value = details[key]
+        if isinstance(value, dict) and value:
+            items.extend(detail_items(value, label))
+        else:
+            items.append((label, detail_value(value)))
+    return items
+
+
 # The one mapping from a stored state name to the words a page shows. Runs, chunks, policy
 # versions, dead letters, guard levels and drain-window verdicts share it; a name missing here
 # is shown as it is stored (tests/dashboard/test_layout.py checks every model state is here).

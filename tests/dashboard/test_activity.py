@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.urls import reverse
 
@@ -57,3 +59,29 @@ def test_an_unknown_run_or_policy_filter_is_an_error_not_an_unfiltered_list(clie
         assert response.status_code == 400, query
         html = response.content.decode()
         assert "No action recorded." in html and 'data-action="' not in html
+
+
+def test_activity_details_read_as_key_value_with_formatted_numbers_not_raw_json(
+    client_for, run, users
+):
+    from core.oplog import record_action
+
+    record_action(
+        users["oncall"],
+        "run.next_pass",
+        run,
+        reason="rows remain",
+        **{"pass": 2, "remaining": 325867, "split": {"from": 12004, "into": [6000, 6004]}},
+        note=None,
+    )
+
+    html = client_for("viewer").get(reverse("runs:activity") + "?action=run.next_pass")
+    row = html.content.decode().split('data-action="run.next_pass"')[1].split("</tr>")[0]
+    cell = re.sub(r"<[^>]+>", " ", row.split('<td class="small">')[1])
+    cell = re.sub(r"\s+", " ", cell)
+
+    assert "remaining: 325,867" in cell
+    assert "pass: 2" in cell
+    assert "split from: 12,004" in cell and "split into: 6,000, 6,004" in cell
+    assert "note: —" in cell
+    assert "{" not in cell and "=" not in cell and "None" not in cell
