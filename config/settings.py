@@ -88,6 +88,19 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"]["OPTIONS"].setdefault(
     "application_name", f"retention:{env_str('Q_CLUSTER_NAME', 'web') or 'web'}"
 )
+# A chunk's bounds are PostgreSQL's text of key values, read back by a later attempt, maybe in
+# another process: pin the settings that shape that text against database and role defaults.
+_options = DATABASES["default"]["OPTIONS"]
+_options["options"] = " ".join(
+    filter(
+        None,
+        [
+            _options.get("options", ""),
+            "-c DateStyle=ISO,MDY -c IntervalStyle=postgres -c extra_float_digits=1"
+            " -c bytea_output=hex",
+        ],
+    )
+)
 DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", None)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -127,3 +127,42 @@ def test_a_chunk_reads_the_targets_column_types_from_the_catalog_once(uuid_polic
     assert outcome.kind == worker.DONE
     lookups = [q for q in queries.captured_queries if "pg_catalog.pg_attribute a JOIN" in q["sql"]]
     assert len(lookups) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_engine_sessions_pin_the_settings_that_shape_a_key_bound_text():
+    """A chunk's bounds are PostgreSQL's text of the key values, read back on a later attempt,
+    maybe by another process: a database or role default for DateStyle, IntervalStyle,
+    extra_float_digits or bytea_output must not change how a bound is written or read."""
+    from django.db import connections
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT current_database()")
+        name = cur.fetchone()[0]
+        for setting, value in [
+            ("DateStyle", "'SQL, DMY'"),
+            ("IntervalStyle", "'sql_standard'"),
+            ("extra_float_digits", "0"),
+            ("bytea_output", "'escape'"),
+        ]:
+            cur.execute(f'ALTER DATABASE "{name}" SET {setting} = {value}')
+    fresh = connections.create_connection("default")
+    try:
+        with fresh.cursor() as cur:
+            cur.execute(
+                "SELECT current_setting('DateStyle'), current_setting('IntervalStyle'),"
+                " current_setting('extra_float_digits'), current_setting('bytea_output'),"
+                " (timestamptz '2026-01-02 03:04:05.123456+00')::text, (0.1::float8)::text"
+            )
+            assert cur.fetchone() == (
+                "ISO, MDY",
+                "postgres",
+                "1",
+                "hex",
+                "2026-01-02 03:04:05.123456+00",
+                "0.1",
+            )
+    finally:
+        fresh.close()
+        with connection.cursor() as cur:
+            cur.execute(f'ALTER DATABASE "{name}" RESET ALL')
