@@ -11,6 +11,7 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("login/", core_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("docs/<slug:name>/", core_views.doc, name="doc"),
     path("tokens/", core_views.tokens, name="tokens"),
     path("tokens/<int:token_id>/revoke/", core_views.token_revoke, name="token_revoke"),
     path("policies/", include("retention.urls")),

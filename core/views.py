@@ -6,12 +6,13 @@ from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required
 from django.db import connection
-from django.http import JsonResponse
+from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_q.status import Stat
 
+from core import docs
 from core import tokens as api_tokens
 from core.models import ApiToken
 from core.roles import require_role
@@ -102,3 +103,17 @@ def token_revoke(request, token_id: int):
     except api_tokens.TokenError as exc:
         messages.error(request, str(exc))
     return redirect("tokens")
+
+
+@require_GET
+def doc(request, name: str):
+    """One of the docs folder's Markdown pages, read-only (``core.docs``)."""
+    path = docs.available().get(name)
+    if path is None:
+        raise Http404(f"no page {name[:60]!r} in the docs")
+    title, body = docs.render(path.read_text(encoding="utf-8"))
+    return render(
+        request,
+        "core/doc.html",
+        {"name": name, "title": title, "body": body, "pages": sorted(docs.available())},
+    )

@@ -46,6 +46,7 @@ MATRIX = {
     "logout": ("POST", {}, every_role(302, anonymous=302)),
     "admin": ("GET", {}, every_role(302)),  # the whole admin site: staff only
     "tokens": ("GET", {}, READ),
+    "doc": ("GET", {"name": "doc"}, READ),
     # one's own token only: compliance owns the world's token, the others see no such token
     "token_revoke": ("POST", {"token_id": "token"}, only({"compliance": 302}, denied=404)),
     "runs:list": ("GET", {}, READ),
@@ -126,6 +127,7 @@ def world(users, make_user):
         "slug": "gone",
         "number": version.number,
         "hold": hold.pk,
+        "doc": "runbook",
     }
 
 
