@@ -69,3 +69,26 @@ def test_the_overview_query_count_does_not_grow_with_runs(
 
     with django_assert_max_num_queries(before):
         assert client.get(reverse("home")).status_code == 200
+
+
+def test_the_runs_list_shows_rows_deleted_per_run_with_a_fixed_number_of_queries(
+    client_for, run, users, django_assert_max_num_queries
+):
+    from django.utils import timezone
+
+    from runs.progress import progress_for
+
+    client = client_for("viewer")
+    url = reverse("runs:list")
+    before = queries(client, url)
+
+    grow(run, users)  # more chunks committed, one more run, more actions
+    later_run(run, 3)
+
+    with django_assert_max_num_queries(before):
+        html = client.get(url).content.decode()
+    truth = progress_for([run.pk], now=timezone.now())[run.pk]
+    assert truth.rows_deleted > 0
+    row = html.split(f">{run.run_key}</a>")[1].split("</tr>")[0]
+    assert f'<td class="num" data-testid="rows-deleted">{truth.rows_deleted:,}</td>' in row
+    assert "<th>Rows deleted</th>" in html
