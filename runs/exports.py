@@ -243,35 +243,39 @@ HELD = "held"
 NOTHING_ELIGIBLE = "nothing eligible"
 
 
-def hold_applied():
+def hold_applied(via: str = ""):
     """An ``Exists`` over legal holds that covered the record's chunk when it committed: on
     its policy or all policies, its tenant or all tenants, a key interval that overlaps the
     chunk's (a chunk of another key type: any interval, as the DELETE decides it), placed
-    before the commit and not released before it."""
+    before the commit and not released before it. ``via``: the path from the outer query's
+    model to the audit record (``"audit__"`` from a chunk)."""
     # the record's bounds; NULL (to the end, or not an integer key) reads as unbounded
-    lo = Coalesce(OuterRef("key_from"), Value(-(2**63)), output_field=BigIntegerField())
-    hi = Coalesce(OuterRef("key_to"), Value(2**63 - 1), output_field=BigIntegerField())
+    lo = Coalesce(OuterRef(f"{via}key_from"), Value(-(2**63)), output_field=BigIntegerField())
+    hi = Coalesce(OuterRef(f"{via}key_to"), Value(2**63 - 1), output_field=BigIntegerField())
     overlaps = (Q(key_from__isnull=True) | Q(key_from__lt=hi)) & (
         Q(key_to__isnull=True) | Q(key_to__gt=lo)
     )
     holds = LegalHold.objects.filter(
-        Q(policy__isnull=True) | Q(policy_id=OuterRef("policy_version__policy_id")),
-        Q(tenant__isnull=True) | Q(tenant=OuterRef("tenant")),
-        Q(released_at__isnull=True) | Q(released_at__gt=OuterRef("committed_at")),
+        Q(policy__isnull=True) | Q(policy_id=OuterRef(f"{via}policy_version__policy_id")),
+        Q(tenant__isnull=True) | Q(tenant=OuterRef(f"{via}tenant")),
+        Q(released_at__isnull=True) | Q(released_at__gt=OuterRef(f"{via}committed_at")),
         overlaps,
-        placed_at__lte=OuterRef("committed_at"),
+        placed_at__lte=OuterRef(f"{via}committed_at"),
     )
     return Exists(holds)
 
 
-def reported_outcome():
+def reported_outcome(via: str = ""):
     """The record's outcome as an auditor reads it. The worker records every committed chunk
     as ``deleted``; one that deleted 0 rows is ``held`` when a legal hold covered it at the
     commit, else ``nothing eligible`` (its rows were gone or kept already). Partitions taken
-    whole keep their own outcome (``dropped``, ``detached``)."""
+    whole keep their own outcome (``dropped``, ``detached``). No record (a chunk not
+    committed): NULL."""
+    outcome, rows = f"{via}outcome", f"{via}rows_deleted"
     return Case(
-        When(~Q(outcome="deleted") | Q(rows_deleted__gt=0), then=F("outcome")),
-        When(hold_applied(), then=Value(HELD)),
+        When(**{f"{outcome}__isnull": True}, then=Value(None)),
+        When(~Q(**{outcome: "deleted"}) | Q(**{f"{rows}__gt": 0}), then=F(outcome)),
+        When(hold_applied(via), then=Value(HELD)),
         default=Value(NOTHING_ELIGIBLE),
         output_field=TextField(),
     )
@@ -553,6 +557,7 @@ CHUNK_FIELDS = [
     ("attempts", "attempts"),
     ("planned_rows", "planned_rows"),
     ("rows_deleted", "audit__rows_deleted"),
+    ("outcome", "outcome_text"),  # deleted, held, nothing eligible (as the CSV); None: pending
     ("audit_seq", "audit__chain_seq"),
     ("audit_hash", "audit__hash"),
     ("committed_at", "audit__committed_at"),
@@ -564,6 +569,7 @@ def manifest_chunks(run: Run) -> Iterator[dict]:
     names = [name for name, _ in CHUNK_FIELDS]
     rows = (
         Chunk.objects.filter(run=run)
+        .annotate(outcome_text=reported_outcome("audit__"))
         .order_by("id")
         .values_list(*[field for _, field in CHUNK_FIELDS])
     )

@@ -274,3 +274,28 @@ def test_an_invalid_filter_on_the_export_is_one_clear_error_not_an_unfiltered_li
     assert response.status_code == 400
     assert response["Content-Type"].startswith("text/plain")
     assert response.content.decode() == message
+
+
+def test_the_manifest_says_which_chunks_were_held_or_had_nothing_eligible(
+    client_for, events_policy, make_user
+):
+    from retention.actions import place_hold
+    from runs import planner
+    from runs.actions import trigger_run
+    from tests.runs.conftest import NOW
+
+    created, _ = trigger_run(events_policy, tick=NOW)
+    planner.plan(created)
+    hilda = make_user("hilda", "compliance")
+    place_hold(policy=events_policy, tenant="3", actor=hilda, reason="case 7")
+    with connection.cursor() as cur:
+        cur.execute("DELETE FROM public.rr_events WHERE tenant_id = '2'")
+    worker.drain(created.pk, budget_s=60)
+
+    chunks = manifest_of(client_for("auditor"), created)["chunks"]
+
+    done = [c for c in chunks if c["state"] == "done"]
+    assert {c["outcome"] for c in done if c["tenant"] == "3"} == {"held"}
+    assert {c["outcome"] for c in done if c["tenant"] == "2"} == {"nothing eligible"}
+    assert {c["outcome"] for c in done if c["tenant"] == "1"} == {"deleted"}
+    assert all(c["outcome"] is None for c in chunks if c["state"] != "done")
