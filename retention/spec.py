@@ -356,6 +356,11 @@ FIELDS: tuple[Field, ...] = (
           "a partitioned table's partition that is wholly past the cutoff, with nothing kept "
           "or held, is detached and dropped, or left detached (docs/policies.md, "
           "\"Partitioned tables\")", choices=PARTITION_ACTIONS),
+    Field("detached_keep", "detached_keep", "special", None,
+          _DURATION + ", N ≥ 1; only with `partition_action = \"detach\"`",
+          "how long a detached partition's table is kept: the reconciler drops it once its "
+          "detach is older (docs/policies.md, \"Partitioned tables\")",
+          shown_default="kept for good"),
     Field("keep", "keep", "special", (), "see below", "rows that are never deleted",
           shown_default="none"),
 )  # fmt: skip
@@ -448,6 +453,10 @@ class PolicySpec:
     # What a run does with a partition it may drop whole; left out of the stored JSON when
     # "drop" (the default), so the content hash of an older version does not change.
     partition_action: str = "drop"
+    # With partition_action "detach": how long a detached partition's table is kept before
+    # the reconciler drops it (runs.partitions.drop_kept_detached). None: kept for good, and
+    # left out of the stored JSON, so the content hash of an older version does not change.
+    detached_keep: str | None = None
     # What chunks run along (retention.geometry); "auto" is left out of the stored JSON, so
     # the content hash of a version written before this field existed does not change.
     chunking: str = "auto"
@@ -516,6 +525,13 @@ class PolicySpec:
                     "slo.max_backlog_age: " + str(exc).replace("retention ", "", 1)
                 ) from None
             max_backlog_age = " ".join(max_backlog_age.split())
+        detached_keep = data.get("detached_keep")
+        if detached_keep is not None:
+            try:
+                parse_retention(detached_keep)
+            except SpecError as exc:
+                raise SpecError("detached_keep: " + str(exc).replace("retention ", "", 1)) from None
+            detached_keep = " ".join(detached_keep.split())
         cascade = data.get("cascade_ack", [])
         if not isinstance(cascade, list) or not all(isinstance(c, str) for c in cascade):
             raise SpecError('cascade_ack must be a list of "schema.table" names')
@@ -546,8 +562,14 @@ class PolicySpec:
             owner=owner.strip(),
             timestamp_zone=timestamp_zone,
             max_backlog_age=max_backlog_age,
+            detached_keep=detached_keep,
             **simple,
         )
+        if spec.detached_keep is not None and spec.partition_action != "detach":
+            raise SpecError(
+                'detached_keep applies only with partition_action = "detach" (a dropped'
+                f' partition leaves no table to keep), got partition_action = "{spec.partition_action}"'
+            )
         if spec.tenant_workers > spec.policy_workers:
             raise SpecError("limits.tenant_workers cannot exceed limits.policy_workers")
         return spec
@@ -567,6 +589,8 @@ class PolicySpec:
             del data["chunking"]
         if data["partition_action"] == "drop":
             del data["partition_action"]
+        if data["detached_keep"] is None:
+            del data["detached_keep"]
         return data
 
     @classmethod
@@ -611,6 +635,11 @@ class PolicySpec:
         if not self.max_backlog_age:
             return None
         return parse_retention(self.max_backlog_age).total_seconds()
+
+    @property
+    def detached_keep_delta(self) -> timedelta | None:
+        """How long a detached partition's table is kept (None: for good)."""
+        return parse_retention(self.detached_keep) if self.detached_keep else None
 
     @property
     def key_columns(self) -> tuple[str, ...]:

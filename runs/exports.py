@@ -525,6 +525,7 @@ def manifest_header(run: Run) -> dict:
                 "note": a.note,
                 "chunk": a.chunk_id,
                 "done_at": _iso(a.done_at),
+                "dropped_at": _iso(a.dropped_at),  # a detached table dropped after its keep
             }
             for a in run.partition_actions.order_by("id")
         ],

@@ -337,6 +337,11 @@ def _partition_problems(run: Run, spec) -> list[str]:
             if exists:
                 problems.append(f"partition {name} was audited as dropped but still exists")
             continue
+        if action is not None and action.dropped_at is not None:
+            # dropped by the reconciler once the policy's detached_keep had passed
+            if exists:
+                problems.append(f"detached partition {name} was recorded as dropped but exists")
+            continue
         if not exists:
             problems.append(f"detached partition {name} is gone")
             continue

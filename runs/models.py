@@ -346,6 +346,9 @@ class PartitionAction(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
     done_at = models.DateTimeField(null=True, blank=True)
+    # A detached partition's table dropped by the reconciler once the policy's detached_keep
+    # had passed (the state stays "detached": its audit record says what the run took)
+    dropped_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["run", "id"]

@@ -21,6 +21,7 @@ from django.utils import timezone
 from psycopg import sql
 
 from core import locks, timeouts
+from core.oplog import record_action
 from retention import partitions as RP
 from retention.models import PolicyVersion
 from retention.spec import SpecError
@@ -382,3 +383,92 @@ def _leave(action: PartitionAction, why: str) -> None:
         state=PartitionAction.State.LEFT, note=why[:2000], done_at=timezone.now()
     )
     log.info("partition %s.%s: %s", action.schema, action.name, why)
+
+
+def drop_kept_detached(policy, now) -> list[str]:
+    """Drop the detached partition tables of ``policy``'s runs whose detach is older than the
+    run's version's ``detached_keep`` (the reconciler's step; docs/engine.md, "Partitions").
+    Each in a savepoint of the caller's transaction, under the policy's lock timeout and the
+    fences a chunk takes: the table must still exist, be attached to nothing, hold exactly
+    the rows (count, md5 of the ordered keys) its audit record names, none of them held now.
+    A table dropped or attached again by someone else, or whose rows changed, is left alone
+    for good with a note; a held row keeps it until the hold is released. Its rows were
+    audited when the run detached it: the drop is a ledger update (``dropped_at``) and an
+    operator-log row, no second audit record. Returns one line per table it looked at."""
+    out = []
+    candidates = PartitionAction.objects.filter(
+        run__policy=policy, state=PartitionAction.State.DETACHED, dropped_at__isnull=True, note=""
+    ).select_related("run", "run__policy_version")
+    for action in candidates.order_by("done_at", "id"):
+        spec = action.run.policy_version.parsed
+        keep = spec.detached_keep_delta
+        if keep is None or action.done_at is None or action.done_at > now - keep:
+            continue
+        try:
+            with transaction.atomic():
+                out.append(_drop_detached(action, spec, now))
+        except DatabaseError as exc:
+            if _connection_lost(exc):
+                raise
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            log.warning("detached %s.%s not dropped yet: %s", action.schema, action.name, first)
+            out.append(f"{action.schema}.{action.name}: postponed ({first})")
+    return out
+
+
+def _drop_detached(action: PartitionAction, spec, now) -> str:
+    run = action.run
+    name = f"{action.schema}.{action.name}"
+    ((lock_was,),) = _exec("SELECT current_setting('lock_timeout')")
+    _exec(
+        "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock_shared(%s, 0),"
+        " pg_advisory_xact_lock_shared(%s, %s)",
+        [f"{spec.lock_timeout_ms}ms", locks.HOLDS, locks.POLICY_FENCE, run.policy_id],
+    )
+    rows = _exec(
+        "SELECT i.inhparent::regclass::text FROM pg_catalog.pg_class c"
+        " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " LEFT JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid"
+        " WHERE n.nspname = %s AND c.relname = %s",
+        [action.schema, action.name],
+    )
+    why = ""
+    if not rows:
+        why = "the detached table was dropped outside the run: left alone"
+    elif rows[0][0] is not None:
+        why = f"the detached table was attached to {rows[0][0]} again: left alone, not dropped"
+    else:
+        part = RP.Partition(action.schema, action.name, action.bounds, None, None, None)
+        _exec(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(part.ident()))
+        census = RP.census(spec, part, policy_id=run.policy_id, cutoff=run.cutoff,
+                           outside=discarded_scopes(run), digest=True)  # fmt: skip
+        if census.rows != action.rows or (census.digest or "") != action.digest:
+            why = (
+                f"the detached table holds {census.rows} row(s) with digest md5:{census.digest},"
+                f" its audit record names {action.rows} with md5:{action.digest}: left alone,"
+                " not dropped"
+            )
+        elif census.protected:
+            _exec("SELECT set_config('lock_timeout', %s, true)", [lock_was])
+            # a hold placed since the detach covers some of its rows: kept while it lasts
+            return f"{name}: kept, {census.protected} row(s) may not go (held) now"
+        else:
+            _exec(sql.SQL("DROP TABLE {}").format(part.ident()))
+            note = f"detached table dropped by the reconciler after {spec.detached_keep}"
+            PartitionAction.objects.filter(pk=action.pk).update(dropped_at=now, note=note)
+            record_action(
+                "reconciler", "partition.drop_detached", action, reason=note, run=run.run_key,
+                partition=name, rows=census.rows, digest=f"md5:{census.digest}",
+                detached_at=action.done_at.isoformat(), detached_keep=spec.detached_keep,
+            )  # fmt: skip
+            _exec("SELECT set_config('lock_timeout', %s, true)", [lock_was])
+            log.info("detached partition %s dropped after %s", name, spec.detached_keep)
+            return f"{name}: dropped"
+    PartitionAction.objects.filter(pk=action.pk).update(note=why[:2000])
+    record_action(
+        "reconciler", "partition.leave_detached", action, reason=why, run=run.run_key,
+        partition=name, detached_keep=spec.detached_keep,
+    )  # fmt: skip
+    _exec("SELECT set_config('lock_timeout', %s, true)", [lock_was])
+    log.info("detached partition %s: %s", name, why)
+    return f"{name}: {why}"

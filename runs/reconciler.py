@@ -2,7 +2,8 @@
 
 It re-publishes lost or stale leases, starts runs that waited for an earlier
 one, creates one catch-up run for missed schedule windows, finishes runs
-(verification before ``drained``), and keeps the app's own tables bounded.
+(verification before ``drained``), drops detached partition tables whose
+``detached_keep`` has passed, and keeps the app's own tables bounded.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from runs.models import (
     discarded_letters,
     discarded_scopes,
 )
+from runs.partitions import drop_kept_detached
 from runs.schedules import sync_policy_schedule
 
 log = logging.getLogger(__name__)
@@ -287,6 +289,9 @@ def reconcile_policy(policy: Policy, now, report: dict, *, kill: bool, stale_s: 
         if kill or run.policy.paused:
             continue
         report["republished"] += dispatch.ensure_leases(run, stale_after_s=stale_s)
+    if not kill and not policy.paused:
+        # detached partition tables whose detached_keep has passed (docs/engine.md, "Partitions")
+        report["detached"] += drop_kept_detached(policy, now)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -304,7 +309,7 @@ def reconcile(now=None) -> dict:
     now = now or timezone.now()
     report = {
         "republished": 0, "caught_up": [], "finished": [], "started": 0, "rearmed": [],
-        "expired": [], "failed": [], "busy": [], "deferred": [], "pruned": {},
+        "expired": [], "failed": [], "busy": [], "deferred": [], "pruned": {}, "detached": [],
     }  # fmt: skip
     pass_s, statement_ms = timeouts.reconciler_budget()
     deadline = time.monotonic() + pass_s

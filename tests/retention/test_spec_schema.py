@@ -51,6 +51,8 @@ def test_the_toml_writer_and_the_diff_cover_every_declared_key():
             owner='"ops"',
             timestamp_zone='"UTC"',
             pace_rows_per_s="100",
+            partition_action='"detach"',
+            detached_keep='"30 days"',
             cascade_ack='["public.b", "public.a"]',
             tables='[slo]\nmax_backlog_age = "2 days"\n[[keep]]\ncolumn = "status"\nop = "is null"\n',
         )
@@ -63,3 +65,26 @@ def test_the_toml_writer_and_the_diff_cover_every_declared_key():
     rows = flatten(spec)
     assert {f.path for f in FIELDS if f.path != "keep"} <= set(rows)
     assert rows["timestamp_zone"] == "UTC" and rows["keep[0]"] == "status is null"
+
+
+def test_detached_keep_is_a_duration_only_with_detach_and_absent_keeps_the_hash():
+    plain = load_toml(policy_toml())
+    detach = load_toml(policy_toml(partition_action='"detach"'))
+    assert "detached_keep" not in detach.to_json() and detach.detached_keep is None
+    assert detach.content_hash() == PolicySpec.from_json(detach.to_json()).content_hash()
+    kept = load_toml(policy_toml(partition_action='"detach"', detached_keep='" 30  days "'))
+    assert kept.detached_keep == "30 days" and kept.detached_keep_delta.days == 30
+    assert kept.to_json()["detached_keep"] == "30 days"
+    assert PolicySpec.from_json(kept.to_json()) == kept
+    assert kept.content_hash() != detach.content_hash() != plain.content_hash()
+    with pytest.raises(
+        SpecError, match='detached_keep applies only with partition_action = "detach"'
+    ):
+        load_toml(policy_toml(detached_keep='"30 days"'))
+    with pytest.raises(
+        SpecError, match='detached_keep applies only with partition_action = "detach"'
+    ):
+        load_toml(policy_toml(partition_action='"drop"', detached_keep='"30 days"'))
+    for bad in ('"-3 days"', '"0 days"', "30", '"soon"'):
+        with pytest.raises(SpecError, match="^detached_keep: "):
+            load_toml(policy_toml(partition_action='"detach"', detached_keep=bad))

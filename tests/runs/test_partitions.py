@@ -11,6 +11,7 @@ import io
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from io import StringIO
 
 import pytest
@@ -19,6 +20,7 @@ from django.db import connection, transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from core.models import OperatorAction
 from retention import actions as retention_actions
 from retention import introspect
 from retention.preview import preview
@@ -29,6 +31,7 @@ from runs.audit import HASHED_COLUMNS, record_hash, verify_chain
 from runs.invariants import check_run
 from runs.models import AuditRecord, GuardSample, PartitionAction, PlannerCursor, Run
 from runs.progress import progress_for
+from runs.reconciler import reconcile
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, count
 from tests.runs.processes import pg_connect, wait_for
@@ -564,3 +567,112 @@ def test_a_concurrent_detach_cut_short_in_its_second_phase_is_finalized_by_the_n
     action = PartitionAction.objects.get(run=run, name="rr_parts_2026_05")
     assert action.state == "dropped" and not relation_exists("rr_parts_2026_05")
     assert check_run(run, shadow=("public", "rr_parts_shadow")) == []
+
+
+def _detach_run(make_user, keep: str = "30 days") -> Run:
+    policy = approved_policy(
+        make_user, **parts_spec(partition_action="detach", detached_keep=keep, keep=[])
+    )
+    run, _ = trigger_run(policy, tick=NOW)
+    run = drain(run)
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert PartitionAction.objects.filter(run=run, state="detached").count() == len(EXPIRED)
+    return run
+
+
+def _age(run: Run, names: list[str], days: int) -> None:
+    PartitionAction.objects.filter(run=run, name__in=names).update(
+        done_at=timezone.now() - timedelta(days=days)
+    )
+
+
+def test_the_reconciler_drops_detached_tables_past_detached_keep_and_keeps_the_younger(
+    parts, make_user
+):
+    run = _detach_run(make_user)
+    old = [f"rr_parts_{m}" for m in EXPIRED[:3]]
+    _age(run, old, 31)
+    _age(run, [f"rr_parts_{EXPIRED[3]}"], 29)
+    report = reconcile()
+    assert sorted(report["detached"]) == [f"public.{n}: dropped" for n in old], report
+    for name in old:
+        assert not relation_exists(name)
+    for month in EXPIRED[3:]:
+        assert relation_exists(f"rr_parts_{month}") and not attached(f"rr_parts_{month}")
+        assert count(f"public.rr_parts_{month}") == shadow_month(month)
+    # the ledger says so (its state stays what the audit record names), the operator log too
+    dropped = PartitionAction.objects.filter(run=run, dropped_at__isnull=False)
+    assert sorted(a.name for a in dropped) == old
+    assert all(a.state == "detached" and "after 30 days" in a.note for a in dropped)
+    ops = OperatorAction.objects.filter(action="partition.drop_detached")
+    assert sorted(o.details["partition"] for o in ops) == [f"public.{n}" for n in old]
+    assert all(o.actor == "reconciler" and o.details["detached_keep"] == "30 days" for o in ops)
+    # no second audit record for rows audited at the detach; the evidence still holds
+    assert AuditRecord.objects.filter(run=run, outcome="detached").count() == len(EXPIRED)
+    assert verify_chain().ok
+    assert check_run(run, shadow=("public", "rr_parts_shadow")) == []
+    manifest = json.loads("".join(exports.manifest_json(run)))
+    assert sorted(p["partition"] for p in manifest["partitions"] if p["dropped_at"]) == [
+        f"public.{n}" for n in old
+    ]
+    # a second pass has nothing more to drop
+    assert reconcile()["detached"] == []
+
+
+def test_without_detached_keep_a_detached_table_is_kept_for_good(parts, make_user):
+    policy = approved_policy(make_user, **parts_spec(partition_action="detach", keep=[]))
+    run = drain(trigger_run(policy, tick=NOW)[0])
+    _age(run, [f"rr_parts_{m}" for m in EXPIRED], 3650)
+    assert reconcile()["detached"] == []
+    assert all(relation_exists(f"rr_parts_{m}") for m in EXPIRED)
+
+
+def test_a_detached_table_attached_again_or_dropped_by_someone_is_left_alone_with_a_note(
+    parts, make_user
+):
+    run = _detach_run(make_user)
+    jan, feb, mar = (f"rr_parts_{m}" for m in EXPIRED[:3])
+    _age(run, [jan, feb, mar], 31)
+    with connection.cursor() as cur:
+        cur.execute(
+            f"ALTER TABLE public.rr_parts ATTACH PARTITION public.{jan} "
+            + PartitionAction.objects.get(run=run, name=jan).bounds
+        )
+        cur.execute(f"DROP TABLE public.{feb}")
+        # a row slipped into March's table: not the rows its record names
+        cur.execute(f"INSERT INTO public.{mar} VALUES (999999, 1, '2026-03-02', 'closed', '')")
+    report = reconcile()
+    notes = {
+        a.name: a.note for a in PartitionAction.objects.filter(run=run, name__in=[jan, feb, mar])
+    }
+    assert "attached to rr_parts again: left alone" in notes[jan], notes
+    assert "dropped outside the run: left alone" in notes[feb], notes
+    assert "holds" in notes[mar] and "left alone, not dropped" in notes[mar], notes
+    assert len(report["detached"]) == 3 and not any(
+        r.endswith(": dropped") for r in report["detached"]
+    )
+    assert (
+        attached(jan)
+        and relation_exists(mar)
+        and count(f"public.{mar}") == shadow_month(EXPIRED[2]) + 1
+    )
+    assert not PartitionAction.objects.filter(run=run, dropped_at__isnull=False).exists()
+    assert OperatorAction.objects.filter(action="partition.leave_detached").count() == 3
+    # a note is final: later passes leave them alone
+    assert reconcile()["detached"] == []
+
+
+def test_a_hold_placed_after_the_detach_keeps_the_detached_table(parts, make_user):
+    run = _detach_run(make_user)
+    jan = f"rr_parts_{EXPIRED[0]}"
+    _age(run, [jan], 31)
+    keeper = make_user("kim", "compliance")
+    hold = retention_actions.place_hold(
+        actor=keeper, reason="litigation", policy=run.policy, tenant="1"
+    )
+    held = count(f"public.{jan}", "tenant_id = 1")
+    assert reconcile()["detached"] == [f"public.{jan}: kept, {held} row(s) may not go (held) now"]
+    assert relation_exists(jan) and count(f"public.{jan}") == shadow_month(EXPIRED[0])
+    retention_actions.release_hold(hold, reason="settled", actor=keeper)
+    assert reconcile()["detached"] == [f"public.{jan}: dropped"]
+    assert not relation_exists(jan)
