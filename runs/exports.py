@@ -255,9 +255,13 @@ def hold_applied(via: str = ""):
     overlaps = (Q(key_from__isnull=True) | Q(key_from__lt=hi)) & (
         Q(key_to__isnull=True) | Q(key_to__gt=lo)
     )
-    holds = LegalHold.objects.filter(
+    # a chunk across tenants (tenant '') is covered by a hold on any tenant of its policy:
+    # which tenants its rows belonged to is not recorded when it deleted none
+    holds = LegalHold.objects.annotate(
+        record_tenant=Coalesce(OuterRef(f"{via}tenant"), Value(""), output_field=TextField())
+    ).filter(
         Q(policy__isnull=True) | Q(policy_id=OuterRef(f"{via}policy_version__policy_id")),
-        Q(tenant__isnull=True) | Q(tenant=OuterRef(f"{via}tenant")),
+        Q(tenant__isnull=True) | Q(tenant=F("record_tenant")) | Q(record_tenant=""),
         Q(released_at__isnull=True) | Q(released_at__gt=OuterRef(f"{via}committed_at")),
         overlaps,
         placed_at__lte=OuterRef(f"{via}committed_at"),

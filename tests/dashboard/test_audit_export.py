@@ -299,3 +299,25 @@ def test_the_manifest_says_which_chunks_were_held_or_had_nothing_eligible(
     assert {c["outcome"] for c in done if c["tenant"] == "2"} == {"nothing eligible"}
     assert {c["outcome"] for c in done if c["tenant"] == "1"} == {"deleted"}
     assert all(c["outcome"] is None for c in chunks if c["state"] != "done")
+
+
+def test_a_chunk_across_tenants_held_by_a_tenant_hold_is_reported_held(client_for, make_user):
+    from retention.actions import place_hold
+    from runs import planner
+    from runs.actions import trigger_run
+    from tests.factories import approved_policy, events_spec
+    from tests.runs.conftest import NOW, create_events
+
+    create_events(1000)
+    with connection.cursor() as cur:  # every row is tenant 1's
+        cur.execute("UPDATE public.rr_events SET tenant_id = 1")
+    policy = approved_policy(make_user, **events_spec(chunking="key"))
+    created, _ = trigger_run(policy, tick=NOW)
+    planner.plan(created)
+    place_hold(policy=policy, tenant="1", actor=make_user("hilda", "compliance"), reason="case 9")
+    worker.drain(created.pk, budget_s=60)
+
+    rows = read_csv(client_for("auditor").get(reverse("runs:audit_export") + f"?run={created.pk}"))
+
+    assert rows and {r["tenant"] for r in rows} == {""}  # chunks across tenants
+    assert {(r["outcome"], r["rows_deleted"]) for r in rows} == {("held", "0")}
