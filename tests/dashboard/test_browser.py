@@ -204,7 +204,9 @@ def test_an_auditor_downloads_the_csv_export(login, live_server, active_run, tmp
     lines = target.read_text().splitlines()
     assert lines[0].startswith("chain_seq,committed_at")
     assert len(lines) == 1 + 3
-    assert download.suggested_filename == f"audit_{active_run.pk}.csv"
+    # one run's trail is named by its run key (events/2026-11-30T12:00 → events-2026-11-30T12-00)
+    stem = active_run.run_key.replace("/", "-").replace(":", "-")
+    assert download.suggested_filename == f"{stem}.csv"
 
 
 def test_the_incident_drill_takes_at_most_two_clicks_per_question(
