@@ -488,3 +488,26 @@ def count_where(spec: PolicySpec, where: Fragment, *, limit: int | None = None) 
         ),
         [*where.params, limit],
     )
+
+
+def held_by_tenant(
+    spec: PolicySpec,
+    *,
+    policy_id: int,
+    cutoff: datetime,
+    outside: Sequence[Scope] = (),
+    limit: int,
+) -> Fragment:
+    """Rows a legal hold defers, per tenant: ``(tenant as text, rows)`` of the rows that are
+    eligible but for the holds (``eligible`` without them, and ``held``). One query that reads
+    at most ``limit`` held rows; a policy without a tenant column gives one row, tenant NULL."""
+    not_held = eligible(
+        spec, policy_id=policy_id, cutoff=cutoff, include_holds=False, outside=outside
+    )
+    h = held(spec, policy_id)
+    tenant = col(spec.tenant) if spec.tenant else sql.SQL("NULL")
+    text = sql.SQL(
+        "SELECT tn::text, count(*) FROM (SELECT {tenant} AS tn FROM {table}"
+        " WHERE {not_held} AND {held} LIMIT %s) AS s GROUP BY 1"
+    ).format(tenant=tenant, table=table(spec), not_held=not_held.sql, held=h.sql)
+    return Fragment(text, [*not_held.params, *h.params, limit])

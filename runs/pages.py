@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import difflib
 
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 from django_q.models import Schedule
 
+from core import timeouts
 from core.filters import QueryFilters
+from core.formatting import natural_key
 from core.models import OperatorAction
+from retention import predicate
 from retention.models import KillSwitch, LegalHold, Policy, PolicyVersion
 from retention.schedule_math import period_label
 from retention.spec import parse_retention
 from runs import charts, forecast, guard
-from runs.models import AuditRecord, Chunk, DeadLetter, Lease, Run
+from runs.models import AuditRecord, Chunk, DeadLetter, Lease, Run, discarded_scopes
 from runs.progress import broker_backlog, progress_for
 from runs.schedules import schedule_name
 
@@ -206,6 +210,43 @@ def verification_items(result: dict | None) -> dict | None:
     return {"rows": rows, "discarded": list(result.get("discarded") or [])}
 
 
+HELD_COUNT_TIMEOUT_MS = 2_000
+HELD_COUNT_LIMIT = 100_000
+QUERY_CANCELED = "57014"
+
+
+def held_by_tenant(run: Run, holds: list) -> dict:
+    """Rows of this run that the active legal holds defer, per tenant, counted now against the
+    table under the run's cutoff and discarded scopes (``predicate.held_by_tenant``: one query,
+    at most ``HELD_COUNT_LIMIT`` rows read, under a statement timeout). ``status`` is
+    "counted", "timeout", "error" or "none" (no active hold: nothing to count)."""
+    if not holds:
+        return {"status": "none", "rows": [], "capped": False}
+    spec = run.policy_version.parsed
+    frag = predicate.held_by_tenant(
+        spec,
+        policy_id=run.policy_id,
+        cutoff=run.cutoff,
+        outside=discarded_scopes(run),
+        limit=HELD_COUNT_LIMIT,
+    )
+    try:
+        with transaction.atomic(), timeouts.bounded(HELD_COUNT_TIMEOUT_MS):
+            with connection.cursor() as cur:
+                cur.execute(frag.sql.as_string(cur.connection), frag.params)
+                counted = cur.fetchall()
+    except DatabaseError as exc:
+        cause = getattr(exc, "__cause__", None)
+        timed_out = getattr(cause, "sqlstate", None) == QUERY_CANCELED
+        return {"status": "timeout" if timed_out else "error", "rows": [], "capped": False}
+    rows = sorted(
+        ({"tenant": tenant, "rows": n} for tenant, n in counted),
+        key=lambda r: natural_key(r["tenant"] or ""),
+    )
+    total = sum(r["rows"] for r in rows)
+    return {"status": "counted", "rows": rows, "capped": total >= HELD_COUNT_LIMIT}
+
+
 def run_page_context(run: Run) -> dict:
     now = timezone.now()
     p = progress_for([run], now=now)[run.pk]
@@ -243,6 +284,11 @@ def run_page_context(run: Run) -> dict:
         )[:20]
     )
     leases = list(Lease.objects.filter(run=run).order_by("slot"))
+    holds = list(
+        LegalHold.objects.filter(
+            Q(policy_id=run.policy_id) | Q(policy__isnull=True), released_at__isnull=True
+        ).order_by("placed_at")[:50]
+    )
     for lease in leases:
         lease.enqueued_age_s = _age(now, lease.enqueued_at)
         lease.heartbeat_age_s = _age(now, lease.heartbeat_at)
@@ -279,11 +325,8 @@ def run_page_context(run: Run) -> dict:
         ),
         "tenants": p.tenants,
         "kill_switch": KillSwitch.objects.filter(name="global", on=True).first(),
-        "holds": list(
-            LegalHold.objects.filter(
-                Q(policy_id=run.policy_id) | Q(policy__isnull=True), released_at__isnull=True
-            ).order_by("placed_at")[:50]
-        ),
+        "holds": holds,
+        "held": held_by_tenant(run, holds),
         "history": list(
             OperatorAction.objects.filter(target_type="run", target_id=str(run.pk)).order_by(
                 "-chain_seq"

@@ -4,7 +4,9 @@ import pytest
 from django.urls import reverse
 
 from core.models import OperatorAction
+from retention.actions import place_hold
 from runs.models import AuditRecord, Run
+from tests.runs.conftest import count
 
 from .helpers import post
 
@@ -162,3 +164,32 @@ def test_oncall_starts_a_run_for_a_period_from_the_policy_page(client_for, event
         refused = post(client, url, {"policy": "events", "period": bad}, page=page)
         assert "Trigger refused" in refused.content.decode()
     assert Run.objects.filter(policy=events_policy).count() == 1
+
+
+def test_the_run_page_counts_rows_deferred_by_holds_per_tenant(client_for, run, make_user):
+    carla = make_user("hilda", "compliance")
+    place_hold(policy=run.policy, tenant="3", actor=carla, reason="case 7")
+    place_hold(tenant="1", key_from=1000, key_to=1400, actor=carla, reason="case 8")
+
+    html = client_for("oncall").get(reverse("runs:detail", args=[run.pk])).content.decode()
+
+    eligible = "occurred_at < %s AND status <> 'disputed'"
+    three = count("public.rr_events", f"{eligible} AND tenant_id = 3", [run.cutoff])
+    one = count(
+        "public.rr_events",
+        f"{eligible} AND tenant_id = 1 AND id >= 1000 AND id < 1400",
+        [run.cutoff],
+    )
+    assert three > 0 and one > 0
+    assert f'<tr data-held-tenant="3"><td>3</td><td class="num">{three:,}</td></tr>' in html
+    assert f'<tr data-held-tenant="1"><td>1</td><td class="num">{one:,}</td></tr>' in html
+    assert html.count("data-held-tenant=") == 2  # tenants no hold covers are not listed
+
+
+def test_the_run_page_says_when_no_row_of_the_run_is_held(client_for, run, make_user):
+    place_hold(tenant="99", actor=make_user("hilda", "compliance"), reason="case 9")
+
+    html = client_for("oncall").get(reverse("runs:detail", args=[run.pk])).content.decode()
+
+    assert "data-held-tenant=" not in html
+    assert 'data-testid="held-none"' in html
