@@ -277,6 +277,32 @@ def version_detail(request, slug: str, number: int):
     return render(request, "retention/version_detail.html", context)
 
 
+def approved_comparison(version) -> dict | None:
+    """What the policy's approved version (when it is another one) would delete if a run
+    started now: the same ``live_preview`` as the candidate's, as bounded and cached (None
+    when this is the approved version, or there is none). ``eligible`` is None when that
+    preview did not finish; ``error`` says why."""
+    approved = version.policy.versions.filter(state=PolicyVersion.State.APPROVED).first()
+    if approved is None or approved.pk == version.pk:
+        return None
+    try:
+        result = live_preview(approved)
+    except SpecError as exc:
+        return {
+            "version": approved,
+            "candidate": version.number,
+            "eligible": None,
+            "error": str(exc),
+        }
+    done = not result.get("error")
+    return {
+        "version": approved,
+        "candidate": version.number,
+        "eligible": result["eligible"] if done else None,
+        "error": result.get("error"),
+    }
+
+
 @require_GET
 @require_role(COMPLIANCE)
 @vary_on_headers("HX-Request")  # one URL serves the page and its HTMX fragment
@@ -290,7 +316,12 @@ def version_preview(request, slug: str, number: int):
         error = None
     except SpecError as exc:
         result, error = None, str(exc)
-    context = {"live": True, "live_error": error, **preview_context(result)}
+    context = {
+        "live": True,
+        "live_error": error,
+        "compare": approved_comparison(version),
+        **preview_context(result),
+    }
     if request.htmx:
         return render(request, "retention/_preview.html", context)
     return render(
