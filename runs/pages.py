@@ -212,7 +212,7 @@ def verification_items(result: dict | None) -> dict | None:
 
 HELD_COUNT_TIMEOUT_MS = 2_000
 HELD_COUNT_LIMIT = 100_000
-QUERY_CANCELED = "57014"
+TIMED_OUT = ("57014", "55P03")  # statement timeout / lock timeout
 
 
 def held_by_tenant(run: Run, holds: list) -> dict:
@@ -237,7 +237,7 @@ def held_by_tenant(run: Run, holds: list) -> dict:
                 counted = cur.fetchall()
     except DatabaseError as exc:
         cause = getattr(exc, "__cause__", None)
-        timed_out = getattr(cause, "sqlstate", None) == QUERY_CANCELED
+        timed_out = getattr(cause, "sqlstate", None) in TIMED_OUT
         return {"status": "timeout" if timed_out else "error", "rows": [], "capped": False}
     rows = sorted(
         ({"tenant": tenant, "rows": n} for tenant, n in counted),

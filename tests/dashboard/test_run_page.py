@@ -5,8 +5,11 @@ from django.urls import reverse
 
 from core.models import OperatorAction
 from retention.actions import place_hold
+from runs import pages
+from runs.actions import trigger_run
 from runs.models import AuditRecord, Run
-from tests.runs.conftest import count
+from tests.factories import approved_policy, events_spec
+from tests.runs.conftest import NOW, count, create_events
 
 from .helpers import post
 
@@ -193,3 +196,20 @@ def test_the_run_page_says_when_no_row_of_the_run_is_held(client_for, run, make_
 
     assert "data-held-tenant=" not in html
     assert 'data-testid="held-none"' in html
+
+
+def test_the_per_tenant_held_count_says_not_counted_when_it_runs_out_of_time(
+    db, make_user, client_for, monkeypatch
+):
+    create_events(200_000, name="rr_big")
+    policy = approved_policy(make_user, **events_spec(slug="big", table="rr_big"))
+    created, _ = trigger_run(policy, tick=NOW)
+    place_hold(tenant="1", actor=make_user("hilda", "compliance"), reason="case 10")
+    monkeypatch.setattr(pages, "HELD_COUNT_TIMEOUT_MS", 1)  # a 200k-row scan takes longer
+
+    page = client_for("oncall").get(reverse("runs:detail", args=[created.pk]))
+
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "Deferred rows per tenant: not counted (timeout)." in html
+    assert "data-held-tenant=" not in html
