@@ -400,5 +400,5 @@ def home(request):
         "my_roles": [(role, ROLE_DESCRIPTIONS[role]) for role in sorted(roles_of(request.user))],
         **overview_context(request),
     }
-    template = "core/_overview.html" if request.htmx else "core/home.html"
+    template = "runs/_overview.html" if request.htmx else "runs/overview.html"
     return render(request, template, context, status=400 if context["filter_errors"] else 200)
