@@ -693,6 +693,66 @@ def load_toml(text: str) -> PolicySpec:
     return PolicySpec.parse(data)
 
 
+# -- the form editor: the common fields of a version, edited and written back as a policy file --
+
+FORM_FIELDS = ("retention", "schedule", "chunk_size")  # and the keep rules
+FORM_KEEP_ROWS = 3  # empty keep-rule rows the form offers beyond the version's own
+_FORM_INT = re.compile(r"^\s*[+-]?\d+\s*$")
+
+
+def toml_literal(value) -> str:
+    """``value`` as it is written in a policy file (``"disputed"``, ``5``, ``["a", "b"]``)."""
+    return tomli_w.dumps({"v": list(value) if isinstance(value, tuple) else value})[4:].strip()
+
+
+def form_value(path: str, text: str):
+    """A form field's text as the policy file would hold it: an integer field's digits as an
+    integer, anything else as the text typed (``PolicySpec.parse`` then gives the error a
+    policy file with that value gets)."""
+    if FIELD_BY_PATH[path].kind == "int" and _FORM_INT.match(text):
+        return int(text)
+    return text
+
+
+def form_keep_rule(n: int, column: str, op: str, value: str) -> dict | None:
+    """Keep rule ``n`` (from 1) of the form: its value written as in a policy file
+    (``"text"``, a number, or a list for ``in``/``not in``); None for an empty row."""
+    column, op, value = column.strip(), op.strip(), value.strip()
+    if not (column or op or value):
+        return None
+    rule: dict = {"column": column, "op": op}
+    if not value:
+        return rule
+    if "\n" in value or "\r" in value:
+        raise SpecError(f"keep rule {n}: the value must be on one line")
+    try:
+        parsed = tomllib.loads(f"v = {value}")
+    except tomllib.TOMLDecodeError:
+        raise SpecError(
+            f"keep rule {n}: value {value} is not a TOML value (text goes in quotes: "
+            f"{toml_literal(value)})"
+        ) from None
+    if set(parsed) != {"v"}:
+        raise SpecError(f"keep rule {n}: value {value} is not one TOML value")
+    rule["values" if isinstance(parsed["v"], list) else "value"] = parsed["v"]
+    return rule
+
+
+def edited_toml(base: PolicySpec, fields: dict, keep: list[dict]) -> str:
+    """The policy file of ``base`` with the form's fields (``FORM_FIELDS``) and keep rules
+    written over it, by the writer ``to_toml`` uses. Not validated here: the result goes
+    through ``load_toml`` like any uploaded file."""
+    doc = tomllib.loads(base.to_toml())
+    for path, text in fields.items():
+        if path not in FORM_FIELDS:
+            raise SpecError(f"the form does not edit {path!r}")
+        doc[path] = form_value(path, text)
+    doc.pop("keep", None)
+    if keep:
+        doc["keep"] = keep
+    return tomli_w.dumps(doc)
+
+
 def _localize(naive: datetime, tz: zoneinfo.ZoneInfo) -> datetime:
     """Attach tz to a wall-clock time; a time skipped by DST moves forward, an ambiguous one
     takes the earlier instant (fold=0) — deterministic either way."""

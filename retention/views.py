@@ -24,7 +24,20 @@ from retention.diff import spec_diff
 from retention.holds import coverage
 from retention.models import LegalHold, Policy, PolicyVersion
 from retention.preview import live_preview
-from retention.spec import MAX_POLICY_BYTES, SpecError, load_toml
+from retention.spec import (
+    FORM_FIELDS,
+    FORM_KEEP_ROWS,
+    KEEP_OPERATORS,
+    LIST_OPERATORS,
+    MAX_KEEP_RULES,
+    MAX_POLICY_BYTES,
+    NULLARY_OPERATORS,
+    SpecError,
+    edited_toml,
+    form_keep_rule,
+    load_toml,
+    toml_literal,
+)
 
 MAX_TOML_BYTES = MAX_POLICY_BYTES
 REFUSALS = (SpecError, actions.ActionError, PermissionDenied)
@@ -116,6 +129,7 @@ def policy_detail(request, slug: str):
                 Q(policy=policy) | Q(policy__isnull=True), released_at__isnull=True
             ),
             "draft_toml": base.parsed.to_toml() if base else "",
+            "form": form_editor(base),
         },
     )
 
@@ -124,6 +138,59 @@ def policy_detail(request, slug: str):
 @require_role(COMPLIANCE)
 def policy_new(request):
     return render(request, "retention/policy_new.html", {"toml": ""})
+
+
+def _form_toml(data) -> str:
+    """The policy file the form editor describes: the version it was filled from (``slug``,
+    ``base``) with the common fields and keep rules it edits (``spec.edited_toml``)."""
+    try:
+        number = int(data.get("base", ""))
+    except ValueError:
+        raise SpecError("the form does not say which version it edits") from None
+    base = PolicyVersion.objects.filter(policy__slug=data.get("slug", ""), number=number).first()
+    if base is None:
+        raise SpecError(f"no version {number} of policy {data.get('slug', '')!r} to edit")
+    keep = []
+    for n in range(MAX_KEEP_RULES + FORM_KEEP_ROWS):
+        if f"keep-{n}-column" not in data:
+            break
+        rule = form_keep_rule(
+            n + 1,
+            data.get(f"keep-{n}-column", ""),
+            data.get(f"keep-{n}-op", ""),
+            data.get(f"keep-{n}-value", ""),
+        )
+        if rule is not None:
+            keep.append(rule)
+    fields = {name: data.get(name, "") for name in FORM_FIELDS}
+    return edited_toml(base.parsed, fields, keep)
+
+
+def form_editor(version: PolicyVersion | None) -> dict | None:
+    """What the form editor shows, filled from ``version``: the common fields and one row per
+    keep rule (its value as a policy file writes it), plus empty rows."""
+    if version is None:
+        return None
+    spec = version.parsed
+    rows = [
+        {
+            "column": rule.column,
+            "op": rule.op,
+            "value": ""
+            if rule.op in NULLARY_OPERATORS
+            else toml_literal(rule.values if rule.op in LIST_OPERATORS else rule.value),
+        }
+        for rule in spec.keep
+    ]
+    rows += [{"column": "", "op": "", "value": ""}] * FORM_KEEP_ROWS
+    return {
+        "base": version,
+        "retention": spec.retention,
+        "schedule": spec.schedule,
+        "chunk_size": spec.chunk_size,
+        "keep": rows,
+        "operators": KEEP_OPERATORS,
+    }
 
 
 @require_POST
@@ -139,6 +206,12 @@ def version_create(request):
             text = upload.read().decode("utf-8")
         except UnicodeDecodeError:
             messages.error(request, "the policy file is not UTF-8 text")
+            return render(request, "retention/policy_new.html", {"toml": ""}, status=400)
+    elif request.POST.get("editor") == "form":
+        try:
+            text = _form_toml(request.POST)
+        except REFUSALS as exc:
+            _refused(request, exc)
             return render(request, "retention/policy_new.html", {"toml": ""}, status=400)
     else:
         text = request.POST.get("toml", "")

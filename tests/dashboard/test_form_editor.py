@@ -1,0 +1,130 @@
+"""The policy page's form editor for the common fields: it edits the base version's spec,
+writes the policy file with the same writer, and goes through the TOML upload's action."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from core.models import OperatorAction
+from retention.models import PolicyVersion
+from retention.spec import PolicySpec, load_toml
+from tests.factories import events_spec
+
+from .helpers import post
+
+pytestmark = pytest.mark.django_db
+
+EDITED = dict(
+    retention="10 days",
+    schedule="30 2 * * *",
+    chunk_size=500,
+    keep=[
+        {"column": "status", "op": "=", "value": "disputed"},
+        {"column": "status", "op": "in", "values": ["void", "appeal"]},
+    ],
+)
+
+
+def _form(**overrides) -> dict:
+    data = {
+        "editor": "form",
+        "slug": "events",
+        "base": "1",
+        "retention": "10 days",
+        "schedule": "30 2 * * *",
+        "chunk_size": "500",
+        "keep-0-column": "status",
+        "keep-0-op": "=",
+        "keep-0-value": '"disputed"',
+        "keep-1-column": "status",
+        "keep-1-op": "in",
+        "keep-1-value": '["void", "appeal"]',
+        "keep-2-column": "",
+        "keep-2-op": "",
+        "keep-2-value": "",
+    }
+    data.update(overrides)
+    return data
+
+
+def _toml(**overrides) -> str:
+    return PolicySpec.parse(events_spec(**{**EDITED, **overrides})).to_toml()
+
+
+def test_the_policy_page_offers_the_form_filled_from_the_approved_version(
+    events_policy, client_for
+):
+    html = client_for("compliance").get(reverse("retention:policy_detail", args=["events"]))
+    html = html.content.decode()
+
+    assert 'data-testid="form-editor"' in html
+    assert 'name="retention" value="20 days"' in html
+    assert 'name="chunk_size" value="200"' in html
+    assert 'name="keep-0-column" value="status"' in html
+    assert 'name="keep-0-value" value="&quot;disputed&quot;"' in html
+
+
+def test_the_form_and_the_equivalent_toml_make_the_same_version(events_policy, client_for):
+    client = client_for("compliance")
+    page = "/policies/events/"
+
+    post(client, reverse("retention:version_create"), _form(), page=page)
+    by_form = PolicyVersion.objects.get(policy=events_policy, number=2)
+    post(client, reverse("retention:version_create"), {"toml": _toml()}, page=page)
+
+    assert by_form.content_hash == load_toml(_toml()).content_hash()
+    assert by_form.parsed.retention == "10 days" and by_form.parsed.chunk_size == 500
+    assert [r.to_json() for r in by_form.parsed.keep] == EDITED["keep"]
+    assert by_form.parsed.table == "rr_events" and by_form.parsed.tenant == "tenant_id"
+    # the TOML upload found the same content: no third version
+    assert PolicyVersion.objects.filter(policy=events_policy).count() == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "form_value", "toml_line"),
+    [
+        ("chunk_size", "0", "chunk_size = 0"),
+        ("retention", "10 fortnights", 'retention = "10 fortnights"'),
+    ],
+)
+def test_a_bad_value_in_the_form_gives_the_toml_paths_error_and_changes_nothing(
+    events_policy, client_for, field, form_value, toml_line
+):
+    good = {"chunk_size": "chunk_size = 500", "retention": 'retention = "10 days"'}[field]
+    bad_toml = _toml().replace(good, toml_line)
+    assert bad_toml != _toml()
+    client = client_for("compliance")
+    page = "/policies/events/"
+    before = (PolicyVersion.objects.count(), OperatorAction.objects.count())
+
+    by_toml = post(
+        client,
+        reverse("retention:version_create"),
+        {"toml": bad_toml},
+        page=page,
+    )
+    by_form = post(
+        client, reverse("retention:version_create"), _form(**{field: form_value}), page=page
+    )
+
+    assert by_toml.status_code == by_form.status_code == 400
+    errors = [[str(m) for m in r.context["messages"]] for r in (by_toml, by_form)]
+    assert errors[0] == errors[1] and len(errors[0]) == 1 and field in errors[0][0]
+    assert (PolicyVersion.objects.count(), OperatorAction.objects.count()) == before
+
+
+def test_a_keep_value_that_is_not_a_toml_value_is_one_clear_error(events_policy, client_for):
+    before = PolicyVersion.objects.count()
+    page = post(
+        client_for("compliance"),
+        reverse("retention:version_create"),
+        _form(**{"keep-0-value": "disputed"}),
+        page="/policies/events/",
+    )
+
+    assert page.status_code == 400
+    assert [str(m) for m in page.context["messages"]] == [
+        'keep rule 1: value disputed is not a TOML value (text goes in quotes: "disputed")'
+    ]
+    assert PolicyVersion.objects.count() == before
