@@ -244,7 +244,12 @@ def held_by_tenant(run: Run, holds: list) -> dict:
         key=lambda r: natural_key(r["tenant"] or ""),
     )
     total = sum(r["rows"] for r in rows)
-    return {"status": "counted", "rows": rows, "capped": total >= HELD_COUNT_LIMIT}
+    return {
+        "status": "counted",
+        "rows": rows,
+        "capped": total >= HELD_COUNT_LIMIT,
+        "limit": HELD_COUNT_LIMIT,
+    }
 
 
 def run_page_context(run: Run) -> dict:
