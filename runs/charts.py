@@ -15,33 +15,39 @@ from runs.models import Chunk, Run
 CHART_BUCKETS = 60
 
 
-def rate_series(run: Run, buckets: int = CHART_BUCKETS) -> dict:
-    """One scan of the run's audit rows: rows deleted per time bucket (at most ``buckets``
-    buckets of at least one second) between the first and the last commit."""
+def rate_series(run: Run, buckets: int = CHART_BUCKETS, *, span=None) -> dict:
+    """Rows deleted per time bucket (at most ``buckets`` buckets of at least one second) between
+    the first and the last commit.
+
+    ``span`` is ``(first_commit, last_commit)`` as the caller's ``progress_for`` read them: the
+    chart is then one grouped scan of the run's audit rows up to that last commit (a row
+    committed after the reading is left for the next refresh, so the chart and the figures
+    beside it describe the same moment). Without it, the span is read first."""
+    if span is None:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT min(committed_at), max(committed_at) FROM runs_auditrecord"
+                " WHERE run_id = %s",
+                [run.pk],
+            )
+            span = cur.fetchone()
+    lo, hi = span
+    out = {"points": [], "lo": None, "hi": None, "bucket_s": 0.0, "peak": 0.0}
+    if lo is None or hi is None:
+        return out
+    width = max((hi - lo).total_seconds() / buckets, 1.0)
     sql = """
-        WITH a AS MATERIALIZED (
-            SELECT rows_deleted, committed_at FROM runs_auditrecord WHERE run_id = %(run)s
-        ), span AS (
-            SELECT min(committed_at) AS lo, max(committed_at) AS hi,
-                   greatest(extract(epoch FROM max(committed_at) - min(committed_at)) / %(n)s,
-                            1.0)::float8 AS width
-            FROM a
-        )
-        SELECT span.lo, span.hi, span.width,
-               least(floor(extract(epoch FROM a.committed_at - span.lo) / span.width)::int,
+        SELECT least(floor(extract(epoch FROM committed_at - %(lo)s) / %(w)s)::int,
                      %(n)s - 1) AS bucket,
-               sum(a.rows_deleted)::float8, count(*)
-        FROM a CROSS JOIN span
-        GROUP BY span.lo, span.hi, span.width, bucket
+               sum(rows_deleted)::float8, count(*)
+        FROM runs_auditrecord
+        WHERE run_id = %(run)s AND committed_at <= %(hi)s
+        GROUP BY bucket
     """
     with connection.cursor() as cur:
-        cur.execute(sql, {"run": run.pk, "n": buckets})
+        cur.execute(sql, {"run": run.pk, "n": buckets, "lo": lo, "hi": hi, "w": width})
         rows = cur.fetchall()
-    out = {"points": [], "lo": None, "hi": None, "bucket_s": 0.0, "peak": 0.0}
-    if not rows:
-        return out
-    lo, hi, width = rows[0][0], rows[0][1], float(rows[0][2])
-    by_bucket = {bucket: (float(deleted), int(n)) for _, _, _, bucket, deleted, n in rows}
+    by_bucket = {bucket: (float(deleted), int(n)) for bucket, deleted, n in rows}
     used = min(buckets, int((hi - lo).total_seconds() // width) + 1)
     for b in range(used):
         deleted, n = by_bucket.get(b, (0.0, 0))

@@ -305,6 +305,10 @@ class AuditRecord(models.Model):
                 name="audit_run_totals",
             ),
             models.Index(fields=["policy_slug", "committed_at"], name="audit_policy_time"),
+            # progress's per-tenant rows of chunks across tenants: only those audit rows
+            models.Index(
+                fields=["run"], condition=Q(tenant_rows__isnull=False), name="audit_across"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -255,7 +255,7 @@ def held_by_tenant(run: Run, holds: list) -> dict:
 def run_page_context(run: Run) -> dict:
     now = timezone.now()
     p = progress_for([run], now=now)[run.pk]
-    rates = charts.rate_series(run)
+    rates = charts.rate_series(run, span=(p.first_commit, p.last_commit))
     window = forecast.drain_window(run.policy, progress={run.pk: p})
     guard_state = guard.current_state(run.policy)
     last = (
