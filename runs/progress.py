@@ -185,7 +185,7 @@ def progress_for(
         Chunk.objects.filter(run_id__in=ids)
         .values("run_id", "tenant", "state")
         .annotate(
-            n=Count("id"),
+            n=Count("*"),  # not "id": the covering index chunk_run_state holds every column read
             planned=Sum("planned_rows"),
             retries=Sum(F("attempts") - 1, filter=Q(attempts__gt=1)),
             oldest=Min("created_at"),
@@ -224,11 +224,10 @@ def progress_for(
         .values("run_id", "tenant")
         .annotate(
             rows=Sum("rows_deleted"),
-            n=Count("id"),
+            n=Count("*"),  # every column read is in the covering index audit_run_totals
             first=Min("committed_at"),
             last=Max("committed_at"),
             recent_rows=Sum("rows_deleted", filter=Q(committed_at__gte=recent)),
-            across=Sum("rows_deleted", filter=Q(tenant_rows__isnull=False)),
         )
         .order_by()
     ):
@@ -240,15 +239,22 @@ def progress_for(
         p.last_commit = max(filter(None, (p.last_commit, row["last"])), default=None)
         p.rate_per_s = (p.rate_per_s or 0.0) + float(_int(row["recent_rows"]))
         t = tenants[p.run_id].setdefault(row["tenant"], TenantProgress(row["tenant"]))
-        t.rows_deleted += rows - _int(row["across"])  # chunks across tenants: counted below
+        t.rows_deleted += rows  # chunks across tenants: moved to their tenants below
 
-    # a chunk across tenants (key-range geometry) records its rows per tenant
+    # A chunk across tenants (key-range geometry) records its rows per tenant: they move from
+    # the audit row's own tenant to the tenants named in tenant_rows (index audit_across holds
+    # only those audit rows, so the grouped scan above need not look at tenant_rows).
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT a.run_id, kv.key, sum(kv.value::bigint) FROM runs_auditrecord a,"
-            " jsonb_each_text(a.tenant_rows) AS kv WHERE a.run_id = ANY(%s)"
-            " AND a.tenant_rows IS NOT NULL GROUP BY 1, 2",
-            [ids],
+            "SELECT run_id, tenant, sum(rows) FROM ("
+            " SELECT a.run_id, kv.key AS tenant, kv.value::bigint AS rows"
+            " FROM runs_auditrecord a, jsonb_each_text(a.tenant_rows) AS kv"
+            " WHERE a.run_id = ANY(%s) AND a.tenant_rows IS NOT NULL"
+            " UNION ALL"
+            " SELECT a.run_id, a.tenant, -a.rows_deleted FROM runs_auditrecord a"
+            " WHERE a.run_id = ANY(%s) AND a.tenant_rows IS NOT NULL"
+            ") moved GROUP BY 1, 2",
+            [ids, ids],
         )
         for run_id, name, rows in cur.fetchall():
             t = tenants[run_id].setdefault(name, TenantProgress(name))
