@@ -123,14 +123,23 @@ class Faults:
         fault.note = f"{hold_ms} ms"
 
     def _hold_scope(self):
-        """A tenant, a key range inside the old rows, or both."""
+        """A tenant, a key range inside the old rows, or both. On a partitioned table always a
+        key range inside the older half of the old rows, whose partitions kept rows protect
+        anyway: a tenant's hold covers every daily partition, and the soak checks that the
+        younger half goes whole (holds against a pending detach: tests/runs/test_partitions.py)."""
         ep = self.epoch
         choice = self.rng.random()
+        partitioned = self.args.partitioned
+        if partitioned:
+            choice = 0.3 + 0.7 * choice
         tenant = str(self.rng.randint(1, 5)) if choice < 0.6 else None
         key_from = key_to = None
         if choice >= 0.3:
-            key_from = self.rng.randint(1, max(2, ep.eligible - 500))
+            top = ep.eligible // 2 - 3000 if partitioned else ep.eligible - 500
+            key_from = self.rng.randint(1, max(2, top))
             key_to = key_from + self.rng.randint(50, 3000)
+            if partitioned:
+                key_to = max(key_from + 1, min(key_to, ep.eligible // 2))
         return tenant, key_from, key_to
 
     def _count_scope(self, tenant, key_from, key_to) -> int:
