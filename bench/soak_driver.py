@@ -528,40 +528,6 @@ class Driver:
             f"runs {ep.runs}, problems {len(ep.problems)}"
         )
 
-    def final_checks(self) -> dict:
-        """The audit chain; no session of the product left idle in a transaction; the queue
-        settles (nothing stays dequeued and unacknowledged)."""
-        from runs.audit import verify_chain
-
-        chain = self.db(verify_chain)
-        if not chain.ok:
-            self.problems.extend(f"audit chain: {p}" for p in chain.problems)
-        settle = time.monotonic() + 40
-        stuck = idle = None
-        while time.monotonic() < settle:
-            self.supervise()
-            with self.raw() as conn:
-                idle = conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND application_name LIKE 'retention:%%' AND state LIKE 'idle in transaction%%'"
-                    " AND xact_start < now() - interval '20 seconds'"
-                ).fetchone()[0]
-                stuck = conn.execute(
-                    "SELECT count(*) FROM django_q_ormq WHERE lock < now() - interval '60 seconds'"
-                ).fetchone()[0]
-            if not idle and not stuck:
-                break
-            time.sleep(2)
-        if idle:
-            self.problems.append(f"{idle} product session(s) idle in a transaction for > 20 s")
-        if stuck:
-            self.problems.append(f"{stuck} queue message(s) dequeued and never acknowledged")
-        return {
-            "audit_records": chain.records,
-            "idle_in_transaction": idle,
-            "stuck_messages": stuck,
-        }
-
     def main(self) -> int:
         t_start = time.monotonic()
         self.start_database()
