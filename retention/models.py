@@ -163,6 +163,18 @@ class LegalHold(models.Model):
     def active(self) -> bool:
         return self.released_at is None
 
+    def scope(self) -> dict:
+        """What the hold covers, who placed it and why: the preview's and the manifest's form."""
+        return {
+            "id": self.pk,
+            "policy": self.policy.slug if self.policy_id else None,
+            "tenant": self.tenant,
+            "key_from": self.key_from,
+            "key_to": self.key_to,
+            "reason": self.reason,
+            "placed_by": self.placed_by,
+        }
+
 
 class KillSwitch(models.Model):
     """The global kill switch: while on, no chunk is admitted anywhere."""

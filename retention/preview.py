@@ -200,18 +200,7 @@ def active_holds(policy_id: int | None) -> list[dict]:
 
     holds = LegalHold.objects.filter(released_at__isnull=True)
     holds = holds.filter(Q(policy__isnull=True) | Q(policy_id=policy_id))
-    return [
-        {
-            "id": h.pk,
-            "policy": h.policy.slug if h.policy_id else None,
-            "tenant": h.tenant,
-            "key_from": h.key_from,
-            "key_to": h.key_to,
-            "reason": h.reason,
-            "placed_by": h.placed_by,
-        }
-        for h in holds.select_related("policy")
-    ]
+    return [h.scope() for h in holds.select_related("policy")]
 
 
 def preview(

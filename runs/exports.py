@@ -424,13 +424,7 @@ def applied_holds(run: Run) -> list[dict]:
         holds = holds.filter(placed_at__lte=run.finished_at)
     return [
         {
-            "id": h.pk,
-            "policy": h.policy.slug if h.policy_id else None,
-            "tenant": h.tenant,
-            "key_from": h.key_from,
-            "key_to": h.key_to,
-            "reason": h.reason,
-            "placed_by": h.placed_by,
+            **h.scope(),
             "placed_at": _iso(h.placed_at),
             "released_by": h.released_by or None,
             "released_at": _iso(h.released_at),
