@@ -4,8 +4,14 @@
 ``setup``: migrate-free preparation through the real actions — two users in the
 compliance group, ``apply_spec`` → ``submit_version`` (validation and dry-run preview)
 → ``approve_version`` by the second person, then ``trigger_run`` for the dataset's tick.
-Prints the run key and how long approval, trigger and the first planning window took,
-or ``{"refused": …}`` with the product's error when it refuses the policy or the run.
+Prints the run key, how long approval and trigger took and the chunk geometry the run
+chose, or ``{"refused": …}`` with the product's error when it refuses the policy or the run.
+Nothing is planned here: the workers plan every window, the first included, inside the timed
+part (as the key-range loop's ``min``/``max`` read is inside its own).
+
+``explain``: the same approval, then ``manage.py retention explain SLUG`` (the plans of every
+engine statement on the table, ``EXPLAIN (ANALYZE, BUFFERS)``, the DELETE rolled back); prints
+its output.
 
 ``drain``: a worker. After ``django.setup()`` it prints ``ready`` and waits for ``go`` on
 stdin, then runs exactly ``manage.py retention drain RUN_KEY --until-idle`` in-process
@@ -55,11 +61,36 @@ def setup(spec: dict) -> dict:
 
 
 def _setup(spec: dict) -> dict:
+    from runs.actions import trigger_run
+
+    t0 = time.monotonic()
+    policy = _approve(spec)
+    t1 = time.monotonic()
+    run, _ = trigger_run(
+        policy, tick=datetime.fromisoformat(spec["tick"]), source="manual", actor="bench"
+    )
+    t2 = time.monotonic()
+    if run.cutoff != datetime.fromisoformat(spec["cutoff"]):
+        raise RuntimeError(f"run cutoff {run.cutoff} differs from the dataset's {spec['cutoff']}")
+    if run.state != run.State.ACTIVE:
+        raise RuntimeError(f"run {run.run_key} is {run.state}: {run.state_reason}")
+    return {
+        "run_id": run.id,
+        "run_key": run.run_key,
+        "expected_rows": run.expected_rows,
+        "approve_s": t1 - t0,
+        "trigger_s": t2 - t1,
+        "chunking": run.chunking,
+        "chunking_reason": run.chunking_reason,
+        "rss_kb": peak_rss_kb(),
+    }
+
+
+def _approve(spec: dict):
+    """The policy of ``spec`` applied, submitted and approved by a second person."""
     from retention import actions
     from retention.models import Policy, PolicyVersion
     from retention.spec import PolicySpec
-    from runs import planner
-    from runs.actions import trigger_run
 
     fields = {
         "slug": spec["slug"],
@@ -81,34 +112,26 @@ def _setup(spec: dict) -> dict:
     if spec.get("cascade_ack"):
         fields["cascade_ack"] = spec["cascade_ack"]
     author, approver = _user("bench-author"), _user("bench-approver")
-    t0 = time.monotonic()
     version = actions.apply_spec(PolicySpec.parse(fields), author=author)
     if version.state == PolicyVersion.State.DRAFT:
         version = actions.submit_version(version, actor=author, reason="ready for review")
     if version.state == PolicyVersion.State.SUBMITTED:
         actions.approve_version(version, actor=approver, reason="benchmark")
-    t1 = time.monotonic()
-    policy = Policy.objects.get(slug=spec["slug"])
-    run, _ = trigger_run(
-        policy, tick=datetime.fromisoformat(spec["tick"]), source="manual", actor="bench"
-    )
-    t2 = time.monotonic()
-    if run.cutoff != datetime.fromisoformat(spec["cutoff"]):
-        raise RuntimeError(f"run cutoff {run.cutoff} differs from the dataset's {spec['cutoff']}")
-    if run.state != run.State.ACTIVE:
-        raise RuntimeError(f"run {run.run_key} is {run.state}: {run.state_reason}")
-    planned = planner.plan(run)  # the first window, as the first worker would plan it
-    t3 = time.monotonic()
-    return {
-        "run_id": run.id,
-        "run_key": run.run_key,
-        "expected_rows": run.expected_rows,
-        "approve_s": t1 - t0,
-        "trigger_s": t2 - t1,
-        "plan_s": t3 - t2,
-        "planned": planned,
-        "rss_kb": peak_rss_kb(),
-    }
+    return Policy.objects.get(slug=spec["slug"])
+
+
+def explain(spec: dict) -> dict:
+    """``retention explain`` of the policy of ``spec`` on its (untouched) table."""
+    _django()
+    from django.core.management import call_command
+
+    try:
+        _approve(spec)
+        out = io.StringIO()
+        call_command("retention", "explain", spec["slug"], stdout=out)
+    except Exception as exc:  # noqa: BLE001 - a refusal is a result of the benchmark
+        return {"refused": " ".join(str(exc).split()) or type(exc).__name__}
+    return {"plans": out.getvalue()}
 
 
 class TimeCap(Exception):
@@ -151,5 +174,5 @@ def drain(spec: dict) -> dict:
 
 if __name__ == "__main__":
     mode, arg = sys.argv[1], json.loads(sys.argv[2])
-    result = {"setup": setup, "drain": drain}[mode](arg)
+    result = {"setup": setup, "drain": drain, "explain": explain}[mode](arg)
     print(json.dumps(result, default=str), flush=True)

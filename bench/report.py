@@ -84,9 +84,12 @@ def scale_table(data: dict) -> list[str]:
         s = r.get("setup")
         if not s or not r["dataset"].startswith("base/"):
             continue
+        first = (
+            f"{_f(s['plan_s'], 3)} ({s['planned']} chunks)" if "plan_s" in s else "by the workers"
+        )
         out.append(
             f"| {r['dataset']} | {r['contender']} | {_f(s['approve_s'], 2)} | {_f(s['trigger_s'], 2)}"
-            f" | {_f(s['plan_s'], 3)} ({s['planned']} chunks) | {_f(s['rss_kb'] / 1024, 0)}"
+            f" | {first} | {_f(s['rss_kb'] / 1024, 0)}"
             f" | {_f(r['worker_rss_kb'] / 1024, 0)} |"
         )
     return out
@@ -242,12 +245,58 @@ def matrix_markdown(data: dict) -> str:
     ]
     for size in sizes:
         lines += [f"#### Shapes at {size} rows", "", *matrix_table(data, size), ""]
-    lines += ["Shapes:", ""]
+    lines += ["Shapes (and the chunk geometry the product's run chose, with its reason):", ""]
     for key, facts in data["datasets"].items():
+        chosen = _geometry(data, key)
         lines.append(
             f"- `{key}`: {facts.get('meaning', '')}; {facts['eligible']:,} of {facts['rows']:,} eligible"
+            + (f"; product: {chosen}" if chosen else "")
         )
+    for size in sizes:
+        lines += ["", f"Targets at {size} rows:", "", *matrix_targets(data, size)]
     return "\n".join(lines) + "\n"
+
+
+def _geometry(data: dict, key: str) -> str:
+    for r in _by(data, key).values():
+        s = r.get("setup") or {}
+        if s.get("chunking"):
+            return f"{s['chunking']} chunks ({s.get('chunking_reason', '')})"
+    return ""
+
+
+def matrix_targets(data: dict, size: str) -> list[str]:
+    """The issue's targets per shape: 2 workers guard off ≥ 0.8× the key-range loop, 2 workers
+    ≥ 1.2× 1 worker; guard on: fg p99 ≤ 1.5× idle, no stall over 50 ms, ≥ 0.5× the loop."""
+    out = [
+        "| shape | 2w ÷ key-range (≥ 0.8) | 2w ÷ 1w (≥ 1.2) | guard: fg p99 × idle (≤ 1.5)"
+        " | guard: fg max ms (≤ 50) | guard ÷ key-range (≥ 0.5) |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+
+    def cell(value, ok) -> str:
+        if value is None:
+            return "–"
+        return f"{_f(value, 2)} {'met' if ok(value) else '**missed**'}"
+
+    for key in data["datasets"]:
+        shape, _, label = key.partition("/")
+        if label != size:
+            continue
+        runs = _by(data, key)
+        rate = {n: (r.get("rows_per_s") if not r.get("refused") else None) for n, r in runs.items()}
+        guard = runs.get("product-2w-guard", {})
+        fg = guard.get("foreground") or {}
+        idle = data["idle"].get(key, {})
+        out.append(
+            f"| {shape}"
+            f" | {cell(_ratio(rate.get('product-2w'), rate.get('keyrange')), lambda v: v >= 0.8)}"
+            f" | {cell(_ratio(rate.get('product-2w'), rate.get('product-1w')), lambda v: v >= 1.2)}"
+            f" | {cell(_ratio(fg.get('p99'), idle.get('p99')), lambda v: v <= 1.5)}"
+            f" | {cell(fg.get('max'), lambda v: v <= 50)}"
+            f" | {cell(_ratio(rate.get('product-2w-guard'), rate.get('keyrange')), lambda v: v >= 0.5)} |"
+        )
+    return out
 
 
 def markdown(data: dict) -> str:

@@ -305,6 +305,34 @@ class Bench:
         )
         return result
 
+    def explain(self, template: str, facts: dict, variant: str) -> str:
+        """``retention explain`` of the 2-worker product policy on a fresh copy of the shape
+        (after its contenders, so its reads warm nobody's cache); the plans are written to
+        ``bench/results/explain-<size>/<shape>.txt``. Returns that path."""
+        shape = dataset.shape_of(variant)
+        rows = facts["rows"]
+        table = dataset.copy_name(variant, "explain")
+        tag = f"{variant}-{dataset.size_label(rows)}-explain"
+        self.log(f"{tag}: copying {template}")
+        dataset.make_copy(self.conn, template, variant, table)
+        spec = {
+            "slug": f"b{self.stamp}-{variant}-{dataset.size_label(rows).lower()}-explain",
+            "table": table, "retention": f"{dataset.RETENTION_DAYS} days",
+            "chunk_size": self.args.chunk_size, "target_chunk_ms": self.args.target_chunk_ms,
+            "workers": 2, "tenant": shape.tenant_policy, "key": shape.policy_key,
+            "cascade_ack": [f"{SCHEMA}.{table}_items"] if shape.cascade else [],
+        }  # fmt: skip
+        result = self.finish(
+            self.spawn("bench.product", "explain", json.dumps(spec), tag=tag, env=self.child_env())
+        )
+        dataset.drop_copy(self.conn, table)
+        folder = RESULTS / f"explain-{dataset.size_label(rows)}"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{variant}.txt"
+        path.write_text(result.get("plans") or f"refused: {result.get('refused')}\n")
+        self.log(f"{tag}: plans in {path.relative_to(ROOT)}")
+        return str(path.relative_to(ROOT))
+
     def time_cap(self, mode: dict, rows: int) -> float:
         if self.args.time_cap:
             return self.args.time_cap
@@ -381,6 +409,8 @@ class Bench:
                 res["dataset"] = key
                 out["runs"].append(res)
             out["load"][key].append(load_average())
+            if args.explain and args.mode == "matrix":
+                out.setdefault("explain", {})[key] = self.explain(facts["table"], facts, variant)
             dataset.drop_copy(self.conn, facts["table"])
         out["total_s"] = round(time.monotonic() - t_start, 1)
         return out
@@ -492,6 +522,10 @@ def main() -> None:
                         help="do not subtract other databases' WAL (pg_walinspect)")  # fmt: skip
     parser.add_argument("--time-cap", type=float, help="seconds after which a contender is stopped")
     parser.add_argument("--no-chart", action="store_true")
+    parser.add_argument(
+        "--explain", action="store_true",
+        help="with --shapes: save `retention explain` of each shape's policy (bench/results/explain-<size>/)",
+    )  # fmt: skip
     parser.add_argument(
         "--report", type=Path, help="only redraw tables and chart from a results JSON"
     )
