@@ -53,6 +53,8 @@ RETENTION = {
     # The probe against its own idle baseline (docs/guard.md): p95 over this ratio of the idle
     # p95 and at least the margin above it is pressure; under it chunk transactions may fill at
     # most GUARD_DUTY_CYCLE of the wall time of the last GUARD_DUTY_WINDOW_S (0: a hard stop).
+    # a guard sample is reused by every worker for this long (then the next admission samples)
+    "GUARD_SAMPLE_MS": env_int("RETENTION_GUARD_SAMPLE_MS", 500, minimum=1, maximum=60_000),
     "GUARD_PROBE_RATIO": env_int("RETENTION_GUARD_PROBE_RATIO_PCT", 150, minimum=101) / 100,
     "GUARD_PROBE_MARGIN_MS": env_int("RETENTION_GUARD_PROBE_MARGIN_MS", 1, minimum=0),
     "GUARD_DUTY_CYCLE": env_int("RETENTION_GUARD_DUTY_CYCLE_PCT", 50, minimum=0, maximum=100) / 100,

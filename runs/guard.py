@@ -31,7 +31,7 @@ from runs.models import GuardSample, Run
 
 log = logging.getLogger(__name__)
 
-FRESH_S = 2.0  # a sample younger than this is used as is
+IDLE_PROBE_GAP_S = 0.01  # between the probes a first sample takes to learn an idle baseline
 WINDOW_S = 30.0  # sliding window for probe percentiles
 BASELINE_WINDOW_S = 600.0  # idle samples of the last ten minutes make the probe's baseline
 BASELINE_MIN_SAMPLES = 5  # fewer idle samples: no baseline, only the absolute threshold
@@ -93,6 +93,33 @@ def _probe_ms(spec) -> float | None:
     return (time.perf_counter() - t0) * 1000
 
 
+def _in_flight(oid: int) -> bool:
+    """A chunk transaction of the product in flight on the table (its DELETE holds
+    RowExclusiveLock until commit)."""
+    return bool(
+        _rows(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE l.relation = %s AND l.granted AND l.mode = 'RowExclusiveLock'"
+            " AND l.pid <> pg_backend_pid() AND a.application_name LIKE %s",
+            [oid, APP_PREFIX + "%"],
+        )[0][0]
+    )
+
+
+def _idle_probes(spec, oid: int, count: int) -> list[float]:
+    """``count`` more probes of a table that has no idle baseline yet, taken now while nothing
+    is in flight on it (none if a chunk started meanwhile): a run's first sample learns the
+    baseline at once instead of draining on absolute thresholds for its first minutes."""
+    probes = []
+    for _ in range(count):
+        time.sleep(IDLE_PROBE_GAP_S)
+        value = _probe_ms(spec)
+        if value is None:
+            return []
+        probes.append(round(value, 3))
+    return [] if _in_flight(oid) else probes
+
+
 def read_signals() -> tuple[dict, dict]:
     """Measure instance-wide and per-target signals now (one round of catalog queries)."""
     values: dict = {}
@@ -135,14 +162,13 @@ def read_signals() -> tuple[dict, dict]:
         info: dict = {"probe_ms": _probe_ms(spec)}
         # a chunk transaction of the product in flight on the target (its DELETE holds
         # RowExclusiveLock until commit): this sample's probe is not an idle reading
-        info["in_flight"] = bool(
-            _rows(
-                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-                " WHERE l.relation = %s AND l.granted AND l.mode = 'RowExclusiveLock'"
-                " AND l.pid <> pg_backend_pid() AND a.application_name LIKE %s",
-                [oid, APP_PREFIX + "%"],
-            )[0][0]
-        )
+        info["in_flight"] = _in_flight(oid)
+        if not info["in_flight"] and info["probe_ms"] is not None:
+            missing = BASELINE_MIN_SAMPLES - 1 - idle_baseline(spec.qualified_table)["n"]
+            if missing > 0:
+                probes = _idle_probes(spec, oid, missing)
+                if probes:
+                    info["idle_probes_ms"] = probes
         info["lock_waits"] = _rows(
             "SELECT count(*) FROM pg_locks WHERE relation = %s AND NOT granted", [oid]
         )[0][0]
@@ -166,12 +192,14 @@ def read_signals() -> tuple[dict, dict]:
 
 
 def sample(*, force: bool = False) -> GuardSample | None:
-    """Take a sample if the latest is stale and no one else is sampling; return the latest."""
+    """Take a sample if the latest is older than ``RETENTION_GUARD_SAMPLE_MS`` and no one else
+    is sampling; return the latest."""
+    fresh_s = settings.RETENTION["GUARD_SAMPLE_MS"] / 1000
     latest = GuardSample.objects.order_by("-taken_at").first()
     if (
         not force
         and latest is not None
-        and (timezone.now() - latest.taken_at).total_seconds() < FRESH_S
+        and (timezone.now() - latest.taken_at).total_seconds() < fresh_s
     ):
         return latest
     with transaction.atomic():
@@ -181,7 +209,7 @@ def sample(*, force: bool = False) -> GuardSample | None:
         if (
             not force
             and again is not None
-            and (timezone.now() - again.taken_at).total_seconds() < FRESH_S
+            and (timezone.now() - again.taken_at).total_seconds() < fresh_s
         ):
             return again
         values, tables = read_signals()
@@ -218,19 +246,24 @@ def probe_percentiles(table: str, *, now=None) -> dict:
 
 def idle_baseline(table: str, *, now=None) -> dict:
     """The probe's idle baseline on ``table``: p95 of the probe over the samples of the last
-    ``BASELINE_WINDOW_S`` taken while no chunk transaction of the product was in flight on it.
-    ``{"p95": ms | None, "n": idle samples}``; no p95 under ``BASELINE_MIN_SAMPLES``."""
+    ``BASELINE_WINDOW_S`` taken while no chunk transaction of the product was in flight on it
+    (with the idle probes a first sample took, ``idle_probes_ms``). ``{"p95": ms | None, "n":
+    idle probes}``; no p95 under ``BASELINE_MIN_SAMPLES``."""
     now = now or timezone.now()
     values = sorted(
         v
         for (v,) in _rows(
-            "SELECT (tables -> %s ->> 'probe_ms')::float8 FROM runs_guardsample"
-            " WHERE taken_at >= %s AND tables -> %s ->> 'in_flight' = 'false'"
-            " AND tables -> %s ->> 'probe_ms' IS NOT NULL ORDER BY taken_at DESC LIMIT %s",
+            "SELECT p.v FROM runs_guardsample s,"
+            " LATERAL (SELECT (s.tables -> %s ->> 'probe_ms')::float8 AS v, 0 AS n"
+            "  UNION ALL SELECT e.v::float8, e.n"
+            "  FROM jsonb_array_elements_text(coalesce(s.tables -> %s -> 'idle_probes_ms', '[]'))"
+            "  WITH ORDINALITY AS e(v, n)) AS p"
+            " WHERE s.taken_at >= %s AND s.tables -> %s ->> 'in_flight' = 'false'"
+            " AND p.v IS NOT NULL ORDER BY s.taken_at DESC, p.n LIMIT %s",
             [
                 table,
-                now - timedelta(seconds=BASELINE_WINDOW_S),
                 table,
+                now - timedelta(seconds=BASELINE_WINDOW_S),
                 table,
                 BASELINE_MAX_SAMPLES,
             ],

@@ -99,14 +99,21 @@ def test_a_probe_near_its_baseline_admits_and_a_millisecond_margin_applies(
 def test_the_idle_baseline_is_learnt_from_samples_with_no_chunk_in_flight(committed_policy):
     trigger_run(committed_policy, tick=NOW)  # an active run: its table is sampled
     GuardSample.objects.all().delete()
-    for _ in range(guard.BASELINE_MIN_SAMPLES):
+    for _ in range(3):
         guard.sample(force=True)
     latest = GuardSample.objects.order_by("-taken_at").first()
     assert latest.tables[TABLE]["in_flight"] is False
     baseline = guard.idle_baseline(TABLE)
-    assert baseline["n"] == guard.BASELINE_MIN_SAMPLES
+    # the first sample took the missing idle probes; the two after it one probe each
+    assert baseline["n"] == guard.BASELINE_MIN_SAMPLES + 2
+    probes = [
+        v
+        for s in GuardSample.objects.all()
+        for v in [s.tables[TABLE]["probe_ms"], *s.tables[TABLE].get("idle_probes_ms", [])]
+    ]
+    assert len(probes) == baseline["n"]
     assert baseline["p95"] == pytest.approx(
-        max(s.tables[TABLE]["probe_ms"] for s in GuardSample.objects.all()), abs=0.01
+        sorted(probes)[round(0.95 * (len(probes) - 1))], abs=0.01
     )
     shown = guard.current_state(committed_policy)["signals"]["probe_baseline_ms"]
     assert shown["value"] == baseline["p95"]
@@ -121,7 +128,7 @@ def test_the_idle_baseline_is_learnt_from_samples_with_no_chunk_in_flight(commit
         cleanup.close()
     latest = GuardSample.objects.order_by("-taken_at").first()
     assert latest.tables[TABLE]["in_flight"] is True
-    assert guard.idle_baseline(TABLE)["n"] == guard.BASELINE_MIN_SAMPLES
+    assert guard.idle_baseline(TABLE)["n"] == guard.BASELINE_MIN_SAMPLES + 2
 
 
 def test_too_few_idle_samples_learn_no_baseline(db, make_user):
@@ -174,3 +181,51 @@ def test_the_duty_cycle_does_not_apply_when_the_foreground_is_at_its_baseline(
     probe_sample(1.0, ahead_s=120)
     outcomes = [worker.process_one(Run.objects.get(pk=run.pk)).kind for _ in range(3)]
     assert outcomes == [worker.DONE] * 3
+
+
+def test_a_table_with_no_idle_baseline_learns_one_in_its_first_sample(committed_policy):
+    """A run on a table the guard has never sampled does not drain on absolute thresholds
+    alone: its first sample with nothing in flight takes the missing idle probes at once."""
+    trigger_run(committed_policy, tick=NOW)
+    GuardSample.objects.all().delete()
+    guard.sample(force=True)
+    assert GuardSample.objects.count() == 1
+    probes = GuardSample.objects.get().tables[TABLE]["idle_probes_ms"]
+    assert len(probes) == guard.BASELINE_MIN_SAMPLES - 1
+    baseline = guard.idle_baseline(TABLE)
+    assert baseline["n"] == guard.BASELINE_MIN_SAMPLES
+    assert baseline["p95"] is not None
+
+    # a table that has its baseline takes no extra probes
+    guard.sample(force=True)
+    latest = GuardSample.objects.order_by("-taken_at").first()
+    assert "idle_probes_ms" not in latest.tables[TABLE]
+    assert guard.idle_baseline(TABLE)["n"] == guard.BASELINE_MIN_SAMPLES + 1
+
+
+def test_no_idle_probes_are_taken_while_a_chunk_is_in_flight(committed_policy):
+    trigger_run(committed_policy, tick=NOW)
+    GuardSample.objects.all().delete()
+    cleanup = pg_connect(autocommit=False, application_name="retention:cleanup")
+    try:
+        cleanup.execute("DELETE FROM public.rr_events WHERE id < 0")
+        guard.sample(force=True)
+    finally:
+        cleanup.rollback()
+        cleanup.close()
+    latest = GuardSample.objects.get()
+    assert latest.tables[TABLE]["in_flight"] is True
+    assert "idle_probes_ms" not in latest.tables[TABLE]
+    assert guard.idle_baseline(TABLE) == {"p95": None, "n": 0}
+
+
+def test_samples_are_reused_for_the_configured_interval(committed_policy, settings):
+    trigger_run(committed_policy, tick=NOW)
+    GuardSample.objects.all().delete()
+    settings.RETENTION = {**settings.RETENTION, "GUARD_SAMPLE_MS": 60_000}
+    first = guard.sample()
+    assert guard.sample() == first
+    settings.RETENTION = {**settings.RETENTION, "GUARD_SAMPLE_MS": 1}
+    time_before = first.taken_at
+    again = guard.sample()
+    assert again.pk != first.pk and again.taken_at > time_before
