@@ -36,10 +36,22 @@ SAMPLE_PAGES = 200
 class Geometry:
     kind: str  # "tenant" | "key"
     reason: str
+    columns: tuple[str, ...] = ()  # the columns chunk bounds are on when not the key's
 
     @property
     def per_tenant(self) -> bool:
         return self.kind == TENANT
+
+    @property
+    def bounds_on(self) -> str:
+        """The chunk columns as people read them (empty for chunks on the key)."""
+        return label(self.columns) if self.columns else ""
+
+
+def label(columns) -> str:
+    """``occurred_at`` or ``(occurred_at, id)``."""
+    columns = tuple(columns)
+    return columns[0] if len(columns) == 1 else f"({', '.join(columns)})"
 
 
 def _fetchone(query, params):

@@ -222,7 +222,21 @@ def integer_key(spec: PolicySpec, types: dict | None = None) -> bool:
 # A composite key is compared as a row: ``(a, b) >= (x, y)``, which a btree index on (a, b)
 # serves as one index condition.
 
-Bound = tuple  # of str, one per key column
+Bound = tuple  # of str, one per key column (or per chunk column: ``chunk_columns``)
+
+
+def chunk_columns(spec: PolicySpec, columns: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The columns chunk bounds are on: ``columns`` when given (a run's own,
+    ``runs.models.Run.bound_columns`` — ``(timestamp, key…)`` or ``(timestamp,)`` for chunks
+    in timestamp order), else the key's. Only the chunk's scope compares with them: the key
+    keeps its meaning everywhere else (legal holds, NULL keys, partitions)."""
+    return tuple(columns) if columns else spec.key_columns
+
+
+def integer_bounds(spec: PolicySpec, columns=None, types: dict | None = None) -> bool:
+    """Chunk bounds on one integer column, the key: kept as bigints too (``key_from``,
+    ``key_to``) and bisected arithmetically (``integer_key`` on the chunk columns)."""
+    return chunk_columns(spec, columns) == spec.key_columns and integer_key(spec, types)
 
 
 def bound(value) -> Bound | None:
@@ -237,21 +251,29 @@ def bound(value) -> Bound | None:
     return tuple(str(v) for v in value)
 
 
-def key_expr(spec: PolicySpec, alias: sql.Identifier = ROW) -> sql.Composable:
+# The helpers below take the chunk columns (``columns``; default: the key's columns).
+
+
+def key_expr(spec: PolicySpec, alias: sql.Identifier = ROW, *, columns=None) -> sql.Composable:
     """The row's key: ``t.id`` or the row ``(t.a, t.b)``."""
-    cols = [sql.SQL("{}.{}").format(alias, sql.Identifier(c)) for c in spec.key_columns]
+    names = chunk_columns(spec, columns)
+    cols = [sql.SQL("{}.{}").format(alias, sql.Identifier(c)) for c in names]
     return cols[0] if len(cols) == 1 else sql.SQL("({})").format(sql.SQL(", ").join(cols))
 
 
-def key_order(spec: PolicySpec, *, descending: bool = False) -> sql.Composable:
+def key_order(spec: PolicySpec, *, descending: bool = False, columns=None) -> sql.Composable:
     """``ORDER BY`` the key, column by column (what a btree index on the columns returns)."""
     way = sql.SQL(" DESC") if descending else sql.SQL("")
-    return sql.SQL(", ").join(sql.SQL("{}{}").format(col(c), way) for c in spec.key_columns)
+    return sql.SQL(", ").join(
+        sql.SQL("{}{}").format(col(c), way) for c in chunk_columns(spec, columns)
+    )
 
 
-def key_texts(spec: PolicySpec) -> sql.Composable:
+def key_texts(spec: PolicySpec, *, columns=None) -> sql.Composable:
     """The key's columns as text, for ``SELECT`` (read back as a ``Bound``)."""
-    return sql.SQL(", ").join(sql.SQL("{}::text").format(col(c)) for c in spec.key_columns)
+    return sql.SQL(", ").join(
+        sql.SQL("{}::text").format(col(c)) for c in chunk_columns(spec, columns)
+    )
 
 
 def _typed(spec: PolicySpec, name: str, types: dict) -> sql.Composable:
@@ -265,19 +287,21 @@ def _typed(spec: PolicySpec, name: str, types: dict) -> sql.Composable:
     return sql.SQL("%s::{}{}").format(ctype.cast(), ctype.collate())
 
 
-def key_value(spec: PolicySpec, value: Bound, types: dict) -> Fragment:
+def key_value(spec: PolicySpec, value: Bound, types: dict, *, columns=None) -> Fragment:
     """A key value as the key compares with it: each text cast to its column's type."""
-    parts = [_typed(spec, c, types) for c in spec.key_columns]
+    parts = [_typed(spec, c, types) for c in chunk_columns(spec, columns)]
     if len(value) != len(parts):
         raise ValueError(f"a bound of {len(value)} value(s) for a key of {len(parts)} column(s)")
     text = parts[0] if len(parts) == 1 else sql.SQL("({})").format(sql.SQL(", ").join(parts))
     return Fragment(text, list(value))
 
 
-def key_compare(spec: PolicySpec, op: str, value: Bound, types: dict) -> Fragment:
+def key_compare(spec: PolicySpec, op: str, value: Bound, types: dict, *, columns=None) -> Fragment:
     """``key <op> value`` (``>=`` or ``<``), a row comparison for a composite key."""
-    v = key_value(spec, value, types)
-    return Fragment(sql.SQL("{} {} {}").format(key_expr(spec), sql.SQL(op), v.sql), v.params)
+    v = key_value(spec, value, types, columns=columns)
+    return Fragment(
+        sql.SQL("{} {} {}").format(key_expr(spec, columns=columns), sql.SQL(op), v.sql), v.params
+    )
 
 
 def has_values(spec: PolicySpec) -> Fragment:
@@ -346,11 +370,13 @@ def null_rows(spec: PolicySpec, *, cutoff: datetime, nullable=None) -> Fragment 
 
 class Scope(NamedTuple):
     """One tenant's key interval [key_from, key_to); ``key_to`` None: to the end of the keys.
-    Bounds in any form ``bound`` takes (an integer, or one text per key column)."""
+    Bounds in any form ``bound`` takes (an integer, or one text per key column); ``columns``:
+    the chunk columns they are on (``chunk_columns``; None: the key's)."""
 
     tenant: str | None
     key_from: object
     key_to: object
+    columns: tuple | None = None
 
 
 def outside_scopes(
@@ -367,10 +393,22 @@ def outside_scopes(
     if not scopes:
         return Fragment(sql.SQL("TRUE"), [])
     types = column_types(spec) if types is None else types
+    groups: dict[tuple, list] = {}
+    for s in scopes:  # one run's scopes share their columns; one NOT EXISTS per set anyway
+        groups.setdefault(chunk_columns(spec, s.columns), []).append(s)
+    if len(groups) > 1:
+        return Fragment.join(
+            [_outside(spec, group, columns, types) for columns, group in groups.items()], " AND "
+        )
+    ((columns, group),) = groups.items()
+    return _outside(spec, group, columns, types)
+
+
+def _outside(spec: PolicySpec, scopes, columns: tuple, types: dict) -> Fragment:
     d = sql.Identifier("d")
     tenant_match = _tenant_equals(spec, d, types)
-    n = len(spec.key_columns)
-    typed = [_typed(spec, c, types) for c in spec.key_columns]
+    n = len(columns)
+    typed = [_typed(spec, c, types) for c in columns]
     row = sql.SQL("(%s::text, {})").format(sql.SQL(", ").join(typed + typed))
     rows = sql.SQL(", ").join(row for _ in scopes)
     params: list = []
@@ -394,7 +432,7 @@ def outside_scopes(
         d=d,
         names=sql.SQL(", ").join(lo_cols + hi_cols),
         tenant_match=tenant_match,
-        key=key_expr(spec),
+        key=key_expr(spec, columns=columns),
         lo=of_d(lo_cols),
         hi=of_d(hi_cols),
     )
@@ -433,9 +471,10 @@ def in_scope(
     key_from=None,
     key_to=None,
     types: dict | None = None,
+    columns=None,
 ) -> Fragment:
     """Restrict to one tenant and key interval [key_from, key_to) (None: unbounded; bounds in
-    any form ``bound`` takes)."""
+    any form ``bound`` takes, on the chunk columns ``columns``: default the key's)."""
     parts = []
     lo, hi = bound(key_from), bound(key_to)
     if (lo is not None or hi is not None) and types is None:
@@ -443,9 +482,9 @@ def in_scope(
     if spec.tenant and tenant is not None:
         parts.append(Fragment(sql.SQL("{} = %s").format(col(spec.tenant)), [tenant]))
     if lo is not None:
-        parts.append(key_compare(spec, ">=", lo, types))
+        parts.append(key_compare(spec, ">=", lo, types, columns=columns))
     if hi is not None:
-        parts.append(key_compare(spec, "<", hi, types))
+        parts.append(key_compare(spec, "<", hi, types, columns=columns))
     if not parts:
         return Fragment(sql.SQL("TRUE"), [])
     return Fragment.join(parts, " AND ")
@@ -461,12 +500,17 @@ def delete_chunk(
     key_to,
     outside: Sequence[Scope] = (),
     by_tenant: bool = False,
+    columns=None,
 ) -> Fragment:
     """The chunk's DELETE: its immutable scope plus the full eligibility predicate (the run's
     discarded scopes excluded, when a chunk of a later pass spans one). ``by_tenant``: a chunk
-    across tenants — the statement returns (tenant as text, rows deleted) per tenant."""
+    across tenants — the statement returns (tenant as text, rows deleted) per tenant.
+    ``columns``: the chunk columns its bounds are on (default: the key's); holds, keep rules
+    and the key's NULL check are the eligibility predicate's, on the real key."""
     types = column_types(spec)
-    scope = in_scope(spec, tenant=tenant, key_from=key_from, key_to=key_to, types=types)
+    scope = in_scope(
+        spec, tenant=tenant, key_from=key_from, key_to=key_to, types=types, columns=columns
+    )
     cond = eligible(spec, policy_id=policy_id, cutoff=cutoff, outside=outside)
     delete = sql.SQL("DELETE FROM {} WHERE {} AND {}").format(table(spec), scope.sql, cond.sql)
     if by_tenant and spec.tenant:

@@ -266,7 +266,11 @@ def preview(
         "timeout_ms": timeout_ms,
     }
     shape = geometry.choose_safely(spec)  # what a run created now would chunk along
-    result["chunking"] = {"kind": shape.kind, "reason": shape.reason}
+    result["chunking"] = {
+        "kind": shape.kind,
+        "reason": shape.reason,
+        "bounds_on": list(shape.columns),  # empty: the key's columns
+    }
     started = time.monotonic()
     try:
         with transaction.atomic(), connection.cursor() as cur:

@@ -63,6 +63,7 @@ def trigger_run(
         with transaction.atomic():
             run = Run.objects.create(
                 chunking=shape.kind, chunking_reason=shape.reason,
+                chunk_columns=list(shape.columns),
                 run_key=key, policy=policy, policy_version=version, tick=tick,
                 cutoff=spec.cutoff_for(tick), source=source, created_by=_actor_name(actor),
                 skipped_ticks=list(skipped_ticks), chunk_size=spec.chunk_size, state=Run.State.WAITING,

@@ -9,7 +9,9 @@ and content hash, its author, submitter, approver, approval time and reason; ver
 partition taken whole) also covers ``partition``; version 4 also covers the chunk's bounds in
 any key type (``key_lo``, ``key_hi``: one text per key column), written for chunks of a key
 that is not one integer column (an integer key's chunk is still version 2: its bigint bounds
-are the whole payload); version 5, a chunk across tenants, also covers ``tenant_rows``.
+are the whole payload); version 5, a chunk across tenants, also covers ``tenant_rows``;
+version 6, a chunk whose bounds are not on the key (timestamp chunks), also covers
+``bound_columns``: the columns ``key_lo``/``key_hi`` are on, in order.
 Each record is verified by the fields of its own version, so older records keep verifying."""
 
 from __future__ import annotations
@@ -43,7 +45,11 @@ V4_FIELDS = (*V2_FIELDS, "key_lo", "key_hi")
 # Version 5: a chunk across tenants — version 4's fields and its rows per tenant.
 TENANT_ROWS_CHAIN_VERSION = 5
 V5_FIELDS = (*V4_FIELDS, "tenant_rows")
-HASHED_COLUMNS = [*dict.fromkeys([*V3_FIELDS, *V5_FIELDS]), "prev_hash", "hash"]
+# Version 6: a chunk whose bounds are on other columns than the key (timestamp chunks) —
+# version 5's fields and those columns (its tenant_rows NULL when the policy has no tenant).
+BOUND_COLUMNS_CHAIN_VERSION = 6
+V6_FIELDS = (*V5_FIELDS, "bound_columns")
+HASHED_COLUMNS = [*dict.fromkeys([*V3_FIELDS, *V6_FIELDS]), "prev_hash", "hash"]
 
 
 def _v1_hash(values: dict, prev_hash: str) -> str:
@@ -61,6 +67,9 @@ def record_hash(values: dict, prev_hash: str) -> str:
     if version == PARTITION_CHAIN_VERSION:
         fields = {name: values[name] for name in V3_FIELDS}
         return chain.link_hash(fields, prev_hash, version=PARTITION_CHAIN_VERSION)
+    if version == BOUND_COLUMNS_CHAIN_VERSION:
+        fields = {name: values[name] for name in V6_FIELDS}
+        return chain.link_hash(fields, prev_hash, version=BOUND_COLUMNS_CHAIN_VERSION)
     if version == TENANT_ROWS_CHAIN_VERSION:
         fields = {name: values[name] for name in V5_FIELDS}
         return chain.link_hash(fields, prev_hash, version=TENANT_ROWS_CHAIN_VERSION)
@@ -101,10 +110,12 @@ def append(**values) -> dict:
         committed_at, last_seq, last_hash = cur.fetchone()
     seq = (last_seq + 1) if last_seq else 1
     prev = last_hash or GENESIS
-    values = {"key_lo": None, "key_hi": None, "tenant_rows": None, **values}
+    values = {"key_lo": None, "key_hi": None, "tenant_rows": None, "bound_columns": None, **values}
     values.update(chain_seq=seq, committed_at=committed_at)
     if values.get("partition"):
         values["chain_version"] = PARTITION_CHAIN_VERSION
+    elif values.get("bound_columns") is not None:
+        values["chain_version"] = BOUND_COLUMNS_CHAIN_VERSION
     elif values.get("tenant_rows") is not None:
         values["chain_version"] = TENANT_ROWS_CHAIN_VERSION
     elif values.get("key_lo") is not None:

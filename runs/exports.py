@@ -71,6 +71,9 @@ CSV_COLUMNS = [
     # any key type: a JSON array of the key columns' texts (empty: an integer key's record)
     ("key_lo", "key_lo_text"),
     ("key_hi", "key_hi_text"),
+    # the columns key_lo/key_hi are on when they are not the key's (timestamp chunks, chain
+    # version 6): "occurred_at, id"; empty: the policy's key
+    ("bounds_on", "bounds_on_text"),
     ("cutoff", "cutoff_text"),
     ("attempt", "attempt"),
     ("rows_deleted", "rows_deleted"),
@@ -101,6 +104,17 @@ class IsoText(Func):
     cheaper than building and re-formatting a Python datetime per cell."""
 
     template = "(to_json(%(expressions)s) #>> '{}')"
+    output_field = TextField()
+
+
+class ColumnList(Func):
+    """A JSON array of column names as one text, ``occurred_at, id`` (NULL for NULL). Column
+    names are SQL identifiers (letters, digits, ``_``): never a formula."""
+
+    template = (
+        "(SELECT string_agg(c, ', ' ORDER BY n)"
+        " FROM jsonb_array_elements_text(%(expressions)s) WITH ORDINALITY AS e(c, n))"
+    )
     output_field = TextField()
 
 
@@ -297,6 +311,7 @@ def csv_rows(filters: AuditFilters) -> Iterator[bytes]:
         # '[...]' text: never read as a formula, whatever a text key holds
         "key_lo_text": Cast("key_lo", TextField()),
         "key_hi_text": Cast("key_hi", TextField()),
+        "bounds_on_text": ColumnList("bound_columns"),
         "outcome_text": reported_outcome(),
         "version_hash_text": Coalesce(
             NullIf("version_hash", Value("")),
@@ -482,6 +497,11 @@ def manifest_header(run: Run) -> dict:
             "passes": run.pass_no,
             "expected_rows": run.expected_rows,
             "skipped_ticks": run.skipped_ticks,
+            # what its chunks run along and why (fixed at creation), and the columns every
+            # chunk's key_lo/key_hi below are on (a partition's pass-0 chunk: the key's)
+            "chunking": run.chunking,
+            "chunking_reason": run.chunking_reason,
+            "bounds_on": list(run.bound_columns(version.parsed)),
         },
         "policy": {"slug": run.policy.slug, "name": run.policy.name},
         "policy_version": {

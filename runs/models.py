@@ -55,9 +55,13 @@ class Run(models.Model):
     )
     verification = models.JSONField(null=True, blank=True)
     # What its chunks run along, chosen at creation and fixed, like the cutoff
-    # (retention.geometry): "tenant" or "key"; "" on a run created before the choice existed.
+    # (retention.geometry): "tenant", "key" or "timestamp"; "" on a run created before the
+    # choice existed.
     chunking = models.CharField(max_length=16, blank=True, default="")
     chunking_reason = models.TextField(blank=True)
+    # The columns its chunks' bounds are on when they are not the key's: timestamp chunks'
+    # (timestamp, key…) or (timestamp,), fixed at creation (``bound_columns``).
+    chunk_columns = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["-tick", "-id"]
@@ -90,10 +94,22 @@ class Run(models.Model):
         return ((self.finished_at or timezone.now()) - self.started_at).total_seconds()
 
     def per_tenant(self, spec) -> bool:
-        """Whether its chunks are one tenant's each (else key ranges across tenants)."""
+        """Whether its chunks are one tenant's each (else ranges across tenants)."""
         if self.chunking:
             return self.chunking == "tenant" and bool(spec.tenant)
         return bool(spec.tenant)
+
+    def bound_columns(self, spec) -> tuple[str, ...]:
+        """The columns its chunks' bounds are on (``predicate.chunk_columns``): the stored
+        chunk columns of timestamp chunks, else the key's. Only a chunk's scope compares with
+        them; legal holds, keep rules and NULL keys go by the key."""
+        if self.chunking == "timestamp" and self.chunk_columns:
+            return tuple(self.chunk_columns)
+        return spec.key_columns
+
+    def own_bound_columns(self) -> list[str] | None:
+        """The chunk columns when they are not the key (what an audit record names), or None."""
+        return list(self.chunk_columns) if self.chunking == "timestamp" else None
 
 
 class PlannerCursor(models.Model):
@@ -142,6 +158,12 @@ def show_bound(value: tuple | None, *, end: bool = False) -> str:
     if value is None:
         return "∞" if end else "−∞"
     return value[0] if len(value) == 1 else f"({', '.join(value)})"
+
+
+def show_columns(columns) -> str:
+    """Columns as people read them: ``occurred_at`` or ``(occurred_at, id)``."""
+    columns = list(columns)
+    return columns[0] if len(columns) == 1 else f"({', '.join(columns)})"
 
 
 class ChunkQuerySet(models.QuerySet):
@@ -271,6 +293,9 @@ class AuditRecord(models.Model):
     key_hi = models.JSONField(null=True, blank=True)
     # Chain version 5: a chunk across tenants — rows deleted per tenant ({tenant: rows}).
     tenant_rows = models.JSONField(null=True, blank=True)
+    # Chain version 6: the columns key_lo/key_hi are on when they are not the key's
+    # (timestamp chunks: ["occurred_at", "id"] or ["occurred_at"]); NULL: the key's.
+    bound_columns = models.JSONField(null=True, blank=True)
     attempt = models.PositiveIntegerField()
     worker_host = models.CharField(max_length=200)
     worker_pid = models.IntegerField()
@@ -316,12 +341,14 @@ class AuditRecord(models.Model):
 
     @property
     def interval(self) -> str:
-        """The deleted chunk's key interval, readably (any chain version)."""
+        """The deleted chunk's key interval, readably (any chain version); the columns first
+        when they are not the key's: ``(occurred_at, id) [(…, …), (…, …))``."""
         lo = _bound(self.key_lo, self.key_from)
         hi = tuple(self.key_hi) if self.key_hi is not None else None
         if self.key_lo is None:
             hi = _bound(None, self.key_to)
-        return f"[{show_bound(lo)}, {show_bound(hi, end=True)})"
+        on = f"{show_columns(self.bound_columns)} " if self.bound_columns else ""
+        return f"{on}[{show_bound(lo)}, {show_bound(hi, end=True)})"
 
 
 class PartitionAction(models.Model):
@@ -421,9 +448,11 @@ def discarded_letters(run: Run):
 def discarded_scopes(run: Run) -> list:
     """The scopes (tenant, key interval) an operator gave up on: the run's later passes, their
     DELETEs and its verification leave them out (``predicate.outside_scopes``)."""
-    per_tenant = run.per_tenant(run.policy_version.parsed)
+    spec = run.policy_version.parsed
+    per_tenant = run.per_tenant(spec)
+    columns = run.bound_columns(spec)
     return [
-        Scope(letter.chunk.tenant if per_tenant else None, *letter.chunk.bounds())
+        Scope(letter.chunk.tenant if per_tenant else None, *letter.chunk.bounds(), columns)
         for letter in discarded_letters(run)
     ]
 

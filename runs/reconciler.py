@@ -102,8 +102,9 @@ def discarded_report(run: Run, spec) -> list[dict]:
         chunk = letter.chunk
         lo, hi = chunk.bounds()
         scope = P.in_scope(
-            spec, tenant=chunk.tenant if run.per_tenant(spec) else None, key_from=lo, key_to=hi
-        )
+            spec, tenant=chunk.tenant if run.per_tenant(spec) else None, key_from=lo, key_to=hi,
+            columns=run.bound_columns(spec),
+        )  # fmt: skip
         cond = P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff)
         where = P.Fragment(
             sql.SQL("{} AND {}").format(scope.sql, cond.sql), scope.params + cond.params

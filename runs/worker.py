@@ -275,6 +275,7 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
             key_to=claim.hi,
             outside=discarded_scopes(run),
             by_tenant=bool(spec.tenant) and not per_tenant,
+            columns=run.bound_columns(spec),
         )
         tenant_rows = None
         try:
@@ -307,7 +308,7 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
             table_name=spec.qualified_table,
             cutoff=run.cutoff,
             tenant=tenant,
-            **_audit_bounds(claim),
+            **_audit_bounds(claim, run.own_bound_columns()),
             attempt=attempts + 1,
             worker_host=HOST,
             worker_pid=os.getpid(),
@@ -406,24 +407,29 @@ def _record_failure(run: Run, chunk_id: int, attempts: int, exc: BaseException) 
     )
 
 
-def _audit_bounds(claim: Claim) -> dict:
+def _audit_bounds(claim: Claim, columns: list[str] | None = None) -> dict:
     """The bounds an audit record carries: a plain integer key's as bigints (chain version 2),
-    any other key's as texts per column (version 3)."""
-    if claim.key_from is not None:
+    any other key's as texts per column (version 4); bounds on other columns than the key
+    (timestamp chunks) as texts with those columns named (version 6)."""
+    if claim.key_from is not None and columns is None:
         return {"key_from": claim.key_from, "key_to": claim.key_to}
-    return {
+    out = {
         "key_from": None,
         "key_to": None,
         "key_lo": list(claim.lo),
         "key_hi": None if claim.hi is None else list(claim.hi),
     }
+    if columns is not None:
+        out["bound_columns"] = list(columns)
+    return out
 
 
 def _split(chunk: Chunk, floor_rows: int) -> bool:
     """Replace a chunk that timed out by its two halves (same run, pass, tenant and order): a
-    plain integer key's interval is bisected arithmetically; any other key's at its median
-    eligible key (one ordered read of the chunk's key index, in a savepoint: if even that
-    fails, the chunk is not split)."""
+    plain integer key's interval is bisected arithmetically; any other key's (and any chunk
+    on other columns than the key: timestamp chunks) at its median eligible bound (one
+    ordered read of the chunk columns' index, in a savepoint: if even that fails, the chunk
+    is not split)."""
     if chunk.planned_rows < 2 * floor_rows:
         return False
     lo, hi = chunk.bounds()
@@ -462,17 +468,22 @@ def _split(chunk: Chunk, floor_rows: int) -> bool:
 
 
 def _median_key(chunk: Chunk, lo: tuple, hi: tuple | None) -> tuple | None:
-    """The key half way through the chunk's eligible rows (holds aside), or None."""
+    """The bound (on the run's chunk columns) half way through the chunk's eligible rows
+    (holds aside), or None."""
     run = chunk.run
     spec = run.policy_version.parsed
     tenant = chunk.tenant if run.per_tenant(spec) else None
-    scope = P.in_scope(spec, tenant=tenant, key_from=lo, key_to=hi)
+    columns = run.bound_columns(spec)
+    scope = P.in_scope(spec, tenant=tenant, key_from=lo, key_to=hi, columns=columns)
     cond = P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff, include_holds=False)
     where = P.Fragment.join([scope, cond], " AND ")
     query = P.Fragment(
         sql.SQL("SELECT {k} FROM {t} WHERE {w} ORDER BY {o} OFFSET %s LIMIT 1").format(
-            k=P.key_texts(spec), t=P.table(spec), w=where.sql, o=P.key_order(spec)
-        ),
+            k=P.key_texts(spec, columns=columns),
+            t=P.table(spec),
+            w=where.sql,
+            o=P.key_order(spec, columns=columns),
+        ),  # fmt: skip
         [*where.params, max(1, chunk.planned_rows // 2)],
     )
     try:
