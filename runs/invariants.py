@@ -89,18 +89,21 @@ def _scalar(query: sql.Composable, params: list):
         return cur.fetchone()
 
 
-def _column_types(schema: str, table: str) -> dict[str, tuple[str, str, str]]:
-    """column → (schema of its type, type name, format_type)."""
+def _column_types(schema: str, table: str) -> dict[str, tuple[str, str, str, str]]:
+    """column → (schema of its type, type name, format_type, the base type's name: a domain's
+    base type, else the type name)."""
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT a.attname, n.nspname, t.typname, format_type(a.atttypid, NULL)"
+            "SELECT a.attname, n.nspname, t.typname, format_type(a.atttypid, NULL),"
+            " CASE WHEN t.typtype = 'd' THEN (SELECT b.typname FROM pg_type b"
+            "  WHERE b.oid = t.typbasetype) ELSE t.typname END"
             " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
             " JOIN pg_namespace cn ON cn.oid = c.relnamespace"
             " JOIN pg_type t ON t.oid = a.atttypid JOIN pg_namespace n ON n.oid = t.typnamespace"
             " WHERE cn.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped",
             [schema, table],
         )
-        return {name: (nsp, typ, fmt) for name, nsp, typ, fmt in cur.fetchall()}
+        return {name: (nsp, typ, fmt, base) for name, nsp, typ, fmt, base in cur.fetchall()}
 
 
 def _casts(value: str, type_ident: sql.Composable) -> bool:
@@ -177,7 +180,7 @@ class Oracle:
         return sql.SQL("{}.{}").format(ROW, sql.Identifier(name))
 
     def type_ident(self, column: str) -> sql.Composable:
-        nsp, typ, _ = self.types[column]
+        nsp, typ = self.types[column][:2]
         return sql.Identifier(nsp, typ)
 
     def old(self) -> tuple[sql.Composable, list]:
@@ -214,8 +217,9 @@ class Oracle:
         return sql.SQL("(({}) IS NOT FALSE)").format(sql.SQL(" OR ").join(parts)), params
 
     def integer_key(self) -> bool:
+        """One integer key column (a domain over an integer type is one: its base decides)."""
         cols = self.spec.key_columns
-        return len(cols) == 1 and self.types[cols[0]][1] in ("int2", "int4", "int8")
+        return len(cols) == 1 and self.types[cols[0]][3] in ("int2", "int4", "int8")
 
     def held(self) -> tuple[sql.Composable, list]:
         """A hold's key interval (integers) applies to one integer key column; on any other

@@ -129,6 +129,8 @@ CURATED = [
           chunk_size=10),
     Shape("timestamptz-key-duplicates", 78, "citext", key_type="timestamptz", key_layout="dup"),
     Shape("bigint-domain-key", 80, "integer", key_type="bigint_domain"),
+    Shape("bigint-domain-key-range-hold", 93, None, key_type="bigint_domain", correlated=False,
+          holds=(Hold(None, 0, 20_000),)),
     Shape("enum-key", 81, None, key_type="enum", correlated=False, chunk_size=10),
     Shape("timestamptz-domain-column", 82, "text", ts_type="domain"),
     Shape("composite-citext-tenant-id-key-hold", 85, "citext", composite="tenant",
