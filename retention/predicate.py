@@ -106,7 +106,13 @@ def _tenant_equals(spec, alias: sql.Identifier, types) -> sql.Composable:
     )
 
 
-def held(spec: PolicySpec, policy_id: int, *, types: dict | None = None) -> Fragment:
+def held(
+    spec: PolicySpec,
+    policy_id: int,
+    *,
+    types: dict | None = None,
+    holds: sql.Composable | None = None,
+) -> Fragment:
     """An active legal hold covers the row: one correlated ``EXISTS``.
 
     Used as a top-level ``NOT EXISTS`` in the eligibility predicate, so the planner turns it
@@ -119,7 +125,10 @@ def held(spec: PolicySpec, policy_id: int, *, types: dict | None = None) -> Frag
     ignore leading zeros, uuids their case). ``retention.holds`` checks when a hold is
     placed, and when a version is validated, that every applicable hold's value casts. In
     a policy without a tenant column, a tenant-scoped hold (one on all policies) covers
-    every row: it cannot tell the tenant's rows from the others, so it protects them all."""
+    every row: it cannot tell the tenant's rows from the others, so it protects them all.
+
+    ``holds``: where the holds are read from (default: the hold table; a statement that checks
+    many rows one by one names a materialized copy of the active ones instead)."""
     hold = sql.Identifier("h")
     tenant_match = _tenant_equals(spec, hold, types)
     text = sql.SQL(
@@ -128,7 +137,7 @@ def held(spec: PolicySpec, policy_id: int, *, types: dict | None = None) -> Frag
         " AND ({h}.tenant IS NULL OR {tenant_match})"
         "{keys})"
     ).format(
-        holds=sql.Identifier(LegalHold._meta.db_table),
+        holds=holds or sql.Identifier(LegalHold._meta.db_table),
         h=hold,
         tenant_match=tenant_match,
         keys=_hold_keys(spec, hold, types),
@@ -446,11 +455,12 @@ def eligible(
     cutoff: datetime,
     include_holds: bool = True,
     outside: Sequence[Scope] = (),
+    types: dict | None = None,
 ) -> Fragment:
     """Older than the cutoff, key and tenant not NULL, not kept, outside the run's discarded
     scopes (``outside``), and (unless told otherwise) not held. The planner (holds left out),
     the DELETE and verification all use this."""
-    types = column_types(spec)
+    types = column_types(spec) if types is None else types
     parts = [
         older_than(spec, cutoff, types=types),
         has_values(spec),
@@ -555,3 +565,70 @@ def held_by_tenant(
         " WHERE {not_held} AND {held} LIMIT %s) AS s GROUP BY 1"
     ).format(tenant=tenant, table=table(spec), not_held=not_held.sql, held=h.sql)
     return Fragment(text, [*not_held.params, *h.params, limit])
+
+
+def verification_counts(
+    spec: PolicySpec,
+    *,
+    policy_id: int,
+    cutoff: datetime,
+    outside: Sequence[Scope] = (),
+    limit: int,
+    types: dict | None = None,
+) -> Fragment:
+    """A run's verification in one statement and one scan of the rows older than the cutoff:
+    ``(remaining, deferred_by_holds, null_rows)``.
+
+    - remaining: ``eligible`` (holds applied, ``outside`` left out) — what a later pass would
+      delete;
+    - deferred_by_holds: eligible but for the holds (``eligible`` without them) and ``held``;
+    - null_rows: the rows ``null_rows`` counts (older than the cutoff with a NULL key or tenant,
+      and rows with a NULL timestamp), for the planned columns the catalog does not declare
+      NOT NULL.
+
+    Each figure is ``count(*) FILTER (…)`` of the same scan, capped at ``limit``: what three
+    separate counts stopping at ``limit`` reported. The cap does not cut the scan short (a
+    ``LIMIT`` over the combined rows would, and a scan stopped by held or NULL rows could then
+    miss a remaining one): a verification that finds nothing left reads the whole old range
+    anyway, as the separate counts did. Rows with a NULL timestamp are outside that range;
+    when the column is nullable they are a second branch (``IS NULL``: the index's NULL end)
+    of the same statement.
+
+    ``held`` is a flag of each row eligible but for the holds, checked once per row (``OFFSET
+    0`` keeps the subquery's target list from being copied into the three filters) against a
+    materialized copy of the policy's active holds, read once per statement."""
+    types = column_types(spec) if types is None else types
+    holds = sql.Identifier("active_holds")
+    not_held = eligible(
+        spec,
+        policy_id=policy_id,
+        cutoff=cutoff,
+        include_holds=False,
+        outside=outside,
+        types=types,
+    )
+    h = held(spec, policy_id, types=types, holds=holds)
+    older = older_than(spec, cutoff, types=types)
+    known_not_null = {name for name, t in types.items() if t.not_null}
+    nullable = [c for c in planned_columns(spec) if c not in known_not_null]
+    null = null_rows(spec, cutoff=cutoff, nullable=nullable) or Fragment(sql.SQL("FALSE"), [])
+    rows = sql.SQL(
+        "SELECT {e} AS e, {e} AND {h} AS h, {n} AS n FROM {table} WHERE {older} AND ({e} OR {n})"
+    ).format(e=not_held.sql, h=h.sql, n=null.sql, table=table(spec), older=older.sql)
+    params = [
+        *not_held.params, *not_held.params, *h.params, *null.params,
+        *older.params, *not_held.params, *null.params,
+    ]  # fmt: skip
+    if spec.timestamp in nullable:
+        # ``null_rows`` is TRUE for every row with a NULL timestamp, and no other figure is
+        rows = sql.SQL("{} UNION ALL SELECT FALSE, FALSE, TRUE FROM {} WHERE {} IS NULL").format(
+            rows, table(spec), col(spec.timestamp)
+        )
+    text = sql.SQL(
+        "WITH {holds} AS MATERIALIZED (SELECT * FROM {hold_table} WHERE released_at IS NULL"
+        " AND (policy_id IS NULL OR policy_id = %s))"
+        " SELECT least(count(*) FILTER (WHERE s.e AND NOT s.h), %s),"
+        " least(count(*) FILTER (WHERE s.h), %s), least(count(*) FILTER (WHERE s.n), %s)"
+        " FROM ({rows} OFFSET 0) AS s"
+    ).format(holds=holds, hold_table=sql.Identifier(LegalHold._meta.db_table), rows=rows)
+    return Fragment(text, [policy_id, limit, limit, limit, *params])

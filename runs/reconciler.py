@@ -59,53 +59,52 @@ def _count(frag: P.Fragment) -> int:
 def verify(run: Run, *, limit: int = 100_000) -> dict:
     """Eligible rows still present under the run's cutoff (kept and held rows, and the run's
     discarded scopes, excluded: the same predicate its later passes plan and delete by), rows
-    deferred by legal holds, and the rows left in each discarded scope. Counts stop at ``limit``."""
+    deferred by legal holds, rows never eligible because a planned column is NULL — one
+    statement, one scan of the old range (``predicate.verification_counts``), each count
+    stopping at ``limit`` — and the rows left in each discarded scope."""
     spec = run.policy_version.parsed
-    outside = discarded_scopes(run)
-    remaining = _count(
-        P.count_where(
-            spec,
-            P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff, outside=outside),
-            limit=limit,
-        )
+    types = P.column_types(spec)
+    counts = P.verification_counts(
+        spec,
+        policy_id=run.policy_id,
+        cutoff=run.cutoff,
+        outside=discarded_scopes(run),
+        limit=limit,
+        types=types,
     )
-    not_held = P.eligible(
-        spec, policy_id=run.policy_id, cutoff=run.cutoff, include_holds=False, outside=outside
-    )
-    held = P.held(spec, run.policy_id)
-    deferred = _count(
-        P.count_where(
-            spec,
-            P.Fragment(
-                sql.SQL("{} AND {}").format(not_held.sql, held.sql), not_held.params + held.params
-            ),
-            limit=limit,
-        )
-    )
+    with connection.cursor() as cur:
+        cur.execute(counts.sql.as_string(cur.connection), counts.params)
+        remaining, deferred, nulls = cur.fetchone()
     return {
         "remaining": remaining,
         "deferred_by_holds": deferred,
-        "discarded": discarded_report(run, spec),
-        "not_eligible_null": null_count(spec, run.cutoff, limit=limit),
+        "discarded": discarded_report(run, spec, types=types),
+        "not_eligible_null": nulls,
         "limit": limit,
         "checked_at": timezone.now().isoformat(),
         "pass": run.pass_no,
     }
 
 
-def discarded_report(run: Run, spec) -> list[dict]:
+def discarded_report(run: Run, spec, *, types: dict | None = None) -> list[dict]:
     """Eligible rows left in each of the run's discarded scopes (``models.discarded_letters``,
     at most ``MAX_DISCARDED_SCOPES``): an operator gave up on them, so verification does not
-    count them as remaining; it reports them, by whom, why."""
+    count them as remaining; it reports them, by whom, why. One count per scope, each over
+    the scope's tenant and key interval."""
+    types = P.column_types(spec) if types is None else types
     out = []
     for letter in discarded_letters(run):
         chunk = letter.chunk
         lo, hi = chunk.bounds()
         scope = P.in_scope(
-            spec, tenant=chunk.tenant if run.per_tenant(spec) else None, key_from=lo, key_to=hi,
+            spec,
+            tenant=chunk.tenant if run.per_tenant(spec) else None,
+            key_from=lo,
+            key_to=hi,
             columns=run.bound_columns(spec),
-        )  # fmt: skip
-        cond = P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff)
+            types=types,
+        )
+        cond = P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff, types=types)
         where = P.Fragment(
             sql.SQL("{} AND {}").format(scope.sql, cond.sql), scope.params + cond.params
         )
@@ -118,15 +117,6 @@ def discarded_report(run: Run, spec) -> list[dict]:
             }
         )  # fmt: skip
     return out
-
-
-def null_count(spec, cutoff, *, limit: int) -> int:
-    """Rows never eligible because a planned column is NULL (``predicate.null_rows``); no query
-    when the catalog says none of those columns can be NULL."""
-    known_not_null = {name for name, t in P.column_types(spec).items() if t.not_null}
-    nullable = [c for c in P.planned_columns(spec) if c not in known_not_null]
-    where = P.null_rows(spec, cutoff=cutoff, nullable=nullable)
-    return 0 if where is None else _count(P.count_where(spec, where, limit=limit))
 
 
 def finish_run(run: Run) -> str:

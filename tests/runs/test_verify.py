@@ -1,0 +1,81 @@
+"""A run's verification: remaining, deferred and NULL rows counted by one statement, in one scan
+of the target's old rows, each figure exact up to the limit."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from django.db import connection
+
+from retention import actions
+from runs.actions import trigger_run
+from runs.reconciler import verify
+from tests.factories import approved_policy, events_spec
+from tests.runs.conftest import NOW
+
+TABLE = '"public"."rr_verify"'
+
+
+def _sql(text: str, params=None) -> None:
+    with connection.cursor() as cur:
+        cur.execute(text, params or [])
+
+
+def _table() -> None:
+    """Old rows (40 days, the policy keeps 20): 7 eligible (tenant 2), 5 under a hold on
+    tenant 3 and one more there that is kept, 4 kept, 2 with a NULL key, 3 with a NULL
+    tenant, 1 with a NULL timestamp; young rows, one of them with a NULL tenant."""
+    _sql("DROP TABLE IF EXISTS public.rr_verify")
+    _sql(
+        "CREATE TABLE public.rr_verify (id bigint, tenant_id int, occurred_at timestamptz,"
+        " status text)"
+    )
+    old, young = NOW.replace(month=10, day=21), NOW.replace(day=25)
+    rows = (
+        [(i, 2, old, "closed") for i in range(1, 8)]
+        + [(i, 3, old, "closed") for i in range(101, 106)]
+        + [(106, 3, old, "disputed")]
+        + [(i, 2, old, "disputed") for i in range(201, 205)]
+        + [(None, 2, old, "closed"), (None, 4, old, "closed")]
+        + [(i, None, old, "closed") for i in range(401, 404)]
+        + [(501, 2, None, "closed")]
+        + [(i, 2, young, "closed") for i in range(601, 611)]
+        + [(611, None, young, "closed")]
+    )
+    with connection.cursor() as cur:
+        cur.executemany("INSERT INTO public.rr_verify VALUES (%s, %s, %s, %s)", rows)
+    _sql("CREATE UNIQUE INDEX ON public.rr_verify (id)")
+    _sql("CREATE INDEX ON public.rr_verify (tenant_id, id)")
+    _sql("CREATE INDEX ON public.rr_verify (occurred_at)")
+    _sql("ANALYZE public.rr_verify")
+
+
+@contextmanager
+def statements_on_target(seen: list):
+    def record(execute, sql, params, many, context):
+        if TABLE in sql:
+            seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        yield
+
+
+def test_verification_counts_remaining_held_and_null_rows_in_one_statement(db, make_user):
+    _table()
+    policy = approved_policy(make_user, **events_spec(slug="verify", table="rr_verify"))
+    actions.place_hold(
+        actor=make_user("carol-verify", "compliance"), reason="litigation", policy=policy,
+        tenant="3",
+    )  # fmt: skip
+    run, _ = trigger_run(policy, tick=NOW)
+
+    for limit, expected in ((100_000, (7, 5, 6)), (6, (6, 5, 6)), (2, (2, 2, 2))):
+        seen: list = []
+        with statements_on_target(seen):
+            result = verify(run, limit=limit)
+        figures = (result["remaining"], result["deferred_by_holds"], result["not_eligible_null"])
+        # each figure is what its own count stopping at the limit says
+        assert figures == expected, (limit, figures)
+        assert result["limit"] == limit
+        assert len(seen) == 1, seen
