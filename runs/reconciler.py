@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 
 from django.conf import settings
@@ -72,7 +73,7 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
         limit=limit,
         types=types,
     )
-    with connection.cursor() as cur:
+    with transaction.atomic(), _bitmap_scan(spec), connection.cursor() as cur:
         cur.execute(counts.sql.as_string(cur.connection), counts.params)
         remaining, deferred, nulls = cur.fetchone()
     return {
@@ -84,6 +85,48 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
         "checked_at": timezone.now().isoformat(),
         "pass": run.pass_no,
     }
+
+
+PLAN_METHODS = ("enable_indexscan", "enable_indexonlyscan", "enable_seqscan")
+
+
+@contextmanager
+def _bitmap_scan(spec):
+    """Within the block (inside a transaction), read the target by bitmap scans: when a btree
+    index leads with the timestamp column, the verification reads the old range through it
+    with a bitmap heap scan. After a run that range is mostly dead tuples, and the statistics
+    (from before the deletes) cannot say so: an index scan visits every dead tuple from its
+    index entry and, marking each entry dead, writes every index page in the range to the WAL
+    again (a full-page image with data checksums); a bitmap heap scan visits each heap page
+    once, in physical order. The previous settings are restored after the block (a failure
+    rolls the caller's savepoint back, and the settings with it)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index i"
+            " JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid"
+            " JOIN pg_catalog.pg_am am ON am.oid = ic.relam"
+            " JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
+            " WHERE i.indrelid = (SELECT c.oid FROM pg_catalog.pg_class c"
+            "  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            "  WHERE n.nspname = %s AND c.relname = %s)"
+            " AND am.amname = 'btree' AND i.indisvalid AND i.indpred IS NULL AND a.attname = %s),"
+            " current_setting(%s), current_setting(%s), current_setting(%s)",
+            [spec.schema, spec.table, spec.timestamp, *PLAN_METHODS],
+        )
+        indexed, *before = cur.fetchone()
+        if indexed:
+            _set_local(cur, {name: "off" for name in PLAN_METHODS})
+    yield
+    if indexed:
+        with connection.cursor() as cur:
+            _set_local(cur, dict(zip(PLAN_METHODS, before, strict=True)))
+
+
+def _set_local(cur, values: dict) -> None:
+    cur.execute(
+        "SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(values)),
+        [x for pair in values.items() for x in pair],
+    )
 
 
 def discarded_report(run: Run, spec, *, types: dict | None = None) -> list[dict]:

@@ -79,3 +79,34 @@ def test_verification_counts_remaining_held_and_null_rows_in_one_statement(db, m
         assert figures == expected, (limit, figures)
         assert result["limit"] == limit
         assert len(seen) == 1, seen
+
+
+def _setting(name: str) -> str:
+    with connection.cursor() as cur:
+        cur.execute("SELECT current_setting(%s)", [name])
+        return cur.fetchone()[0]
+
+
+def test_verification_reads_the_old_range_by_a_bitmap_scan_of_the_timestamp_index(db, make_user):
+    _table()
+    policy = approved_policy(make_user, **events_spec(slug="verify", table="rr_verify"))
+    run, _ = trigger_run(policy, tick=NOW)
+    plans: list = []
+
+    def explain(execute, sql, params, many, context):
+        if TABLE in sql and sql.startswith("WITH"):
+            raw = context["cursor"].cursor
+            raw.execute("EXPLAIN (COSTS OFF) " + sql, params)
+            plans.append("\n".join(row[0] for row in raw.fetchall()))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(explain):
+        result = verify(run)
+
+    assert result["remaining"] == 12  # no hold here: tenant 3's five rows are eligible too
+    (plan,) = plans
+    target = [line for line in plan.splitlines() if "rr_verify" in line]
+    assert any("Bitmap Index Scan on rr_verify_occurred_at_idx" in line for line in target), plan
+    assert all("Bitmap" in line for line in target if "Scan" in line), plan
+    # the planner's settings are the session's again afterwards
+    assert [_setting(name) for name in ("enable_indexscan", "enable_seqscan")] == ["on", "on"]
