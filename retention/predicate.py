@@ -286,14 +286,20 @@ def key_texts(spec: PolicySpec, *, columns=None) -> sql.Composable:
 
 
 def _typed(spec: PolicySpec, name: str, types: dict) -> sql.Composable:
+    return typed_as_key(spec, name, types, sql.SQL("%s"))
+
+
+def typed_as_key(spec: PolicySpec, name: str, types: dict, expr: sql.Composable) -> sql.Composable:
+    """``expr`` (a parameter, or an expression in parentheses) as key column ``name`` compares
+    with it: cast to the column's type, with its collation; an integer column's as bigint."""
     ctype = types.get(name)
     if ctype is None:  # the column is gone: the statement fails on it, as it should
-        return sql.SQL("%s")
+        return expr
     if ctype.base in INTEGER_KEY_TYPES:
         # as bigint: a chunk of a smallint key may end at 32768 (last key + 1), which the
         # column's own type cannot hold; btree compares integers across widths
-        return sql.SQL("%s::pg_catalog.int8")
-    return sql.SQL("%s::{}{}").format(ctype.cast(), ctype.collate())
+        return sql.SQL("{}::pg_catalog.int8").format(expr)
+    return sql.SQL("{}::{}{}").format(expr, ctype.cast(), ctype.collate())
 
 
 def key_value(spec: PolicySpec, value: Bound, types: dict, *, columns=None) -> Fragment:
@@ -397,8 +403,9 @@ def outside_scopes(
     One ``NOT EXISTS`` over a ``VALUES`` list, top-level like ``held``: an anti-join that leaves
     the chunk's key-range index scan alone (a ``NOT (s1 OR s2 ...)`` filter skews the row
     estimate and pushes the planner to combine indexes). The tenant is compared in the
-    column's own type, as in ``held``; the bounds in the key columns' types (a row for a
-    composite key)."""
+    column's own type, as in ``held`` (and not read when no scope names a tenant); the bounds
+    in the key columns' types (a row for a composite key). Key and tenant columns only: the
+    planner's index-only walk uses it too."""
     if not scopes:
         return Fragment(sql.SQL("TRUE"), [])
     types = column_types(spec) if types is None else types
@@ -415,7 +422,10 @@ def outside_scopes(
 
 def _outside(spec: PolicySpec, scopes, columns: tuple, types: dict) -> Fragment:
     d = sql.Identifier("d")
-    tenant_match = _tenant_equals(spec, d, types)
+    # scopes across tenants only (key-range chunks): the tenant column is not read at all, so
+    # the planner's walk can stay on the chunk columns' index alone
+    by_tenant = spec.tenant and any(s.tenant is not None for s in scopes)
+    tenant_match = _tenant_equals(spec, d, types) if by_tenant else sql.SQL("TRUE")
     n = len(columns)
     typed = [_typed(spec, c, types) for c in columns]
     row = sql.SQL("(%s::text, {})").format(sql.SQL(", ").join(typed + typed))

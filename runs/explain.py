@@ -11,7 +11,7 @@ from psycopg import sql
 from retention import geometry
 from retention import predicate as P
 from retention.schedule_math import latest_tick
-from runs.planner import bounds_query, exclusive_end, step_query, tenants_query
+from runs.planner import boundaries, bounds_query, tenants_query, walk_filter, window_query
 
 
 class _Rollback(Exception):
@@ -36,7 +36,8 @@ def _plan(frag: P.Fragment) -> list[str]:
 def statements(policy) -> list[tuple[str, P.Fragment]]:
     """The engine's statements on the target, built by the engine's own functions, with
     realistic parameters for ``policy`` now (its first eligible key and that key's tenant,
-    and the first chunk the planner would plan from there)."""
+    and the first chunk the planner would plan from there, along the geometry a run would
+    use now)."""
     spec = policy.approved_version.parsed
     types = P.column_types(spec)
     cutoff = spec.cutoff_for(latest_tick(policy, timezone.now()))
@@ -56,24 +57,28 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
             cur.execute(query.as_string(cur.connection), first.params)
             row = cur.fetchone()
             tenant = row[0] if row else None
-    scope = P.in_scope(spec, tenant=tenant, key_from=lo, types=types)
-    parts = [scope]
-    if hi is not None:
-        parts.append(P.key_compare(spec, "<=", P.bound(hi), types))
-    plan_filter = P.eligible(spec, policy_id=policy.id, cutoff=cutoff, include_holds=False)
-    where = P.Fragment.join([*parts, plan_filter], " AND ")
-    step = step_query(spec, where, spec.chunk_size)
+    per_tenant = bool(spec.tenant) and geometry.choose_safely(spec).per_tenant
+    chunk_tenant = tenant if per_tenant else None
+    integer = P.integer_key(spec, types)
+    position = P.bound(lo) if lo is not None else None
+    last = P.bound(hi) if hi is not None else position
+    if position is not None:
+        walk = walk_filter(spec, tenant=chunk_tenant, last=last, types=types)
+    else:  # nothing eligible (and not an integer key): the walk over no keys
+        walk, position = P.Fragment(sql.SQL("FALSE"), []), (None,) * len(spec.key_columns)
+    window = window_query(spec, walk, position, spec.chunk_size, 1, types)
     with connection.cursor() as cur:
-        cur.execute(step.sql.as_string(cur.connection), step.params)
-        ahead = cur.fetchall()
-    if P.integer_key(spec, types):
-        last = int(ahead[0][0]) if ahead else int((lo or ["0"])[0]) + spec.chunk_size - 1
-        chunk_to = exclusive_end(last)
-    else:
-        chunk_to = P.bound(ahead[1]) if len(ahead) == 2 else None
+        cur.execute(window.sql.as_string(cur.connection), window.params)
+        rows = cur.fetchall()
+    planned, _, _, _ = boundaries(
+        rows, width=len(spec.key_columns), position=position, chunk_size=spec.chunk_size,
+        integer=integer,
+    )  # fmt: skip
+    chunk_to = planned[0][1] if planned and lo is not None else None
     delete = P.delete_chunk(
-        spec, policy_id=policy.id, cutoff=cutoff, tenant=tenant, key_from=lo, key_to=chunk_to
-    )
+        spec, policy_id=policy.id, cutoff=cutoff, tenant=chunk_tenant, key_from=lo,
+        key_to=chunk_to, by_tenant=not per_tenant,
+    )  # fmt: skip
     verify = P.count_where(
         spec, P.eligible(spec, policy_id=policy.id, cutoff=cutoff), limit=100_000
     )
@@ -81,7 +86,7 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
     if spec.tenant:
         out.append(("planner: distinct tenants (loose index scan)", tenants_query(spec)))
     out += [
-        ("planner: one step (the key chunk_size rows ahead)", step),
+        ("planner: one window (chunk boundaries from the key index)", window),
         ("worker: chunk DELETE (rolled back)", delete),
         ("reconciler: verification count", verify),
     ]

@@ -1,15 +1,22 @@
-"""The planner: an incremental keyset walk that turns a run's eligible rows into chunks.
+"""The planner: an incremental keyset walk of the key index that turns a run's keys into chunks.
 
+- Index only: the walk reads the key columns (and the tenant, for per-tenant chunks) between
+  the run's first and last eligible key — never the timestamp or keep-rule columns — so a
+  btree on ``(tenant, key…)`` or ``key…`` answers it with an Index Only Scan and the heap is
+  read once, by the DELETE, which applies the whole eligibility predicate. A chunk's
+  ``planned_rows`` is therefore the keys in its range when planned: what it can delete at
+  most (young, kept and held rows in the range stay).
 - Bounded: it keeps at most ``PLANNER_WINDOW`` pending chunks per run, so a huge
   backlog never floods the ledger; workers call it again as chunks finish.
-- Durable: each step creates one chunk and advances that tenant's cursor in one
-  transaction; a crashed planner resumes from the stored cursor.
-- Serialized per cursor: a step locks its cursor row (``SKIP LOCKED``), and chunk
-  identity (run, pass, tenant, bounds) is unique, so two planners never create
-  overlapping chunks.
+- A window per transaction: one step locks its cursors, reads the boundaries of up to N
+  chunks in one query per cursor, inserts them in one statement, advances the cursors in
+  one and commits; a crashed planner resumes from the stored cursors.
+- Serialized per cursor: a step locks its cursor rows (``SKIP LOCKED``), cursors only move
+  forward and chunk identity (run, pass, tenant, bounds) is unique, so two planners never
+  create overlapping chunks.
 - Any btree-ordered key: bounds are tuples of the key columns' texts
   (``retention.predicate.Bound``), compared as a row for a composite key.
-- Memory is independent of table size: it holds one cursor and one key at a time.
+- Memory is independent of table size: a step holds at most N + 1 keys per cursor.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import time
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import DatabaseError, connection, transaction
 from psycopg import sql
 
 from core import locks, timeouts
@@ -51,14 +58,6 @@ def _fetchall(frag: P.Fragment):
         return cur.fetchall()
 
 
-def _planning_filter(run: Run, spec: PolicySpec, outside) -> P.Fragment:
-    # Holds are left to the DELETE (they may change while the run goes on); discarded scopes
-    # are never planned again.
-    return P.eligible(
-        spec, policy_id=run.policy_id, cutoff=run.cutoff, include_holds=False, outside=outside
-    )
-
-
 def tenants_query(spec: PolicySpec) -> P.Fragment:
     """Distinct tenants, by a loose index scan over the (tenant, key) index."""
     tcol = sql.Identifier(spec.tenant)
@@ -77,30 +76,187 @@ def tenants(spec: PolicySpec) -> list[str]:
     return [row[0] for row in _fetchall(tenants_query(spec))]
 
 
-def bounds_query(run_policy_id: int, cutoff, spec: PolicySpec, outside=()) -> P.Fragment:
-    """First and last eligible key, each as an array of its columns' texts (holds left to the
-    DELETE; ``outside``: discarded scopes). Two ``ORDER BY key LIMIT 1`` reads of the key's
-    index, for any key type (a composite key has no ``min``)."""
+def bounds_query(
+    run_policy_id: int, cutoff, spec: PolicySpec, outside=(), columns=None
+) -> P.Fragment:
+    """First and last eligible key (on the chunk columns ``columns``: default the key's), each
+    as an array of its columns' texts (holds left to the DELETE; ``outside``: discarded
+    scopes). Two ``ORDER BY key LIMIT 1`` reads of the key's index, for any key type (a
+    composite key has no ``min``)."""
     where = P.eligible(
         spec, policy_id=run_policy_id, cutoff=cutoff, include_holds=False, outside=outside
     )
     one = sql.SQL("(SELECT ARRAY[{k}] FROM {tbl} WHERE {w} ORDER BY {o} LIMIT 1)")
-    first = one.format(k=P.key_texts(spec), tbl=P.table(spec), w=where.sql, o=P.key_order(spec))
+    k = P.key_texts(spec, columns=columns)
+    first = one.format(k=k, tbl=P.table(spec), w=where.sql, o=P.key_order(spec, columns=columns))
     last = one.format(
-        k=P.key_texts(spec), tbl=P.table(spec), w=where.sql, o=P.key_order(spec, descending=True)
-    )
+        k=k, tbl=P.table(spec), w=where.sql,
+        o=P.key_order(spec, descending=True, columns=columns),
+    )  # fmt: skip
     return P.Fragment(sql.SQL("SELECT {}, {}").format(first, last), where.params * 2)
 
 
-def step_query(spec: PolicySpec, where: P.Fragment, chunk_size: int) -> P.Fragment:
-    """The key ``chunk_size`` eligible rows ahead of the cursor, and the one after it (the
-    next chunk's first key): at most two rows of the key's column texts."""
-    return P.Fragment(
-        sql.SQL("SELECT {k} FROM {tbl} WHERE {w} ORDER BY {o} OFFSET %s LIMIT 2").format(
-            k=P.key_texts(spec), tbl=P.table(spec), w=where.sql, o=P.key_order(spec)
-        ),
-        [*where.params, chunk_size - 1],
+def walk_filter(
+    spec: PolicySpec, *, tenant: str | None, last, outside=(), types=None, columns=None
+) -> P.Fragment:
+    """The keys a cursor's walk may read (the walk adds its lower bound): up to and including
+    ``last`` (the run's last eligible key), not NULL, one tenant's for a per-tenant cursor,
+    outside the run's discarded scopes. Key and tenant columns only — no timestamp, keep rule
+    or hold — so a btree on ``(tenant, key…)`` or ``key…`` answers it with an Index Only Scan;
+    the DELETE applies the full eligibility predicate. ``columns``: the chunk columns the
+    bounds are on (``predicate.chunk_columns``; default the key's)."""
+    types = P.column_types(spec) if types is None else types
+    not_null = sql.SQL(" AND ").join(
+        sql.SQL("{} IS NOT NULL").format(P.col(c)) for c in P.chunk_columns(spec, columns)
     )
+    parts = [
+        P.in_scope(spec, tenant=tenant, types=types),
+        P.key_compare(spec, "<=", last, types, columns=columns),
+        P.Fragment(not_null, []),
+    ]
+    if outside:
+        parts.append(P.outside_scopes(spec, outside, types=types))
+    return P.Fragment.join(parts, " AND ")
+
+
+def window_query(
+    spec: PolicySpec,
+    walk: P.Fragment,
+    position,
+    chunk_size: int,
+    chunks: int,
+    types=None,
+    columns=None,
+) -> P.Fragment:
+    """The boundaries of up to ``chunks`` chunks of ``chunk_size`` keys each, from ``position``
+    on along the keys ``walk`` selects, in one statement: a recursive hop from boundary to
+    boundary, each hop ``ORDER BY key OFFSET chunk_size - 1 LIMIT 2`` from the last one, an
+    Index Only Scan of ``chunk_size + 1`` entries of the key's btree (``chunks * chunk_size``
+    entries in all, the heap never read).
+
+    A hop gives the chunk's last key and the next chunk's first key: ``rr_step`` TRUE (they
+    differ: a chunk of exactly ``chunk_size`` keys), FALSE (one key value spans the boundary:
+    the hops stop there) or NULL (exactly ``chunk_size`` keys were left: the last chunk).
+    When fewer than ``chunk_size`` keys are left after the last hop, one more row counts them
+    (``rr_tail``; ``rr_top``: an integer key's largest). ``boundaries`` reads the rows."""
+    types = P.column_types(spec) if types is None else types
+    cols = P.chunk_columns(spec, columns)
+    n = len(cols)
+    join = sql.SQL(", ").join
+    ks = [sql.Identifier(f"rr_k{i}") for i in range(n)]  # a hop's boundary: a chunk's first key
+    ls = [sql.Identifier(f"rr_l{i}") for i in range(n)]  # the key before it: a chunk's last
+
+    def typed(column, expr):
+        return P.typed_as_key(spec, column, types, expr)
+
+    def of(alias, names):
+        return [sql.SQL("{}.{}").format(sql.Identifier(alias), name) for name in names]
+
+    def row(items):
+        return items[0] if n == 1 else sql.SQL("({})").format(join(items))
+
+    def regular(alias):  # the hop's two keys differ: the boundary is a key value's first row
+        return sql.SQL("{} < {}").format(row(of(alias, ls)), row(of(alias, ks)))
+
+    start = join(
+        sql.SQL("{} AS {}").format(typed(c, sql.SQL("%s")), name)
+        for c, name in zip(cols * 2, ks + ls, strict=True)
+    )
+    carried = join(
+        typed(c, sql.SQL("({})").format(e)) for c, e in zip(cols * 2, of("x", ks + ls), strict=True)
+    )
+    pair = join(
+        [sql.SQL("{} AS {}").format(P.col(c), name) for c, name in zip(cols, ls, strict=True)]
+        + [
+            sql.SQL("lead({}) OVER w AS {}").format(P.col(c), name)
+            for c, name in zip(cols, ks, strict=True)
+        ]
+    )
+    texts = join(sql.SQL("{}::text").format(e) for e in of("hop", ks + ls))
+    nulls = join(sql.SQL("NULL::text") for _ in range(2 * n))
+    integer = P.integer_bounds(spec, columns, types)
+    top = sql.SQL("max({})::text").format(P.col(cols[0])) if integer else sql.SQL("NULL::text")
+    query = sql.SQL(
+        "WITH RECURSIVE hop AS ("
+        "SELECT {start}, 0 AS rr_i"
+        " UNION ALL"
+        " SELECT {carried}, hop.rr_i + 1 FROM hop CROSS JOIN LATERAL ("
+        "SELECT {pair} FROM (SELECT {key_cols} FROM {tbl} WHERE {walk} AND {key} >= {hop_key}"
+        " ORDER BY {order} OFFSET %s LIMIT 2) AS {t} WINDOW w AS (ORDER BY {order})"
+        " ORDER BY {order} LIMIT 1) AS x"
+        " WHERE hop.rr_i < %s AND (hop.rr_i = 0 OR {hop_regular})"
+        "), tail AS (SELECT * FROM hop ORDER BY rr_i DESC LIMIT 1)"
+        " SELECT {hop_texts}, rr_i, {hop_regular} AS rr_step, NULL::bigint AS rr_tail,"
+        " NULL::text AS rr_top FROM hop WHERE rr_i > 0"
+        " UNION ALL"
+        " SELECT {nulls}, tail.rr_i, NULL::boolean, x.n, x.top FROM tail CROSS JOIN LATERAL ("
+        "SELECT count(*) AS n, {top} AS top FROM {tbl} WHERE {walk} AND {key} >= {tail_key}) AS x"
+        " WHERE tail.rr_i < %s AND (tail.rr_i = 0 OR {tail_regular})"
+        " ORDER BY rr_i, rr_tail NULLS FIRST"
+    ).format(
+        start=start,
+        carried=carried,
+        pair=pair,
+        key_cols=join(P.col(c) for c in cols),
+        tbl=P.table(spec),
+        walk=walk.sql,
+        key=P.key_expr(spec, columns=columns),
+        hop_key=row(of("hop", ks)),
+        order=P.key_order(spec, columns=columns),
+        t=P.ROW,
+        hop_regular=regular("hop"),
+        hop_texts=texts,
+        nulls=nulls,
+        top=top,
+        tail_key=row(of("tail", ks)),
+        tail_regular=regular("tail"),
+    )
+    params = [
+        *position,
+        *([None] * n),
+        *walk.params,
+        chunk_size - 1,
+        chunks,
+        *walk.params,
+        chunks,
+    ]
+    return P.Fragment(query, params)
+
+
+def boundaries(rows, *, width: int, position, chunk_size: int, integer: bool):
+    """Chunks from a ``window_query`` result: ``(planned, ends, tie, at)``.
+
+    ``planned``: ``(lo, hi, keys)`` per chunk, in key order, contiguous from ``position``; a
+    chunk is ``[lo, next chunk's first key)``. When the walk ends in this window (``ends``)
+    its last chunk runs to the end: an integer key's to its last key + 1 (None past the
+    largest bigint), any other key's to None. ``tie``: a key value the next boundary falls
+    inside (the hops stopped there), to be planned from ``at`` as one chunk that takes every
+    row of the value."""
+    planned: list[tuple] = []
+    at = tuple(position)
+    for row in rows:
+        k, last = tuple(row[:width]), tuple(row[width : 2 * width])
+        step, tail, top = row[2 * width + 1], row[2 * width + 2], row[2 * width + 3]
+        if tail is not None:  # fewer than chunk_size keys after ``at``: the walk's end
+            if tail > 0:
+                planned.append((at, _end(top, integer), tail))
+            return planned, True, None, at
+        if step is None:  # exactly chunk_size keys were left: the last chunk
+            planned.append((at, _end(last[0], integer), chunk_size))
+            return planned, True, None, at
+        if not step:  # one key value spans the boundary
+            return planned, False, k, at
+        planned.append((at, k, chunk_size))
+        at = k
+    return planned, False, None, at
+
+
+def _end(last_text: str | None, integer: bool):
+    """The upper bound of a walk's last chunk: an integer key's last key + 1, else None."""
+    if not integer or last_text is None:
+        return None
+    end = exclusive_end(int(last_text))
+    return None if end is None else (str(end),)
 
 
 def ensure_cursors(run: Run, spec: PolicySpec) -> None:
@@ -109,7 +265,11 @@ def ensure_cursors(run: Run, spec: PolicySpec) -> None:
         locks.xact_lock(locks.PLANNER, run.id)
         if PlannerCursor.objects.filter(run=run, pass_no=run.pass_no).exists():
             return
-        lo, hi = _fetchone(bounds_query(run.policy_id, run.cutoff, spec, discarded_scopes(run)))
+        lo, hi = _fetchone(
+            bounds_query(
+                run.policy_id, run.cutoff, spec, discarded_scopes(run), run.bound_columns(spec)
+            )
+        )
         if lo is None:
             PlannerCursor.objects.create(run=run, pass_no=run.pass_no, tenant="", exhausted=True)
             return
@@ -124,138 +284,124 @@ def ensure_cursors(run: Run, spec: PolicySpec) -> None:
         )
 
 
-def step(run: Run, spec: PolicySpec, chunk_size: int) -> bool | None:
-    """Plan one chunk for the least-planned free cursor. None: no cursor left to work on.
-    Its statements are bounded (a slow or locked target fails them as a transient error)."""
+def step(run: Run, spec: PolicySpec, chunk_size: int, chunks: int = 1) -> int | None:
+    """Plan up to ``chunks`` chunks in one transaction: lock the least-planned free cursors
+    (``FOR UPDATE SKIP LOCKED``, at most ``chunks`` of them; a run with key-range chunks has
+    one), read each one's window of boundaries from the key index (``window_query``), insert
+    the chunks in one statement and advance the cursors in one. Returns the chunks planned;
+    None: no cursor left to work on. Its statements are bounded (a slow or locked target
+    fails them as a transient error)."""
     with transaction.atomic(), timeouts.bounded(timeouts.engine_statement_ms()):
-        cursor = (
+        cursors = list(
             PlannerCursor.objects.select_for_update(skip_locked=True)
             .filter(run=run, pass_no=run.pass_no, exhausted=False)
-            .order_by("chunks_planned", "id")
-            .first()
+            .order_by("chunks_planned", "id")[: max(1, chunks)]
         )
-        if cursor is None:
+        if not cursors:
             return None
-        try:
-            made = _plan_chunk(run, spec, cursor, chunk_size)
-        except DatabaseError as exc:
-            _context(
-                exc,
-                stage="planning a chunk",
-                tenant=cursor.tenant,
-                next_key=show_bound(cursor.position()),
-            )
-            raise
-        cursor.save(update_fields=["next_at", "exhausted", "chunks_planned"])
-        return made
-
-
-def _plan_chunk(run: Run, spec: PolicySpec, cursor: PlannerCursor, chunk_size: int) -> bool:
-    """The next chunk of ``cursor``: up to ``chunk_size`` eligible keys from its position,
-    or the rest of its walk (then the cursor is exhausted). Advances the cursor in memory.
-
-    A chunk is ``[position, next chunk's first key)``; for a plain integer key ``[position,
-    last key + 1)``, as bigints too. The last chunk of a walk runs to the end of the keys
-    (an integer key's: to its last key + 1)."""
-    types = P.column_types(spec)
-    integer = P.integer_key(spec, types)
-    tenant = cursor.tenant if run.per_tenant(spec) else None
-    position, last_key = cursor.position(), cursor.last()
-    scope = P.in_scope(spec, tenant=tenant, key_from=position, types=types)
-    upto = P.key_compare(spec, "<=", last_key, types)  # the run's last eligible key
-    where = P.Fragment.join(
-        [scope, upto, _planning_filter(run, spec, discarded_scopes(run))], " AND "
-    )
-    rows = _fetchall(step_query(spec, where, chunk_size))
-    if len(rows) == 2:
-        last, planned, following = tuple(rows[0]), chunk_size, tuple(rows[1])
-    elif len(rows) == 1:
-        last, planned, following = tuple(rows[0]), chunk_size, None
-        cursor.exhausted = True
-    else:
-        (planned,) = _fetchone(
-            P.Fragment(
-                sql.SQL("SELECT count(*) FROM {tbl} WHERE {w}").format(
-                    tbl=P.table(spec), w=where.sql
-                ),
-                where.params,
-            )
-        )
-        last = following = None
-        cursor.exhausted = True
-        if planned and integer:
-            (top,) = _fetchone(
-                P.Fragment(
-                    sql.SQL("SELECT max({k}) FROM {tbl} WHERE {w}").format(
-                        k=P.key_expr(spec), tbl=P.table(spec), w=where.sql
-                    ),
-                    where.params,
+        types = P.column_types(spec)
+        outside = discarded_scopes(run)
+        new: list[Chunk] = []
+        for i, cursor in enumerate(cursors):
+            share = chunks // len(cursors) + (1 if i < chunks % len(cursors) else 0)
+            try:
+                new += _plan_window(run, spec, cursor, chunk_size, max(1, share), outside, types)
+            except DatabaseError as exc:
+                _context(
+                    exc,
+                    stage="planning chunks",
+                    tenant=cursor.tenant,
+                    next_key=show_bound(cursor.position()),
                 )
-            )
-            last = (str(top),)
-    if planned <= 0:
-        return False
-    if integer:
-        key_to = exclusive_end(int(last[0]))
-        hi = None if key_to is None else (str(key_to),)
-        if key_to is None:  # the top of the key range: nothing can follow this chunk
-            cursor.exhausted = True
-    else:
-        hi = following
-        if hi is not None and not _after(spec, hi, position, types):
-            # one key on more rows than a chunk: [position, following) would be empty and
-            # the cursor would not move; the chunk takes every row of that key
-            hi = _first_after(spec, where, position, types)
-            cursor.exhausted = cursor.exhausted or hi is None
-    made = False
-    try:
-        with transaction.atomic():
-            Chunk.objects.create(
+                raise
+        if new:
+            # one statement; a chunk that exists already (the same identity) is left as it is
+            Chunk.objects.bulk_create(new, ignore_conflicts=True)
+        fields = ["next_at", "exhausted", "chunks_planned"]
+        if len(cursors) == 1:
+            cursors[0].save(update_fields=fields)
+        else:
+            PlannerCursor.objects.bulk_update(cursors, fields)
+        return len(new)
+
+
+def _plan_window(
+    run: Run, spec: PolicySpec, cursor: PlannerCursor, chunk_size: int, chunks: int, outside, types
+) -> list[Chunk]:
+    """The next chunks of ``cursor`` (up to ``chunks``, each of ``chunk_size`` keys — every row
+    of a key value in one chunk), unsaved; advances the cursor in memory (exhausted when its
+    walk ends). ``planned_rows`` is the keys in the chunk's range now: what it can delete at
+    most (some of them are young, kept or held)."""
+    columns = run.bound_columns(spec)
+    integer = P.integer_bounds(spec, columns, types)
+    tenant = cursor.tenant if run.per_tenant(spec) else None
+    position = cursor.position()
+    walk = walk_filter(
+        spec, tenant=tenant, last=cursor.last(), outside=outside, types=types, columns=columns
+    )
+    rows = _fetchall(window_query(spec, walk, position, chunk_size, chunks, types, columns))
+    planned, ends, tie, at = boundaries(
+        rows, width=len(columns), position=position, chunk_size=chunk_size, integer=integer
+    )
+    if tie is not None:
+        planned.append(_whole_value(spec, walk, at, tie, integer, types, columns))
+    made = []
+    for lo, hi, keys in planned:
+        made.append(
+            Chunk(
                 run=run,
                 pass_no=run.pass_no,
                 tenant=cursor.tenant,
                 seq=cursor.chunks_planned,
-                key_from=int(position[0]) if integer else None,
+                key_from=int(lo[0]) if integer else None,
                 key_to=int(hi[0]) if integer and hi is not None else None,
-                lo=list(position),
+                lo=list(lo),
                 hi=None if hi is None else list(hi),
-                planned_rows=planned,
+                planned_rows=keys,
             )
-        made = True
-    except IntegrityError:
-        pass  # the same chunk exists already: a step that crashed after insert is replayed
-    cursor.chunks_planned += 1
-    if hi is not None:
-        cursor.next_at = list(hi)
+        )
+        cursor.chunks_planned += 1
+        if hi is not None:
+            cursor.next_at = list(hi)
+    if ends or (planned and planned[-1][1] is None):
+        cursor.exhausted = True  # the walk's end, or a chunk to the top of the key range
     return made
 
 
-def _after(spec: PolicySpec, a, b, types) -> bool:
-    """Whether key value ``a`` sorts after ``b`` (in the key's types and collations)."""
-    x, y = P.key_value(spec, a, types), P.key_value(spec, b, types)
-    query = P.Fragment(sql.SQL("SELECT {} > {}").format(x.sql, y.sql), [*x.params, *y.params])
-    return bool(_fetchone(query)[0])
-
-
-def _first_after(spec: PolicySpec, where: P.Fragment, position, types):
-    """The first eligible key after ``position`` (None: there is none)."""
-    ahead = P.key_compare(spec, ">", position, types)
-    rows = _fetchall(
-        P.Fragment(
-            sql.SQL("SELECT {k} FROM {tbl} WHERE {w} AND {a} ORDER BY {o} LIMIT 1").format(
-                k=P.key_texts(spec), tbl=P.table(spec), w=where.sql, a=ahead.sql,
-                o=P.key_order(spec),
-            ),
-            [*where.params, *ahead.params],
+def _whole_value(spec: PolicySpec, walk: P.Fragment, lo, value, integer: bool, types, columns):
+    """A chunk's boundary falls inside key value ``value``: the chunk ``[lo, the first key
+    after it)`` takes every row of it (an integer key's: to the value + 1), counted from the
+    key index."""
+    after = P.Fragment.join(
+        [walk, P.key_compare(spec, ">", value, types, columns=columns)], " AND "
+    )
+    if integer:
+        hi = _end(value[0], True)
+    else:
+        rows = _fetchall(
+            P.Fragment(
+                sql.SQL("SELECT {k} FROM {tbl} WHERE {w} ORDER BY {o} LIMIT 1").format(
+                    k=P.key_texts(spec, columns=columns),
+                    tbl=P.table(spec),
+                    w=after.sql,
+                    o=P.key_order(spec, columns=columns),
+                ),  # fmt: skip
+                after.params,
+            )
         )
-    )  # fmt: skip
-    return tuple(rows[0]) if rows else None
+        hi = tuple(rows[0]) if rows else None
+    inside = P.Fragment.join(
+        [walk, P.in_scope(spec, tenant=None, key_from=lo, key_to=hi, types=types, columns=columns)],
+        " AND ",
+    )
+    (keys,) = _fetchone(P.count_where(spec, inside))
+    return tuple(lo), hi, keys
 
 
 def plan(run: Run, *, window: int | None = None, deadline: float | None = None) -> int:
-    """Top the run's pending chunks up to ``window`` (no step starts after ``deadline``, a
-    ``time.monotonic()`` value); mark the planner done when every cursor of the pass is
-    exhausted. Returns the number of chunks created."""
+    """Top the run's pending chunks up to ``window``, a window of chunks per step (no step
+    starts after ``deadline``, a ``time.monotonic()`` value); mark the planner done when every
+    cursor of the pass is exhausted. Returns the number of chunks created."""
     if run.planner_done:
         return 0
     spec = run.policy_version.parsed
@@ -270,12 +416,11 @@ def plan(run: Run, *, window: int | None = None, deadline: float | None = None) 
     pending = Chunk.objects.pending().filter(run=run).count()
     while pending < window and (deadline is None or time.monotonic() < deadline):
         with P.cached_types(("run", run.pk, run.policy_version_id)):
-            made = step(run, spec, chunk_size)
+            made = step(run, spec, chunk_size, window - pending)
         if made is None:
             break
-        if made:
-            created += 1
-            pending += 1
+        created += made
+        pending += made
     if not PlannerCursor.objects.filter(run=run, pass_no=run.pass_no, exhausted=False).exists():
         Run.objects.filter(pk=run.pk, pass_no=run.pass_no).update(planner_done=True)
         run.planner_done = True

@@ -427,9 +427,10 @@ def _audit_bounds(claim: Claim, columns: list[str] | None = None) -> dict:
 def _split(chunk: Chunk, floor_rows: int) -> bool:
     """Replace a chunk that timed out by its two halves (same run, pass, tenant and order): a
     plain integer key's interval is bisected arithmetically; any other key's (and any chunk
-    on other columns than the key: timestamp chunks) at its median eligible bound (one
-    ordered read of the chunk columns' index, in a savepoint: if even that fails, the chunk
-    is not split)."""
+    on other columns than the key: timestamp chunks) at its median bound (one index-only
+    ordered read of the chunk columns, in a savepoint: if even that fails, the chunk is not
+    split). ``planned_rows`` counts keys (what a chunk can delete at most): the floor
+    compares keys, and the halves share their parent's count."""
     if chunk.planned_rows < 2 * floor_rows:
         return False
     lo, hi = chunk.bounds()
@@ -447,7 +448,10 @@ def _split(chunk: Chunk, floor_rows: int) -> bool:
         if middle is None or middle == lo:
             return False
         halves = [(None, None, lo, middle), (None, None, middle, hi)]
-    for key_from, key_to, half_lo, half_hi in halves:
+    first_half = chunk.planned_rows // 2
+    for (key_from, key_to, half_lo, half_hi), planned in zip(
+        halves, (first_half, chunk.planned_rows - first_half), strict=True
+    ):
         identity = {"hi": list(half_hi)} if half_hi is not None else {"hi__isnull": True}
         Chunk.objects.get_or_create(
             run_id=chunk.run_id,
@@ -459,7 +463,7 @@ def _split(chunk: Chunk, floor_rows: int) -> bool:
             **identity,
             defaults={
                 "seq": chunk.seq,
-                "planned_rows": chunk.planned_rows // 2,
+                "planned_rows": planned,
                 "parent": chunk,
                 "hi": None if half_hi is None else list(half_hi),
             },
@@ -468,15 +472,15 @@ def _split(chunk: Chunk, floor_rows: int) -> bool:
 
 
 def _median_key(chunk: Chunk, lo: tuple, hi: tuple | None) -> tuple | None:
-    """The bound (on the run's chunk columns) half way through the chunk's eligible rows
-    (holds aside), or None."""
+    """The bound (on the run's chunk columns) half way through the chunk's keys, or None:
+    ``OFFSET planned_rows / 2`` over the chunk's range of the chunk columns' index (tenant and
+    chunk columns only, an Index Only Scan; the halves' DELETEs apply the eligibility
+    predicate)."""
     run = chunk.run
     spec = run.policy_version.parsed
     tenant = chunk.tenant if run.per_tenant(spec) else None
     columns = run.bound_columns(spec)
-    scope = P.in_scope(spec, tenant=tenant, key_from=lo, key_to=hi, columns=columns)
-    cond = P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff, include_holds=False)
-    where = P.Fragment.join([scope, cond], " AND ")
+    where = P.in_scope(spec, tenant=tenant, key_from=lo, key_to=hi, columns=columns)
     query = P.Fragment(
         sql.SQL("SELECT {k} FROM {t} WHERE {w} ORDER BY {o} OFFSET %s LIMIT 1").format(
             k=P.key_texts(spec, columns=columns),

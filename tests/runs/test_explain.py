@@ -10,7 +10,7 @@ def test_explain_shows_every_engine_statement_and_deletes_nothing(events_policy)
     assert list(plans) == [
         "planner: eligible key bounds",
         "planner: distinct tenants (loose index scan)",
-        "planner: one step (the key chunk_size rows ahead)",
+        "planner: one window (chunk boundaries from the key index)",
         "worker: chunk DELETE (rolled back)",
         "reconciler: verification count",
     ]
