@@ -51,3 +51,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE core_cluster_cache TO :"worker_rol
 
 -- The guard's signals (replication lag, other sessions' waits) need the monitoring role.
 GRANT pg_monitor TO :"worker_role";
+
+-- A chunk transaction takes its concurrency slots with the product's function (migration
+-- runs 0019; PUBLIC may execute functions by default, this keeps working where that is revoked).
+GRANT EXECUTE ON FUNCTION runs_try_slot(integer, integer[]) TO :"worker_role";

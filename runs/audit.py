@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 
 from django.db import connection
+from django.db.models.sql import InsertQuery
 
 from core import chain, locks
 from runs.models import AuditRecord, Chunk
@@ -94,20 +95,28 @@ def version_facts(version) -> dict:
     }
 
 
-def append(**values) -> dict:
-    """Append one record to the chain inside the caller's transaction.
+# The chain head, read after the chain lock in a statement of its own: its snapshot is taken
+# after the lock was granted, so it sees every record committed before (and the time read
+# here, ``committed_at``, orders the records as the chain does).
+HEAD = (
+    "SELECT clock_timestamp(), (SELECT chain_seq FROM runs_auditrecord ORDER BY chain_seq DESC LIMIT 1),"
+    " (SELECT hash FROM runs_auditrecord ORDER BY chain_seq DESC LIMIT 1)"
+)
 
-    Takes the chain lock until commit, so records are chained in commit order
-    and ``chain_seq`` has no gaps.
-    """
-    locks.xact_lock(locks.AUDIT_CHAIN, 0)
-    with connection.cursor() as cur:
-        # after the lock, in its own statement: the head read must see every earlier commit
-        cur.execute(
-            "SELECT clock_timestamp(), (SELECT chain_seq FROM runs_auditrecord ORDER BY chain_seq DESC LIMIT 1),"
-            " (SELECT hash FROM runs_auditrecord ORDER BY chain_seq DESC LIMIT 1)"
-        )
-        committed_at, last_seq, last_hash = cur.fetchone()
+
+def lock_and_read_head(cur) -> None:
+    """Take the chain lock (held until commit, so records are chained in commit order and
+    ``chain_seq`` has no gaps), then read the head: two statements on ``cur``, whose
+    ``fetchone()`` is then the head for ``link``. In a pipeline (``core.pipeline``) both go
+    in the caller's round trip."""
+    cur.execute("SELECT pg_advisory_xact_lock(%s, 0)", [locks.AUDIT_CHAIN])
+    cur.execute(HEAD)
+
+
+def link(values: dict, head: tuple) -> dict:
+    """The record ``values`` chained onto ``head`` (from ``lock_and_read_head``): its
+    ``chain_seq``, ``committed_at``, ``chain_version``, ``prev_hash`` and ``hash``."""
+    committed_at, last_seq, last_hash = head
     seq = (last_seq + 1) if last_seq else 1
     prev = last_hash or GENESIS
     values = {"key_lo": None, "key_hi": None, "tenant_rows": None, "bound_columns": None, **values}
@@ -124,6 +133,32 @@ def append(**values) -> dict:
         values["chain_version"] = CHAIN_VERSION
     values["hash"] = record_hash(values, prev)
     values["prev_hash"] = prev
+    return values
+
+
+def insert(values: dict) -> tuple[str, tuple]:
+    """The INSERT of a linked record as (SQL, parameters), the ORM's own (the same columns and
+    adaptation as ``AuditRecord.objects.create``) without RETURNING: a caller that needs
+    nothing back sends it in a round trip with other statements."""
+    record = AuditRecord(**values)
+    query = InsertQuery(AuditRecord)
+    query.insert_values(
+        [f for f in AuditRecord._meta.local_concrete_fields if not f.primary_key], [record]
+    )
+    ((text, params),) = query.get_compiler(connection=connection).as_sql()
+    return text, params
+
+
+def append(**values) -> dict:
+    """Append one record to the chain inside the caller's transaction.
+
+    Takes the chain lock until commit, so records are chained in commit order
+    and ``chain_seq`` has no gaps.
+    """
+    with connection.cursor() as cur:
+        lock_and_read_head(cur)
+        head = cur.fetchone()
+    values = link(values, head)
     AuditRecord.objects.create(**values)
     return values
 

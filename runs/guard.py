@@ -293,29 +293,37 @@ def _relative_probe(p95, baseline: dict) -> tuple[float | None, str]:
     return limit, f"probe p95 {_fmt(p95)} ms > {how} (p95 of {baseline['n']} idle samples)"
 
 
-def duty_cycle(spec, *, now=None) -> float:
+# Seconds of the policy's chunk transactions (their audit rows' started_at → committed_at)
+# inside a window: ``_busy_params``.
+_BUSY = (
+    "SELECT coalesce(sum(extract(epoch FROM least(committed_at, %s) - greatest(started_at, %s))), 0)"
+    " FROM runs_auditrecord WHERE policy_slug = %s AND committed_at > %s AND started_at < %s"
+)
+
+
+def _busy_params(spec, now) -> list:
+    since = now - timedelta(seconds=float(settings.RETENTION["GUARD_DUTY_WINDOW_S"]))
+    return [now, since, spec.slug, since, now]
+
+
+def duty_cycle(spec, *, now=None, busy=None) -> float:
     """The share of the last ``GUARD_DUTY_WINDOW_S`` of wall time that the policy's chunk
     transactions filled (their audit rows' ``started_at`` → ``committed_at``, summed over
-    workers, so two busy workers make 2.0)."""
+    workers, so two busy workers make 2.0). ``busy``: those seconds, read already."""
     now = now or timezone.now()
-    window = float(settings.RETENTION["GUARD_DUTY_WINDOW_S"])
-    since = now - timedelta(seconds=window)
-    busy = _rows(
-        "SELECT coalesce(sum(extract(epoch FROM least(committed_at, %s) - greatest(started_at, %s))), 0)"
-        " FROM runs_auditrecord WHERE policy_slug = %s AND committed_at > %s AND started_at < %s",
-        [now, since, spec.slug, since, now],
-    )[0][0]
-    return max(0.0, float(busy)) / window
+    if busy is None:
+        busy = _rows(_BUSY, _busy_params(spec, now))[0][0]
+    return max(0.0, float(busy)) / float(settings.RETENTION["GUARD_DUTY_WINDOW_S"])
 
 
-def _pace(spec, verdict: Verdict, now=None) -> Verdict:
+def _pace(spec, verdict: Verdict, now=None, *, busy=None) -> Verdict:
     """Under relative pressure only: admit while chunk transactions fill less than the duty
     cycle of recent wall time; a duty cycle of 0 makes it a stop like any other signal."""
     cfg = settings.RETENTION
     cap, window = cfg["GUARD_DUTY_CYCLE"], cfg["GUARD_DUTY_WINDOW_S"]
     if cap <= 0:
         return verdict
-    duty = duty_cycle(spec, now=now)
+    duty = duty_cycle(spec, now=now, busy=busy)
     signals = dict(verdict.signals)
     signals["duty_cycle"] = {"value": round(duty, 4), "threshold": cap, "unit": ""}
     if duty < cap:
@@ -404,21 +412,55 @@ def _fmt(value) -> str:
 def admission(run, spec, *, now=None) -> Verdict:
     """Decide from the latest shared sample whether ``run`` may start a chunk.
     A critical verdict pauses the policy (with an alert in the operator log); a probe over its
-    idle baseline (and nothing else) admits within the duty cycle (``now``: its clock)."""
+    idle baseline (and nothing else) admits within the duty cycle (``now``: its clock).
+
+    One small read per chunk: the latest sample's id and time (and, while the verdict paces,
+    the policy's busy seconds for the duty cycle, in the same statement). The sample itself is
+    read, or taken, only when it is stale or not the one the kept verdict was made from."""
     if not settings.RETENTION.get("GUARD", True):
         return ADMIT
-    latest = sample()
-    key = (latest.pk if latest else None, spec.qualified_table, tuple(sorted(spec.guard.items())))
-    verdict = _last_verdict.get(key)
-    if verdict is None:
-        verdict = evaluate(spec, latest)
-        _last_verdict.clear()
-        _last_verdict[key] = verdict
-        if verdict.critical:
-            _pause_for_critical(run, verdict)
+    rest = (spec.qualified_table, tuple(sorted(spec.guard.items())))
+    kept = next(((k[0], v) for k, v in _last_verdict.items() if k[1:] == rest), None)
+    clock = now or timezone.now()
+    paced = kept is not None and kept[1].paced
+    head_pk, taken_at, busy = _head(spec, clock if paced else None)
+    fresh_s = settings.RETENTION["GUARD_SAMPLE_MS"] / 1000
+    if (
+        kept is not None
+        and head_pk is not None
+        and head_pk == kept[0]
+        and (timezone.now() - taken_at).total_seconds() < fresh_s
+    ):
+        verdict = kept[1]
+    else:
+        busy = None  # the verdict may change: the duty cycle is read again if it paces
+        latest = sample()
+        key = (latest.pk if latest else None, *rest)
+        verdict = _last_verdict.get(key)
+        if verdict is None:
+            verdict = evaluate(spec, latest)
+            _last_verdict.clear()
+            _last_verdict[key] = verdict
+            if verdict.critical:
+                _pause_for_critical(run, verdict)
     if verdict.paced:  # the duty cycle is judged per chunk, not per sample
-        return _pace(spec, verdict, now)
+        return _pace(spec, verdict, clock, busy=busy)
     return verdict
+
+
+_HEAD = (
+    "SELECT s.id, s.taken_at, {busy} FROM (SELECT 1) AS one LEFT JOIN LATERAL"
+    " (SELECT id, taken_at FROM runs_guardsample ORDER BY taken_at DESC LIMIT 1) AS s ON true"
+)
+
+
+def _head(spec, busy_at) -> tuple:
+    """(id, taken_at) of the latest sample (Nones: no sample) and, with ``busy_at``, the
+    policy's busy seconds of the duty window ending then (else None): one statement."""
+    if busy_at is None:
+        return _rows(sql.SQL(_HEAD).format(busy=sql.SQL("NULL")))[0]
+    query = sql.SQL(_HEAD).format(busy=sql.SQL("({})").format(sql.SQL(_BUSY)))
+    return _rows(query, _busy_params(spec, busy_at))[0]
 
 
 def _pause_for_critical(run, verdict: Verdict) -> None:

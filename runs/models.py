@@ -437,24 +437,45 @@ MAX_DISCARDED_SCOPES = 200  # a run excludes at most this many; discarding one m
 
 def discarded_letters(run: Run):
     """The run's discarded chunk dead letters, oldest first (at most ``MAX_DISCARDED_SCOPES``)."""
+    return _discarded(run).select_related("chunk")[:MAX_DISCARDED_SCOPES]
+
+
+def _discarded(run: Run):
     return (
         DeadLetter.objects.filter(run=run, resolution=DeadLetter.Resolution.DISCARDED)
         .exclude(chunk=None)
-        .select_related("chunk")
-        .order_by("id")[:MAX_DISCARDED_SCOPES]
+        .order_by("id")
     )
+
+
+def discarded_scope_rows(run: Run):
+    """The query of the discarded scopes' chunks as rows (tenant, key_from, key_to, lo, hi),
+    for a statement that reads them along with other things (``runs.worker``); ``scopes_of``
+    makes them scopes."""
+    return _discarded(run).values_list(
+        "chunk__tenant", "chunk__key_from", "chunk__key_to", "chunk__lo", "chunk__hi"
+    )[:MAX_DISCARDED_SCOPES]
+
+
+def scopes_of(run: Run, rows) -> list:
+    """``discarded_scope_rows`` as scopes (``predicate.Scope``)."""
+    spec = run.policy_version.parsed
+    per_tenant = run.per_tenant(spec)
+    columns = run.bound_columns(spec)
+    return [
+        Scope(
+            tenant if per_tenant else None,
+            *Chunk(key_from=a, key_to=b, lo=lo, hi=hi).bounds(),
+            columns,
+        )
+        for tenant, a, b, lo, hi in rows
+    ]
 
 
 def discarded_scopes(run: Run) -> list:
     """The scopes (tenant, key interval) an operator gave up on: the run's later passes, their
     DELETEs and its verification leave them out (``predicate.outside_scopes``)."""
-    spec = run.policy_version.parsed
-    per_tenant = run.per_tenant(spec)
-    columns = run.bound_columns(spec)
-    return [
-        Scope(letter.chunk.tenant if per_tenant else None, *letter.chunk.bounds(), columns)
-        for letter in discarded_letters(run)
-    ]
+    return scopes_of(run, discarded_scope_rows(run))
 
 
 class Lease(models.Model):

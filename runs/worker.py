@@ -1,13 +1,19 @@
-"""The chunk worker: one short transaction per chunk.
+"""The chunk worker: one short transaction per chunk, in few round trips.
 
-    SET LOCAL timeouts → hold fence (shared) → claim chunk (FOR UPDATE SKIP LOCKED)
-    → admission (kill switches, run state, approved version, ceilings, guard)
-    → DELETE (scope + eligibility, holds and keep rules inside)
-    → audit row (hash-chained) → chunk done → COMMIT
+    claim (committed on its own) → BEGIN → SET LOCAL timeouts, the fences (shared)
+    → admission (kill switch, run state, approved version), ceilings' slots, chunk row lock
+    → DELETE (scope + eligibility, holds and keep rules inside), chain lock, chain head
+    → audit row (hash-chained), chunk done, COMMIT
 
 Nothing is acknowledged before COMMIT; a crash anywhere before it leaves the
 chunk pending and its rows in place. A committed chunk is never claimed again,
 so a redelivery is a no-op and there is exactly one audit row per chunk.
+
+Statements whose results the worker does not need in between go to the server together, in one
+round trip (``core.pipeline``); the server still runs them one after the other, so every
+ordering below holds as if each were sent alone. A chunk that commits costs five round trips:
+the claim, the transaction's BEGIN, the fences and admission, the DELETE and chain head, the
+audit row and COMMIT (docs/engine.md, "Transactions").
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import os
 import random
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
@@ -27,11 +33,19 @@ from django.utils import timezone
 from psycopg import sql
 
 from core import locks
+from core.pipeline import one_round_trip
 from retention import predicate as P
 from retention.models import PolicyVersion
 from runs import actions, audit, guard, partitions, planner, reconciler, stopping
 from runs.errors import PERMANENT, classify, sqlstate_of
-from runs.models import Chunk, DeadLetter, Lease, Run, discarded_scopes
+from runs.models import (
+    Chunk,
+    DeadLetter,
+    Lease,
+    Run,
+    discarded_scope_rows,
+    scopes_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +67,7 @@ class Outcome:
     rows: int = 0
     seconds: float = 0.0
     reason: str = ""
+    pending: int | None = None  # the run's pending chunks when it was claimed, if counted
 
 
 def backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0) -> float:
@@ -70,13 +85,14 @@ class Claim:
     hi: tuple | None
     attempts: int  # attempts recorded so far, the killed one included
     killed: bool  # the previous attempt claimed the chunk and never recorded an outcome
+    pending: int | None = None  # the run's pending chunks at the claim (this one included)
 
     @classmethod
     def from_row(cls, row) -> Claim:
-        chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed = row
+        chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed, pending = row
         chunk = Chunk(key_from=key_from, key_to=key_to, lo=_json(lo), hi=_json(hi))
         lo, hi = chunk.bounds()
-        return cls(chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed)
+        return cls(chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed, pending)
 
 
 def _json(value):
@@ -90,13 +106,21 @@ def _claim_ttl_s(spec) -> float:
     return min(spec.lock_timeout_ms, spec.statement_timeout_ms) / 1000 + 5
 
 
-def _claim(run: Run, spec, *, chunk_id: int | None, skip_tenants: list[str]) -> Claim | None:
+def _claim(
+    run: Run, spec, *, chunk_id: int | None, skip_tenants: list[str], count_pending: bool = False
+) -> Claim | None:
     """Claim the next admissible chunk of the run (round-robin over tenants by ``seq``) in a
     committed step of its own, before the chunk transaction: the claim time stays on the chunk
     until an outcome is recorded. Finding it still there means the attempt that claimed it was
-    killed (django-q2's task timeout, a crash) — that attempt is counted now."""
+    killed (django-q2's task timeout, a crash) — that attempt is counted now.
+
+    One statement in autocommit, its own transaction (asynchronous commit: a lost claim is
+    harmless); ``count_pending``: it also counts the run's pending chunks (for the planner's
+    window, ``drain``)."""
     query = (
-        "WITH c AS (SELECT id, claimed_at FROM runs_chunk"
+        # set_config in a CTE the UPDATE joins: evaluated in the statement's transaction
+        "WITH s AS (SELECT set_config('synchronous_commit', 'off', true)),"
+        " c AS (SELECT id, claimed_at FROM runs_chunk"
         " WHERE run_id = %s AND state = 'pending' AND not_before <= clock_timestamp()"
         " AND (claimed_at IS NULL OR claimed_at < clock_timestamp() - make_interval(secs => %s))"
     )
@@ -111,14 +135,16 @@ def _claim(run: Run, spec, *, chunk_id: int | None, skip_tenants: list[str]) -> 
         " ORDER BY seq, id LIMIT 1 FOR UPDATE SKIP LOCKED)"
         " UPDATE runs_chunk k SET claimed_at = clock_timestamp(),"
         " attempts = k.attempts + (c.claimed_at IS NOT NULL)::int"
-        " FROM c WHERE k.id = c.id"
+        " FROM c, s WHERE k.id = c.id"
         " RETURNING k.id, k.tenant, k.key_from, k.key_to, k.lo, k.hi, k.attempts,"
-        " c.claimed_at IS NOT NULL"
+        " c.claimed_at IS NOT NULL, "
     )
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(
-            "SELECT set_config('synchronous_commit', 'off', true)"
-        )  # a lost claim is harmless
+    if count_pending:
+        query += "(SELECT count(*) FROM runs_chunk p WHERE p.run_id = %s AND p.state = 'pending')"
+        params.append(run.id)
+    else:
+        query += "NULL::bigint"
+    with connection.cursor() as cur:
         cur.execute(query, params)
         row = cur.fetchone()
     return Claim.from_row(row) if row else None
@@ -129,55 +155,119 @@ def _release(chunk_id: int) -> None:
     Chunk.objects.pending().filter(pk=chunk_id).update(claimed_at=None)
 
 
-def _slot(namespace: int, scope: str, ceiling: int) -> bool:
-    """Take one of ``ceiling`` transaction-level slots of ``scope``; False if all are taken."""
-    return any(locks.try_xact_lock(namespace, locks.int4(f"{scope}:{n}")) for n in range(ceiling))
+def _slot_keys(scope: str, ceiling: int) -> list[int]:
+    """The advisory keys of the ``ceiling`` slots of ``scope``, tried in this order
+    (``runs_try_slot``: the first free one is taken, until the transaction ends)."""
+    return [locks.int4(f"{scope}:{n}") for n in range(ceiling)]
 
 
-def _open_chunk_transaction(run: Run, spec) -> tuple[str, bool]:
-    """The first two statements of a chunk transaction.
+@dataclass
+class Admission:
+    """What the chunk transaction's admission statement found and took."""
+
+    refusal: str  # why the run may not start a chunk; '' when it may
+    approved: bool  # the run's version is still the approved one
+    busy: str  # which ceiling is full ('' when every slot was taken)
+    locked: bool  # the chunk row is locked (else finished, cancelled or locked meanwhile)
+    outside: list = field(default_factory=list)  # the run's discarded scopes
+
+
+_ADMISSION = sql.SQL(
+    "SELECT a.kill, a.state, a.enabled, a.paused, a.version_state, a.discarded,"
+    " g.slot, p.slot, c.locked, t.slot"
+    " FROM (SELECT"
+    " coalesce((SELECT k.on FROM retention_killswitch k WHERE k.name = 'global'), false) AS kill,"
+    " (SELECT r.state FROM runs_run r WHERE r.id = %s) AS state,"
+    " (SELECT p.enabled FROM retention_policy p WHERE p.id = %s) AS enabled,"
+    " (SELECT p.paused FROM retention_policy p WHERE p.id = %s) AS paused,"
+    " (SELECT v.state FROM retention_policyversion v WHERE v.id = %s) AS version_state,"
+    " (SELECT coalesce(json_agg(json_build_array(d.tenant, d.key_from, d.key_to, d.lo, d.hi)),"
+    " '[]') FROM ({discarded}) AS d (tenant, key_from, key_to, lo, hi)) AS discarded) a"
+    # the slots and the chunk lock, in this order, each only if the step before succeeded
+    " CROSS JOIN LATERAL (SELECT CASE WHEN NOT a.kill AND a.state = %s AND a.enabled"
+    " AND NOT a.paused AND a.version_state = %s"
+    " THEN runs_try_slot(%s::int, %s::int[]) END AS slot) g"
+    " CROSS JOIN LATERAL (SELECT CASE WHEN g.slot IS NOT NULL"
+    " THEN runs_try_slot(%s::int, %s::int[]) END AS slot) p"
+    " CROSS JOIN LATERAL (SELECT CASE WHEN p.slot IS NOT NULL THEN EXISTS (SELECT FROM runs_chunk k"
+    " WHERE k.id = %s AND k.state = 'pending' FOR UPDATE SKIP LOCKED) END AS locked) c"
+    " CROSS JOIN LATERAL (SELECT CASE WHEN c.locked AND %s"
+    " THEN runs_try_slot(%s::int, %s::int[]) END AS slot) t"
+)
+
+
+def _open_chunk_transaction(run: Run, spec, claim: Claim, *, per_tenant: bool) -> Admission:
+    """The first two statements of a chunk transaction, in one round trip.
 
     First: set its timeouts and commit mode and take the global fence (legal holds, the kill
     switch) and the policy's fence (approval, pause, cancel) shared. Then, in a statement of
-    its own — so its snapshot is taken after the fences were granted and it sees every decision
-    that committed before — read what admission depends on. A decision takes its fence
-    exclusive, so it either committed before this chunk's fences (and is seen here) or waits
-    until this chunk has committed. Returns (why the run may not start a chunk — '' when it
-    may, version still approved)."""
-    sync = "on" if settings.RETENTION["SYNCHRONOUS_COMMIT"] else "off"
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true),"
-            " set_config('synchronous_commit', %s, true), pg_advisory_xact_lock_shared(%s, 0),"
-            " pg_advisory_xact_lock_shared(%s, %s)",
-            [
-                f"{spec.lock_timeout_ms}ms",
-                f"{spec.statement_timeout_ms}ms",
-                sync,
-                locks.HOLDS,
-                locks.POLICY_FENCE,
-                run.policy_id,
-            ],
-        )
-        cur.execute(
-            "SELECT coalesce((SELECT k.on FROM retention_killswitch k WHERE k.name = 'global'), false),"
-            " (SELECT r.state FROM runs_run r WHERE r.id = %s),"
-            " (SELECT p.enabled FROM retention_policy p WHERE p.id = %s),"
-            " (SELECT p.paused FROM retention_policy p WHERE p.id = %s),"
-            " (SELECT v.state FROM retention_policyversion v WHERE v.id = %s)",
-            [run.pk, run.policy_id, run.policy_id, run.policy_version_id],
-        )
-        kill, state, enabled, paused, version_state = cur.fetchone()
+    its own — the server starts it after the first finished, so its snapshot is taken after
+    the fences were granted and it sees every decision that committed before — read what
+    admission depends on (kill switch, run and policy state, approved version, the run's
+    discarded scopes) and, only if the run may go on, take in order: a global ceiling slot, a
+    policy slot, the chunk row (``FOR UPDATE SKIP LOCKED``), a tenant slot (per-tenant chunks).
+    Each step runs only if the one before succeeded. A decision takes its fence exclusive, so
+    it either committed before this chunk's fences (and is seen here) or waits until this
+    chunk has committed."""
+    cfg = settings.RETENTION
+    sync = "on" if cfg["SYNCHRONOUS_COMMIT"] else "off"
+    discarded, discarded_params = discarded_scope_rows(run).query.sql_with_params()
+    # the discarded scopes' subquery is the ORM's SQL of a queryset (its values bound)
+    admission = _ADMISSION.format(discarded=sql.SQL(discarded))
+    params = [
+        run.pk,
+        run.policy_id,
+        run.policy_id,
+        run.policy_version_id,
+        *discarded_params,
+        Run.State.ACTIVE.value,
+        PolicyVersion.State.APPROVED.value,
+        locks.CEILING_GLOBAL,
+        _slot_keys("global", cfg["GLOBAL_CEILING"]),
+        locks.CEILING_POLICY,
+        _slot_keys(f"policy:{run.policy_id}", spec.policy_workers),
+        claim.chunk_id,
+        per_tenant,
+        locks.CEILING_TENANT,
+        # a chunk across tenants has no tenant of its own: the policy ceiling bounds it
+        _slot_keys(f"{run.policy_id}:{claim.tenant}", spec.tenant_workers) if per_tenant else [],
+    ]
+    with connection.cursor() as fences, connection.cursor() as cur:
+        with one_round_trip():
+            fences.execute(
+                "SELECT set_config('lock_timeout', %s, true), set_config('statement_timeout', %s, true),"
+                " set_config('synchronous_commit', %s, true), pg_advisory_xact_lock_shared(%s, 0),"
+                " pg_advisory_xact_lock_shared(%s, %s)",
+                [
+                    f"{spec.lock_timeout_ms}ms",
+                    f"{spec.statement_timeout_ms}ms",
+                    sync,
+                    locks.HOLDS,
+                    locks.POLICY_FENCE,
+                    run.policy_id,
+                ],
+            )
+            cur.execute(admission.as_string(cur.connection), params)
+        row = cur.fetchone()
+    kill, state, enabled, paused, version_state, outside, g, p, locked, t = row
     approved = version_state == PolicyVersion.State.APPROVED
+    refusal = ""
     if kill:
-        return "global kill switch is on", approved
-    if state != Run.State.ACTIVE:
-        return f"run is {state}", approved
-    if not enabled:
-        return "policy is disabled", approved
-    if paused:
-        return "policy is paused", approved
-    return "", approved
+        refusal = "global kill switch is on"
+    elif state != Run.State.ACTIVE:
+        refusal = f"run is {state}"
+    elif not enabled:
+        refusal = "policy is disabled"
+    elif paused:
+        refusal = "policy is paused"
+    busy = ""
+    if g is None:
+        busy = "global ceiling reached"
+    elif p is None:
+        busy = "policy ceiling reached"
+    elif locked and per_tenant and t is None:
+        busy = TENANT_BUSY
+    return Admission(refusal, approved, busy, bool(locked), scopes_of(run, _json(outside)))
 
 
 TENANT_BUSY = "tenant_busy"  # internal: try a chunk of another tenant
@@ -199,8 +289,9 @@ def _process_one(run: Run, *, chunk_id: int | None) -> Outcome:
     spec = run.policy_version.parsed
     verdict = guard.admission(run, spec)  # from the shared sample, before the transaction opens
     skip: list[str] = []
+    count_pending = not run.planner_done  # the planner tops up the window by this count
     for _ in range(4):
-        claim = _claim(run, spec, chunk_id=chunk_id, skip_tenants=skip)
+        claim = _claim(run, spec, chunk_id=chunk_id, skip_tenants=skip, count_pending=count_pending)
         if claim is None:
             return Outcome(
                 NO_WORK if not skip else BUSY, reason="tenant ceilings reached" if skip else ""
@@ -213,44 +304,40 @@ def _process_one(run: Run, *, chunk_id: int | None) -> Outcome:
             # queued behind a decision that waits for the chunks in flight: retry shortly
             _release(claim.chunk_id)
             return Outcome(BUSY, reason="waiting for an operator decision to commit")
+        outcome.pending = claim.pending
         if outcome.kind != TENANT_BUSY:
             return outcome
         skip.append(claim.tenant)
     return Outcome(BUSY, reason="tenant ceilings reached")
 
 
+class _DeleteFailed(Exception):
+    def __init__(self, error: DatabaseError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
     """The chunk transaction of one claimed chunk."""
-    cfg = settings.RETENTION
     chunk_id, tenant, attempts = claim.chunk_id, claim.tenant, claim.attempts
+    per_tenant = run.per_tenant(spec)
+    # Our own transaction (not a savepoint in a caller's): COMMIT goes with the last statements.
+    own = not connection.in_atomic_block
     with transaction.atomic():
-        refusal, approved = _open_chunk_transaction(run, spec)  # the fences (shared)
-        if refusal:
+        admitted = _open_chunk_transaction(run, spec, claim, per_tenant=per_tenant)
+        if admitted.refusal:
             _release(chunk_id)
-            return Outcome(STOP, reason=refusal)
-        if not approved:
+            return Outcome(STOP, reason=admitted.refusal)
+        if not admitted.approved:
             _release(chunk_id)
             actions.supersede_run(run)
             return Outcome(STOP, reason="policy version superseded")
-        if not _slot(locks.CEILING_GLOBAL, "global", cfg["GLOBAL_CEILING"]):
+        if admitted.busy and admitted.busy != TENANT_BUSY:
             _release(chunk_id)
-            return Outcome(BUSY, reason="global ceiling reached")
-        if not _slot(locks.CEILING_POLICY, f"policy:{run.policy_id}", spec.policy_workers):
-            _release(chunk_id)
-            return Outcome(BUSY, reason="policy ceiling reached")
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT 1 FROM runs_chunk WHERE id = %s AND state = 'pending'"
-                " FOR UPDATE SKIP LOCKED",
-                [chunk_id],
-            )
-            if cur.fetchone() is None:  # finished or cancelled meanwhile
-                return Outcome(NO_WORK)
-        per_tenant = run.per_tenant(spec)
-        # a chunk across tenants has no tenant of its own: the policy ceiling bounds it
-        if per_tenant and not _slot(
-            locks.CEILING_TENANT, f"{run.policy_id}:{tenant}", spec.tenant_workers
-        ):
+            return Outcome(BUSY, reason=admitted.busy)
+        if not admitted.locked:  # finished or cancelled meanwhile
+            return Outcome(NO_WORK)
+        if admitted.busy == TENANT_BUSY:
             _release(chunk_id)
             return Outcome(TENANT_BUSY)
         if claim.killed and _record_killed(run, chunk_id, attempts):
@@ -273,26 +360,19 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
             tenant=tenant if per_tenant else None,
             key_from=claim.lo,
             key_to=claim.hi,
-            outside=discarded_scopes(run),
+            outside=admitted.outside,
             by_tenant=bool(spec.tenant) and not per_tenant,
             columns=run.bound_columns(spec),
         )
-        tenant_rows = None
         try:
-            with (
-                transaction.atomic()
-            ):  # a savepoint: a failed DELETE is recorded in this transaction
-                with connection.cursor() as cur:
-                    cur.execute(statement.sql.as_string(cur.connection), statement.params)
-                    if spec.tenant and not per_tenant:  # rows deleted per tenant
-                        tenant_rows = {t: int(n) for t, n in cur.fetchall()}
-                        deleted = sum(tenant_rows.values())
-                    else:
-                        deleted = cur.rowcount
-        except DatabaseError as exc:
+            deleted, tenant_rows, head = _delete(
+                statement, by_tenant=bool(spec.tenant) and not per_tenant
+            )
+        except _DeleteFailed as failed:
             # If the connection itself is gone, recording fails too and the error reaches
             # drain(): the whole transaction is lost, the chunk stays pending and claimed, and
             # the next claim counts this attempt.
+            exc = failed.error
             _record_failure(run, chunk_id, attempts, exc)
             return Outcome(
                 FAILED,
@@ -300,34 +380,77 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
                 reason=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
             )
 
-        audit.append(
-            chunk_id=chunk_id,
-            run_id=run.id,
-            policy_version_id=run.policy_version_id,
-            policy_slug=spec.slug,
-            table_name=spec.qualified_table,
-            cutoff=run.cutoff,
-            tenant=tenant,
-            **_audit_bounds(claim, run.own_bound_columns()),
-            attempt=attempts + 1,
-            worker_host=HOST,
-            worker_pid=os.getpid(),
-            rows_deleted=deleted,
-            tenant_rows=tenant_rows,
-            started_at=started,
-            outcome="deleted",
-            run_key=run.run_key,
-            **audit.version_facts(run.policy_version),
+        record = audit.link(
+            {
+                "chunk_id": chunk_id,
+                "run_id": run.id,
+                "policy_version_id": run.policy_version_id,
+                "policy_slug": spec.slug,
+                "table_name": spec.qualified_table,
+                "cutoff": run.cutoff,
+                "tenant": tenant,
+                **_audit_bounds(claim, run.own_bound_columns()),
+                "attempt": attempts + 1,
+                "worker_host": HOST,
+                "worker_pid": os.getpid(),
+                "rows_deleted": deleted,
+                "tenant_rows": tenant_rows,
+                "started_at": started,
+                "outcome": "deleted",
+                "run_key": run.run_key,
+                **audit.version_facts(run.policy_version),
+            },
+            head,
         )
-        Chunk.objects.filter(pk=chunk_id).update(
-            state=Chunk.State.DONE,
-            done_at=timezone.now(),
-            attempts=attempts + 1,
-            throttle_reason="",
-            claimed_at=None,
-        )
+        _finish(record, chunk_id, attempts + 1, commit=own)
         seconds = time.monotonic() - t0
     return Outcome(DONE, chunk_id, rows=deleted, seconds=seconds)
+
+
+def _delete(statement: P.Fragment, *, by_tenant: bool) -> tuple[int, dict | None, tuple]:
+    """The chunk's DELETE in a savepoint, then the chain lock and the chain head, in one round
+    trip: (rows deleted, rows per tenant of a chunk across tenants, the head for
+    ``audit.link``). The chain lock comes after the DELETE, so the DELETEs of two workers
+    overlap and only their audit rows queue; it is held until commit, so records chain in
+    commit order. A DELETE that fails raises ``_DeleteFailed`` with the transaction back at
+    the savepoint, still holding the chunk's lock, so the failure is recorded in it; a failure
+    after the DELETE (the chain lock's timeout, a lost connection) loses the transaction."""
+    with (
+        connection.cursor() as cur,
+        connection.cursor() as delete,
+        connection.cursor() as head,
+    ):
+        try:
+            with one_round_trip():
+                cur.execute("SAVEPOINT chunk_delete")
+                delete.execute(statement.sql.as_string(delete.connection), statement.params)
+                cur.execute("RELEASE SAVEPOINT chunk_delete")
+                audit.lock_and_read_head(head)
+        except DatabaseError as exc:
+            if delete.pgresult is not None:  # the DELETE ran: what failed came after it
+                raise
+            cur.execute("ROLLBACK TO SAVEPOINT chunk_delete")
+            raise _DeleteFailed(exc) from exc
+        if by_tenant:  # rows deleted per tenant
+            tenant_rows = {t: int(n) for t, n in delete.fetchall()}
+            return sum(tenant_rows.values()), tenant_rows, head.fetchone()
+        return delete.rowcount, None, head.fetchone()
+
+
+def _finish(record: dict, chunk_id: int, attempts: int, *, commit: bool) -> None:
+    """The audit row, the chunk done and (in the worker's own transaction) COMMIT, in one round
+    trip. COMMIT is sent here rather than by ``transaction.atomic`` on exit, which then finds
+    the transaction committed and has nothing left to send."""
+    insert, params = audit.insert(record)
+    with connection.cursor() as cur, one_round_trip():
+        cur.execute(insert, params)
+        cur.execute(
+            "UPDATE runs_chunk SET state = %s, done_at = %s, attempts = %s, throttle_reason = '',"
+            " claimed_at = NULL WHERE id = %s",
+            [Chunk.State.DONE.value, timezone.now(), attempts, chunk_id],
+        )
+        if commit:
+            cur.execute("COMMIT")
 
 
 def _record_killed(run: Run, chunk_id: int, attempts: int) -> bool:
@@ -619,6 +742,9 @@ def drain(
         return Run.objects.select_related("policy_version", "policy").filter(pk=run_id).first()
 
     planning_failures = 0
+    # the run's pending chunks as its last claim counted them (None: unknown, count them): the
+    # planner tops the window up when half of it is left
+    pending: int | None = None
     settled = False  # the run's partitions (runs.partitions) are settled: no need to ask again
     run = load()
     if run is None:
@@ -662,7 +788,10 @@ def drain(
                 stopping.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
                 continue
             if not run.planner_done:
-                if Chunk.objects.pending().filter(run=run).count() <= window // 2:
+                if pending is None:
+                    pending = Chunk.objects.pending().filter(run=run).count()
+                if pending <= window // 2:
+                    pending = None  # the next claim counts them again
                     try:
                         planner.plan(run, window=window, deadline=deadline)
                     except DatabaseError as exc:
@@ -691,6 +820,8 @@ def drain(
             stats["failed"] += 1
             stopping.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
             continue
+        if outcome.pending is not None:
+            pending = outcome.pending - (outcome.kind == DONE)  # the claimed chunk is done
         if outcome.kind == DONE:
             stats["chunks"] += 1
             stats["rows"] += outcome.rows
@@ -713,6 +844,7 @@ def drain(
                 reconciler.finish_run(run)
                 stats["stopped"] = "no work left"
                 return stats
+            pending = None if has_pending else 0
             if not run.planner_done and not has_pending:
                 continue  # plan at once
         if outcome.kind == THROTTLED:
