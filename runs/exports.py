@@ -522,9 +522,11 @@ def manifest_header(run: Run) -> dict:
         "cutoff": _iso(run.cutoff),
         "totals": {
             "chunks": dict(progress.chunks),
-            "planned_rows": progress.rows_planned,
+            # keys in the chunks' ranges when planned: what they could delete at most
+            "planned_rows_up_to": progress.rows_planned,
             "rows_deleted": progress.rows_deleted,
             "rows_expected": progress.rows_expected,
+            "rows_expected_bound": progress.expected_bound,  # "~", "at least" or "up to"
             "percent": progress.percent,
             "audit_records": progress.audit_records,
             "first_committed_at": _iso(progress.first_commit),
@@ -574,7 +576,8 @@ CHUNK_FIELDS = [
     ("key_hi", "hi"),
     ("state", "state"),
     ("attempts", "attempts"),
-    ("planned_rows", "planned_rows"),
+    # keys in the chunk's range when planned: an upper bound of its rows deleted
+    ("planned_rows_up_to", "planned_rows"),
     ("rows_deleted", "audit__rows_deleted"),
     ("outcome", "outcome_text"),  # deleted, held, nothing eligible (as the CSV); None: pending
     ("audit_seq", "audit__chain_seq"),

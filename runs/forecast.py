@@ -132,9 +132,9 @@ def _judge(policy, measured: dict, now, progress: dict) -> dict:
     if run is not None and not run.is_terminal:
         p = progress.get(run.pk) or progress_for([run.pk], now=now)[run.pk]
         out["pending_chunks"] = p.chunks[Chunk.State.PENDING]
-        if run.planner_done or run.expected_rows is not None:
-            out["backlog_rows"] = max(0, p.rows_expected - p.rows_deleted, p.rows_pending)
-        else:
+        if p.rows_expected:  # the admission count, or (planned) what the chunks hold at most
+            out["backlog_rows"] = max(0, p.rows_expected - p.rows_deleted)
+        else:  # no total yet: the pending chunks' keys are an upper bound of their rows
             out["backlog_rows"] = p.rows_pending or measured["table_backlog"]
     else:
         out["backlog_rows"] = measured["table_backlog"]

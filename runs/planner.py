@@ -234,6 +234,8 @@ def boundaries(rows, *, width: int, position, chunk_size: int, integer: bool):
     row of the value."""
     planned: list[tuple] = []
     at = tuple(position)
+    if not rows:  # the statement always returns a hop or the tail; nothing: nothing left
+        return planned, True, None, at
     for row in rows:
         k, last = tuple(row[:width]), tuple(row[width : 2 * width])
         step, tail, top = row[2 * width + 1], row[2 * width + 2], row[2 * width + 3]

@@ -10,14 +10,21 @@ and the broker backlog.
 The numbers are honest about being estimates:
 
 - ``rows_deleted`` is exact (the sum over audit records).
-- ``rows_outstanding`` is the planned size of chunks that still have to be deleted (pending)
-  or need a person (dead-lettered): the planner's estimate, not a count.
-- ``rows_expected`` is ``rows_deleted + rows_outstanding``; while the planner is still
-  walking the table it is at least the eligible count taken at admission, and
-  ``expected_is_lower_bound`` says so. It is never the blast-radius capped count taken
-  as a total, and never less than what has already been deleted.
-- ``percent`` is ``rows_deleted / rows_expected`` (100 only when drained); ``eta_s`` is the
-  pending rows at the run's own rate over the last ten minutes, and only for an active run.
+- A chunk's planned size is the number of keys in its range when the planner walked the key
+  index (runs/planner.py): what it can delete *at most* — some of those rows are young, kept
+  by a keep rule or held. ``rows_planned``, ``rows_outstanding`` (chunks still pending or
+  dead-lettered) and ``rows_pending`` are sums of those upper bounds, shown as "up to".
+- ``rows_expected`` is the run's total as best known: the eligible count taken at admission
+  (``Run.expected_rows``), never below what has been deleted and — once the planner is done —
+  never above what the chunks can still delete (``rows_deleted + rows_outstanding``).
+  ``expected_bound`` says how to read it: "~" (the admission count), "at least" (the count
+  was capped by the blast-radius guard, or more has been deleted than it counted) or "up
+  to" (what the planned chunks can delete at most: there is no admission count, or the
+  count is out of their reach). Without an admission count there is no total while the
+  planner is still walking, and ``rows_expected`` is 0.
+- ``percent`` is ``rows_deleted / rows_expected`` (100 only when drained, 0 when there is no
+  total); ``eta_s`` is the rows still to go at the run's own rate over the last ten minutes,
+  and only for an active run.
 
 Every number is an ``int`` or a ``float``: database sums (``numeric`` in PostgreSQL, a
 ``Decimal`` in Python) are converted here, so no caller mixes the two.
@@ -37,6 +44,7 @@ from core.formatting import natural_key
 from runs.models import AuditRecord, Chunk, Run
 
 RATE_WINDOW = timedelta(minutes=10)
+ABOUT, AT_LEAST, UP_TO = "~", "at least", "up to"
 
 
 @dataclass(frozen=True)
@@ -53,12 +61,14 @@ class TenantProgress:
     chunks: int = 0  # not counting split chunks (their children carry the rows)
     done: int = 0
     dead: int = 0
-    planned: int = 0
+    planned: int = 0  # keys in the tenant's chunks when planned: up to this many rows
     rows_deleted: int = 0
-    rows_outstanding: int = 0
+    rows_outstanding: int = 0  # up to (keys of its pending and dead-lettered chunks)
 
     @property
     def percent(self) -> int:
+        """Deleted of deleted plus what its open chunks can delete at most: never more than
+        the tenant's real progress."""
         return _percent(self.rows_deleted, self.rows_deleted + self.rows_outstanding)
 
 
@@ -74,13 +84,14 @@ class RunProgress:
     admissible: int = 0  # pending chunks whose not_before has passed
     oldest_pending: datetime | None = None
     queue_age_s: float | None = None
-    rows_planned: int = 0
+    rows_planned: int = 0  # up to: keys in the run's chunks when planned (not split ones)
     rows_deleted: int = 0
-    rows_outstanding: int = 0
-    rows_pending: int = 0
-    rows_expected: int = 0
-    expected_is_lower_bound: bool = False
+    rows_outstanding: int = 0  # up to: keys of pending and dead-lettered chunks
+    rows_pending: int = 0  # up to: keys of pending chunks
+    rows_expected: int = 0  # 0: no total known yet
+    expected_bound: str = "~"  # "~" | "at least" | "up to": how to read rows_expected
     admission_count: int | None = None  # eligible rows counted at admission (may be capped)
+    admission_capped: bool = False  # the count reached the blast-radius cap (run held)
     audit_records: int = 0
     first_commit: datetime | None = None
     last_commit: datetime | None = None
@@ -91,6 +102,14 @@ class RunProgress:
     throttle_reason: str = ""
     tenants: list[TenantProgress] = field(default_factory=list)
     broker: BrokerBacklog | None = None
+
+    @property
+    def expected_is_lower_bound(self) -> bool:
+        return self.expected_bound == AT_LEAST
+
+    @property
+    def expected_is_upper_bound(self) -> bool:
+        return self.expected_bound == UP_TO
 
     @property
     def chunks_total(self) -> int:
@@ -108,9 +127,9 @@ class RunProgress:
             "chunks_total": self.chunks_total,
             "retries": self.retries,
             "rows_deleted": self.rows_deleted,
-            "rows_planned": self.rows_planned,
+            "rows_planned_up_to": self.rows_planned,
             "rows_expected": self.rows_expected,
-            "expected_is_lower_bound": self.expected_is_lower_bound,
+            "expected_bound": self.expected_bound,
             "percent": self.percent,
             "eta_s": None if self.eta_s is None else round(self.eta_s),
             "rate_per_s": None if self.rate_per_s is None else round(self.rate_per_s, 1),
@@ -156,14 +175,15 @@ def progress_for(
         {
             "id": r.pk, "run_key": r.run_key, "policy__slug": r.policy.slug, "state": r.state,
             "planner_done": r.planner_done, "expected_rows": r.expected_rows,
-            "started_at": r.started_at,
+            "started_at": r.started_at, "held_at": r.held_at,
         }
         for r in loaded
     ]  # fmt: skip
     if ids_only:
         rows += Run.objects.filter(pk__in=ids_only).values(
-            "id", "run_key", "policy__slug", "state", "planner_done", "expected_rows", "started_at"
-        )
+            "id", "run_key", "policy__slug", "state", "planner_done", "expected_rows", "started_at",
+            "held_at",
+        )  # fmt: skip
     admitted: dict[int, int | None] = {}
     started: dict[int, datetime | None] = {}
     for row in rows:
@@ -174,6 +194,8 @@ def progress_for(
             state=row["state"],
             planner_done=row["planner_done"],
             admission_count=row["expected_rows"],
+            # held for confirmation: the count stopped at the blast-radius cap (runs.actions.admit)
+            admission_capped=row["held_at"] is not None and row["expected_rows"] is not None,
             broker=broker,
         )
         admitted[row["id"]] = row["expected_rows"]
@@ -283,15 +305,23 @@ def progress_for(
 
 def _derive(p: RunProgress, admitted: int | None, started: datetime | None, now: datetime) -> None:
     """Expected rows, percent, rate and ETA from the counted figures."""
-    p.rows_expected = p.rows_deleted + p.rows_outstanding
-    if not p.planner_done and p.state not in Run.TERMINAL:
-        # Still planning: the rest of the table is not in chunks yet. The admission count
-        # (capped by the blast radius) is then only a floor for the total.
-        p.rows_expected = max(p.rows_expected, _int(admitted))
-        p.expected_is_lower_bound = True
+    planning = not p.planner_done and p.state not in Run.TERMINAL
+    # what the run can delete at most once every row is in a chunk: the planned keys are
+    # upper bounds, so their sum never makes the total (only caps it)
+    most = p.rows_deleted + p.rows_outstanding
+    if admitted is not None:
+        p.rows_expected = max(admitted, p.rows_deleted)
+        stale = admitted < p.rows_deleted  # more was deleted than was counted at admission
+        p.expected_bound = AT_LEAST if (p.admission_capped or stale) else ABOUT
+        if not planning and p.rows_expected > most:
+            p.rows_expected, p.expected_bound = most, UP_TO
+    elif planning:
+        p.rows_expected, p.expected_bound = 0, ABOUT  # no count yet and the walk goes on
+    else:
+        p.rows_expected, p.expected_bound = most, UP_TO
     if p.state == Run.State.DRAINED:
         p.rows_expected = p.rows_deleted
-        p.expected_is_lower_bound = False
+        p.expected_bound = ABOUT
         p.percent = 100
     elif p.state in Run.OPEN:  # 100% means drained
         p.percent = min(99, _percent(p.rows_deleted, p.rows_expected))

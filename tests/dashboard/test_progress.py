@@ -133,6 +133,13 @@ def test_every_surface_reports_the_same_progress_for_a_run_with_holds_splits_and
     held = next(t for t in truth.tenants if t.tenant == "3")
     assert held.done >= 1 and held.rows_deleted == 0  # its chunks committed, deleting nothing
     assert truth.rows_planned > truth.rows_deleted > 0
+    # Planned sizes are keys (upper bounds): the expected total is the admission count, not
+    # their sum — capped by what the chunks can still delete (the held tenant's committed
+    # chunks deleted nothing, so the count may be out of reach: "up to" then).
+    most = truth.rows_deleted + truth.rows_outstanding
+    assert truth.rows_expected == min(run.expected_rows, most) < truth.rows_planned
+    bound = "up to" if run.expected_rows > most else "~"
+    assert truth.expected_bound == bound
     expected = {
         "rows_deleted": truth.rows_deleted,
         "rows_expected": truth.rows_expected,
@@ -163,15 +170,13 @@ def test_every_surface_reports_the_same_progress_for_a_run_with_holds_splits_and
         "pending": p.chunks["pending"], "split": p.chunks["split"],
     }  # fmt: skip
     html = page.content.decode()
+    label = "~" if bound == "~" else f"{bound} "
     assert (
         f'<strong>{truth.percent}%</strong> · <span data-testid="rows-deleted">'
-        f'{number(truth.rows_deleted)}</span> rows deleted of at least <span data-testid="rows-expected">'
-        f"{number(truth.rows_expected)}</span> expected · {number(truth.chunks_done)}/{number(truth.chunks_total)} chunks"
-    ) in html or (
-        f'<strong>{truth.percent}%</strong> · <span data-testid="rows-deleted">'
-        f'{number(truth.rows_deleted)}</span> rows deleted of ~<span data-testid="rows-expected">'
+        f'{number(truth.rows_deleted)}</span> rows deleted of {label}<span data-testid="rows-expected">'
         f"{number(truth.rows_expected)}</span> expected · {number(truth.chunks_done)}/{number(truth.chunks_total)} chunks"
     ) in html
+    assert ">Planned (up to)</th>" in html  # the tenant table's planned keys are upper bounds
 
     status = json.loads(json.dumps(run_status(run), default=str))
     seen["status"] = {
@@ -183,6 +188,10 @@ def test_every_surface_reports_the_same_progress_for_a_run_with_holds_splits_and
 
     response = client_for("auditor").get(reverse("runs:manifest", args=[run.pk]))
     totals = json.loads(b"".join(response.streaming_content))["totals"]
+    assert (totals["planned_rows_up_to"], totals["rows_expected_bound"]) == (
+        truth.rows_planned,
+        bound,
+    )
     chunks = totals["chunks"]
     seen["manifest"] = {
         "rows_deleted": totals["rows_deleted"], "rows_expected": totals["rows_expected"],
@@ -210,26 +219,54 @@ def test_every_surface_reports_the_same_progress_for_a_run_with_holds_splits_and
         assert numbers == expected, surface
 
 
-def test_expected_rows_are_never_the_capped_admission_count_nor_below_what_was_deleted(run):
+def test_the_expected_total_is_the_admission_count_not_the_sum_of_planned_upper_bounds(run):
+    """A chunk's planned size is the keys in its range (kept and young rows too): their sum is
+    what the run can delete at most, shown as "up to"; the total is the admission count."""
     from runs.progress import progress_for
 
-    Run.objects.filter(pk=run.pk).update(expected_rows=10)  # as a capped blast-radius count
     p = progress_for([run.pk], now=timezone.now())[run.pk]
 
-    pending_rows = sum(c.planned_rows for c in Chunk.objects.filter(run=run, state="pending"))
+    pending_keys = sum(c.planned_rows for c in Chunk.objects.filter(run=run, state="pending"))
+    assert p.planner_done and p.rows_pending == pending_keys
+    assert p.rows_deleted + p.rows_outstanding > run.expected_rows  # the upper bound
+    assert (p.rows_expected, p.expected_bound) == (run.expected_rows, "~")
+    assert p.percent == 100 * p.rows_deleted // run.expected_rows < 100
+
+
+def test_expected_rows_are_never_below_what_was_deleted_nor_above_what_the_chunks_hold(run):
+    from runs.progress import progress_for
+
+    Run.objects.filter(pk=run.pk).update(expected_rows=10)  # less than was deleted already
+    p = progress_for([run.pk], now=timezone.now())[run.pk]
     assert p.rows_deleted > 10
-    assert p.rows_expected == p.rows_deleted + pending_rows
-    assert not p.expected_is_lower_bound  # planning is done: the chunks are the whole run
-    assert p.percent == 100 * p.rows_deleted // p.rows_expected < 100
+    assert (p.rows_expected, p.expected_bound, p.percent) == (p.rows_deleted, "at least", 99)
+
+    Run.objects.filter(pk=run.pk).update(expected_rows=10**6)  # more than the chunks can delete
+    p = progress_for([run.pk], now=timezone.now())[run.pk]
+    most = p.rows_deleted + p.rows_outstanding
+    assert (p.rows_expected, p.expected_bound) == (most, "up to")
+
+    Run.objects.filter(pk=run.pk).update(expected_rows=None)  # the count did not finish
+    p = progress_for([run.pk], now=timezone.now())[run.pk]
+    assert (p.rows_expected, p.expected_bound) == (most, "up to")
 
 
-def test_while_planning_the_admission_count_is_a_floor(fresh_run):
+def test_while_planning_the_admission_count_is_the_total_and_a_floor_when_capped(fresh_run):
     from runs.progress import progress_for
 
     Run.objects.filter(pk=fresh_run.pk).update(planner_done=False, expected_rows=10**6)
     p = progress_for([fresh_run.pk], now=timezone.now())[fresh_run.pk]
+    assert (p.rows_expected, p.expected_bound, p.percent) == (10**6, "~", 0)
 
-    assert (p.rows_expected, p.expected_is_lower_bound, p.percent) == (10**6, True, 0)
+    # held for confirmation: the count stopped at the blast-radius cap
+    Run.objects.filter(pk=fresh_run.pk).update(held_at=timezone.now())
+    p = progress_for([fresh_run.pk], now=timezone.now())[fresh_run.pk]
+    assert (p.rows_expected, p.expected_bound, p.percent) == (10**6, "at least", 0)
+
+    # no count at all: no total while the walk goes on (the planned keys are no bound of it)
+    Run.objects.filter(pk=fresh_run.pk).update(expected_rows=None, held_at=None)
+    p = progress_for([fresh_run.pk], now=timezone.now())[fresh_run.pk]
+    assert (p.rows_expected, p.percent, p.eta_s) == (0, 0, None)
 
 
 def test_a_drained_run_is_complete_and_has_no_eta(client_for, run):
