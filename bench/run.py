@@ -384,7 +384,13 @@ class Bench:
         if args.mode == "matrix":
             out["matrix"] = True
             names = only or list(MATRIX_CONTENDERS)
-            plan = [(rows, shape, names) for rows in sizes for shape in self.shapes()]
+            skip = set(args.skip.split(",")) if args.skip else set()
+            plan = [
+                (rows, shape, names)
+                for rows in sizes
+                for shape in self.shapes()
+                if f"{shape}/{dataset.size_label(rows)}" not in skip
+            ]
         else:
             plan = [(rows, "base", names) for rows in sizes]
             variant_rows = dataset.parse_size(mode["variant_rows"])
@@ -522,6 +528,9 @@ def main() -> None:
                         help="do not subtract other databases' WAL (pg_walinspect)")  # fmt: skip
     parser.add_argument("--time-cap", type=float, help="seconds after which a contender is stopped")
     parser.add_argument("--no-chart", action="store_true")
+    parser.add_argument(
+        "--skip", help="with --shapes: comma-separated SHAPE/SIZE pairs left out, e.g. toast/10M"
+    )
     parser.add_argument(
         "--explain", action="store_true",
         help="with --shapes: save `retention explain` of each shape's policy (bench/results/explain-<size>/)",
