@@ -8,12 +8,23 @@
   insertion, in physical order: each chunk touches its own run of pages, and concurrent
   chunks touch different pages. The tenant stays in the DELETE's predicate (legal holds by
   tenant are a ``NOT EXISTS`` inside it) and the audit record counts rows per tenant.
+- ``timestamp``: chunks across all tenants in timestamp order, their bounds on the chunk
+  columns ``(timestamp, key…)`` when an index leads with exactly those, else ``(timestamp,)``
+  (a non-unique column: half-open ranges on its distinct values). For a key that does not
+  follow insertion (a random uuid) on a table whose rows arrive in time order: each chunk is
+  a contiguous run of pages, as key-range chunks are over a time-ordered key. Only the
+  chunk's scope uses those columns; legal holds, keep rules, NULL keys and partitions use the
+  key as always.
 
-``auto`` decides from the table: no tenant column → key; no ``(tenant, key…)`` index → key;
-otherwise a sample of heap pages (``TABLESAMPLE SYSTEM``, about 200 pages, whole pages
-only) says on how many pages tenants mix: on half of them or more → key, else tenant. The
-run records the choice and its reason at creation; the preview and ``retention explain`` show
-the same decision for the table as it is now.
+``auto`` decides from the table: the key's first column out of heap order (``pg_stats``
+correlation below ``KEY_SCATTERED`` in magnitude) while the timestamp follows it (at least
+``TIME_ORDERED``), with an index leading with the timestamp → timestamp; without statistics
+(no ``ANALYZE`` yet) that rule does not apply. Otherwise: no tenant column → key; no
+``(tenant, key…)`` index → key; otherwise a sample of heap pages (``TABLESAMPLE SYSTEM``,
+about 200 pages, whole pages only) says on how many pages tenants mix: on half of them or
+more → key, else tenant. The run records the choice, its reason and its chunk columns at
+creation; the preview and ``retention explain`` show the same decision for the table as it is
+now.
 """
 
 from __future__ import annotations
@@ -28,15 +39,21 @@ from retention.spec import PolicySpec
 
 TENANT = "tenant"
 KEY = "key"
+TIMESTAMP = "timestamp"
 INTERLEAVED = 0.5  # tenants mix on at least this share of sampled pages: key-range chunks
 SAMPLE_PAGES = 200
+# auto picks timestamp-ordered chunks when |correlation| (pg_stats: physical order against
+# value order, -1..1) of the key's first column is below KEY_SCATTERED and the timestamp's is
+# at least TIME_ORDERED (a descending order is an order too)
+KEY_SCATTERED = 0.5
+TIME_ORDERED = 0.9
 
 
 @dataclass(frozen=True)
 class Geometry:
-    kind: str  # "tenant" | "key"
+    kind: str  # "tenant" | "key" | "timestamp"
     reason: str
-    columns: tuple[str, ...] = ()  # the columns chunk bounds are on when not the key's
+    columns: tuple[str, ...] = ()  # timestamp chunks: the columns their bounds are on
 
     @property
     def per_tenant(self) -> bool:
@@ -82,6 +99,73 @@ def has_tenant_key_index(spec: PolicySpec) -> bool:
     return bool(found)
 
 
+def index_columns(spec: PolicySpec) -> list[tuple]:
+    """The key columns (names, in order; None for an expression) of every valid, non-partial
+    btree index on the table."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT ARRAY(SELECT a.attname FROM unnest((i.indkey::int2[])[0:i.indnkeyatts - 1])"
+            "  WITH ORDINALITY AS k(attnum, n) LEFT JOIN pg_catalog.pg_attribute a"
+            "  ON a.attrelid = i.indrelid AND a.attnum = k.attnum ORDER BY k.n)"
+            " FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid"
+            " JOIN pg_catalog.pg_am am ON am.oid = ic.relam"
+            " WHERE i.indrelid = to_regclass(%s) AND am.amname = 'btree' AND i.indisvalid"
+            " AND i.indpred IS NULL",
+            [f'"{spec.schema}"."{spec.table}"'],
+        )
+        return [tuple(row[0]) for row in cur.fetchall()]
+
+
+def timestamp_columns(spec: PolicySpec) -> tuple[str, ...] | None:
+    """The chunk columns of timestamp-ordered chunks: ``(timestamp, key…)`` when a valid,
+    non-partial btree index leads with exactly those columns, else ``(timestamp,)`` when one
+    leads with the timestamp; None when no index leads with it."""
+    full = tuple(dict.fromkeys([spec.timestamp, *spec.key_columns]))
+    indexes = index_columns(spec)
+    if any(cols[: len(full)] == full for cols in indexes):
+        return full
+    if any(cols[:1] == (spec.timestamp,) for cols in indexes):
+        return (spec.timestamp,)
+    return None
+
+
+def correlations(spec: PolicySpec) -> dict[str, float]:
+    """``pg_stats.correlation`` of the key's first column and of the timestamp column (the
+    table's own statistics before those of its inheritance tree); a column without statistics
+    (no ANALYZE yet) is left out."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT DISTINCT ON (attname) attname, correlation FROM pg_catalog.pg_stats"
+            " WHERE schemaname = %s AND tablename = %s AND attname = ANY(%s)"
+            " AND correlation IS NOT NULL ORDER BY attname, inherited",
+            [spec.schema, spec.table, [spec.key_columns[0], spec.timestamp]],
+        )
+        return {name: float(value) for name, value in cur.fetchall()}
+
+
+def timestamp_order(spec: PolicySpec) -> Geometry | None:
+    """Timestamp-ordered chunks when the key does not follow the heap's order but the
+    timestamp does, and an index leads with the timestamp; None: today's rules decide."""
+    first = spec.key_columns[0]
+    if first == spec.timestamp:  # key-range chunks are in timestamp order already
+        return None
+    found = correlations(spec)
+    if first not in found or spec.timestamp not in found:
+        return None
+    key_c, ts_c = found[first], found[spec.timestamp]
+    if abs(key_c) >= KEY_SCATTERED or abs(ts_c) < TIME_ORDERED:
+        return None
+    columns = timestamp_columns(spec)
+    if columns is None:
+        return None
+    return Geometry(
+        TIMESTAMP,
+        f"key {first} is not in heap order (correlation {key_c:.2f}), {spec.timestamp} is"
+        f" ({ts_c:.2f}): timestamp-ordered chunks on {label(columns)}",
+        columns,
+    )
+
+
 def mixed_pages(spec: PolicySpec) -> tuple[float | None, int]:
     """(share of sampled heap pages holding more than one tenant, pages sampled); share None
     when the table has no page to sample."""
@@ -115,6 +199,13 @@ def choose_safely(spec: PolicySpec) -> Geometry:
             return choose(spec)
     except DatabaseError as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if getattr(spec, "chunking", "auto") == TIMESTAMP:  # the policy's own choice stands
+            return Geometry(
+                TIMESTAMP,
+                f"the indexes could not be read ({first[:200]}): timestamp-ordered chunks on"
+                f' {spec.timestamp} (chunking = "timestamp")',
+                (spec.timestamp,),
+            )
         kind = TENANT if spec.tenant else KEY
         return Geometry(kind, f"the table could not be sampled ({first[:200]}): {kind} chunks")
 
@@ -122,6 +213,23 @@ def choose_safely(spec: PolicySpec) -> Geometry:
 def choose(spec: PolicySpec) -> Geometry:
     """The geometry a run of ``spec`` uses on the table as it is now, and why."""
     pinned = getattr(spec, "chunking", "auto")
+    if pinned == TIMESTAMP:
+        columns = timestamp_columns(spec)
+        if columns is None:  # validated with one; dropped since: correct, every chunk scans
+            return Geometry(
+                TIMESTAMP,
+                f"timestamp-ordered chunks on {spec.timestamp}, no index leads with it"
+                ' (chunking = "timestamp")',
+                (spec.timestamp,),
+            )
+        return Geometry(
+            TIMESTAMP, f'timestamp-ordered chunks on {label(columns)} (chunking = "timestamp")',
+            columns,
+        )  # fmt: skip
+    if pinned == "auto":
+        ordered = timestamp_order(spec)
+        if ordered is not None:
+            return ordered
     if not spec.tenant:
         return Geometry(KEY, "no tenant column: key-range chunks")
     if pinned == TENANT:

@@ -313,12 +313,26 @@ def validate(spec: PolicySpec) -> Validation:
     _probe_keep_rules(spec)
 
     result = Validation(where, oid, used, None, estimated_rows=_estimated_rows(oid))
-    # The planner walks keys per tenant: the index must lead with (tenant, key...) or key...
     key_nums = [k.attnum for k in keys]
+    if spec.chunking == "timestamp":
+        # chunks in timestamp order are planned and deleted along an index leading with it
+        # (with the key after it, when there is one on exactly those columns)
+        chunk_nums = list(dict.fromkeys([ts.attnum, *key_nums]))
+        found = _indexes(oid)
+        best = [n for n, cols in found if cols[: len(chunk_nums)] == chunk_nums]
+        best = best or [n for n, cols in found if cols[:1] == [ts.attnum]]
+        if not best:
+            raise SpecError(
+                f'chunking = "timestamp" needs a valid, non-partial btree index on {where} '
+                f"leading with {spec.timestamp!r}: chunks in timestamp order are planned and "
+                f"deleted along it; create one first"
+            )
+        result.supporting_index = best[0]
+    # The planner walks keys per tenant: the index must lead with (tenant, key...) or key...
     wanted = [columns[spec.tenant].attnum, *key_nums] if spec.tenant else key_nums
     if spec.tenant and columns[spec.tenant].attnum in key_nums:
         wanted = key_nums  # a composite key that holds the tenant column orders by it already
-    for name, index_keys in _indexes(oid):
+    for name, index_keys in _indexes(oid) if result.supporting_index is None else ():
         if index_keys[: len(wanted)] == wanted:
             result.supporting_index = name
             break

@@ -306,9 +306,11 @@ FIELDS: tuple[Field, ...] = (
           shown_default="`timezone`"),
     Field("chunking", "chunking", "choice", "auto", "",
           "what chunks run along: `key` (key ranges across tenants, in the key's order), "
-          "`tenant` (per-tenant key ranges on a `(tenant, key)` index), or `auto`: chosen "
-          "from the table when a run is created (docs/engine.md, \"Chunk geometry\")",
-          choices=("auto", "key", "tenant")),
+          "`tenant` (per-tenant key ranges on a `(tenant, key)` index), `timestamp` (ranges "
+          "across tenants in timestamp order, on an index leading with the timestamp: for a "
+          "random key on a table filled in time order), or `auto`: chosen from the table "
+          "when a run is created (docs/engine.md, \"Chunk geometry\")",
+          choices=("auto", "key", "tenant", "timestamp")),
     Field("chunk_size", "chunk_size", "int", 5000, "", "rows per chunk to start with "
           "(adapts toward `target_chunk_ms`)", lo=10, hi=200_000),
     Field("pace_rows_per_s", "pace_rows_per_s", "int", 0, "",

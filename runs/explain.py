@@ -35,55 +35,57 @@ def _plan(frag: P.Fragment) -> list[str]:
 
 def statements(policy) -> list[tuple[str, P.Fragment]]:
     """The engine's statements on the target, built by the engine's own functions, with
-    realistic parameters for ``policy`` now (its first eligible key and that key's tenant,
-    and the first chunk the planner would plan from there, along the geometry a run would
-    use now)."""
+    realistic parameters for ``policy`` now: the geometry a run created now would take
+    (``chunking``), its first eligible bound on that geometry's chunk columns (and that row's
+    tenant, for per-tenant chunks), and the first chunk the planner would plan from there."""
     spec = policy.approved_version.parsed
+    shape = geometry.choose_safely(spec)
+    columns = shape.columns or None
+    width = len(P.chunk_columns(spec, columns))
     types = P.column_types(spec)
+    integer = P.integer_bounds(spec, columns, types)
     cutoff = spec.cutoff_for(latest_tick(policy, timezone.now()))
-    bounds = bounds_query(policy.id, cutoff, spec)
+    bounds = bounds_query(policy.id, cutoff, spec, columns=columns)
     with connection.cursor() as cur:
         cur.execute(bounds.sql.as_string(cur.connection), bounds.params)
         lo, hi = cur.fetchone()
     if lo is None:  # nothing eligible: plans of the statements over an empty range
-        lo = hi = ["0"] * len(spec.key_columns) if P.integer_key(spec, types) else None
+        lo = hi = ["0"] if integer else None
+    per_tenant = bool(spec.tenant) and shape.per_tenant
     tenant = None
-    if spec.tenant and lo is not None:
+    if per_tenant and lo is not None:
         with connection.cursor() as cur:
-            first = P.in_scope(spec, tenant=None, key_from=lo, types=types)
+            first = P.in_scope(spec, tenant=None, key_from=lo, types=types, columns=columns)
             query = sql.SQL("SELECT {c}::text FROM {t} WHERE {w} ORDER BY {o} LIMIT 1").format(
-                c=sql.Identifier(spec.tenant), t=P.table(spec), w=first.sql, o=P.key_order(spec)
-            )
+                c=sql.Identifier(spec.tenant), t=P.table(spec), w=first.sql,
+                o=P.key_order(spec, columns=columns),
+            )  # fmt: skip
             cur.execute(query.as_string(cur.connection), first.params)
             row = cur.fetchone()
             tenant = row[0] if row else None
-    per_tenant = bool(spec.tenant) and geometry.choose_safely(spec).per_tenant
-    chunk_tenant = tenant if per_tenant else None
-    integer = P.integer_key(spec, types)
     position = P.bound(lo) if lo is not None else None
     last = P.bound(hi) if hi is not None else position
     if position is not None:
-        walk = walk_filter(spec, tenant=chunk_tenant, last=last, types=types)
+        walk = walk_filter(spec, tenant=tenant, last=last, types=types, columns=columns)
     else:  # nothing eligible (and not an integer key): the walk over no keys
-        walk, position = P.Fragment(sql.SQL("FALSE"), []), (None,) * len(spec.key_columns)
-    window = window_query(spec, walk, position, spec.chunk_size, 1, types)
+        walk, position = P.Fragment(sql.SQL("FALSE"), []), (None,) * width
+    window = window_query(spec, walk, position, spec.chunk_size, 1, types, columns)
     with connection.cursor() as cur:
         cur.execute(window.sql.as_string(cur.connection), window.params)
         rows = cur.fetchall()
     planned, _, _, _ = boundaries(
-        rows, width=len(spec.key_columns), position=position, chunk_size=spec.chunk_size,
-        integer=integer,
-    )  # fmt: skip
+        rows, width=width, position=position, chunk_size=spec.chunk_size, integer=integer
+    )
     chunk_to = planned[0][1] if planned and lo is not None else None
     delete = P.delete_chunk(
-        spec, policy_id=policy.id, cutoff=cutoff, tenant=chunk_tenant, key_from=lo,
-        key_to=chunk_to, by_tenant=not per_tenant,
+        spec, policy_id=policy.id, cutoff=cutoff, tenant=tenant, key_from=lo,
+        key_to=chunk_to, by_tenant=not per_tenant, columns=columns,
     )  # fmt: skip
     verify = P.count_where(
         spec, P.eligible(spec, policy_id=policy.id, cutoff=cutoff), limit=100_000
     )
     out = [("planner: eligible key bounds", bounds)]
-    if spec.tenant:
+    if per_tenant:
         out.append(("planner: distinct tenants (loose index scan)", tenants_query(spec)))
     out += [
         ("planner: one window (chunk boundaries from the key index)", window),
@@ -96,7 +98,8 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
 def chunking(policy) -> str:
     """What a run of ``policy`` created now would chunk along, and why (retention.geometry)."""
     shape = geometry.choose_safely(policy.approved_version.parsed)
-    return f"chunking: {shape.kind} — {shape.reason}"
+    on = f" on {shape.bounds_on}" if shape.bounds_on else ""
+    return f"chunking: {shape.kind}{on} — {shape.reason}"
 
 
 def explain(policy) -> list[tuple[str, list[str]]]:

@@ -145,6 +145,11 @@ class Shape:
     keep: bool = True
     holds: tuple[Hold, ...] = ()
     chunk_size: int = 20
+    chunking: str = "auto"  # the policy's chunking (auto, key, tenant, timestamp)
+    ts_index: str = "at"  # the timestamp's index: "at", "at-key" (at, key…) or "none"
+    ts_ties: bool = False  # timestamps on the half hour: many rows share one, across chunks
+    # the geometry the run must take ("" : any); a shape made for one geometry says so
+    expect_chunking: str = ""
 
     def describe(self) -> str:
         fields = dataclasses.asdict(self)
@@ -374,6 +379,8 @@ def generate_rows(shape: Shape) -> list[Row]:
             else:
                 delta = timedelta(minutes=rng.randint(181, 60 * 24 * 5))
         ats.append(cutoff + delta)
+    if shape.ts_ties:  # on the half hour (before ``old`` is decided, so it stays exact)
+        ats = [a.replace(minute=a.minute // 30 * 30, second=0, microsecond=0) for a in ats]
     ats.sort()
     keys = _keys(shape, rng, n)
     if not shape.correlated:
@@ -487,7 +494,11 @@ def build_table(shape: Shape, rows: list[Row]) -> None:
         cols = (["tenant"] if shape.tenant_type else []) + key_columns(shape)
         index = f"({', '.join(dict.fromkeys(cols))})"
         cur.execute(f"CREATE {unique}INDEX ON public.{TABLE} {index}")
-        cur.execute(f"CREATE INDEX ON public.{TABLE} (at)")
+        if shape.ts_index == "at":
+            cur.execute(f"CREATE INDEX ON public.{TABLE} (at)")
+        elif shape.ts_index == "at-key":
+            at_key = ", ".join(dict.fromkeys(["at", *key_columns(shape)]))
+            cur.execute(f"CREATE INDEX ON public.{TABLE} ({at_key})")
         cur.execute(f"ANALYZE public.{TABLE}")
 
 
@@ -504,6 +515,8 @@ def policy_spec(shape: Shape, slug: str = "shape") -> dict:
         chunk_size=shape.chunk_size,
         limits={"policy_workers": 2, "tenant_workers": 1},
     )
+    if shape.chunking != "auto":
+        spec["chunking"] = shape.chunking
     if shape.tenant_type:
         spec["tenant"] = "tenant"
     if shape.keep:
@@ -582,6 +595,8 @@ def run_shape(
     run.refresh_from_db()
     if run.state != Run.State.DRAINED:
         problems.append(f"the run ended {run.state}: {run.state_reason}")
+    if shape.expect_chunking and run.chunking != shape.expect_chunking:
+        problems.append(f"the run took {run.chunking} chunks: {run.chunking_reason}")
     problems += check_run(run, shadow=shadow, holds=holds)
     if stats is not None:
         audit = AuditRecord.objects.filter(run=run)
@@ -590,6 +605,7 @@ def run_shape(
         stats["chunks"] += audit.count()
         stats["holds placed"] += len(holds)
         stats["shapes that deleted rows"] += audit.filter(rows_deleted__gt=0).exists()
+        stats[f"{run.chunking} chunks"] += 1
     return problems
 
 

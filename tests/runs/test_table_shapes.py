@@ -150,6 +150,33 @@ CURATED = [
     Shape("interval-key", 84, None, key_type="interval", correlated=False, chunk_size=10),
     Shape("numeric-key-duplicates", 79, None, key_type="numeric", key_layout="dup",
           chunk_size=10),
+    # chunks in timestamp order (a random key on a table filled in time order): chosen by
+    # auto from the statistics, or pinned; bounds on (at, key…) or on the timestamp alone
+    Shape("ts-chunks-auto-uuid-v4-at-id", 100, "integer", key_type="uuid4", ts_index="at-key",
+          expect_chunking="timestamp"),
+    Shape("ts-chunks-auto-uuid-v4-at-only-no-tenant", 101, None, key_type="uuid4",
+          chunk_size=10, expect_chunking="timestamp"),
+    Shape("ts-chunks-auto-text-key", 102, "text", key_type="text", correlated=False,
+          ts_index="at-key", expect_chunking="timestamp"),
+    Shape("ts-chunks-auto-composite-tenant-id", 103, "integer", composite="tenant",
+          correlated=False, ts_index="at-key", expect_chunking="timestamp"),
+    Shape("ts-chunks-auto-nulls", 104, "text", key_type="uuid4", null_ts=True, null_tenant=True,
+          null_key=True, ts_index="at-key", expect_chunking="timestamp"),
+    Shape("ts-chunks-pinned-uuid-v4-ties", 105, "uuid", key_type="uuid4", chunking="timestamp",
+          ts_ties=True, chunk_size=10, expect_chunking="timestamp"),
+    Shape("ts-chunks-pinned-text-key-ties-at-id", 106, None, key_type="text",
+          chunking="timestamp", ts_index="at-key", ts_ties=True, chunk_size=10,
+          expect_chunking="timestamp"),
+    Shape("ts-chunks-pinned-composite-tenant-id", 107, "citext", composite="tenant",
+          chunking="timestamp", holds=(Hold("ACME"),), expect_chunking="timestamp"),
+    Shape("ts-chunks-pinned-nulls-naive", 108, "integer", key_type="uuid4", null_ts=True,
+          null_tenant=True, ts_type="timestamp", timezone=BERLIN, retention="3 days",
+          tick=local("2026-03-29", 3, BERLIN), chunking="timestamp", expect_chunking="timestamp"),
+    Shape("ts-chunks-pinned-key-range-hold", 109, "integer", key_layout="sparse",
+          correlated=False, chunking="timestamp", holds=(Hold(None, -(2**62), 0),),
+          expect_chunking="timestamp"),
+    Shape("ts-chunks-pinned-time-ordered-key", 110, "integer", chunking="timestamp",
+          ts_index="at-key", expect_chunking="timestamp"),
 ]
 # fmt: on
 
@@ -242,6 +269,9 @@ def shape_strategy(draw) -> Shape:
         keep=draw(st.booleans()),
         holds=tuple(holds),
         chunk_size=draw(st.integers(10, 60)),
+        chunking=draw(st.sampled_from(["auto", "auto", "timestamp"])),
+        ts_index=draw(st.sampled_from(["at", "at-key"])),
+        ts_ties=draw(st.booleans()),
         **nulls,
     )
     return shape
@@ -289,7 +319,8 @@ def test_generated_shapes(shape_db):
             f"tenant {shape.tenant_type}", f"key {shape.key_type} {shape.key_layout}",
             f"composite key {shape.composite or 'no'}",
             f"{shape.ts_type} {shape.timezone}", f"retention in {shape.retention.split()[1]}",
-            f"age {shape.age}", *(f"NULL {n}" for n in ("tenant", "ts", "key", "keep")
+            f"age {shape.age}", f"chunking {shape.chunking}, index {shape.ts_index}",
+            *(f"NULL {n}" for n in ("tenant", "ts", "key", "keep")
                                   if getattr(shape, f"null_{n}")),
         ):  # fmt: skip
             counts[feature] += 1
