@@ -102,7 +102,8 @@ def run_families(progress) -> list[GaugeMetricFamily]:
     )
     expected = GaugeMetricFamily(
         "retention_run_rows_expected",
-        "Rows an open run is expected to delete in all (an estimate; a floor while planning)",
+        "Rows an open run is expected to delete in all: the eligible count at admission, kept"
+        " between the rows deleted and what its planned chunks can delete at most (0: unknown)",
         labels=labels,
     )
     ratio = GaugeMetricFamily(
