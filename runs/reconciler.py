@@ -164,13 +164,25 @@ def discarded_report(run: Run, spec, *, types: dict | None = None) -> list[dict]
 
 def finish_run(run: Run) -> str:
     """Close an active run whose planner is done and which has no pending chunk:
-    verify, then drained / another pass / needs attention. Returns the new state."""
+    verify, then drained / another pass / needs attention. Returns the new state.
+
+    The session that locks the run's row concludes it, once; a caller that finds the row
+    locked (another lease or the reconciler is verifying it, an operator's decision is
+    committing) does not wait for it: it returns the run's state as last committed and moves
+    on. Should the holder die before it commits, the run is still active with its planner
+    done and nothing pending, and the reconciler's next pass finishes it."""
     with transaction.atomic():
-        run = (
-            Run.objects.select_for_update(of=("self",))
+        locked = (
+            # NO KEY UPDATE: rows that only reference the run (audit records, leases) do not
+            # count as holding it
+            Run.objects.select_for_update(of=("self",), no_key=True, skip_locked=True)
             .select_related("policy_version")
-            .get(pk=run.pk)
+            .filter(pk=run.pk)
+            .first()
         )
+        if locked is None:
+            return Run.objects.filter(pk=run.pk).values_list("state", flat=True).first() or ""
+        run = locked
         if run.state != Run.State.ACTIVE or not run.planner_done:
             return run.state
         if Chunk.objects.pending().filter(run=run).exists():
