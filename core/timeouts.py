@@ -79,6 +79,15 @@ def engine_statement_ms() -> int:
     return reconciler_budget()[1]
 
 
+def vacuum_statement_ms() -> int:
+    """Statement timeout of the ``VACUUM (ANALYZE)`` a policy with ``vacuum = "run"`` schedules
+    after a drained run: one lease budget — it holds a cleanup worker no longer than a lease
+    does, so chunk work waits no longer behind it — and always inside the task timeout with
+    room for the task to record the outcome (two ledger statements and the headroom)."""
+    fit = int((task_timeout_s() - HEADROOM_S) * 1000) - 2 * engine_statement_ms()
+    return max(1_000, min(int(lease_budget_s() * 1000), fit))
+
+
 def chunk_worst_ms(lock_ms: int, statement_ms: int) -> int:
     """The longest a chunk transaction can take with these timeouts: its DELETE, plus two lock
     waits (the fences in its first statement, the audit chain lock) that each end at the lock

@@ -20,6 +20,9 @@ GRANT USAGE ON SCHEMA public TO :"worker_role";
 
 -- Target tables: read to plan and verify, delete rows. Nothing else.
 GRANT SELECT, DELETE ON TABLE :target TO :"worker_role";
+-- Only for a policy with vacuum = "run", on PostgreSQL 17 or later (docs/security.md): the
+-- VACUUM (ANALYZE) after a drained run needs MAINTAIN (before 17, the table's owner):
+--   GRANT MAINTAIN ON TABLE :target TO :"worker_role";
 
 -- The ledger the workers write (FOR UPDATE needs UPDATE). The cleanup cluster also runs the
 -- scheduled triggers and the reconciler, which create runs (catch-up) and prune guard samples.

@@ -353,7 +353,10 @@ FIELDS: tuple[Field, ...] = (
     Field("max_passes", "max_passes", "int", 3, "",
           "verification passes before a run needs attention", lo=1, hi=20),
     Field("vacuum", "vacuum", "choice", "recommend", "",
-          "what to do about dead tuples after a drained run", choices=VACUUM_MODES),
+          "after a drained run: `recommend` notes `VACUUM (ANALYZE)` with the dead tuples the "
+          "run left; `run` schedules it on the cleanup cluster once the drain commits (the "
+          "workers' role must be allowed to vacuum the table, docs/security.md); `off` only "
+          "records the dead tuples (docs/guard.md, \"After a run\")", choices=VACUUM_MODES),
     Field("partition_action", "partition_action", "choice", "drop", "",
           "a partitioned table's partition that is wholly past the cutoff, with nothing kept "
           "or held, is detached and dropped, or left detached (docs/policies.md, "

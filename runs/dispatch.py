@@ -33,6 +33,19 @@ def enqueue(func: str, *args, **kwargs) -> None:
         transaction.on_commit(send)
 
 
+def enqueue_after_commit(func: str, *args, **kwargs) -> None:
+    """Send a task to the cleanup cluster once the current transaction has committed, with any
+    broker: for work that follows a decision (a drained run's ``VACUUM``) and must neither
+    start before that decision is visible nor go when it rolls back. Unlike ``enqueue`` this
+    is no outbox: a process that dies between the commit and the send loses the message, and
+    a failed send is logged, never raised into the caller, whose transaction has committed."""
+
+    def send() -> None:
+        async_task(func, *args, cluster=CLUSTER, **kwargs)
+
+    transaction.on_commit(send, robust=True)
+
+
 def publish(lease: Lease) -> Lease:
     """Start a new generation of ``lease`` and enqueue its message (call inside a transaction)."""
     lease.generation += 1

@@ -191,7 +191,18 @@ VERIFICATION_LABELS = {
     "limit": "Counts stop at",
     "pass": "After pass",
     "checked_at": "Checked at",
+    # what the run left for VACUUM (``runs.maintenance``), once it drained
+    "dead_tuples": "Dead tuples on the target",
+    "live_tuples": "Live tuples on the target",
+    "vacuum_note": "Vacuum",
+    "vacuum_started_at": "Vacuum started",
+    "vacuum_finished_at": "Vacuum finished",
 }
+VERIFICATION_TEXT = {"error", "vacuum_note"}
+VERIFICATION_WHEN = {"checked_at", "vacuum_started_at", "vacuum_finished_at"}
+# shown by other rows: the discarded scopes' table, the policy's setting and the vacuum's
+# state (both in the "Vacuum" sentence)
+VERIFICATION_HIDDEN = {"discarded", "vacuum", "vacuum_state"}
 
 
 def verification_items(result: dict | None) -> dict | None:
@@ -202,10 +213,14 @@ def verification_items(result: dict | None) -> dict | None:
     rows = []
     for key, label in VERIFICATION_LABELS.items():
         if key in result:
-            kind = "when" if key == "checked_at" else ("text" if key == "error" else "number")
+            kind = (
+                "when"
+                if key in VERIFICATION_WHEN
+                else ("text" if key in VERIFICATION_TEXT else "number")
+            )
             rows.append({"label": label, "value": result[key], "kind": kind})
     for key, value in result.items():
-        if key not in VERIFICATION_LABELS and key != "discarded":
+        if key not in VERIFICATION_LABELS and key not in VERIFICATION_HIDDEN:
             rows.append({"label": key.replace("_", " "), "value": value, "kind": "text"})
     return {"rows": rows, "discarded": list(result.get("discarded") or [])}
 

@@ -2,7 +2,8 @@
 
 It re-publishes lost or stale leases, starts runs that waited for an earlier
 one, creates one catch-up run for missed schedule windows, finishes runs
-(verification before ``drained``), drops detached partition tables whose
+(verification before ``drained``; then the dead tuples the run left and the policy's
+``vacuum``, ``runs.maintenance``), drops detached partition tables whose
 ``detached_keep`` has passed, and keeps the app's own tables bounded.
 """
 
@@ -33,6 +34,7 @@ from runs.actions import (
     start_waiting_runs,
     trigger_run,
 )
+from runs.maintenance import record_after_run
 from runs.models import (
     Chunk,
     DeadLetter,
@@ -210,30 +212,9 @@ def finish_run(run: Run) -> str:
         if run.state == Run.State.ACTIVE:
             dispatch.republish_all(run)
         elif run.state == Run.State.DRAINED:
+            record_after_run(run)  # dead tuples; VACUUM recommended or sent after the commit
             start_waiting_runs(run.policy)
         return run.state
-
-
-def after_run_maintenance(run: Run) -> dict:
-    """Report the dead tuples the run left on its target, and recommend or schedule
-    ``VACUUM (ANALYZE)`` as the policy says."""
-    spec = run.policy_version.parsed
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT n_dead_tup, n_live_tup FROM pg_stat_user_tables WHERE schemaname = %s AND relname = %s",
-            [spec.schema, spec.table],
-        )
-        row = cur.fetchone()
-    dead, live = row or (None, None)
-    out = {"dead_tuples": dead, "live_tuples": live, "vacuum": spec.vacuum}
-    if spec.vacuum == "run":
-        dispatch.enqueue("runs.tasks.vacuum_target", run.id)
-        out["vacuum_note"] = f"VACUUM (ANALYZE) {spec.qualified_table} scheduled"
-    elif spec.vacuum == "recommend" and dead:
-        out["vacuum_note"] = (
-            f"recommended: VACUUM (ANALYZE) {spec.qualified_table} ({dead:,} dead tuples)"
-        )
-    return out
 
 
 def catch_up(policy: Policy, now) -> Run | None:

@@ -8,11 +8,10 @@ from datetime import datetime
 
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
-from psycopg import sql
 
 from core import timeouts
 from retention.models import Policy
-from runs import dispatch, schedules, worker
+from runs import dispatch, maintenance, schedules, worker
 from runs.actions import ActionError, trigger_run
 from runs.models import Run
 from runs.reconciler import catch_up
@@ -101,17 +100,11 @@ def reconcile() -> dict:
 
 
 def vacuum_target(run_id=None) -> str:
-    """``VACUUM (ANALYZE)`` the target of a drained run (outside any transaction)."""
-
-    if not isinstance(run_id, int):
+    """``VACUUM (ANALYZE)`` the target of a drained run (``runs.maintenance.vacuum_target``:
+    once, outside any transaction, bounded to fit the task timeout, its outcome recorded on
+    the run)."""
+    if not isinstance(run_id, int) or isinstance(run_id, bool):
         return _malformed("vacuum", "needs an integer run_id", {"run_id": repr(run_id)})
-    run = Run.objects.select_related("policy_version").filter(pk=run_id).first()
-    if run is None:
+    if not Run.objects.filter(pk=run_id).exists():
         return _malformed("vacuum", f"run {run_id} not found", {"run_id": run_id})
-    spec = run.policy_version.parsed
-    statement = sql.SQL("VACUUM (ANALYZE) {}.{}").format(
-        sql.Identifier(spec.schema), sql.Identifier(spec.table)
-    )
-    with connection.cursor() as cur:
-        cur.execute(statement.as_string(cur.connection))
-    return f"vacuumed {spec.qualified_table}"
+    return maintenance.vacuum_target(run_id)

@@ -1,19 +1,24 @@
-"""After a run: a run is concluded once, by the one session that holds it — another finisher
-moves on instead of waiting."""
+"""After a run: a drained run records the dead tuples its deletes left on the target and,
+as the policy's ``vacuum`` says, recommends ``VACUUM (ANALYZE)`` or schedules it on the
+cleanup cluster once the drain has committed; and a run is concluded once, by the one
+session that holds it — another finisher moves on instead of waiting."""
 
 from __future__ import annotations
 
 import threading
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import Client
 from django.urls import reverse
 from django_q.models import OrmQ
 
 from core.models import OperatorAction
-from runs import planner, worker
+from runs import planner, tasks, worker
 from runs.actions import trigger_run
+from runs.exports import manifest_header
 from runs.models import AuditRecord, Run
 from runs.reconciler import finish_run, reconcile
 from tests.factories import approved_policy, events_spec
@@ -77,6 +82,118 @@ def verification_section(run: Run, make_user) -> str:
 def _drop_events():
     yield
     _sql("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
+
+
+def test_a_drained_run_recommends_a_vacuum_with_its_dead_tuples(make_user):
+    run = deleted_but_not_finished(make_user)  # vacuum = "recommend", the default
+    deleted = rows_deleted(run)
+    assert deleted > 1000
+
+    assert finish_run(run) == Run.State.DRAINED
+    run.refresh_from_db()
+    v = run.verification
+    assert v["remaining"] == 0
+    assert v["dead_tuples"] == deleted
+    assert isinstance(v["live_tuples"], int)  # an estimate (as ANALYZE and the counters say)
+    note = f"recommended: VACUUM (ANALYZE) {TABLE} ({deleted:,} dead tuples)"
+    assert v["vacuum_note"] == note
+    assert vacuum_messages() == []  # recommended, not scheduled
+
+    section = verification_section(run, make_user)
+    assert note in section and "Dead tuples" in section
+    assert manifest_header(run)["verification"]["vacuum_note"] == note
+    out = StringIO()
+    call_command("retention", "status", run.run_key, stdout=out)
+    assert f"vacuum                     {note}" in out.getvalue()
+
+
+def test_vacuum_run_schedules_one_vacuum_after_the_drain_commits_and_it_vacuums(make_user):
+    run = deleted_but_not_finished(make_user, vacuum="run")
+    assert vacuums() == (0, None)
+
+    with transaction.atomic():
+        assert finish_run(run) == Run.State.DRAINED
+        assert vacuum_messages() == []  # nothing is sent before the drain commits
+    (message,) = vacuum_messages()
+    assert list(message.task["args"]) == [run.pk] and message.key == "cleanup"
+    run.refresh_from_db()
+    assert run.verification["vacuum_note"] == f"VACUUM (ANALYZE) {TABLE} scheduled"
+    assert run.verification["dead_tuples"] == rows_deleted(run)
+    assert "VACUUM (ANALYZE) public.rr_events scheduled" in verification_section(run, make_user)
+
+    # the drained run is never concluded again, so nothing is scheduled twice
+    assert finish_run(run) == Run.State.DRAINED
+    reconcile()
+    assert len(vacuum_messages()) == 1
+
+    outcome = tasks.vacuum_target(run.pk)  # what the cleanup cluster runs
+    count, last = vacuums()
+    assert count == 1 and last is not None, outcome
+    run.refresh_from_db()
+    assert run.verification["vacuum_state"] == "done", run.verification
+    assert run.verification["vacuum_note"].startswith(f"VACUUM (ANALYZE) {TABLE} done")
+    assert run.verification["vacuum_finished_at"]
+    # a second delivery of the same message is a no-op
+    tasks.vacuum_target(run.pk)
+    assert vacuums()[0] == 1
+
+
+def test_a_scheduled_vacuum_that_cannot_lock_the_table_says_so_and_keeps_the_session(
+    make_user, settings
+):
+    run = deleted_but_not_finished(make_user, vacuum="run")
+    assert finish_run(run) == Run.State.DRAINED
+    run.refresh_from_db()
+    assert run.verification["vacuum_state"] == "scheduled"
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "timeout": 12}  # the VACUUM waits 1 s for a lock
+    blocker = pg_connect(autocommit=False)  # a long maintenance command of someone else's
+    blocker.execute(f"LOCK TABLE {TABLE} IN SHARE UPDATE EXCLUSIVE MODE")
+    try:
+        note = tasks.vacuum_target(run.pk)
+    finally:
+        blocker.rollback()
+        blocker.close()
+    run.refresh_from_db()
+    assert run.verification["vacuum_state"] == "failed"
+    assert run.verification["vacuum_note"] == note
+    assert note.startswith(f"VACUUM (ANALYZE) {TABLE} not run: another session held"), note
+    assert vacuums()[0] == 0
+    # the worker's session keeps its own timeouts for whatever it runs next
+    assert _sql("SELECT current_setting('statement_timeout'), current_setting('lock_timeout')") == (
+        "0",
+        "0",
+    )
+
+
+def test_vacuum_off_records_the_dead_tuples_and_neither_recommends_nor_schedules(make_user):
+    run = deleted_but_not_finished(make_user, vacuum="off")
+    assert finish_run(run) == Run.State.DRAINED
+    run.refresh_from_db()
+    assert run.verification["dead_tuples"] == rows_deleted(run)
+    assert "vacuum_note" not in run.verification
+    assert vacuum_messages() == []
+    assert "VACUUM" not in verification_section(run, make_user)
+
+
+def test_unreadable_statistics_never_keep_a_run_from_draining(make_user, monkeypatch):
+    run = deleted_but_not_finished(make_user, vacuum="run")
+    from runs import maintenance
+
+    # the statistics read fails in PostgreSQL (as a missing view, a timeout or a refusal would)
+    monkeypatch.setattr(
+        maintenance, "TUPLES_SQL", "SELECT * FROM pg_catalog.rr_no_such_view WHERE %s < %s"
+    )
+
+    with transaction.atomic():
+        assert finish_run(run) == Run.State.DRAINED
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED
+    assert run.verification["remaining"] == 0
+    assert run.verification["dead_tuples"] is None
+    note = run.verification["vacuum_note"]
+    assert note.startswith(f"VACUUM (ANALYZE) {TABLE} scheduled"), note
+    assert "statistics could not be read" in note and "rr_no_such_view" in note
+    assert len(vacuum_messages()) == 1
 
 
 def test_a_finisher_does_not_wait_for_the_run_another_is_finishing(make_user, settings):

@@ -11,10 +11,13 @@ from datetime import timedelta
 import psycopg
 import pytest
 from django.db import connection
+from psycopg import sql
 
+from runs import planner, worker
 from runs.actions import trigger_run
 from runs.invariants import check_run
 from runs.models import AuditRecord, GuardSample, Run
+from runs.reconciler import finish_run
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW, ROOT, create_events, worker_env
 from tests.security.roles import connect_as, grant_statements, url_as
@@ -103,3 +106,83 @@ def test_a_least_privilege_role_drains_a_run_and_can_do_nothing_else(run, worker
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(statement)
     assert AuditRecord.objects.count() == rows
+
+
+def _vacuum_as(role: str, password: str, run_id: int) -> str:
+    """The cleanup cluster's ``vacuum_target`` task, in a process connected as ``role``."""
+    code = (
+        "import os; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'config.settings'); "
+        "import django; django.setup(); from runs.tasks import vacuum_target; "
+        f"print(vacuum_target({run_id}))"
+    )
+    env = {**os.environ, **worker_env(), "DATABASE_URL": url_as(role, password)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def _last_vacuum():
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT last_vacuum FROM pg_stat_user_tables"
+            " WHERE schemaname = 'public' AND relname = 'rr_events'"
+        )
+        return cur.fetchone()[0]
+
+
+def test_a_vacuum_the_worker_role_may_not_run_fails_with_one_clear_error_on_the_run(
+    make_user, worker_role
+):
+    """``vacuum = "run"``: PostgreSQL skips a table the role may not vacuum with only a
+    warning; the task records that as the run's vacuum outcome, in one sentence. On
+    PostgreSQL 17 and later a grant of MAINTAIN on the table is what the role needs."""
+    role, password = worker_role
+    create_events(1200)
+    policy = approved_policy(
+        make_user, slug="events", table="public.rr_events", key="id", timestamp="occurred_at",
+        retention="20 days", schedule="0 3 * * *", chunk_size=200, vacuum="run",
+    )  # fmt: skip
+    run, _ = trigger_run(policy, tick=NOW)
+    try:
+        with connection.cursor() as cur:
+            for statement in grant_statements(role, ("public", "rr_events")):
+                cur.execute(statement.as_string(cur.connection))
+        while not run.planner_done:
+            planner.plan(run, window=1000)
+        while worker.process_one(run).kind == worker.DONE:
+            pass
+        assert finish_run(run) == Run.State.DRAINED
+        run.refresh_from_db()
+        assert run.verification["vacuum_state"] == "scheduled"
+
+        _vacuum_as(role, password, run.pk)
+        run.refresh_from_db()
+        assert run.verification["vacuum_state"] == "failed", run.verification
+        note = run.verification["vacuum_note"]
+        assert note.startswith("VACUUM (ANALYZE) public.rr_events failed: "), note
+        assert '"rr_events"' in note and "may not vacuum it" in note, note  # PostgreSQL's words
+        assert _last_vacuum() is None
+
+        with connection.cursor() as cur:
+            cur.execute("SHOW server_version_num")
+            version = int(cur.fetchone()[0])
+        if version >= 170000:
+            with connection.cursor() as cur:
+                cur.execute(
+                    sql.SQL("GRANT MAINTAIN ON TABLE public.rr_events TO {}")
+                    .format(sql.Identifier(role))
+                    .as_string(cur.connection)
+                )
+            Run.objects.filter(pk=run.pk).update(
+                verification={**run.verification, "vacuum_state": "scheduled"}
+            )
+            _vacuum_as(role, password, run.pk)
+            run.refresh_from_db()
+            assert run.verification["vacuum_state"] == "done", run.verification
+            assert _last_vacuum() is not None
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
