@@ -16,6 +16,7 @@ Each record is verified by the fields of its own version, so older records keep 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 from django.db import connection
@@ -136,17 +137,22 @@ def link(values: dict, head: tuple) -> dict:
     return values
 
 
-def insert(values: dict) -> tuple[str, tuple]:
-    """The INSERT of a linked record as (SQL, parameters), the ORM's own (the same columns and
-    adaptation as ``AuditRecord.objects.create``) without RETURNING: a caller that needs
-    nothing back sends it in a round trip with other statements."""
+def insert(values: dict) -> tuple[str, list]:
+    """The INSERT of a linked record as (SQL, parameters), without RETURNING: a caller that
+    needs nothing back sends it in a round trip with other statements. The columns and the
+    values' adaptation are the ORM's (``AuditRecord.objects.create``), the SQL composed once."""
+    fields, text = _insert_statement()
     record = AuditRecord(**values)
+    return text, [f.get_db_prep_save(f.pre_save(record, True), connection) for f in fields]
+
+
+@functools.cache
+def _insert_statement() -> tuple[list, str]:
+    fields = [f for f in AuditRecord._meta.local_concrete_fields if not f.primary_key]
     query = InsertQuery(AuditRecord)
-    query.insert_values(
-        [f for f in AuditRecord._meta.local_concrete_fields if not f.primary_key], [record]
-    )
-    ((text, params),) = query.get_compiler(connection=connection).as_sql()
-    return text, params
+    query.insert_values(fields, [AuditRecord()])
+    ((text, _),) = query.get_compiler(connection=connection).as_sql()
+    return fields, text
 
 
 def append(**values) -> dict:

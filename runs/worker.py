@@ -182,7 +182,8 @@ _ADMISSION = sql.SQL(
     " (SELECT p.paused FROM retention_policy p WHERE p.id = %s) AS paused,"
     " (SELECT v.state FROM retention_policyversion v WHERE v.id = %s) AS version_state,"
     " (SELECT coalesce(json_agg(json_build_array(d.tenant, d.key_from, d.key_to, d.lo, d.hi)),"
-    " '[]') FROM ({discarded}) AS d (tenant, key_from, key_to, lo, hi)) AS discarded) a"
+    " '[]') FROM ({discarded}) AS d (tenant, key_from, key_to, lo, hi)) AS discarded"
+    " OFFSET 0) a"  # read once: not pulled up into each step's condition
     # the slots and the chunk lock, in this order, each only if the step before succeeded
     " CROSS JOIN LATERAL (SELECT CASE WHEN NOT a.kill AND a.state = %s AND a.enabled"
     " AND NOT a.paused AND a.version_state = %s"
@@ -194,6 +195,24 @@ _ADMISSION = sql.SQL(
     " CROSS JOIN LATERAL (SELECT CASE WHEN c.locked AND %s"
     " THEN runs_try_slot(%s::int, %s::int[]) END AS slot) t"
 )
+
+
+_ADMISSIONS: dict = {}  # per run: the admission statement and its discarded scopes' parameters
+
+
+def _admission_statement(run: Run) -> tuple[str, tuple]:
+    """The admission statement of ``run``'s chunks, composed once per run (compiling the
+    discarded scopes' queryset costs more than the statement's round trip)."""
+    found = _ADMISSIONS.get(run.pk)
+    if found is None:
+        if len(_ADMISSIONS) >= 64:
+            _ADMISSIONS.clear()
+        # the discarded scopes' subquery is the ORM's SQL of a queryset (its values bound)
+        discarded, params = discarded_scope_rows(run).query.sql_with_params()
+        connection.ensure_connection()
+        text = _ADMISSION.format(discarded=sql.SQL(discarded)).as_string(connection.connection)
+        found = _ADMISSIONS[run.pk] = (text, params)
+    return found
 
 
 def _open_chunk_transaction(run: Run, spec, claim: Claim, *, per_tenant: bool) -> Admission:
@@ -211,9 +230,7 @@ def _open_chunk_transaction(run: Run, spec, claim: Claim, *, per_tenant: bool) -
     chunk has committed."""
     cfg = settings.RETENTION
     sync = "on" if cfg["SYNCHRONOUS_COMMIT"] else "off"
-    discarded, discarded_params = discarded_scope_rows(run).query.sql_with_params()
-    # the discarded scopes' subquery is the ORM's SQL of a queryset (its values bound)
-    admission = _ADMISSION.format(discarded=sql.SQL(discarded))
+    admission, discarded_params = _admission_statement(run)
     params = [
         run.pk,
         run.policy_id,
@@ -247,7 +264,7 @@ def _open_chunk_transaction(run: Run, spec, claim: Claim, *, per_tenant: bool) -
                     run.policy_id,
                 ],
             )
-            cur.execute(admission.as_string(cur.connection), params)
+            cur.execute(admission, params)
         row = cur.fetchone()
     kill, state, enabled, paused, version_state, outside, g, p, locked, t = row
     approved = version_state == PolicyVersion.State.APPROVED

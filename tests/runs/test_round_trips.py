@@ -10,6 +10,7 @@ import selectors
 import socket
 import threading
 
+import psycopg
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -17,7 +18,7 @@ from django.db import connection
 from runs import planner, worker
 from runs.actions import trigger_run
 from runs.invariants import check_run
-from runs.models import AuditRecord, Chunk, GuardSample, Run
+from runs.models import AuditRecord, Chunk, DeadLetter, GuardSample, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events
 
@@ -203,3 +204,49 @@ def test_the_drain_counts_pending_chunks_only_when_it_cannot_know_them(make_user
     run.refresh_from_db()
     assert run.state == Run.State.DRAINED, run.state_reason
     assert check_run(run, shadow=("public", "rr_events_shadow")) == []
+
+
+def test_without_pipeline_mode_the_same_statements_go_one_by_one_and_a_failed_delete_is_recorded(
+    make_user, proxied, monkeypatch
+):
+    """A libpq without pipeline mode (before 14): each statement is its own round trip, and a
+    DELETE that fails still rolls back to its savepoint and is recorded in the transaction."""
+    monkeypatch.setattr(psycopg.Pipeline, "is_supported", classmethod(lambda cls: False))
+    monkeypatch.setattr(settings, "RETENTION", {**settings.RETENTION, "GUARD": False})
+    create_events(3000)
+    policy = approved_policy(make_user, **events_spec())
+    run, _ = trigger_run(policy, tick=NOW)
+    run = Run.objects.select_related("policy_version", "policy").get(pk=run.pk)
+    planner.plan(run)
+    assert worker.process_one(run).kind == worker.DONE
+
+    outcome, turns, statements = one_chunk(proxied, run)
+    assert outcome.kind == worker.DONE, outcome
+    assert len(statements) == 11, statements
+    assert turns == len(statements) + 1, statements  # and psycopg's BEGIN
+
+    chunk = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).order_by("seq", "id").first()
+    with connection.cursor() as cur:  # a child row pins one eligible row of the next chunk
+        cur.execute(
+            "CREATE TABLE public.rr_child (event_id bigint REFERENCES public.rr_events (id)"
+            " ON DELETE RESTRICT)"
+        )
+        cur.execute(
+            "INSERT INTO public.rr_child SELECT max(id) FROM public.rr_events"
+            " WHERE id >= %s AND id < %s AND tenant_id::text = %s AND status = 'closed'"
+            " AND occurred_at < %s",
+            [chunk.key_from, chunk.key_to, chunk.tenant, run.cutoff],
+        )
+    try:
+        stats = worker.drain(run.pk, budget_s=120, until_idle=True)
+        run.refresh_from_db()
+        assert run.state == Run.State.ATTENTION, (run.state_reason, stats)
+        letter = DeadLetter.objects.get(run=run)
+        assert (
+            letter.error_class == "permanent" and letter.chunk.key_to - letter.chunk.key_from == 1
+        )
+        assert not AuditRecord.objects.filter(chunk=letter.chunk).exists()
+        assert check_run(run, shadow=("public", "rr_events_shadow"), expect_drained=False) == []
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS public.rr_child")
