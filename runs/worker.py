@@ -25,7 +25,7 @@ import random
 import socket
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
@@ -85,14 +85,17 @@ class Claim:
     hi: tuple | None
     attempts: int  # attempts recorded so far, the killed one included
     killed: bool  # the previous attempt claimed the chunk and never recorded an outcome
+    claimed_at: datetime | None = None  # this claim's time: the chunk is still ours while set
     pending: int | None = None  # the run's pending chunks at the claim (this one included)
 
     @classmethod
     def from_row(cls, row) -> Claim:
-        chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed, pending = row
+        chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed, claimed_at, pending = row
         chunk = Chunk(key_from=key_from, key_to=key_to, lo=_json(lo), hi=_json(hi))
         lo, hi = chunk.bounds()
-        return cls(chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed, pending)
+        return cls(
+            chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed, claimed_at, pending
+        )
 
 
 def _json(value):
@@ -137,7 +140,7 @@ def _claim(
         " attempts = k.attempts + (c.claimed_at IS NOT NULL)::int"
         " FROM c, s WHERE k.id = c.id"
         " RETURNING k.id, k.tenant, k.key_from, k.key_to, k.lo, k.hi, k.attempts,"
-        " c.claimed_at IS NOT NULL, "
+        " c.claimed_at IS NOT NULL, k.claimed_at, "
     )
     if count_pending:
         query += "(SELECT count(*) FROM runs_chunk p WHERE p.run_id = %s AND p.state = 'pending')"
@@ -168,7 +171,7 @@ class Admission:
     refusal: str  # why the run may not start a chunk; '' when it may
     approved: bool  # the run's version is still the approved one
     busy: str  # which ceiling is full ('' when every slot was taken)
-    locked: bool  # the chunk row is locked (else finished, cancelled or locked meanwhile)
+    locked: bool  # the chunk row is locked (else finished, cancelled or taken over meanwhile)
     outside: list = field(default_factory=list)  # the run's discarded scopes
 
 
@@ -190,8 +193,11 @@ _ADMISSION = sql.SQL(
     " THEN runs_try_slot(%s::int, %s::int[]) END AS slot) g"
     " CROSS JOIN LATERAL (SELECT CASE WHEN g.slot IS NOT NULL"
     " THEN runs_try_slot(%s::int, %s::int[]) END AS slot) p"
+    # the chunk row, still pending and still claimed by this attempt (a lock held meanwhile by
+    # another claim statement passing over it is waited for; a chunk another attempt took over
+    # is not ours any more)
     " CROSS JOIN LATERAL (SELECT CASE WHEN p.slot IS NOT NULL THEN EXISTS (SELECT FROM runs_chunk k"
-    " WHERE k.id = %s AND k.state = 'pending' FOR UPDATE SKIP LOCKED) END AS locked) c"
+    " WHERE k.id = %s AND k.state = 'pending' AND k.claimed_at = %s FOR UPDATE) END AS locked) c"
     " CROSS JOIN LATERAL (SELECT CASE WHEN c.locked AND %s"
     " THEN runs_try_slot(%s::int, %s::int[]) END AS slot) t"
 )
@@ -224,7 +230,8 @@ def _open_chunk_transaction(run: Run, spec, claim: Claim, *, per_tenant: bool) -
     the fences were granted and it sees every decision that committed before — read what
     admission depends on (kill switch, run and policy state, approved version, the run's
     discarded scopes) and, only if the run may go on, take in order: a global ceiling slot, a
-    policy slot, the chunk row (``FOR UPDATE SKIP LOCKED``), a tenant slot (per-tenant chunks).
+    policy slot, the chunk row (``FOR UPDATE``, only while still pending and claimed by this
+    attempt), a tenant slot (per-tenant chunks).
     Each step runs only if the one before succeeded. A decision takes its fence exclusive, so
     it either committed before this chunk's fences (and is seen here) or waits until this
     chunk has committed."""
@@ -244,6 +251,7 @@ def _open_chunk_transaction(run: Run, spec, claim: Claim, *, per_tenant: bool) -
         locks.CEILING_POLICY,
         _slot_keys(f"policy:{run.policy_id}", spec.policy_workers),
         claim.chunk_id,
+        claim.claimed_at,
         per_tenant,
         locks.CEILING_TENANT,
         # a chunk across tenants has no tenant of its own: the policy ceiling bounds it
@@ -352,7 +360,7 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
         if admitted.busy and admitted.busy != TENANT_BUSY:
             _release(chunk_id)
             return Outcome(BUSY, reason=admitted.busy)
-        if not admitted.locked:  # finished or cancelled meanwhile
+        if not admitted.locked:  # finished, cancelled or taken over by another attempt meanwhile
             return Outcome(NO_WORK)
         if admitted.busy == TENANT_BUSY:
             _release(chunk_id)
