@@ -66,7 +66,9 @@ def test_drain_with_two_workers_runs_two_processes(make_user):
     from tests.runs.conftest import create_events, manage
 
     create_events(12000)
-    policy = approved_policy(make_user, **events_spec(chunk_size=40))
+    # paced (750 rows/s a worker): the drain outlasts the second process's start-up however
+    # fast chunks are, so both processes drain
+    policy = approved_policy(make_user, **events_spec(chunk_size=40, pace_rows_per_s=1500))
     run, _ = trigger_run(policy, tick=NOW)
     result = manage(
         "retention", "drain", run.run_key, "--until-idle", "--workers", "2", "--budget", "30",

@@ -50,10 +50,15 @@ def max_overlap(intervals: list[tuple]) -> int:
 
 
 def test_ceilings_hold_across_two_clusters_and_quiet_tenants_are_not_starved(busy_table, make_user):
+    # paced (600 rows/s a worker): the drain outlasts a lease budget however fast chunks are,
+    # so the second cluster gets leases even when the first took every lease at the start
     policy = approved_policy(
         make_user,
-        **events_spec(keep=[], chunk_size=60, limits={"policy_workers": 4, "tenant_workers": 1}),
-    )
+        **events_spec(
+            keep=[], chunk_size=60, pace_rows_per_s=2400,
+            limits={"policy_workers": 4, "tenant_workers": 1},
+        ),
+    )  # fmt: skip
     run, _ = trigger_run(policy, tick=NOW)
     clusters = [spawn("qcluster", env=CLUSTER_ENV) for _ in range(2)]
     try:
