@@ -45,19 +45,23 @@ def test_a_claimed_chunk_whose_row_is_held_for_an_instant_is_deleted_not_left_cl
 
     thread = threading.Thread(target=attempt)
     thread.start()
+    observer = pg_connect()
+    holder = other.info.backend_pid
     try:
         wait_for(
-            lambda: other.execute(
-                "SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid"
-                " WHERE NOT l.granted AND l.locktype = 'transactionid'"
-                " AND a.datname = current_database()"
-            ).fetchone()[0]
-            or not thread.is_alive(),
+            lambda: (
+                observer.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                    [holder],
+                ).fetchone()[0]
+                or not thread.is_alive()
+            ),
             what="the chunk transaction waiting for the row",
         )
     finally:
         other.rollback()
         other.close()
+        observer.close()
     thread.join(timeout=60)
 
     (outcome,) = outcomes
