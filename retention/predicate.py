@@ -587,7 +587,7 @@ def verification_counts(
     types: dict | None = None,
 ) -> Fragment:
     """A run's verification in one statement and one scan of the rows older than the cutoff:
-    ``(remaining, deferred_by_holds, null_rows)``.
+    ``(remaining, deferred_by_holds, null_rows, hold_ids)``.
 
     - remaining: ``eligible`` (holds applied, ``outside`` left out) — what a later pass would
       delete;
@@ -606,7 +606,10 @@ def verification_counts(
 
     ``held`` is a flag of each row eligible but for the holds, checked once per row (``OFFSET
     0`` keeps the subquery's target list from being copied into the three filters) against a
-    materialized copy of the policy's active holds, read once per statement."""
+    materialized copy of the policy's active holds, read once per statement. ``hold_ids``:
+    that copy's ids, ascending (NULL when there is none) — the holds the figures were counted
+    under, as the statement's own snapshot saw them; a hold released a moment later still
+    deferred the rows it counted as held."""
     types = column_types(spec) if types is None else types
     holds = sql.Identifier("active_holds")
     not_held = eligible(
@@ -638,7 +641,8 @@ def verification_counts(
         "WITH {holds} AS MATERIALIZED (SELECT * FROM {hold_table} WHERE released_at IS NULL"
         " AND (policy_id IS NULL OR policy_id = %s))"
         " SELECT least(count(*) FILTER (WHERE s.e AND NOT s.h), %s),"
-        " least(count(*) FILTER (WHERE s.h), %s), least(count(*) FILTER (WHERE s.n), %s)"
+        " least(count(*) FILTER (WHERE s.h), %s), least(count(*) FILTER (WHERE s.n), %s),"
+        " (SELECT array_agg(a.id ORDER BY a.id) FROM {holds} AS a)"
         " FROM ({rows} OFFSET 0) AS s"
     ).format(holds=holds, hold_table=sql.Identifier(LegalHold._meta.db_table), rows=rows)
     return Fragment(text, [policy_id, limit, limit, limit, *params])

@@ -5,6 +5,11 @@ one), it proves exactly which rows are gone; without one it checks what the
 ledger alone can prove (one audit row per finished chunk, chain intact,
 nothing eligible left).
 
+"Nothing eligible left" is judged for a drained run with the legal holds in force at its
+verification (the ones its verification names): rows a hold deferred then stay for the next
+run even after the hold's release, and a hold placed later excuses no row. Rows gone are
+judged with the holds active now (or the ones a test states).
+
 The expectation is computed here, independently of the engine's predicate
 (``retention.predicate``): a row may go only when its timestamp is before the
 run's cutoff (a ``timestamp without time zone`` read in the policy's zone),
@@ -283,6 +288,41 @@ def active_holds(run: Run, *, ids=None) -> list[HoldScope]:
     return [HoldScope(h.tenant, h.key_from, h.key_to) for h in qs.order_by("pk")]
 
 
+def verified_holds(run: Run) -> tuple[list[HoldScope], list[str]]:
+    """The legal holds a drained run's leftover rows are judged by, and any problem with them:
+    the holds in force when its last verification counted the rows. A hold released after that
+    verification leaves its rows to the policy's next run (they were held when the run was
+    declared drained); a hold placed after it excuses nothing.
+
+    The verification names its holds (``holds``: the ids its statement read, in its own
+    snapshot). Each must be a hold of the ledger that applies to the run's policy and was
+    placed before the verification's ``checked_at``, whatever has become of it since. A
+    verification recorded before it named its holds is read by the ledger's times: the holds
+    placed by ``checked_at`` and not released by then."""
+    result = run.verification or {}
+    checked_at = datetime.fromisoformat(result["checked_at"])
+    applies = Q(policy__isnull=True) | Q(policy_id=run.policy_id)
+    if "holds" not in result:
+        qs = LegalHold.objects.filter(applies, placed_at__lte=checked_at).filter(
+            Q(released_at__isnull=True) | Q(released_at__gt=checked_at)
+        )
+        return [HoldScope(h.tenant, h.key_from, h.key_to) for h in qs.order_by("pk")], []
+    named = [int(pk) for pk in result["holds"]]
+    found = {h.pk: h for h in LegalHold.objects.filter(pk__in=named)}
+    problems, scopes = [], []
+    for pk in named:
+        hold = found.get(pk)
+        if hold is None:
+            problems.append(f"the verification names hold #{pk}, which does not exist")
+        elif hold.policy_id not in (None, run.policy_id):
+            problems.append(f"the verification names hold #{pk}, which is another policy's")
+        elif hold.placed_at > checked_at:
+            problems.append(f"the verification names hold #{pk}, placed after it")
+        else:
+            scopes.append(HoldScope(hold.tenant, hold.key_from, hold.key_to))
+    return scopes, problems
+
+
 def _ledger_problems(run: Run) -> list[str]:
     problems: list[str] = []
     done = set(Chunk.objects.filter(run=run, state=Chunk.State.DONE).values_list("id", flat=True))
@@ -381,7 +421,9 @@ def check_run(
     """Return the list of broken invariants (empty when all hold).
 
     ``holds`` overrides the holds read from the ledger (a test states what it placed, as it
-    wrote it); by default every active hold that applies to the run's policy counts."""
+    wrote it); by default every active hold that applies to the run's policy counts — except
+    for the rows a drained run left, which are judged by the holds in force at its
+    verification (``verified_holds``)."""
     run = Run.objects.select_related("policy_version").get(pk=run.pk)
     spec = run.policy_version.parsed
     problems = _ledger_problems(run)
@@ -398,7 +440,13 @@ def check_run(
     oracle = Oracle(run, holds, cutoff=expected)
     target = sql.SQL("{} AS {}").format(sql.Identifier(spec.schema, spec.table), ROW)
     if expect_drained:
-        cond, params = oracle.deletable()
+        verified = run.state == Run.State.DRAINED and "checked_at" in (run.verification or {})
+        judge = oracle
+        if holds is None and verified:
+            at_verification, hold_problems = verified_holds(run)
+            problems += hold_problems
+            judge = Oracle(run, at_verification, cutoff=expected)
+        cond, params = judge.deletable()
         (left,) = _scalar(sql.SQL("SELECT count(*) FROM {} WHERE {}").format(target, cond), params)
         if left:
             problems.append(f"{left} eligible row(s) still present under the cutoff")

@@ -187,6 +187,7 @@ VERIFICATION_LABELS = {
     "error": "Verification failed",
     "remaining": "Eligible rows left",
     "deferred_by_holds": "Deferred by legal holds",
+    "holds": "Legal holds in force",
     "not_eligible_null": "Not eligible (NULL timestamp, key or tenant)",
     "limit": "Counts stop at",
     "pass": "After pass",
@@ -212,7 +213,10 @@ def verification_items(result: dict | None) -> dict | None:
         return None
     rows = []
     for key, label in VERIFICATION_LABELS.items():
-        if key in result:
+        if key == "holds" and key in result:
+            ids = ", ".join(f"#{pk}" for pk in result[key]) or "none"
+            rows.append({"label": label, "value": ids, "kind": "text"})
+        elif key in result:
             kind = (
                 "when"
                 if key in VERIFICATION_WHEN

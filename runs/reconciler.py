@@ -64,7 +64,9 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
     discarded scopes, excluded: the same predicate its later passes plan and delete by), rows
     deferred by legal holds, rows never eligible because a planned column is NULL — one
     statement, one scan of the old range (``predicate.verification_counts``), each count
-    stopping at ``limit`` — and the rows left in each discarded scope."""
+    stopping at ``limit`` — and the rows left in each discarded scope. ``holds``: the ids of
+    the legal holds in force for that statement (what a drained run's leftover rows are judged
+    by after a hold's release: ``runs.invariants``)."""
     spec = run.policy_version.parsed
     types = P.column_types(spec)
     counts = P.verification_counts(
@@ -77,10 +79,11 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
     )
     with transaction.atomic(), _bitmap_scan(spec), connection.cursor() as cur:
         cur.execute(counts.sql.as_string(cur.connection), counts.params)
-        remaining, deferred, nulls = cur.fetchone()
+        remaining, deferred, nulls, hold_ids = cur.fetchone()
     return {
         "remaining": remaining,
         "deferred_by_holds": deferred,
+        "holds": list(hold_ids or []),
         "discarded": discarded_report(run, spec, types=types),
         "not_eligible_null": nulls,
         "limit": limit,

@@ -88,6 +88,7 @@ def test_verification_is_a_readable_list_not_a_dict(client_for, run):
         verification={
             "remaining": 0,
             "deferred_by_holds": 1234,
+            "holds": [5, 6],
             "discarded": [
                 {"chunk": 7, "tenant": "3", "key_from": 1, "key_to": 400, "rows": 12,
                  "by": "oscar", "why": "INC-7 corrupt rows"}
@@ -106,6 +107,7 @@ def test_verification_is_a_readable_list_not_a_dict(client_for, run):
     text = Text(section).text()
     assert "Eligible rows left" in text and "Deferred by legal holds" in text
     assert "1,234" in text
+    assert "Legal holds in force" in text and "#5, #6" in text
     assert "2026-12-01 10:00:00 UTC" in text
     assert "INC-7 corrupt rows" in text and "oscar" in text
 

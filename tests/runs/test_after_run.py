@@ -216,10 +216,12 @@ def test_a_finisher_does_not_wait_for_the_run_another_is_finishing(make_user, se
     observer = pg_connect()
     try:
         wait_for(
+            # a lock on the table not granted (not the statement's text: pg_stat_activity keeps
+            # only its first track_activity_query_size bytes)
             lambda: observer.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' AND query LIKE %s",
-                [f"%{TABLE.replace('.', '%')}%"],
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                [TABLE],
             ).fetchone()[0],
             timeout=30,
             what="the first finisher waiting in its verification",

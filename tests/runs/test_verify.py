@@ -64,7 +64,7 @@ def statements_on_target(seen: list):
 def test_verification_counts_remaining_held_and_null_rows_in_one_statement(db, make_user):
     _table()
     policy = approved_policy(make_user, **events_spec(slug="verify", table="rr_verify"))
-    actions.place_hold(
+    hold = actions.place_hold(
         actor=make_user("carol-verify", "compliance"), reason="litigation", policy=policy,
         tenant="3",
     )  # fmt: skip
@@ -78,6 +78,7 @@ def test_verification_counts_remaining_held_and_null_rows_in_one_statement(db, m
         # each figure is what its own count stopping at the limit says
         assert figures == expected, (limit, figures)
         assert result["limit"] == limit
+        assert result["holds"] == [hold.pk]  # the holds the figures were counted under
         assert len(seen) == 1, seen
 
 
@@ -104,6 +105,7 @@ def test_verification_reads_the_old_range_by_a_bitmap_scan_of_the_timestamp_inde
         result = verify(run)
 
     assert result["remaining"] == 12  # no hold here: tenant 3's five rows are eligible too
+    assert result["holds"] == []
     (plan,) = plans
     target = [line for line in plan.splitlines() if "rr_verify" in line]
     assert any("Bitmap Index Scan on rr_verify_occurred_at_idx" in line for line in target), plan

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from io import StringIO
 
 import pytest
@@ -9,6 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 
+from retention.models import LegalHold
 from runs import worker
 from runs.actions import trigger_run
 from runs.models import AuditRecord, Run
@@ -77,6 +79,75 @@ def test_an_eligible_row_left_behind_is_reported_for_a_drained_run(drained):
     assert "1 eligible row(s) still present" in problems(drained.run_key, "--shadow", SHADOW)
     # without the shadow the ledger alone still sees the eligible row
     assert "1 eligible row(s) still present" in problems(drained.run_key)
+
+
+def _drained_under_a_hold(policy, make_user):
+    """A run drained while a hold on tenant 3 was in force; the hold released afterwards."""
+    from retention.actions import place_hold, release_hold
+
+    hold = place_hold(
+        actor=make_user("hilda", "compliance"), reason="litigation", policy=policy, tenant="3"
+    )
+    run, _ = trigger_run(policy, tick=NOW)
+    worker.drain(run.pk, budget_s=60)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    held = count("rr_events", "tenant_id = 3 AND status = 'closed' AND occurred_at < %s",
+                 [run.cutoff])  # fmt: skip
+    assert held > 0 and run.verification["deferred_by_holds"] == held
+    assert run.verification["holds"] == [hold.pk]
+    release_hold(hold, actor=make_user("ivan", "compliance"), reason="case closed")
+    assert count("rr_events", "tenant_id = 3 AND status = 'closed' AND occurred_at < %s",
+                 [run.cutoff]) == held  # fmt: skip
+    return run, hold
+
+
+def test_rows_a_hold_deferred_at_verification_are_not_reported_after_its_release(
+    events_policy, make_user
+):
+    run, _ = _drained_under_a_hold(events_policy, make_user)
+    # the held rows stay for the policy's next run: the run was drained when it was verified
+    assert "every invariant holds" in check(run.run_key, "--shadow", SHADOW)
+    assert "every invariant holds" in check(run.run_key)
+
+
+def test_a_verification_that_names_no_holds_is_judged_by_the_holds_times(events_policy, make_user):
+    run, hold = _drained_under_a_hold(events_policy, make_user)
+    # a run verified before verifications named their holds
+    Run.objects.filter(pk=run.pk).update(
+        verification={k: v for k, v in run.verification.items() if k != "holds"}
+    )
+    assert "every invariant holds" in check(run.run_key, "--shadow", SHADOW)
+    # a hold placed and released before the verification defers nothing
+    checked_at = datetime.fromisoformat(run.verification["checked_at"])
+    LegalHold.objects.filter(pk=hold.pk).update(
+        placed_at=checked_at - timedelta(minutes=2), released_at=checked_at - timedelta(minutes=1)
+    )
+    assert "eligible row(s) still present" in problems(run.run_key)
+
+
+def test_a_hold_placed_after_the_verification_excuses_no_eligible_row_left_behind(
+    drained, make_user
+):
+    from retention.actions import place_hold
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO public.rr_events SELECT * FROM public.rr_events_shadow s"
+            " WHERE NOT EXISTS (SELECT 1 FROM public.rr_events e WHERE e.id = s.id)"
+            " AND s.status = 'closed' ORDER BY s.id LIMIT 1 RETURNING id, tenant_id"
+        )
+        key, tenant = cur.fetchone()
+    compliance = make_user("hilda", "compliance")
+    hold = place_hold(actor=compliance, reason="late", policy=drained.policy, tenant=str(tenant))
+    assert "1 eligible row(s) still present" in problems(drained.run_key)
+    # nor does a verification that names a hold it could not have seen
+    Run.objects.filter(pk=drained.pk).update(
+        verification={**drained.verification, "holds": [hold.pk]}
+    )
+    listed = problems(drained.run_key)
+    assert f"the verification names hold #{hold.pk}, placed after it" in listed
+    assert "1 eligible row(s) still present" in listed
 
 
 def test_a_run_in_progress_is_checked_without_expecting_it_drained(events_policy):
