@@ -4,6 +4,8 @@ that is rolled back, so nothing is deleted."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from django.db import connection, transaction
 from django.utils import timezone
 from psycopg import sql
@@ -12,21 +14,29 @@ from retention import geometry
 from retention import predicate as P
 from retention.schedule_math import latest_tick
 from runs.planner import boundaries, bounds_query, tenants_query, walk_filter, window_query
+from runs.reconciler import bitmap_scan
 
 
 class _Rollback(Exception):
     pass
 
 
-def _plan(frag: P.Fragment) -> list[str]:
+VERIFICATION = "reconciler: verification (remaining, held, NULL rows in one statement)"
+
+
+def _plan(frag: P.Fragment, *, scans=None) -> list[str]:
+    """EXPLAIN (ANALYZE, BUFFERS) of ``frag`` in a transaction that is rolled back; ``scans``:
+    a context manager factory for the planner settings the engine runs the statement with."""
     lines: list[str] = []
     try:
         with transaction.atomic(), connection.cursor() as cur:
             cur.execute("SELECT set_config('statement_timeout', '120s', true)")
-            cur.execute(
-                "EXPLAIN (ANALYZE, BUFFERS) " + frag.sql.as_string(cur.connection), frag.params
-            )
-            lines = [row[0] for row in cur.fetchall()]
+            with scans() if scans else nullcontext():
+                cur.execute(
+                    "EXPLAIN (ANALYZE, BUFFERS) " + frag.sql.as_string(cur.connection),
+                    frag.params,
+                )
+                lines = [row[0] for row in cur.fetchall()]
             raise _Rollback
     except _Rollback:
         pass
@@ -81,8 +91,8 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
         spec, policy_id=policy.id, cutoff=cutoff, tenant=tenant, key_from=lo,
         key_to=chunk_to, by_tenant=not per_tenant, columns=columns,
     )  # fmt: skip
-    verify = P.count_where(
-        spec, P.eligible(spec, policy_id=policy.id, cutoff=cutoff), limit=100_000
+    verify = P.verification_counts(
+        spec, policy_id=policy.id, cutoff=cutoff, outside=(), limit=100_000, types=types
     )
     out = [("planner: eligible key bounds", bounds)]
     if per_tenant:
@@ -90,7 +100,7 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
     out += [
         ("planner: one window (chunk boundaries from the key index)", window),
         ("worker: chunk DELETE (rolled back)", delete),
-        ("reconciler: verification count", verify),
+        (VERIFICATION, verify),
     ]
     return out
 
@@ -103,4 +113,10 @@ def chunking(policy) -> str:
 
 
 def explain(policy) -> list[tuple[str, list[str]]]:
-    return [(title, _plan(frag)) for title, frag in statements(policy)]
+    """The plans of ``statements``; the verification under the scan settings it runs with
+    (``runs.reconciler.bitmap_scan``)."""
+    spec = policy.approved_version.parsed
+    return [
+        (title, _plan(frag, scans=(lambda: bitmap_scan(spec)) if title == VERIFICATION else None))
+        for title, frag in statements(policy)
+    ]

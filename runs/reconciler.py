@@ -77,7 +77,7 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
         limit=limit,
         types=types,
     )
-    with transaction.atomic(), _bitmap_scan(spec), connection.cursor() as cur:
+    with transaction.atomic(), bitmap_scan(spec), connection.cursor() as cur:
         cur.execute(counts.sql.as_string(cur.connection), counts.params)
         remaining, deferred, nulls, hold_ids = cur.fetchone()
     return {
@@ -96,7 +96,7 @@ PLAN_METHODS = ("enable_indexscan", "enable_indexonlyscan", "enable_seqscan")
 
 
 @contextmanager
-def _bitmap_scan(spec):
+def bitmap_scan(spec):
     """Within the block (inside a transaction), read the target by bitmap scans: when a btree
     index leads with the timestamp column, the verification reads the old range through it
     with a bitmap heap scan. After a run that range is mostly dead tuples, and the statistics
