@@ -44,6 +44,23 @@ def create_events(rows: int, *, tenants: int = 5, name: str = "rr_events", days:
         cur.execute(f"ANALYZE public.{name}_shadow")
 
 
+def pin_one_eligible_row(chunk, cutoff) -> None:
+    """A schema change after approval: ``rr_child`` (created here, ``ON DELETE RESTRICT``)
+    references one eligible row of ``chunk`` of an ``rr_events`` run, so its DELETE fails with
+    a foreign-key violation (SQLSTATE 23503). The caller drops ``rr_child``."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "CREATE TABLE public.rr_child (event_id bigint REFERENCES public.rr_events (id)"
+            " ON DELETE RESTRICT)"
+        )
+        cur.execute(
+            "INSERT INTO public.rr_child SELECT max(id) FROM public.rr_events"
+            " WHERE id >= %s AND id < %s AND tenant_id::text = %s AND status = 'closed'"
+            " AND occurred_at < %s",
+            [chunk.key_from, chunk.key_to, chunk.tenant, cutoff],
+        )
+
+
 def count(table: str, where: str = "TRUE", params=None) -> int:
     with connection.cursor() as cur:
         cur.execute(f"SELECT count(*) FROM {table} WHERE {where}", params or [])

@@ -15,7 +15,7 @@ from runs.actions import trigger_run
 from runs.invariants import check_run
 from runs.models import AuditRecord, Chunk, DeadLetter, Run
 from tests.factories import approved_policy
-from tests.runs.conftest import NOW, count, create_events, manage
+from tests.runs.conftest import NOW, count, create_events, manage, pin_one_eligible_row
 from tests.runs.processes import kill_group, pg_connect, spawn, wait_for
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
@@ -86,18 +86,7 @@ def test_a_foreign_key_that_restricts_the_delete_is_bisected_to_its_row_and_a_re
     planner.plan(run, window=1000)
     chunk = Chunk.objects.filter(run=run).order_by("seq", "id").first()
     pinned = count("rr_events", IN_CHUNK, [chunk.key_from, chunk.key_to, chunk.tenant])
-    with connection.cursor() as cur:
-        # a schema change after approval: a child row pins an eligible row of the first chunk
-        cur.execute(
-            "CREATE TABLE public.rr_child (event_id bigint REFERENCES public.rr_events (id)"
-            " ON DELETE RESTRICT)"
-        )
-        cur.execute(
-            "INSERT INTO public.rr_child SELECT max(id) FROM public.rr_events"
-            " WHERE id >= %s AND id < %s AND tenant_id::text = %s AND status = 'closed'"
-            " AND occurred_at < %s",
-            [chunk.key_from, chunk.key_to, chunk.tenant, run.cutoff],
-        )
+    pin_one_eligible_row(chunk, run.cutoff)  # a child row pins one eligible row of the chunk
     result = manage(
         "retention", "drain", run.run_key, "--until-idle", "--budget", "60", timeout=300
     )

@@ -20,7 +20,7 @@ from runs.actions import trigger_run
 from runs.invariants import check_run
 from runs.models import AuditRecord, Chunk, DeadLetter, GuardSample, Run
 from tests.factories import approved_policy, events_spec
-from tests.runs.conftest import NOW, create_events
+from tests.runs.conftest import NOW, create_events, pin_one_eligible_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -226,17 +226,7 @@ def test_without_pipeline_mode_the_same_statements_go_one_by_one_and_a_failed_de
     assert turns == len(statements) + 1, statements  # and psycopg's BEGIN
 
     chunk = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).order_by("seq", "id").first()
-    with connection.cursor() as cur:  # a child row pins one eligible row of the next chunk
-        cur.execute(
-            "CREATE TABLE public.rr_child (event_id bigint REFERENCES public.rr_events (id)"
-            " ON DELETE RESTRICT)"
-        )
-        cur.execute(
-            "INSERT INTO public.rr_child SELECT max(id) FROM public.rr_events"
-            " WHERE id >= %s AND id < %s AND tenant_id::text = %s AND status = 'closed'"
-            " AND occurred_at < %s",
-            [chunk.key_from, chunk.key_to, chunk.tenant, run.cutoff],
-        )
+    pin_one_eligible_row(chunk, run.cutoff)  # a child row pins one eligible row of the chunk
     try:
         stats = worker.drain(run.pk, budget_s=120, until_idle=True)
         run.refresh_from_db()
