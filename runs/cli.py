@@ -108,6 +108,22 @@ def drain(cmd, o):
         raise CommandError("a drain worker process failed")
 
 
+IDLE_RETRY_S = 0.5  # every run idle (backing off, throttled, chunks in other hands): retry then
+IDLE_POLL_S = 0.05  # meanwhile, how often to look whether the runs are still active
+
+
+def wait_while_active(ids, seconds: float) -> bool:
+    """Wait up to ``seconds`` while any run of ``ids`` is active. False as soon as none is
+    (a run another worker is verifying ends without this one), True when the time is up."""
+    end = time.monotonic() + seconds
+    while Run.objects.filter(pk__in=ids, state=Run.State.ACTIVE).exists():
+        left = end - time.monotonic()
+        if left <= 0:
+            return True
+        time.sleep(min(IDLE_POLL_S, left))
+    return False
+
+
 def _drain_here(cmd, o, Run, drain_run) -> None:
     run_keys = [o["run_key"]] if o.get("run_key") else None
     total = {"chunks": 0, "rows": 0, "failed": 0}
@@ -126,10 +142,8 @@ def _drain_here(cmd, o, Run, drain_run) -> None:
             progressed |= bool(stats["chunks"])
         if not o["until_idle"]:
             break
-        if not progressed:
-            if not Run.objects.filter(pk__in=ids, state=Run.State.ACTIVE).exists():
-                break
-            time.sleep(0.5)  # every run is idle (backing off, throttled): wait, then go on
+        if not progressed and not wait_while_active(ids, IDLE_RETRY_S):
+            break  # every run ended meanwhile (drained by another worker, say)
     cmd.stdout.write(
         f"drained {total['chunks']} chunk(s), {total['rows']} row(s); {total['failed']} failure(s)"
     )

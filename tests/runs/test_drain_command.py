@@ -1,0 +1,48 @@
+"""``retention drain --until-idle``: a drain process with nothing admissible waits for the
+run, and stops waiting as soon as the run is no longer active (another worker drained it)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+from runs.actions import trigger_run
+from runs.cli import wait_while_active
+from runs.models import Run
+from tests.runs.conftest import NOW
+from tests.runs.processes import pg_connect
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_idle_drain_stops_waiting_when_another_worker_ends_the_run(events_policy):
+    run, _ = trigger_run(events_policy, tick=NOW)
+    looked = threading.Event()
+    result: dict = {}
+
+    def idle_worker() -> None:
+        try:
+            looked.set()
+            result["timed_out"] = wait_while_active([run.pk], 120)
+        finally:
+            connection.close()
+
+    waiter = threading.Thread(target=idle_worker)
+    waiter.start()
+    looked.wait(10)
+    time.sleep(0.3)  # let it look at the run at least once (ordering only, not timed)
+    with pg_connect() as other:  # the worker that verified the run commits its end
+        other.execute("UPDATE runs_run SET state = 'drained' WHERE id = %s", [run.pk])
+    waiter.join(timeout=60)
+    assert not waiter.is_alive(), "the idle drain kept waiting after the run ended"
+    assert result == {"timed_out": False}
+
+
+@pytest.mark.django_db
+def test_an_idle_drain_waits_its_time_while_the_run_is_active(events_policy):
+    run, _ = trigger_run(events_policy, tick=NOW)
+    assert wait_while_active([run.pk], 0.2) is True
+    Run.objects.filter(pk=run.pk).update(state=Run.State.DRAINED)
+    assert wait_while_active([run.pk], 60) is False
