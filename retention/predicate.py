@@ -9,6 +9,7 @@ Python beforehand.
 
 from __future__ import annotations
 
+import uuid
 import zoneinfo
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -246,6 +247,30 @@ def integer_bounds(spec: PolicySpec, columns=None, types: dict | None = None) ->
     """Chunk bounds on one integer column, the key: kept as bigints too (``key_from``,
     ``key_to``) and bisected arithmetically (``integer_key`` on the chunk columns)."""
     return chunk_columns(spec, columns) == spec.key_columns and integer_key(spec, types)
+
+
+BIGINT_MAX = 2**63 - 1  # integer bounds are compared as bigint (``typed_as_key``)
+UUID_MAX = 2**128 - 1
+
+
+def successor(spec: PolicySpec, value: Bound | None, types: dict, columns=None) -> Bound | None:
+    """The least key value above ``value`` (a bound on the chunk columns) where the last chunk
+    column's type has one: an integer's + 1 (within bigint), a uuid's next 128-bit value (its
+    btree order). By row order ``(a, b)``'s successor is ``(a, b')``. None for every other
+    type (text in a collation, numeric, timestamps…) and past the type's largest value."""
+    if value is None:
+        return None
+    ctype = types.get(chunk_columns(spec, columns)[-1])
+    base = ctype.base if ctype is not None else ""
+    if base in INTEGER_KEY_TYPES:
+        number = int(value[-1])
+        after = str(number + 1) if number < BIGINT_MAX else None
+    elif base == "uuid":
+        number = uuid.UUID(value[-1]).int
+        after = str(uuid.UUID(int=number + 1)) if number < UUID_MAX else None
+    else:
+        after = None
+    return None if after is None else (*value[:-1], after)
 
 
 def bound(value) -> Bound | None:

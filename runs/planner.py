@@ -347,6 +347,13 @@ def _plan_window(
     )
     if tie is not None:
         planned.append(_whole_value(spec, walk, at, tie, integer, types, columns))
+    open_end = bool(planned) and planned[-1][1] is None
+    if open_end:
+        # the walk's last chunk: it ends past the run's last eligible key where the key type
+        # has a successor (a uuid's), so its DELETE does not read the young rows above it
+        end = P.successor(spec, cursor.last(), types, columns)
+        if end is not None:
+            planned[-1] = (planned[-1][0], end, planned[-1][2])
     made = []
     for lo, hi, keys in planned:
         made.append(
@@ -365,7 +372,7 @@ def _plan_window(
         cursor.chunks_planned += 1
         if hi is not None:
             cursor.next_at = list(hi)
-    if ends or (planned and planned[-1][1] is None):
+    if ends or open_end:
         cursor.exhausted = True  # the walk's end, or a chunk to the top of the key range
     return made
 

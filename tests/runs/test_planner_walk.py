@@ -4,10 +4,15 @@ range when it was planned — an upper bound of what it can delete; the DELETE d
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from django.db import connection, connections
 from psycopg import sql
 
+from retention import predicate as P
+from retention.catalog import ColumnType
+from retention.spec import PolicySpec
 from runs import planner, worker
 from runs.actions import trigger_run
 from runs.invariants import Shadow, check_run
@@ -198,3 +203,83 @@ def test_a_key_value_on_more_rows_than_a_window_is_one_chunk_and_the_walk_goes_o
     assert run.state == Run.State.DRAINED, run.state_reason
     assert count("public.rr_dup") == 0
     assert check_run(run, shadow=Shadow("public", "rr_dup_shadow")) == []
+
+
+def _ordered_uuid_table() -> None:
+    """``public.rr_uuid7``: a uuid key that follows insertion time (as uuid v7 does), ages
+    falling with the key: the young rows are the top of the key range, as in a real table."""
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_uuid7, public.rr_uuid7_shadow")
+        cur.execute(
+            "CREATE TABLE public.rr_uuid7 (id uuid PRIMARY KEY, occurred_at timestamptz NOT NULL)"
+        )
+        cur.execute(
+            "INSERT INTO public.rr_uuid7 SELECT lpad(to_hex(g * 7919), 32, '0')::uuid,"
+            " %s::timestamptz - make_interval(hours => 600 - g)"
+            " FROM generate_series(1, 500) AS g",
+            [NOW],
+        )
+        cur.execute("CREATE TABLE public.rr_uuid7_shadow AS SELECT * FROM public.rr_uuid7")
+        cur.execute("ANALYZE public.rr_uuid7")
+
+
+@pytest.mark.django_db
+def test_the_last_chunk_of_a_uuid_walk_ends_just_past_the_last_eligible_key(make_user):
+    """Not "to the end of the key range": that chunk's DELETE would read every young row
+    above it (the top of a time-ordered key) to delete none of them."""
+    _ordered_uuid_table()
+    policy = approved_policy(
+        make_user, slug="uuid7", table="public.rr_uuid7", key="id", timestamp="occurred_at",
+        tenant=None, retention="10 days", schedule="0 3 * * *", chunk_size=40, chunking="key",
+    )  # fmt: skip
+    run, _ = trigger_run(policy, tick=NOW)
+    while not run.planner_done:
+        planner.plan(run, window=1000)
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT id::text FROM public.rr_uuid7 WHERE occurred_at < %s ORDER BY id DESC LIMIT 1",
+            [run.cutoff],
+        )
+        (last,) = cur.fetchone()
+        cur.execute("SELECT count(*) FROM public.rr_uuid7 WHERE occurred_at >= %s", [run.cutoff])
+        (young,) = cur.fetchone()
+    assert young > 100  # the test proves something: many young rows lie above the last chunk
+    final = Chunk.objects.filter(run=run).order_by("-seq").first()
+    assert final.hi == [str(uuid.UUID(int=uuid.UUID(last).int + 1))]
+    worker.drain(run.pk, budget_s=60, until_idle=True)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert check_run(run, shadow=Shadow("public", "rr_uuid7_shadow")) == []
+    assert count("public.rr_uuid7") == young
+
+
+def _type(base: str) -> ColumnType:
+    return ColumnType("pg_catalog", base, base, None, True)
+
+
+@pytest.mark.parametrize(
+    ("types", "value", "after"),
+    [
+        ({"id": "int8"}, ("41",), ("42",)),
+        ({"id": "int4"}, (str(2**63 - 1),), None),  # compared as bigint: nothing above
+        ({"id": "uuid"}, ("00000000-0000-0000-0000-0000000000ff",),
+         ("00000000-0000-0000-0000-000000000100",)),
+        ({"id": "uuid"}, ("ffffffff-ffff-ffff-ffff-ffffffffffff",), None),
+        ({"tenant_id": "int4", "id": "uuid"}, ("7", "0000000a-0000-0000-0000-00000000ffff"),
+         ("7", "0000000a-0000-0000-0000-000000010000")),
+        ({"id": "text"}, ("k041",), None),  # no successor in a collation: to the end
+        ({"id": "numeric"}, ("4.1",), None),
+    ],
+)  # fmt: skip
+def test_a_key_value_has_a_successor_where_its_type_has_one(types, value, after):
+    spec = PolicySpec.parse(
+        {
+            "slug": "s",
+            "table": "public.t",
+            "key": list(types) if len(types) > 1 else "id",
+            "timestamp": "occurred_at",
+            "retention": "10 days",
+            "schedule": "0 3 * * *",
+        }
+    )
+    assert P.successor(spec, value, {k: _type(v) for k, v in types.items()}) == after
