@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from psycopg import sql
 
+from core.filters import BIGINT_MAX  # integer bounds are compared as bigint (``typed_as_key``)
 from retention import catalog
 from retention.models import LegalHold
 from retention.spec import LIST_OPERATORS, KeepRule, PolicySpec
@@ -249,7 +250,6 @@ def integer_bounds(spec: PolicySpec, columns=None, types: dict | None = None) ->
     return chunk_columns(spec, columns) == spec.key_columns and integer_key(spec, types)
 
 
-BIGINT_MAX = 2**63 - 1  # integer bounds are compared as bigint (``typed_as_key``)
 UUID_MAX = 2**128 - 1
 
 

@@ -28,11 +28,12 @@ from django.db import DatabaseError, connection, transaction
 from psycopg import sql
 
 from core import locks, timeouts
+from core.filters import BIGINT_MAX
 from retention import predicate as P
 from retention.spec import PolicySpec
 from runs.models import Chunk, PlannerCursor, Run, discarded_scopes, show_bound
 
-LEDGER_KEY_MAX = 2**63 - 1  # chunk bounds are stored as bigint
+LEDGER_KEY_MAX = BIGINT_MAX  # chunk bounds are stored as bigint
 
 
 def exclusive_end(key: int) -> int | None:
