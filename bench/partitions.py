@@ -16,7 +16,7 @@ partitions) and July straddles the cutoff.
   drained: the six expired partitions are detached concurrently and dropped, July's old rows
   are deleted in chunks;
 - ``chunks``: the same policy and engine with the partition step switched off in this process
-  (``runs.partitions.settle`` answers "settled" at once): every old row in chunks;
+  (``runs.engine.partitions.settle`` answers "settled" at once): every old row in chunks;
 - ``single``: ``DELETE FROM bench.parts WHERE occurred_at < cutoff`` in one transaction.
 
 WAL bytes: ``pg_current_wal_insert_lsn()`` before and after (the ledger's own writes
@@ -139,8 +139,8 @@ def product(slug: str, *, aware: bool) -> dict:
     from retention import actions
     from retention.models import Policy, PolicyVersion
     from retention.spec import PolicySpec
-    from runs import partitions, worker
     from runs.actions import trigger_run
+    from runs.engine import partitions, worker
     from runs.models import AuditRecord, Run
 
     def user(name):

@@ -22,10 +22,10 @@ PostgreSQL restart (fast shutdown, then start again).
 Each epoch has its own table ``soak_eN`` with a shadow copy ``soak_eN_shadow`` and its own
 policy. Eligible rows are far older than any cutoff the soak can produce and young rows far
 newer, so every run of an epoch (superseded or scheduled) has the same eligible set and
-``runs.invariants.check_run`` is exact for each of them. With ``--partitioned`` the table is
+``runs.evidence.invariants.check_run`` is exact for each of them. With ``--partitioned`` the table is
 range-partitioned by day (with a default partition) and its kept rows (and NULL statuses)
 sit in the older half of the old rows only, so each run's first pass detaches and drops the
-younger half's partitions whole (``runs.partitions``) under the same faults; the report
+younger half's partitions whole (``runs.engine.partitions``) under the same faults; the report
 counts them (``partitions_dropped``).
 
 A fault counts as survived when its own check passed (the cluster exited by itself, the held

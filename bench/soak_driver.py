@@ -389,8 +389,8 @@ class Driver:
         from retention.actions import resume_policy
         from retention.models import Policy
         from runs.actions import ActionError, confirm_run, replay_dead_letter, resume_run
+        from runs.engine.reconciler import reconcile
         from runs.models import DeadLetter, Run
-        from runs.reconciler import reconcile
 
         ep = self.epoch
         for letter in DeadLetter.objects.filter(
@@ -423,7 +423,7 @@ class Driver:
         """check_run for every run of the epoch in one snapshot."""
         from django.db import connection, transaction
 
-        from runs.invariants import check_run
+        from runs.evidence.invariants import check_run
         from runs.models import Run
 
         problems: list[str] = []

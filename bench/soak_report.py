@@ -13,7 +13,7 @@ class Report:
     def final_checks(self) -> dict:
         """The audit chain; no session of the product left idle in a transaction; the queue
         settles (nothing stays dequeued and unacknowledged)."""
-        from runs.audit import verify_chain
+        from runs.evidence.audit import verify_chain
 
         chain = self.db(verify_chain)
         if not chain.ok:

@@ -33,7 +33,7 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 # The audit CSV export's statement timeout (a longer export is cut, and says so).
 AUDIT_EXPORT_TIMEOUT_S = env_int("AUDIT_EXPORT_TIMEOUT_S", 300, minimum=1)
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")  # bearer token for /metrics; empty: sign-in only
-# Signs the chain anchors in manifests and checkpoints (runs.evidence); never stored in the
+# Signs the chain anchors in manifests and checkpoints (runs.evidence.anchors); never stored in the
 # database. RETENTION_EVIDENCE_KEY_FILE names a file holding it (e.g. a mounted secret).
 RETENTION_EVIDENCE_KEY = env_secret("RETENTION_EVIDENCE_KEY", minimum_length=32)
 

@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from core import views as core_views
-from runs.views import home, metrics_view
+from runs.pages.views import home, metrics_view
 
 urlpatterns = [
     path("", home, name="home"),

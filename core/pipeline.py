@@ -10,7 +10,7 @@ connection.
 The server runs the statements one after the other, in order, each with its own snapshot (READ
 COMMITTED), exactly as if they were sent one by one; only the waiting between them is gone. The
 block ends with one Sync and waits for every result. A statement that fails raises at the end
-of the block, as Django's DatabaseError class of its error (``runs.errors.classify`` reads its
+of the block, as Django's DatabaseError class of its error (``runs.engine.errors.classify`` reads its
 SQLSTATE as usual); the server skips the statements after it, those before it have run. A
 cursor's results are those of the last statement it executed.
 

@@ -459,7 +459,7 @@ class PolicySpec:
     # "drop" (the default), so the content hash of an older version does not change.
     partition_action: str = "drop"
     # With partition_action "detach": how long a detached partition's table is kept before
-    # the reconciler drops it (runs.partitions.drop_kept_detached). None: kept for good, and
+    # the reconciler drops it (runs.engine.partitions.drop_kept_detached). None: kept for good, and
     # left out of the stored JSON, so the content hash of an older version does not change.
     detached_keep: str | None = None
     # What chunks run along (retention.geometry); "auto" is left out of the stored JSON, so

@@ -16,10 +16,10 @@ from retention import geometry
 from retention import predicate as P
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import period_label
-from runs import dispatch
+from runs.engine import dispatch
+from runs.engine.schedules import sync_policy_schedule
 from runs.models import MAX_DISCARDED_SCOPES, Chunk, DeadLetter, Run
 from runs.progress import progress_for
-from runs.schedules import sync_policy_schedule
 
 BLAST_RADIUS_FLOOR = 10_000  # below this many rows a run never needs confirmation
 

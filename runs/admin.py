@@ -1,6 +1,6 @@
 """django-q2's admin pages, read-only: a schedule row names a callable the clusters run and
 a failed task can be resubmitted from its page, so neither is editable here (schedules
-come from ``runs.schedules``). Task results are not shown at all: their arguments and results
+come from ``runs.engine.schedules``). Task results are not shown at all: their arguments and results
 are pickles written by the workers, and loading a row unpickles them (docs/security.md)."""
 
 from __future__ import annotations

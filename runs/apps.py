@@ -4,7 +4,7 @@ from django.db.models.signals import post_migrate
 
 def _ensure_schedules(sender, **kwargs) -> None:
     # django-q2's Schedule model: importable once the app registry is ready
-    from runs.schedules import ensure_system_schedules
+    from runs.engine.schedules import ensure_system_schedules
 
     ensure_system_schedules()
 
@@ -16,7 +16,8 @@ class RunsConfig(AppConfig):
     def ready(self) -> None:
         # the app registry is ready only now: runs' modules use the models at import
         from retention import signals
-        from runs import actions, audit
+        from runs import actions
+        from runs.evidence import audit
 
         post_migrate.connect(_ensure_schedules, sender=self)
         # retention's decisions and preview reach the runs through these (imports go one way)

@@ -19,7 +19,7 @@ from core.filters import as_id
 from core.oplog import verify_operator_log
 from retention.models import Policy
 from retention.schedule_math import latest_tick, tick_for_period
-from runs import actions, evidence
+from runs import actions
 from runs.actions import (
     ActionError,
     discard_dead_letter,
@@ -27,14 +27,15 @@ from runs.actions import (
     set_kill_switch,
     trigger_run,
 )
-from runs.audit import verify_chain
-from runs.explain import chunking as explain_chunking
-from runs.explain import explain as explain_policy
+from runs.engine.explain import chunking as explain_chunking
+from runs.engine.explain import explain as explain_policy
+from runs.engine.reconciler import reconcile as run_reconciler
+from runs.engine.schedules import ensure_system_schedules
+from runs.engine.worker import drain as drain_run
+from runs.evidence import anchors as evidence
+from runs.evidence.audit import verify_chain
 from runs.models import DeadLetter, Run
-from runs.reconciler import reconcile as run_reconciler
-from runs.schedules import ensure_system_schedules
 from runs.status import run_status
-from runs.worker import drain as drain_run
 
 
 def _actor(options):

@@ -19,9 +19,9 @@ from core import timeouts
 from core.formatting import duration as _human
 from retention import predicate as P
 from retention.models import KillSwitch
+from runs.engine.schedules import schedule_name
 from runs.models import AuditRecord, Chunk, Run
 from runs.progress import progress_for
-from runs.schedules import schedule_name
 
 RATE_WINDOW = timedelta(minutes=10)
 

@@ -303,7 +303,7 @@ class AuditRecord(models.Model):
     started_at = models.DateTimeField()
     committed_at = models.DateTimeField()
     outcome = models.CharField(max_length=16, default="deleted")
-    # Chain version 2 (runs.audit): what the record says about the run and the approved
+    # Chain version 2 (runs.evidence.audit): what the record says about the run and the approved
     # version, as they were when the chunk committed. Version 1 records leave them empty.
     chain_version = models.PositiveSmallIntegerField(default=2)
     run_key = models.CharField(max_length=200, blank=True)
@@ -315,7 +315,7 @@ class AuditRecord(models.Model):
     approved_at = models.DateTimeField(null=True, blank=True)
     approval_reason = models.TextField(blank=True)
     # Chain version 3: a partition detached (and dropped) whole — name, bounds, rows and the
-    # md5 of its ordered keys, taken before the drop (runs.partitions). NULL for a chunk.
+    # md5 of its ordered keys, taken before the drop (runs.engine.partitions). NULL for a chunk.
     partition = models.JSONField(null=True, blank=True)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
@@ -450,7 +450,7 @@ def _discarded(run: Run):
 
 def discarded_scope_rows(run: Run):
     """The query of the discarded scopes' chunks as rows (tenant, key_from, key_to, lo, hi),
-    for a statement that reads them along with other things (``runs.worker``); ``scopes_of``
+    for a statement that reads them along with other things (``runs.engine.worker``); ``scopes_of``
     makes them scopes."""
     return _discarded(run).values_list(
         "chunk__tenant", "chunk__key_from", "chunk__key_to", "chunk__lo", "chunk__hi"

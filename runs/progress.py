@@ -11,7 +11,7 @@ The numbers are honest about being estimates:
 
 - ``rows_deleted`` is exact (the sum over audit records).
 - A chunk's planned size is the number of keys in its range when the planner walked the key
-  index (runs/planner.py): what it can delete *at most* — some of those rows are young, kept
+  index (runs/engine/planner.py): what it can delete *at most* — some of those rows are young, kept
   by a keep rule or held. ``rows_planned``, ``rows_outstanding`` (chunks still pending or
   dead-lettered) and ``rows_pending`` are sums of those upper bounds, shown as "up to".
 - ``rows_expected`` is the run's total as best known: the eligible count taken at admission

@@ -40,7 +40,7 @@ def run_status(run: Run) -> dict:
         ).count(),
         "skipped_ticks": len(run.skipped_ticks or []),
         "verification": run.verification,
-        # what the run left for VACUUM and what was done about it (runs.maintenance)
+        # what the run left for VACUUM and what was done about it (runs.engine.maintenance)
         "vacuum": (run.verification or {}).get("vacuum_note"),
         "drain_window": _window(run),
     }

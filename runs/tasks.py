@@ -11,12 +11,12 @@ from django.utils import timezone
 
 from core import timeouts
 from retention.models import Policy
-from runs import dispatch, maintenance, schedules, worker
 from runs.actions import ActionError, trigger_run
+from runs.engine import dispatch, maintenance, schedules, worker
+from runs.engine.reconciler import catch_up
+from runs.engine.reconciler import reconcile as run_reconciler
+from runs.engine.worker import dead_letter
 from runs.models import Run
-from runs.reconciler import catch_up
-from runs.reconciler import reconcile as run_reconciler
-from runs.worker import dead_letter
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def reconcile() -> dict:
 
 
 def vacuum_target(run_id=None) -> str:
-    """``VACUUM (ANALYZE)`` the target of a drained run (``runs.maintenance.vacuum_target``:
+    """``VACUUM (ANALYZE)`` the target of a drained run (``runs.engine.maintenance.vacuum_target``:
     once, outside any transaction, bounded to fit the task timeout, its outcome recorded on
     the run)."""
     if not isinstance(run_id, int) or isinstance(run_id, bool):

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from runs import views
+from runs.pages import views
 
 app_name = "runs"
 

@@ -3,11 +3,11 @@
 The scheduler imports and calls whatever ``func`` (and ``hook``) a schedule row names, and
 the worker role may write that table (the cleanup cluster re-arms the triggers): without
 this constraint a leaked worker credential could schedule any callable. A new scheduled task
-needs a migration that widens the list (``runs.schedules.SCHEDULED_TASKS``)."""
+needs a migration that widens the list (``runs.engine.schedules.SCHEDULED_TASKS``)."""
 
 from django.db import migrations
 
-# runs.schedules.SCHEDULED_TASKS at this migration
+# runs.engine.schedules.SCHEDULED_TASKS at this migration
 TASKS = ("runs.tasks.trigger_scheduled", "runs.tasks.reconcile", "demo.tasks.send_due_reminders")
 
 SQL = """

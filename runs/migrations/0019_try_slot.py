@@ -1,6 +1,6 @@
 """``runs_try_slot(namespace, keys)``: a concurrency ceiling's slot taken in SQL, so a chunk
 transaction takes its global, policy and tenant slots inside the statement that reads its
-admission instead of one round trip per key tried (``runs.worker``).
+admission instead of one round trip per key tried (``runs.engine.worker``).
 
 Functions are executable by PUBLIC unless revoked; docs/least-privilege.sql grants EXECUTE to
 the worker role explicitly as well."""

@@ -7,8 +7,8 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from runs import planner, worker
 from runs.actions import trigger_run
+from runs.engine import planner, worker
 from runs.models import DeadLetter, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events

@@ -8,8 +8,8 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
-from runs import worker
-from runs.audit import verify_chain
+from runs.engine import worker
+from runs.evidence.audit import verify_chain
 from runs.models import AuditRecord
 
 from .helpers import rows_deleted
@@ -50,8 +50,8 @@ PLAIN = "tenant-1"
 
 
 def test_a_formula_in_the_data_is_neutralized_in_the_exported_csv(client_for, make_user):
-    from runs import planner
     from runs.actions import trigger_run
+    from runs.engine import planner
     from tests.factories import approved_policy, events_spec
     from tests.runs.conftest import NOW, create_events
 
@@ -169,8 +169,8 @@ def test_a_chunk_that_deleted_nothing_says_why_held_or_nothing_eligible(
     client_for, events_policy, make_user
 ):
     from retention.actions import place_hold
-    from runs import planner
     from runs.actions import trigger_run
+    from runs.engine import planner
     from tests.runs.conftest import NOW
 
     created, _ = trigger_run(events_policy, tick=NOW)
@@ -232,8 +232,8 @@ def test_the_manifest_lists_the_holds_that_applied_and_the_operator_actions_on_t
 
 
 def test_the_manifest_explains_the_gaps_in_a_runs_chain_sequence(client_for, run, make_user):
-    from runs import planner
     from runs.actions import trigger_run
+    from runs.engine import planner
     from tests.factories import approved_policy, events_spec
     from tests.runs.conftest import NOW, create_events
 
@@ -280,8 +280,8 @@ def test_the_manifest_says_which_chunks_were_held_or_had_nothing_eligible(
     client_for, events_policy, make_user
 ):
     from retention.actions import place_hold
-    from runs import planner
     from runs.actions import trigger_run
+    from runs.engine import planner
     from tests.runs.conftest import NOW
 
     created, _ = trigger_run(events_policy, tick=NOW)
@@ -303,8 +303,8 @@ def test_the_manifest_says_which_chunks_were_held_or_had_nothing_eligible(
 
 def test_a_chunk_across_tenants_held_by_a_tenant_hold_is_reported_held(client_for, make_user):
     from retention.actions import place_hold
-    from runs import planner
     from runs.actions import trigger_run
+    from runs.engine import planner
     from tests.factories import approved_policy, events_spec
     from tests.runs.conftest import NOW, create_events
 

@@ -22,8 +22,8 @@ from core.models import OperatorAction
 from retention import actions as retention_actions  # noqa: E402
 from retention.models import PolicyVersion  # noqa: E402
 from retention.spec import PolicySpec  # noqa: E402
-from runs import planner, worker  # noqa: E402
 from runs.actions import pause_run, trigger_run  # noqa: E402
+from runs.engine import planner, worker  # noqa: E402
 from runs.models import Chunk, DeadLetter, Run  # noqa: E402
 from tests.factories import events_spec  # noqa: E402
 from tests.runs.conftest import NOW, create_events  # noqa: E402

@@ -9,8 +9,8 @@ import pytest
 from django.db import connection
 from playwright.sync_api import expect
 
-from runs import worker
 from runs.actions import trigger_run
+from runs.engine import worker
 from tests.dashboard.test_browser import browser, login, shoot  # noqa: F401 - fixtures
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW

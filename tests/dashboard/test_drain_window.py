@@ -13,9 +13,9 @@ from django.utils import timezone
 from django_q.models import Schedule
 
 from runs.actions import pause_run
+from runs.engine.schedules import schedule_name
 from runs.forecast import drain_window
 from runs.models import Chunk
-from runs.schedules import schedule_name
 
 from .test_overview import card_of
 

@@ -15,8 +15,8 @@ from core.formatting import STATE_LABELS, natural_key, number, when
 from retention import actions as retention_actions
 from retention.models import PolicyVersion
 from retention.spec import PolicySpec
-from runs import planner, worker
 from runs.actions import trigger_run
+from runs.engine import planner, worker
 from runs.models import Chunk, DeadLetter, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events

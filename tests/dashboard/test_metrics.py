@@ -5,8 +5,8 @@ from django.test import Client, override_settings
 from django.urls import reverse
 from prometheus_client.parser import text_string_to_metric_families
 
-from runs.metrics import reason_class
 from runs.models import Chunk
+from runs.pages.metrics import reason_class
 
 from .conftest import make_dead_letter
 from .helpers import rows_deleted
@@ -61,7 +61,7 @@ def test_retries_and_throttles_are_counted(client_for, run):
 
 
 def test_a_drained_run_sets_the_last_success_time(client_for, run):
-    from runs import worker
+    from runs.engine import worker
 
     worker.drain(run.pk, budget_s=60)
     run.refresh_from_db()
@@ -102,8 +102,8 @@ def test_a_signed_in_user_without_a_role_is_refused(make_user):
 def test_audit_totals_count_new_records_once_and_survive_a_rebuilt_trail(client_for, run):
     from django.core.cache import cache
 
-    from runs import worker
-    from runs.metrics import AUDIT_TOTALS_KEY
+    from runs.engine import worker
+    from runs.pages.metrics import AUDIT_TOTALS_KEY
 
     client = client_for("viewer")
     first = scrape(client)[("retention_chunk_duration_seconds_count", (("policy", "events"),))]

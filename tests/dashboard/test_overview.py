@@ -10,8 +10,8 @@ from django_q.models import Schedule
 from core.formatting import number
 from core.models import OperatorAction
 from retention.models import KillSwitch
-from runs import worker
-from runs.schedules import schedule_name
+from runs.engine import worker
+from runs.engine.schedules import schedule_name
 
 from .conftest import make_dead_letter
 from .helpers import rows_deleted
@@ -149,7 +149,8 @@ def test_the_overview_queries_do_not_grow_with_the_number_of_policies(
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from runs import forecast, guard
+    from runs import forecast
+    from runs.engine import guard
 
     monkeypatch.setattr(forecast, "drain_window", lambda policy, **kw: {"verdict": "unknown"})
     monkeypatch.setattr(guard, "current_state", lambda policy: {"level": "ok", "reasons": []})

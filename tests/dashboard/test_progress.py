@@ -14,8 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core.formatting import number
 from retention.actions import place_hold
-from runs import actions, planner, worker
+from runs import actions
 from runs.actions import trigger_run
+from runs.engine import planner, worker
 from runs.models import Chunk, Run
 from tests.runs.conftest import NOW
 

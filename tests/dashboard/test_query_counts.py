@@ -9,8 +9,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from runs import planner, worker
 from runs.actions import pause_run, resume_run, trigger_run
+from runs.engine import planner, worker
 from tests.runs.conftest import NOW
 
 pytestmark = pytest.mark.django_db

@@ -5,9 +5,9 @@ from django.urls import reverse
 
 from core.models import OperatorAction
 from retention.actions import place_hold
-from runs import pages
 from runs.actions import trigger_run
 from runs.models import AuditRecord, Run
+from runs.pages import contexts as pages
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, count, create_events
 

@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from retention.models import PolicyVersion
 from retention.spec import SpecError, load_toml
-from runs import planner
 from runs.actions import trigger_run
+from runs.engine import planner
 from tests.factories import approved_policy, events_spec
 from tests.retention.conftest import policy_toml
 from tests.runs.conftest import NOW, ROOT, create_events

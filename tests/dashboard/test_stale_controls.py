@@ -11,8 +11,8 @@ from django.urls import reverse
 
 from core.models import OperatorAction
 from retention.models import KillSwitch
-from runs import worker
 from runs.actions import pause_run, resume_run, set_kill_switch
+from runs.engine import worker
 from runs.models import Run
 
 from .helpers import post

@@ -8,9 +8,9 @@ import re
 import pytest
 from django.db import connection
 
-from runs import planner, worker
 from runs.actions import discard_dead_letter, trigger_run
-from runs.invariants import check_run
+from runs.engine import planner, worker
+from runs.evidence.invariants import check_run
 from runs.models import DeadLetter, Run
 from tests.runs.conftest import NOW, count
 

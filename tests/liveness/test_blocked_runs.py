@@ -11,8 +11,8 @@ from django.utils import timezone
 from core.models import OperatorAction
 from retention.actions import pause_policy
 from runs.actions import cancel_run, trigger_run
+from runs.engine.reconciler import reconcile
 from runs.models import Run
-from runs.reconciler import reconcile
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW
 

@@ -14,9 +14,10 @@ from retention.actions import ActionError, pause_policy, resume_policy, set_poli
 from retention.models import Policy
 from retention.schedule_math import next_tick
 from retention.spec import PolicySpec, SpecError
-from runs import schedules, tasks
+from runs import tasks
 from runs.actions import ActionError as RunActionError
 from runs.actions import trigger_run
+from runs.engine import schedules
 from runs.models import Lease, Run
 from tests.factories import events_spec
 from tests.runs.conftest import NOW
@@ -82,7 +83,7 @@ def test_resuming_a_policy_republishes_its_leases_at_once(events_policy, make_us
 
 
 def test_one_policys_reconciler_error_does_not_stop_anothers_waiting_run(make_user, monkeypatch):
-    from runs import reconciler
+    from runs.engine import reconciler
     from tests.liveness.conftest import drop_tables, policy_on
 
     alpha = policy_on(make_user, "alpha", "rr_alpha")

@@ -63,7 +63,7 @@ def test_a_dead_one_shot_schedule_is_rearmed_by_the_clusters_reconciler(make_use
     from django_q.models import Schedule
 
     from retention.schedule_math import next_tick
-    from runs.schedules import schedule_name
+    from runs.engine.schedules import schedule_name
 
     policy = policy_on(make_user, "alpha", "rr_alpha", catch_up="none")
     # a trigger that failed before arm(): django-q2 already set repeats=0
@@ -92,7 +92,7 @@ def test_a_late_firing_after_an_outage_follows_the_catch_up_rule(make_user):
     from django_q.models import Schedule
 
     from retention.schedule_math import latest_tick
-    from runs.schedules import schedule_name
+    from runs.engine.schedules import schedule_name
 
     latest = policy_on(make_user, "alpha", "rr_alpha", approved_ago=timedelta(days=3))
     none = policy_on(make_user, "beta", "rr_beta", approved_ago=timedelta(days=3), catch_up="none")

@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from runs import planner
 from runs.actions import trigger_run
+from runs.engine import planner
 from runs.models import Chunk, Lease, Run
 from runs.status import run_status
 from tests.runs.conftest import NOW
@@ -60,7 +60,7 @@ def test_no_worker_alive_or_no_chunk_admitted_is_named(idle_run):
 @pytest.mark.processes
 @pytest.mark.django_db(transaction=True)
 def test_drain_with_two_workers_runs_two_processes(make_user):
-    from runs.invariants import check_run
+    from runs.evidence.invariants import check_run
     from runs.models import AuditRecord
     from tests.factories import approved_policy, events_spec
     from tests.runs.conftest import create_events, manage

@@ -17,7 +17,7 @@ from django.db import connection
 from django.db.models import Max, Min
 
 from runs.actions import trigger_run
-from runs.invariants import check_run
+from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, Chunk, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, ROOT, create_events

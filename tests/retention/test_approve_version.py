@@ -16,7 +16,7 @@ from retention.actions import ActionError
 from retention.models import Policy, PolicyVersion
 from retention.schedule_math import next_tick
 from retention.spec import load_toml
-from runs.schedules import schedule_name
+from runs.engine.schedules import schedule_name
 from tests.conftest import token_for_claim
 
 from .conftest import policy_toml

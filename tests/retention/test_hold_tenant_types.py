@@ -20,9 +20,9 @@ from retention import actions
 from retention.actions import ActionError
 from retention.models import LegalHold
 from retention.spec import PolicySpec, SpecError
-from runs import worker
 from runs.actions import trigger_run
-from runs.explain import explain
+from runs.engine import worker
+from runs.engine.explain import explain
 from runs.models import Run
 from tests.conftest import token_for_claim
 from tests.factories import approved_policy, events_spec

@@ -5,7 +5,7 @@ the policy's timezone and retention, the tick, and the legal holds placed (with 
 tenants written in other forms than the column's). ``run_shape`` builds the table and its
 shadow copy, applies and approves the policy with the real action functions, places the
 holds, triggers the run, drains it in-process and returns what the invariant checker
-(``runs.invariants.check_run``) finds against the shadow copy.
+(``runs.evidence.invariants.check_run``) finds against the shadow copy.
 
 ``defects(shape)`` says which of the engine defects of issue 11 a shape can expose, so
 the matrix marks those shapes expected-to-fail (strictly) while a defect is open, and
@@ -24,9 +24,9 @@ from zoneinfo import ZoneInfo
 from django.db import DatabaseError, connection, transaction
 
 from retention import actions as retention_actions
-from runs import worker
 from runs.actions import trigger_run
-from runs.invariants import HoldScope, Shadow, check_run
+from runs.engine import worker
+from runs.evidence.invariants import HoldScope, Shadow, check_run
 from runs.models import AuditRecord, Run
 from tests.factories import approved_policy
 

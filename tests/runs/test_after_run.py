@@ -16,11 +16,12 @@ from django.urls import reverse
 from django_q.models import OrmQ
 
 from core.models import OperatorAction
-from runs import planner, tasks, worker
+from runs import tasks
 from runs.actions import trigger_run
-from runs.exports import manifest_header
+from runs.engine import planner, worker
+from runs.engine.reconciler import finish_run, reconcile
+from runs.evidence.exports import manifest_header
 from runs.models import AuditRecord, Run
-from runs.reconciler import finish_run, reconcile
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events
 from tests.runs.processes import pg_connect, wait_for
@@ -177,7 +178,7 @@ def test_vacuum_off_records_the_dead_tuples_and_neither_recommends_nor_schedules
 
 def test_unreadable_statistics_never_keep_a_run_from_draining(make_user, monkeypatch):
     run = deleted_but_not_finished(make_user, vacuum="run")
-    from runs import maintenance
+    from runs.engine import maintenance
 
     # the statistics read fails in PostgreSQL (as a missing view, a timeout or a refusal would)
     monkeypatch.setattr(

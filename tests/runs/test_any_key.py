@@ -11,9 +11,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from retention import predicate as P
-from runs import audit, exports, planner, worker
 from runs.actions import trigger_run
-from runs.invariants import Shadow, check_run
+from runs.engine import planner, worker
+from runs.evidence import audit, exports
+from runs.evidence.invariants import Shadow, check_run
 from runs.models import AuditRecord, Chunk, Run
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW

@@ -7,8 +7,8 @@ from datetime import timedelta
 
 from django.test import Client
 
-from runs import worker
 from runs.actions import trigger_run
+from runs.engine import worker
 from runs.models import Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events

@@ -11,7 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from runs.actions import trigger_run
-from runs.invariants import check_run
+from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events

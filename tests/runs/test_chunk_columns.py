@@ -14,8 +14,9 @@ from django.urls import reverse
 
 from retention import actions as retention_actions
 from retention import predicate as P
-from runs import audit, worker
 from runs.actions import trigger_run
+from runs.engine import worker
+from runs.evidence import audit
 from runs.models import AuditRecord, Chunk, Run
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW

@@ -11,8 +11,8 @@ import threading
 import pytest
 from django.db import connection
 
-from runs import guard, planner, worker
 from runs.actions import trigger_run
+from runs.engine import guard, planner, worker
 from runs.models import AuditRecord, Chunk, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events

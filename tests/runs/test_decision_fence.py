@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 
 from core.models import OperatorAction
-from runs import planner, worker
 from runs.actions import trigger_run
+from runs.engine import planner, worker
 from runs.models import AuditRecord, Chunk, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, count, create_events

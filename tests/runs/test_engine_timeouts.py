@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from runs import planner, reconciler
 from runs.actions import trigger_run
+from runs.engine import planner, reconciler
 from runs.models import Chunk, Run
 from tests.runs.conftest import NOW
 from tests.runs.processes import pg_connect

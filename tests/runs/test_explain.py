@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from runs.explain import explain
+from runs.engine.explain import explain
 from tests.runs.conftest import count
 
 
@@ -20,7 +20,7 @@ def test_explain_shows_every_engine_statement_and_deletes_nothing(events_policy)
         "Anti Join" in delete_plan or "SubPlan" in delete_plan
     )  # the hold test is in the statement
     # the verification as the reconciler runs it: one statement, by a bitmap scan of the
-    # timestamp index (runs.reconciler.bitmap_scan)
+    # timestamp index (runs.engine.reconciler.bitmap_scan)
     verify_plan = "\n".join(
         plans["reconciler: verification (remaining, held, NULL rows in one statement)"]
     )

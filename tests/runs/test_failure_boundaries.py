@@ -11,9 +11,9 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from runs import planner
 from runs.actions import trigger_run
-from runs.invariants import check_run
+from runs.engine import planner
+from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, Chunk, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, count, create_events, manage
@@ -117,7 +117,7 @@ def test_ten_concurrent_deliveries_process_each_chunk_once(table, make_user):
 
 
 def test_the_same_chunk_claimed_twice_is_deleted_once(table, make_user):
-    from runs import worker
+    from runs.engine import worker
 
     policy = make_policy(make_user)
     run, _ = trigger_run(policy, tick=NOW)
@@ -165,8 +165,8 @@ def test_a_planner_that_stops_half_way_resumes_without_overlap(table, make_user)
 def test_a_lost_message_is_republished_by_the_reconciler(table, make_user):
     from django_q.models import OrmQ
 
+    from runs.engine.reconciler import reconcile
     from runs.models import Lease
-    from runs.reconciler import reconcile
 
     policy = make_policy(make_user)
     run, _ = trigger_run(policy, tick=NOW)
@@ -180,7 +180,7 @@ def test_a_lost_message_is_republished_by_the_reconciler(table, make_user):
 
 def one_chunk_while_the_table_is_locked(run: Run):
     """One chunk transaction while another session holds a SHARE lock on the target."""
-    from runs import worker
+    from runs.engine import worker
 
     blocker = pg_connect(autocommit=False)
     blocker.execute("LOCK TABLE public.rr_events IN SHARE MODE")
@@ -198,7 +198,7 @@ def guard_off(settings):
 
 
 def test_a_lock_timeout_is_retried_with_backoff(table, make_user, guard_off):
-    from runs import worker
+    from runs.engine import worker
 
     policy = make_policy(make_user, timeouts={"lock_ms": 200, "statement_ms": 5000})
     run, _ = trigger_run(policy, tick=NOW)
@@ -271,7 +271,7 @@ def test_a_legal_hold_placed_mid_run_protects_its_rows(table, make_user):
     policy = make_policy(make_user)
     run, _ = trigger_run(policy, tick=NOW)
     planner.plan(run, window=2)
-    from runs import worker
+    from runs.engine import worker
 
     assert worker.process_one(Run.objects.get(pk=run.pk)).kind == worker.DONE
     held_before = count("rr_events", "tenant_id = 3 AND occurred_at < %s", [run.cutoff])
@@ -288,7 +288,7 @@ def test_a_legal_hold_placed_mid_run_protects_its_rows(table, make_user):
 
 def test_a_scheduler_down_for_three_periods_gets_one_catch_up_run(table, make_user):
     from retention.models import PolicyVersion
-    from runs.reconciler import reconcile
+    from runs.engine.reconciler import reconcile
 
     policy = make_policy(make_user)
     PolicyVersion.objects.filter(policy=policy).update(decided_at=NOW - timedelta(days=10))

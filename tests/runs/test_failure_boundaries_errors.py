@@ -10,9 +10,9 @@ import signal
 import pytest
 from django.db import connection
 
-from runs import planner
 from runs.actions import trigger_run
-from runs.invariants import check_run
+from runs.engine import planner
+from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, Chunk, DeadLetter, Run
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW, count, create_events, manage, pin_one_eligible_row

@@ -16,10 +16,10 @@ from django.utils import timezone
 from retention import actions as retention_actions
 from retention import geometry
 from retention import predicate as P
-from runs import planner, worker
 from runs.actions import trigger_run
-from runs.audit import TENANT_ROWS_CHAIN_VERSION, verify_chain
-from runs.invariants import HoldScope, Shadow, check_run
+from runs.engine import planner, worker
+from runs.evidence.audit import TENANT_ROWS_CHAIN_VERSION, verify_chain
+from runs.evidence.invariants import HoldScope, Shadow, check_run
 from runs.models import AuditRecord, Chunk, Run
 from runs.progress import progress_for
 from tests.factories import approved_policy, events_spec

@@ -9,8 +9,8 @@ from django.db import connection
 
 from core.models import OperatorAction
 from retention.models import Policy
-from runs import guard, planner, worker
 from runs.actions import trigger_run
+from runs.engine import guard, planner, worker
 from runs.models import Chunk, GuardSample, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events

@@ -10,8 +10,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from runs import guard, planner, worker
 from runs.actions import trigger_run
+from runs.engine import guard, planner, worker
 from runs.models import AuditRecord, Chunk, GuardSample, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events

@@ -11,9 +11,9 @@ import pytest
 from django.db import connection
 
 from runs.actions import trigger_run
-from runs.invariants import check_run
+from runs.engine.reconciler import reconcile
+from runs.evidence.invariants import check_run
 from runs.models import Chunk, Run
-from runs.reconciler import reconcile
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events
 from tests.runs.processes import kill_group, pg_connect, spawn, wait_for
@@ -41,7 +41,7 @@ def table(transactional_db, settings):
 
 
 def test_a_chunk_killed_by_the_task_timeout_counts_as_an_attempt_and_is_split(table, make_user):
-    from runs import planner
+    from runs.engine import planner
 
     policy = approved_policy(
         make_user,

@@ -6,9 +6,9 @@ from __future__ import annotations
 from django.db import connection
 
 from retention.preview import preview
-from runs import worker
 from runs.actions import trigger_run
-from runs.invariants import check_run
+from runs.engine import worker
+from runs.evidence.invariants import check_run
 from runs.models import Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, count, create_events

@@ -13,9 +13,9 @@ from django.db import connection
 from retention import actions as retention_actions
 from retention import introspect
 from retention.spec import PolicySpec, SpecError
-from runs import worker
 from runs.actions import trigger_run
-from runs.invariants import check_run
+from runs.engine import worker
+from runs.evidence.invariants import check_run
 from runs.models import PartitionAction, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, count

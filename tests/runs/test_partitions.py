@@ -25,13 +25,14 @@ from retention import actions as retention_actions
 from retention import introspect
 from retention.preview import preview
 from retention.spec import PolicySpec, SpecError
-from runs import exports, worker
 from runs.actions import set_kill_switch, trigger_run
-from runs.audit import HASHED_COLUMNS, record_hash, verify_chain
-from runs.invariants import check_run
+from runs.engine import worker
+from runs.engine.reconciler import reconcile
+from runs.evidence import exports
+from runs.evidence.audit import HASHED_COLUMNS, record_hash, verify_chain
+from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, GuardSample, PartitionAction, PlannerCursor, Run
 from runs.progress import progress_for
-from runs.reconciler import reconcile
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, count
 from tests.runs.processes import pg_connect, wait_for

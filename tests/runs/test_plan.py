@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from runs import planner, worker
 from runs.actions import trigger_run
-from runs.invariants import check_run
+from runs.engine import planner, worker
+from runs.evidence.invariants import check_run
 from runs.models import Chunk, DeadLetter, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, count

@@ -13,9 +13,9 @@ from psycopg import sql
 from retention import predicate as P
 from retention.catalog import ColumnType
 from retention.spec import PolicySpec
-from runs import planner, worker
 from runs.actions import trigger_run
-from runs.invariants import Shadow, check_run
+from runs.engine import planner, worker
+from runs.evidence.invariants import Shadow, check_run
 from runs.models import Chunk, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, count, create_events

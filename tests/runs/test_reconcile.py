@@ -11,10 +11,10 @@ from django_q.models import Schedule
 
 from core import timeouts
 from retention.schedule_math import next_tick
-from runs import schedules
 from runs.actions import _eligible_count, trigger_run
+from runs.engine import schedules
+from runs.engine.reconciler import reconcile
 from runs.models import Run
-from runs.reconciler import reconcile
 from tests.liveness.conftest import drop_tables, policy_on
 from tests.runs.processes import pg_connect
 

@@ -15,9 +15,9 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from runs import planner, worker
 from runs.actions import trigger_run
-from runs.invariants import check_run
+from runs.engine import planner, worker
+from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, Chunk, DeadLetter, GuardSample, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events, pin_one_eligible_row

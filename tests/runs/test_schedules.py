@@ -5,7 +5,8 @@ from datetime import UTC, datetime
 from django_q.models import Schedule
 
 from retention.schedule_math import latest_tick, next_tick
-from runs import schedules, tasks
+from runs import tasks
+from runs.engine import schedules
 from runs.models import DeadLetter, Run
 from tests.factories import approved_policy
 
@@ -68,8 +69,8 @@ def test_the_reconciler_keeps_guard_samples_and_queue_results_bounded(db):
 
     from django.utils import timezone
 
+    from runs.engine.reconciler import prune_own_tables
     from runs.models import GuardSample
-    from runs.reconciler import prune_own_tables
 
     old = GuardSample.objects.create(values={}, tables={})
     GuardSample.objects.filter(pk=old.pk).update(taken_at=timezone.now() - timedelta(days=2))

@@ -352,7 +352,7 @@ def test_the_checker_sees_a_held_or_newer_row_deleted_behind_the_engines_back(sh
     timestamp newer than the cutoff in the policy's zone)."""
     from django.db import connection
 
-    from runs.invariants import HoldScope, check_run
+    from runs.evidence.invariants import HoldScope, check_run
     from runs.models import AuditRecord, Run
 
     shape = Shape("checker", 60, "citext", ts_type="timestamp", timezone=NEW_YORK,

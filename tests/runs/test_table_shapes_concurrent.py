@@ -15,9 +15,9 @@ import pytest
 from django.db import connection
 
 from retention import actions as retention_actions
-from runs import planner, worker
 from runs.actions import trigger_run
-from runs.invariants import HoldScope, Shadow, check_run, take_shadow
+from runs.engine import planner, worker
+from runs.evidence.invariants import HoldScope, Shadow, check_run, take_shadow
 from runs.models import AuditRecord, Chunk, Run
 from tests.factories import approved_policy
 from tests.runs import shapes as S

@@ -13,8 +13,8 @@ from django.db import connection
 
 from retention.preview import preview
 from retention.spec import SpecError
-from runs import worker
 from runs.actions import trigger_run
+from runs.engine import worker
 from runs.models import Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import count

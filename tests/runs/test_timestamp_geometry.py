@@ -24,9 +24,10 @@ from retention import predicate as P
 from retention.models import Policy, PolicyVersion
 from retention.preview import preview
 from retention.spec import PolicySpec, SpecError
-from runs import audit, exports, planner, worker
 from runs.actions import trigger_run
-from runs.invariants import HoldScope, Shadow, check_run
+from runs.engine import planner, worker
+from runs.evidence import audit, exports
+from runs.evidence.invariants import HoldScope, Shadow, check_run
 from runs.models import AuditRecord, Chunk, Run
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW

@@ -9,7 +9,7 @@ from django.db import connection
 
 from retention import actions
 from runs.actions import trigger_run
-from runs.reconciler import verify
+from runs.engine.reconciler import verify
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW
 

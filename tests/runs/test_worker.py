@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from runs import planner, worker
 from runs.actions import trigger_run
-from runs.invariants import check_run
+from runs.engine import planner, worker
+from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, Chunk, Run
 from tests.runs.conftest import NOW, count
 

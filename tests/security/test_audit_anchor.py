@@ -14,8 +14,9 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from core.models import OperatorAction
-from runs import audit, exports, worker
 from runs.actions import trigger_run
+from runs.engine import worker
+from runs.evidence import audit, exports
 from runs.models import AuditRecord, Chunk, Run
 from tests.runs.conftest import NOW
 

@@ -12,9 +12,9 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError, connection, transaction
 
 from core.models import OperatorAction
-from runs import worker
 from runs.actions import trigger_run
-from runs.invariants import check_run
+from runs.engine import worker
+from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, Run
 from tests.runs.conftest import NOW
 
@@ -83,7 +83,7 @@ def test_an_edited_row_is_reported_by_audit_verify(audited):
 
 
 def test_an_edit_with_a_recomputed_hash_breaks_the_next_link(audited):
-    from runs.audit import record_hash
+    from runs.evidence.audit import record_hash
 
     fields = [f for f in AuditRecord._meta.get_fields() if hasattr(f, "attname")]
     row = AuditRecord.objects.filter(chain_seq=2).values(*(f.attname for f in fields)).get()

@@ -95,8 +95,8 @@ def test_keep_rules_and_their_value_lists_are_bounded():
 def test_the_audit_export_stops_at_its_statement_timeout_and_says_the_file_is_incomplete(
     make_user, client, settings
 ):
-    from runs import planner, worker
     from runs.actions import trigger_run
+    from runs.engine import planner, worker
     from tests.factories import approved_policy, events_spec
     from tests.runs.conftest import NOW, create_events
 

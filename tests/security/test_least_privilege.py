@@ -13,11 +13,11 @@ import pytest
 from django.db import connection
 from psycopg import sql
 
-from runs import planner, worker
 from runs.actions import trigger_run
-from runs.invariants import check_run
+from runs.engine import planner, worker
+from runs.engine.reconciler import finish_run
+from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, GuardSample, Run
-from runs.reconciler import finish_run
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW, ROOT, create_events, worker_env
 from tests.security.roles import connect_as, grant_statements, url_as

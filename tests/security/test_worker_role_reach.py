@@ -22,8 +22,8 @@ from django_q.conf import Conf
 from django_q.models import Schedule
 from psycopg import sql
 
-from runs.metrics import AUDIT_TOTALS_KEY
-from runs.schedules import ensure_system_schedules
+from runs.engine.schedules import ensure_system_schedules
+from runs.pages.metrics import AUDIT_TOTALS_KEY
 from tests.security.roles import connect_as, grant_statements
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -101,7 +101,8 @@ def simulate(make_user, monkeypatch, *, hours: float, seed: int) -> Report:
 
     from retention.actions import pause_policy, resume_policy
     from retention.models import Policy
-    from runs import reconciler, schedules, tasks, worker
+    from runs import tasks
+    from runs.engine import reconciler, schedules, worker
     from runs.models import Run
     from tests.factories import approved_policy, events_spec
     from tests.runs.conftest import create_events

@@ -11,8 +11,8 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from retention.models import LegalHold
-from runs import worker
 from runs.actions import trigger_run
+from runs.engine import worker
 from runs.models import AuditRecord, Run
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW, count, create_events, manage
@@ -151,7 +151,7 @@ def test_a_hold_placed_after_the_verification_excuses_no_eligible_row_left_behin
 
 
 def test_a_run_in_progress_is_checked_without_expecting_it_drained(events_policy):
-    from runs import planner
+    from runs.engine import planner
 
     run, _ = trigger_run(events_policy, tick=NOW)
     planner.plan(run, window=2)

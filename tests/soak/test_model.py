@@ -34,7 +34,6 @@ from retention import actions as policy_actions
 from retention import predicate as P
 from retention.models import LegalHold, PolicyVersion
 from retention.spec import PolicySpec
-from runs import planner, worker
 from runs.actions import (
     ActionError,
     pause_run,
@@ -42,7 +41,8 @@ from runs.actions import (
     resume_run,
     trigger_run,
 )
-from runs.invariants import check_run
+from runs.engine import planner, worker
+from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, Chunk, DeadLetter, Run
 from tests.runs.conftest import NOW, create_events
 

@@ -14,7 +14,7 @@ from core import cli as people_cli
 from core.cli_identity import cli_command
 from retention import cli as policy_cli
 from runs import cli as run_cli
-from runs import cli_check
+from runs.evidence import cli_check
 
 
 class Command(BaseCommand):

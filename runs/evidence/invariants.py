@@ -19,7 +19,7 @@ by the column type's own ``=`` (the hold's value cast to the column's type).
 The cutoff itself is recomputed by PostgreSQL from the run's tick: hours and
 minutes are elapsed time, days and weeks wall-clock time in the policy's zone.
 
-A partition the run took whole (``runs.partitions``) must agree with its audit record and
+A partition the run took whole (``runs.engine.partitions``) must agree with its audit record and
 ledger row: a dropped one is gone; a detached one is no longer attached and still holds the
 rows (count, md5 of the ordered keys) its record names. Its rows count among the rows gone.
 """
@@ -36,7 +36,7 @@ from psycopg import sql
 
 from retention.models import LegalHold
 from retention.spec import _RETENTION
-from runs.audit import verify_chain
+from runs.evidence.audit import verify_chain
 from runs.models import AuditRecord, Chunk, PartitionAction, Run
 
 ROW = sql.Identifier("r")

@@ -36,8 +36,10 @@ from core import locks
 from core.pipeline import one_round_trip
 from retention import predicate as P
 from retention.models import PolicyVersion
-from runs import actions, audit, guard, partitions, planner, reconciler, stopping
-from runs.errors import PERMANENT, classify, sqlstate_of
+from runs import actions
+from runs.engine import guard, partitions, planner, reconciler, stopping
+from runs.engine.errors import PERMANENT, classify, sqlstate_of
+from runs.evidence import audit
 from runs.models import (
     Chunk,
     DeadLetter,
@@ -777,7 +779,9 @@ def drain(
     # the run's pending chunks as its last claim counted them (None: unknown, count them): the
     # planner tops the window up when half of it is left
     pending: int | None = None
-    settled = False  # the run's partitions (runs.partitions) are settled: no need to ask again
+    settled = (
+        False  # the run's partitions (runs.engine.partitions) are settled: no need to ask again
+    )
     run = load()
     if run is None:
         stats["stopped"] = "run not found"

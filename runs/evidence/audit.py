@@ -1,6 +1,6 @@
 """The audit hash chain: each record's hash covers its content and the previous hash,
 so an edit, a deletion or a gap in ``chain_seq`` is detectable; the chunk ledger shows a
-removed tail; a signed anchor kept outside the database (``runs.evidence``) shows a rewrite
+removed tail; a signed anchor kept outside the database (``runs.evidence.anchors``) shows a rewrite
 that recomputed every later hash.
 
 Chain version 1 (records written before the version fields existed) hashes ``V1_FIELDS``
@@ -37,7 +37,7 @@ V2_FIELDS = (
     *V1_FIELDS, "chain_version", "run_key", "version_number", "version_hash", "author_id",
     "submitted_by_id", "approved_by_id", "approved_at", "approval_reason",
 )  # fmt: skip
-# Version 3: a partition taken whole (runs.partitions) — version 2's fields and ``partition``.
+# Version 3: a partition taken whole (runs.engine.partitions) — version 2's fields and ``partition``.
 PARTITION_CHAIN_VERSION = 3
 V3_FIELDS = (*V2_FIELDS, "partition")
 # Version 4: a chunk of a key that is not one integer column — version 2's fields and its

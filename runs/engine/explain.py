@@ -13,8 +13,8 @@ from psycopg import sql
 from retention import geometry
 from retention import predicate as P
 from retention.schedule_math import latest_tick
-from runs.planner import boundaries, bounds_query, tenants_query, walk_filter, window_query
-from runs.reconciler import bitmap_scan
+from runs.engine.planner import boundaries, bounds_query, tenants_query, walk_filter, window_query
+from runs.engine.reconciler import bitmap_scan
 
 
 class _Rollback(Exception):
@@ -114,7 +114,7 @@ def chunking(policy) -> str:
 
 def explain(policy) -> list[tuple[str, list[str]]]:
     """The plans of ``statements``; the verification under the scan settings it runs with
-    (``runs.reconciler.bitmap_scan``)."""
+    (``runs.engine.reconciler.bitmap_scan``)."""
     spec = policy.approved_version.parsed
     return [
         (title, _plan(frag, scans=(lambda: bitmap_scan(spec)) if title == VERIFICATION else None))

@@ -1,6 +1,6 @@
 """What the dashboard pages show: the per-policy overview and a run's page.
 
-Every progress figure comes from ``runs.progress``; chart shapes from ``runs.charts``.
+Every progress figure comes from ``runs.progress``; chart shapes from ``runs.pages.charts``.
 Everything is read with a fixed number of aggregate queries per page (grouped in
 SQL, never per chunk or per audit row in Python), plus one call per policy to the
 guard and drain-window interfaces, so the pages stay fast with millions of rows.
@@ -24,10 +24,12 @@ from retention import predicate
 from retention.models import KillSwitch, LegalHold, Policy, PolicyVersion
 from retention.schedule_math import period_label
 from retention.spec import parse_retention
-from runs import charts, forecast, guard
+from runs import forecast
+from runs.engine import guard
+from runs.engine.schedules import schedule_name
 from runs.models import AuditRecord, Chunk, DeadLetter, Lease, Run, discarded_scopes
+from runs.pages import charts
 from runs.progress import broker_backlog, progress_for
-from runs.schedules import schedule_name
 
 # Policy states as the overview names them (and colours them: see app.css .state-*).
 ACTIVE, PAUSED, AWAITING, ATTENTION, DISABLED = (
@@ -192,7 +194,7 @@ VERIFICATION_LABELS = {
     "limit": "Counts stop at",
     "pass": "After pass",
     "checked_at": "Checked at",
-    # what the run left for VACUUM (``runs.maintenance``), once it drained
+    # what the run left for VACUUM (``runs.engine.maintenance``), once it drained
     "dead_tuples": "Dead tuples on the target",
     "live_tuples": "Live tuples on the target",
     "vacuum_note": "Vacuum",

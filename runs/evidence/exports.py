@@ -43,7 +43,8 @@ from psycopg.errors import QueryCanceled
 from core.filters import QueryFilters, as_id
 from core.models import OperatorAction
 from retention.models import LegalHold, Policy
-from runs import audit, evidence
+from runs.evidence import anchors as evidence
+from runs.evidence import audit
 from runs.models import AuditRecord, Chunk, Run
 from runs.progress import progress_for
 
@@ -560,7 +561,7 @@ def manifest_header(run: Run) -> dict:
         },
         "holds": applied_holds(run),
         "operator_actions": run_actions(run),
-        # both chains' heads, signed with the evidence key (runs.evidence): keep the file,
+        # both chains' heads, signed with the evidence key (runs.evidence.anchors): keep the file,
         # and `retention audit verify --against` it shows a later rewrite
         "anchor": evidence.anchor(),
     }

@@ -15,7 +15,7 @@ from psycopg import sql
 
 from core import timeouts
 from retention.models import KillSwitch
-from runs import dispatch
+from runs.engine import dispatch
 from runs.models import Run
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 It re-publishes lost or stale leases, starts runs that waited for an earlier
 one, creates one catch-up run for missed schedule windows, finishes runs
 (verification before ``drained``; then the dead tuples the run left and the policy's
-``vacuum``, ``runs.maintenance``), drops detached partition tables whose
+``vacuum``, ``runs.engine.maintenance``), drops detached partition tables whose
 ``detached_keep`` has passed, and keeps the app's own tables bounded.
 """
 
@@ -26,7 +26,6 @@ from core import locks, timeouts
 from retention import predicate as P
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import latest_tick
-from runs import dispatch
 from runs.actions import (
     conclude_pass,
     expire_confirm_holds,
@@ -34,7 +33,10 @@ from runs.actions import (
     start_waiting_runs,
     trigger_run,
 )
-from runs.maintenance import record_after_run
+from runs.engine import dispatch
+from runs.engine.maintenance import record_after_run
+from runs.engine.partitions import drop_kept_detached
+from runs.engine.schedules import sync_policy_schedule
 from runs.models import (
     Chunk,
     DeadLetter,
@@ -43,8 +45,6 @@ from runs.models import (
     discarded_letters,
     discarded_scopes,
 )
-from runs.partitions import drop_kept_detached
-from runs.schedules import sync_policy_schedule
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
     statement, one scan of the old range (``predicate.verification_counts``), each count
     stopping at ``limit`` — and the rows left in each discarded scope. ``holds``: the ids of
     the legal holds in force for that statement (what a drained run's leftover rows are judged
-    by after a hold's release: ``runs.invariants``)."""
+    by after a hold's release: ``runs.evidence.invariants``)."""
     spec = run.policy_version.parsed
     types = P.column_types(spec)
     counts = P.verification_counts(

@@ -15,7 +15,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from runs.cli import _run
-from runs.invariants import check_run
+from runs.evidence.invariants import check_run
 from runs.models import Run
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")

@@ -20,7 +20,8 @@ from prometheus_client.core import (
 
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import latest_tick
-from runs import forecast, guard
+from runs import forecast
+from runs.engine import guard
 from runs.models import AuditRecord, Chunk, DeadLetter, Run
 from runs.progress import broker_backlog, progress_for
 

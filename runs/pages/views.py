@@ -30,10 +30,11 @@ from core.models import OperatorAction
 from core.roles import AUDITOR, COMPLIANCE, ONCALL, ROLE_DESCRIPTIONS, require_role, roles_of
 from retention.models import Policy, PolicyVersion
 from retention.schedule_math import tick_for_period
-from runs import actions, exports
-from runs.metrics import render_metrics
+from runs import actions
+from runs.evidence import exports
 from runs.models import DeadLetter, Run
-from runs.pages import overview_context, run_page_context
+from runs.pages.contexts import overview_context, run_page_context
+from runs.pages.metrics import render_metrics
 from runs.progress import progress_for
 
 RUN_ACTIONS = {

@@ -25,8 +25,9 @@ from core.oplog import record_action
 from retention import partitions as RP
 from retention.models import PolicyVersion
 from retention.spec import SpecError
-from runs import audit, guard, planner
-from runs.errors import PERMANENT, classify
+from runs.engine import guard, planner
+from runs.engine.errors import PERMANENT, classify
+from runs.evidence import audit
 from runs.models import Chunk, PartitionAction, PlannerCursor, Run, discarded_scopes
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def needs_settling(run: Run) -> bool:
 
 def _refusal(run: Run) -> str:
     """Why the run may not act now ('' when it may): the worker's admission read, in a
-    statement of its own after the fences were granted (runs.worker._open_chunk_transaction)."""
+    statement of its own after the fences were granted (runs.engine.worker._open_chunk_transaction)."""
     ((kill, state, enabled, paused, version_state),) = _exec(
         "SELECT coalesce((SELECT k.on FROM retention_killswitch k WHERE k.name = 'global'), false),"
         " (SELECT r.state FROM runs_run r WHERE r.id = %s),"
