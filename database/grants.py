@@ -29,6 +29,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from psycopg import sql
 
+from database.schema import product_table_names
+
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 R = frozenset({"SELECT"})
 RI = frozenset({"SELECT", "INSERT"})
@@ -45,6 +47,7 @@ PEOPLE = (
     "auth.Group_permissions",
     "auth.Permission",
     "core.ApiToken",
+    "core.AccountSeal",
     "sessions.Session",
 )
 GUARD_FUNCTIONS = ("guard_instance_signals()", "guard_table_signals(regclass, text[])")
@@ -164,18 +167,6 @@ def _table_of(name: str) -> str:
     return name
 
 
-def product_tables() -> list[str]:
-    """Every table in the product's schema, from the catalog."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
-            " ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind IN ('r', 'p')"
-            " ORDER BY 1",
-            [schema()],
-        )
-        return [row[0] for row in cursor.fetchall()]
-
-
 def expected_tables(login: Login) -> dict[str, frozenset[str]]:
     """Table -> privileges, for every table of the product's schema this login touches."""
     explicit: dict[str, frozenset[str]] = {}
@@ -183,7 +174,7 @@ def expected_tables(login: Login) -> dict[str, frozenset[str]]:
         table = _table_of(name)
         explicit[table] = explicit.get(table, frozenset()) | privileges
     expected = {}
-    for table in product_tables():
+    for table in product_table_names():
         privileges = explicit.get(table, login.default)
         if privileges:
             expected[table] = privileges
