@@ -85,7 +85,7 @@ def _summary_query(
     held = predicate.held(spec, policy_id)
     instant = predicate.timestamp_instant(spec)
     older = predicate.older_than(spec, cutoff)
-    tenant = predicate.col(spec.tenant) if spec.tenant else sql.SQL("NULL::text")
+    tenant = predicate.tenant_text(spec)
     rules = [predicate.keep_condition(rule) for rule in spec.keep]
     rule_select = sql.SQL("").join(
         sql.SQL(", ({}) IS NOT FALSE AS {}").format(frag.sql, sql.Identifier(f"r{i}"))
@@ -242,10 +242,12 @@ def preview(
         "age_bucket_unit": "month",
         # rows never eligible because a planned column is NULL (see predicate.null_rows)
         "not_eligible_null": {
-            **({"tenant": 0} if spec.tenant else {}),
+            **({"tenant": 0} if spec.tenant and spec.null_tenant == "keep" else {}),
             "key": 0,
             "timestamp": 0,
         },
+        # rows older than the cutoff whose tenant is NULL, and what the policy does with them
+        "without_tenant": {"rows": 0, "null_tenant": spec.null_tenant} if spec.tenant else None,
         "oldest_eligible": None,
         "key_range": None,
         "sample_keys": [],
@@ -352,7 +354,9 @@ def _fill(
     result["held"] = int(total["held"])
     result["not_eligible_null"]["key"] = int(total["null_key"])
     if spec.tenant:
-        result["not_eligible_null"]["tenant"] = int(total["null_tenant"])
+        result["without_tenant"]["rows"] = int(total["null_tenant"])
+        if spec.null_tenant == "keep":
+            result["not_eligible_null"]["tenant"] = int(total["null_tenant"])
     result["oldest_eligible"] = total["oldest"].isoformat() if total["oldest"] else None
     if total["min_key"] is not None:
         result["key_range"] = [int(total["min_key"]), int(total["max_key"])]
@@ -387,6 +391,8 @@ def _fill(
     ]
     eligible = result["eligible"]
     result["estimated_chunks"] = math.ceil(eligible / spec.chunk_size) if eligible else 0
+    if not eligible:  # nothing to drain: no time, and no rate to quote
+        return
     rate = measured_rate(spec.slug)
     if rate is not None:
         result["rate_source"] = "measured"

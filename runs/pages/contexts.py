@@ -290,11 +290,15 @@ def run_page_context(run: Run) -> dict:
             "key_to",
             "key_lo",
             "key_hi",
+            "bound_columns",
             "rows_deleted",
             "committed_at",
         )  # fmt: skip
         .first()
     )
+    spec = run.policy_version.parsed
+    if last is not None:
+        last.read_with(spec)  # an epoch timestamp's bounds read as instants
     troubled = list(
         Chunk.objects.filter(run=run)
         .troubled()
@@ -304,6 +308,7 @@ def run_page_context(run: Run) -> dict:
             "throttle_reason", "last_error", "last_sqlstate",
         )[:50]
     )  # fmt: skip
+    troubled = [c.read_with(run) for c in troubled]
     letters = list(
         DeadLetter.objects.filter(run=run, resolution=DeadLetter.Resolution.OPEN).order_by(
             "-created_at"
