@@ -69,7 +69,10 @@ def register(areas) -> None:
     p.add_argument("--reason", required=True)
     p.add_argument("--by", metavar="USERNAME", help=CLAIM_HELP)
     p.add_argument("--policy", metavar="SLUG", help="default: all policies")
-    p.add_argument("--tenant", metavar="T", help="default: all tenants")
+    p.add_argument(
+        "--tenant", metavar="T", action="append",
+        help="default: all tenants; once per part of a tenant of several columns, in order",
+    )  # fmt: skip
     p.add_argument("--key-from", type=int, metavar="N")
     p.add_argument("--key-to", type=int, metavar="N")
     p.set_defaults(handler=hold_place)
@@ -230,7 +233,7 @@ def hold_place(command, options) -> None:
         actor=actor,
         reason=options["reason"],
         policy=policy,
-        tenant=options.get("tenant"),
+        tenant=_tenant(options.get("tenant")),
         key_from=options.get("key_from"),
         key_to=options.get("key_to"),
     )
@@ -270,13 +273,24 @@ def hold_list(command, options) -> None:
             _write_coverage(command, hold_coverage(hold), hold)
 
 
+def _tenant(values: list[str] | None):
+    """``--tenant`` once: the tenant; several times: the parts of a tenant of several
+    columns."""
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else list(values)
+
+
 def _write_coverage(command, coverage, hold: LegalHold) -> None:
     if not coverage:
         command.stdout.write("  covers no policy with an approved version yet")
     for cover in coverage:
-        command.stdout.write(f"  {cover.policy}: {cover.covers}")
+        command.stdout.write(f"  {cover.policy}: {cover.describe()}")
     if not hold.policy_id:
         command.stdout.write("  (a version approved later is checked against this hold)")
+    for cover in coverage:
+        if cover.warning():
+            command.stdout.write(f"warning: {cover.warning()}")
 
 
 def _scope(hold: LegalHold) -> str:

@@ -68,19 +68,24 @@ class Cover:
         return self.rows == 0
 
     def rows_text(self) -> str:
-        """How many rows it covers now, as people read it."""
+        """How many rows it covers now, as people read it ('' when not counted at all)."""
         if self.rows is None:
             return f"rows not counted ({self.note})" if self.note else ""
-        text = f"{self.rows:,}{'+' if self.capped else ''} row{'s' if self.rows != 1 else ''} now"
-        if self.rows == 0:
-            text += ": this hold protects nothing in this policy"
-            if self.similar:
-                text += "; values that match ignoring case: " + ", ".join(self.similar)
-        return text
+        return f"{self.rows:,}{'+' if self.capped else ''} row{'s' if self.rows != 1 else ''} now"
 
     def describe(self) -> str:
         rows = self.rows_text()
         return f"{self.covers} — {rows}" if rows else self.covers
+
+    def warning(self) -> str:
+        """'' unless the hold protects no row of the policy now: then that, and the tenant
+        values that match it ignoring case."""
+        if self.rows != 0:
+            return ""
+        text = f"it protects no row of {self.policy} now"
+        if self.similar:
+            text += "; tenant values that match it ignoring case: " + ", ".join(self.similar)
+        return text
 
     def to_json(self) -> dict:
         out: dict = {"policy": self.policy, "covers": self.covers}
