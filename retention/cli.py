@@ -16,7 +16,7 @@ from core.cli_identity import acting_user, one_line
 from retention import actions
 from retention.holds import coverage as hold_coverage
 from retention.models import LegalHold, Policy, PolicyVersion
-from retention.preview import preview
+from retention.preview import preview, without_tenant_text
 from retention.spec import load_toml
 
 CLAIM_HELP = "optional check: refused unless RETENTION_TOKEN belongs to this user"
@@ -177,6 +177,8 @@ def policy_preview(command, options) -> None:
     write(f"{policy.slug} v{version.number} ({version.state}) on {result['table']}")
     write(f"tick {result['tick']}  cutoff {result['cutoff']}")
     write(_preview_summary(result))
+    if result.get("without_tenant"):
+        write(without_tenant_text(result["without_tenant"]))
     for rule in result["kept_by_rule"]:
         write(f"  kept by {rule['rule']}: {rule['rows']}")
     for tenant in result["tenants"]:
@@ -187,6 +189,8 @@ def policy_preview(command, options) -> None:
     for bucket in result["age_buckets"]:
         write(f"  {bucket['label']}: {bucket['eligible']}")
     write(f"sample keys: {', '.join(map(str, result['sample_keys'])) or '-'}")
+    if result.get("partition_note"):
+        write(result["partition_note"])
     for warning in result["warnings"]:
         write(f"warning: {warning}")
     if result["error"]:
@@ -194,11 +198,14 @@ def policy_preview(command, options) -> None:
 
 
 def _preview_summary(result: dict) -> str:
-    text = (
-        f"eligible {result['eligible']}, kept {result['kept']}, held {result['held']}, "
-        f"~{result['estimated_chunks']} chunks, drain ~{result['drain_seconds']} s "
-        f"at {result['rows_per_second']} rows/s ({result['rate_source']})"
-    )
+    text = f"eligible {result['eligible']}, kept {result['kept']}, held {result['held']}, "
+    if result["rows_per_second"] is None:  # nothing eligible: no time, no rate to quote
+        text += "nothing to drain"
+    else:
+        text += (
+            f"~{result['estimated_chunks']} chunks, drain ~{result['drain_seconds']} s "
+            f"at {result['rows_per_second']} rows/s ({result['rate_source']})"
+        )
     if result.get("error"):
         text += f" — {result['error']}"
     return text

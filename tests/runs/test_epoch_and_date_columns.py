@@ -12,6 +12,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from django.db import connection, transaction
+from django.urls import reverse
 
 from retention import predicate as P
 from retention.preview import preview
@@ -184,3 +185,74 @@ def test_a_date_row_goes_only_when_its_whole_day_is_past_the_cutoff(visits, make
     assert date(2026, 11, 27) not in _remaining_days()  # the day before goes
     assert count("public.rr_visits") == 4
     assert check_run(run, shadow=("public", "rr_visits_shadow")) == []
+
+
+@pytest.fixture
+def epoch_parts(transactional_db, settings):
+    """``public.rr_eparts``: range-partitioned by ``created_ms`` (bigint milliseconds), one
+    partition per month of 2026; 4,000 rows from 2026-01-01 to NOW; shadow copy beside it."""
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    months = [datetime(2026, m, 1, tzinfo=UTC) for m in range(1, 13)] + [
+        datetime(2027, 1, 1, tzinfo=UTC)
+    ]
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_eparts, public.rr_eparts_shadow CASCADE")
+        cur.execute(
+            "CREATE TABLE public.rr_eparts (id bigint NOT NULL, tenant_id int NOT NULL,"
+            " created_ms bigint NOT NULL, status text) PARTITION BY RANGE (created_ms)"
+        )
+        for start, end in zip(months, months[1:], strict=False):
+            cur.execute(
+                f"CREATE TABLE public.rr_eparts_{start:%Y_%m} PARTITION OF public.rr_eparts"
+                f" FOR VALUES FROM ({ms(start)}) TO ({ms(end)})"
+            )
+        cur.execute(
+            "INSERT INTO public.rr_eparts SELECT g, 1 + g %% 4,"
+            " %s + (%s - %s) * (g - 1) / 4000, 'closed' FROM generate_series(1, 4000) AS g",
+            [ms(months[0]), ms(NOW), ms(months[0])],
+        )
+        cur.execute("CREATE INDEX ON public.rr_eparts (tenant_id, id)")
+        cur.execute("CREATE TABLE public.rr_eparts_shadow AS SELECT * FROM public.rr_eparts")
+        cur.execute("ANALYZE public.rr_eparts")
+    yield
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_eparts, public.rr_eparts_shadow CASCADE")
+        for start in months[:-1]:
+            cur.execute(f"DROP TABLE IF EXISTS public.rr_eparts_{start:%Y_%m}")
+
+
+def test_partitions_of_an_epoch_column_wholly_past_the_cutoff_are_dropped_and_shown_as_dates(
+    epoch_parts, make_user, client
+):
+    fields = events_spec(
+        slug="eparts", table="rr_eparts", timestamp="created_ms", timestamp_unit="ms",
+        retention="120 days", keep=[],
+    )  # fmt: skip
+    policy = approved_policy(make_user, **fields)
+    spec = policy.approved_version.parsed
+    ahead = preview(spec, policy_id=policy.pk, now=NOW)
+    by_name = {p["partition"]: p for p in ahead["partitions"]}
+    january = by_name["public.rr_eparts_2026_01"]
+    assert january["bounds"] == (
+        "FOR VALUES FROM (2026-01-01 00:00:00+00:00) TO (2026-02-01 00:00:00+00:00)"
+    )
+    expired = [f"public.rr_eparts_2026_{m:02d}" for m in range(1, 8)]  # cutoff 2026-08-02
+    assert [p["partition"] for p in ahead["partitions"] if p["action"] == "drop"] == expired
+
+    run = _drain(policy, NOW)
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = 'public.rr_eparts'::regclass ORDER BY 1"
+        )
+        left = [row[0] for row in cur.fetchall()]
+    assert left == [f"rr_eparts_2026_{m:02d}" for m in range(8, 13)]
+    assert count("public.rr_eparts", "created_ms < %s", [ms(run.cutoff)]) == 0
+    dropped = AuditRecord.objects.filter(run=run, outcome="dropped").count()
+    assert dropped == len(expired)
+    assert check_run(run, shadow=("public", "rr_eparts_shadow")) == []
+    client.force_login(make_user("vera", "viewer"))
+    page = client.get(reverse("runs:detail", args=[run.pk])).content.decode()
+    assert "FROM (2026-01-01 00:00:00+00:00) TO (2026-02-01 00:00:00+00:00)" in page
+    assert str(ms(datetime(2026, 2, 1, tzinfo=UTC))) not in page
