@@ -38,6 +38,8 @@ def test_a_valid_table_validates_with_its_supporting_index(events_table):
         ({"timestamp": '"id"'}, "timestamp column 'id' of public.t_events is bigint, not a timestamp: if it holds time since the Unix epoch, say so with timestamp_unit = \"s\", \"ms\" or \"us\""),
         ({"timestamp": '"status"'}, "timestamp column 'status' of public.t_events must be timestamptz, timestamp or date, not text (or bigint, integer or numeric with timestamp_unit)"),
         ({"timestamp_unit": '"ms"'}, "timestamp_unit applies to a bigint, integer or numeric timestamp column; 'occurred_at' of public.t_events is timestamp with time zone: leave timestamp_unit out"),
+        ({"timestamp": '"tenant_id"', "timestamp_unit": '"ms"'}, "timestamp column 'tenant_id' of public.t_events is integer, which cannot hold a present-day time in timestamp_unit = \"ms\" (it overflows within weeks of 1970); an integer column holds seconds (\"s\")"),
+        ({"timestamp": '"id"', "timestamp_unit": '"s"', "timestamp_zone": '"UTC"'}, "timestamp_zone applies to timestamp without time zone and date columns; 'id' of public.t_events counts from the Unix epoch, an instant in UTC"),
         ({"tenant": '"missing"'}, "tenant column 'missing' does not exist in table public.t_events"),
         ({"table": '"other.t_events"'}, "table other.t_events does not exist"),
         ({"tables": '[[keep]]\ncolumn = "occurred_at"\nop = "<"\nvalue = "yesterday-ish"\n'}, "column 'occurred_at'"),

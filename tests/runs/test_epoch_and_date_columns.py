@@ -256,3 +256,34 @@ def test_partitions_of_an_epoch_column_wholly_past_the_cutoff_are_dropped_and_sh
     page = client.get(reverse("runs:detail", args=[run.pk])).content.decode()
     assert "FROM (2026-01-01 00:00:00+00:00) TO (2026-02-01 00:00:00+00:00)" in page
     assert str(ms(datetime(2026, 2, 1, tzinfo=UTC))) not in page
+
+
+def test_an_expiry_timestamp_with_zero_retention_deletes_what_expired_before_the_tick(
+    db, make_user, settings
+):
+    """``expire_date`` is when a session expires: with ``timestamp_is_expiry`` a retention of
+    "0 days" deletes every row expired before the tick, none expiring at it or later; a
+    boolean keep value keeps the pinned ones."""
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_sessions")
+        cur.execute(
+            "CREATE TABLE public.rr_sessions (id bigint PRIMARY KEY, expire_date timestamptz"
+            " NOT NULL, pinned boolean NOT NULL)"
+        )
+        cur.execute(
+            "INSERT INTO public.rr_sessions SELECT g, %s::timestamptz + (g - 50) * interval"
+            " '1 minute', g %% 10 = 0 FROM generate_series(1, 100) AS g",
+            [NOW],
+        )
+    fields = events_spec(
+        slug="sessions", table="rr_sessions", timestamp="expire_date", tenant=None,
+        retention="0 days", timestamp_is_expiry=True, chunking="auto",
+        keep=[{"column": "pinned", "op": "=", "value": True}],
+    )  # fmt: skip
+    run = _drain(approved_policy(make_user, **fields), NOW)
+    assert run.cutoff == NOW
+    # rows 1..49 expired before the tick; the pinned ones among them (10..40) stay
+    assert count("public.rr_sessions", "expire_date < %s", [NOW]) == 4
+    assert count("public.rr_sessions", "expire_date < %s AND NOT pinned", [NOW]) == 0
+    assert count("public.rr_sessions", "expire_date >= %s", [NOW]) == 51
