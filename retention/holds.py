@@ -16,8 +16,11 @@ Here are the checks made when a hold is placed and when a version is validated:
   tenant-scoped hold on all policies holds every row of such a policy (it cannot tell which
   rows are the tenant's, so it protects them all).
 
-``coverage(hold)`` says, policy by policy, what a hold protects; the CLI, the holds page and
-the operator log show it.
+``coverage(hold)`` says, policy by policy, what a hold protects and how many rows of the
+policy's table it covers now (the DELETE's own hold test against that one hold, bounded);
+one that covers none gets a warning and the tenant values that match it ignoring case. The
+CLI, the holds page and the operator log show it. A tenant of several columns is named part
+by part and stored as the JSON array of the parts' canonical forms.
 """
 
 from __future__ import annotations
@@ -96,13 +99,6 @@ class Cover:
         if self.similar:
             out["similar"] = list(self.similar)
         return out
-
-
-def tenant_type(spec):
-    """The tenant column's ``catalog.ColumnType`` (None: no tenant column, or not found); the
-    first column's for a tenant of several columns (``tenant_types``)."""
-    types = tenant_types(spec)
-    return types[0] if types else None
 
 
 def tenant_types(spec) -> list:
