@@ -11,8 +11,10 @@ from __future__ import annotations
 import zoneinfo
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from django.db import connection
 
+from retention.schedule_math import latest_tick, next_tick, ticks_between
 from retention.spec import PolicySpec
 from tests.factories import events_spec
 
@@ -115,3 +117,79 @@ def test_wall_clock_cutoffs_match_postgresql_for_every_instant_around_each_dst_c
         if ours != pg:
             wrong.append(f"{zone} tick {tick.isoformat()} − {days} d: ours {ours}, PostgreSQL {pg}")
     assert not wrong, f"{len(wrong)} of {len(cases)} differ:\n" + "\n".join(wrong[:20])
+
+
+# -- schedule ticks: one firing per wall-clock time per day, as cron does ------------------
+
+
+@pytest.mark.parametrize(
+    "zone, day",
+    [
+        ("Europe/Dublin", "2026-10-25"),
+        ("America/New_York", "2026-11-01"),
+        ("Europe/Berlin", "2026-10-25"),
+        ("Australia/Lord_Howe", "2026-04-05"),
+    ],
+)
+def test_a_daily_cron_fires_once_on_the_day_its_hour_is_repeated(zone, day):
+    # Lord Howe repeats 01:30–02:00 (a 30-minute change): "45 1 * * *" falls in it
+    schedule = "45 1 * * *" if zone == "Australia/Lord_Howe" else "30 1 * * *"
+    spec = spec_in(zone, schedule=schedule)
+    start = at(zone, f"{day}T00:00") - timedelta(days=1)
+    ticks = list(ticks_between(spec, start, start + timedelta(days=3)))
+    local = [t.astimezone(zoneinfo.ZoneInfo(zone)).date().isoformat() for t in ticks]
+    assert len(local) == len(set(local)) == 3, [t.isoformat() for t in ticks]
+    on_the_day = next(
+        t for t in ticks if t.astimezone(zoneinfo.ZoneInfo(zone)).date().isoformat() == day
+    )
+    # the first of the two instants, as cron runs it (and never again an hour later)
+    tz = zoneinfo.ZoneInfo(zone)
+    wall = datetime.fromisoformat(f"{day}T{schedule.split()[1]:0>2}:{schedule.split()[0]:0>2}")
+    assert on_the_day == wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
+    assert next_tick(spec, on_the_day) > on_the_day + timedelta(hours=12)
+    assert latest_tick(spec, on_the_day + timedelta(hours=1)) == on_the_day
+
+
+@pytest.mark.parametrize(
+    "zone, day, schedule, fires_at",
+    [
+        # 02:00 EST → 03:00 EDT: a 02:30 job runs when the clock jumps, as cron does
+        ("America/New_York", "2026-03-08", "30 2 * * *", "2026-03-08T03:00"),
+        ("Europe/Berlin", "2026-03-29", "15 2 * * *", "2026-03-29T03:00"),
+        # 02:00 +10:30 → 02:30 +11:00
+        ("Australia/Lord_Howe", "2026-10-04", "15 2 * * *", "2026-10-04T02:30"),
+        ("Antarctica/Troll", "2026-03-29", "30 2 * * *", "2026-03-29T03:00"),
+    ],
+)
+def test_a_cron_time_in_a_skipped_interval_fires_once_when_the_clock_jumps(
+    zone, day, schedule, fires_at
+):
+    spec = spec_in(zone, schedule=schedule)
+    start = at(zone, f"{day}T00:00") - timedelta(days=2)
+    ticks = list(ticks_between(spec, start, start + timedelta(days=4)))
+    jump = at(zone, fires_at)
+    assert jump in ticks, [t.isoformat() for t in ticks]
+    assert latest_tick(spec, jump + timedelta(minutes=5)) == jump
+    assert next_tick(spec, jump - timedelta(minutes=1)) == jump
+
+
+def test_apias_skipped_day_is_a_change_of_clock_that_daily_ticks_follow():
+    """A day skipped by a change of the zone's clock (24 hours, beyond cron's three) has no
+    tick of its own; the days around it keep their wall-clock time."""
+    spec = spec_in("Pacific/Apia", schedule="0 3 * * *")
+    start = at("Pacific/Apia", "2011-12-28T12:00")
+    ticks = list(ticks_between(spec, start, at("Pacific/Apia", "2011-12-31T12:00")))
+    assert ticks == [at("Pacific/Apia", "2011-12-29T03:00"), at("Pacific/Apia", "2011-12-31T03:00")]
+    assert ticks[1] - ticks[0] == timedelta(hours=24)
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Europe/Berlin", "America/New_York", "Europe/Dublin"])
+def test_a_half_hourly_cron_follows_elapsed_time_through_both_dst_changes(zone):
+    """A schedule whose minute or hour is a wildcard runs by the clock as it goes, as cron
+    does: every half hour of the repeated hour, none of the skipped one."""
+    spec = spec_in(zone, schedule="*/30 * * * *")
+    for year_start in (datetime(2026, 3, 1, tzinfo=UTC), datetime(2026, 10, 1, tzinfo=UTC)):
+        ticks = list(ticks_between(spec, year_start, year_start + timedelta(days=40), limit=5000))
+        gaps = {b - a for a, b in zip(ticks, ticks[1:], strict=False)}
+        assert gaps <= {timedelta(minutes=30)}, sorted(gaps)
+        assert len(ticks) == 40 * 48
