@@ -143,8 +143,11 @@ def _drain_here(cmd, o, Run, drain_run) -> None:
             progressed |= bool(stats["chunks"])
         if not o["until_idle"]:
             break
-        if not progressed and not wait_while_active(ids, IDLE_RETRY_S):
-            break  # every run ended meanwhile (drained by another worker, say)
+        if not progressed:
+            # nothing admissible: wait for these runs, but no longer than they stay active
+            # (another worker may end them); the next round looks again at every active run,
+            # a waiting run admitted meanwhile included — until none is left
+            wait_while_active(ids, IDLE_RETRY_S)
     cmd.stdout.write(
         f"drained {total['chunks']} chunk(s), {total['rows']} row(s); {total['failed']} failure(s)"
     )
