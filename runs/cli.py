@@ -14,6 +14,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from core import timeouts
 from core.cli_identity import acting_user
 from core.filters import as_id
 from core.oplog import verify_operator_log
@@ -101,7 +102,8 @@ def _drain_helpers(o) -> list:
 def drain(cmd, o):
     helpers = _drain_helpers(o)
     try:
-        _drain_here(cmd, o, Run, drain_run)
+        with timeouts.engine_session():
+            _drain_here(cmd, o, Run, drain_run)
     finally:
         for helper in helpers:
             helper.wait()
@@ -188,7 +190,9 @@ def kill_switch(cmd, o):
 
 
 def reconcile(cmd, o):
-    cmd.stdout.write(json.dumps(run_reconciler(), default=str))
+    with timeouts.engine_session():
+        report = run_reconciler()
+    cmd.stdout.write(json.dumps(report, default=str))
 
 
 def startup(cmd, o):

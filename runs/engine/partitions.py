@@ -107,12 +107,9 @@ def _refusal(run: Run) -> str:
 @contextmanager
 def _session_fences(run: Run, spec):
     """The global fence and the policy's fence, shared, for the session (a concurrent detach
-    cannot run inside a transaction), under the policy's lock timeout. Released on exit."""
-    _exec(
-        "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
-        [f"{spec.lock_timeout_ms}ms", f"{statement_ms(spec)}ms"],
-    )
-    try:
+    cannot run inside a transaction), under the policy's lock timeout. Released on exit, and
+    the session's timeouts as they were before."""
+    with timeouts.session(statement_ms(spec), spec.lock_timeout_ms):
         _exec("SELECT pg_advisory_lock_shared(%s, 0)", [locks.HOLDS])
         try:
             _exec("SELECT pg_advisory_lock_shared(%s, %s)", [locks.POLICY_FENCE, run.policy_id])
@@ -124,9 +121,6 @@ def _session_fences(run: Run, spec):
                 )
         finally:
             _exec("SELECT pg_advisory_unlock_shared(%s, 0)", [locks.HOLDS])
-    finally:
-        _exec("RESET lock_timeout")
-        _exec("RESET statement_timeout")
 
 
 def settle(run: Run, *, deadline: float | None = None) -> str:

@@ -432,6 +432,13 @@ def plan(run: Run, *, window: int | None = None, deadline: float | None = None) 
         created += made
         pending += made
     if not PlannerCursor.objects.filter(run=run, pass_no=run.pass_no, exhausted=False).exists():
-        Run.objects.filter(pk=run.pk, pass_no=run.pass_no).update(planner_done=True)
-        run.planner_done = True
+        # never waits for the run's row (a finisher verifying it, an operator's decision):
+        # while another session holds it, the next call marks the planner done
+        with connection.cursor() as cur:
+            cur.execute(
+                "UPDATE runs_run SET planner_done = true WHERE id = (SELECT id FROM runs_run"
+                " WHERE id = %s AND pass_no = %s FOR NO KEY UPDATE SKIP LOCKED)",
+                [run.pk, run.pass_no],
+            )
+            run.planner_done = run.planner_done or cur.rowcount > 0
     return created

@@ -743,11 +743,14 @@ def adapt_chunk_size(run: Run, seconds: float | None) -> int:
     if new != current:
         with connection.cursor() as cur:
             # one statement, committed asynchronously (its WAL flush would cost more than the
-            # chunk's round trips): a size lost in a crash only steers the next chunks less
+            # chunk's round trips): a size lost in a crash only steers the next chunks less.
+            # It never waits for the run's row: while another session holds it (a finisher
+            # verifying the run, an operator's decision) the size is written after a later chunk
             cur.execute(
-                "WITH s AS (SELECT set_config('synchronous_commit', 'off', true))"
-                " UPDATE runs_run r SET chunk_size = %s FROM s WHERE r.id = %s",
-                [new, run.pk],
+                "WITH s AS (SELECT set_config('synchronous_commit', 'off', true)),"
+                " r AS (SELECT id FROM runs_run WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED)"
+                " UPDATE runs_run SET chunk_size = %s FROM s, r WHERE runs_run.id = r.id",
+                [run.pk, new],
             )
         run.chunk_size = new
     return new
