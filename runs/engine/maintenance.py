@@ -10,13 +10,14 @@ import logging
 import time
 
 from django.db import DatabaseError, connection, transaction
+from django.db.models import Sum
 from django.utils import timezone
 from psycopg import sql
 
 from core import timeouts
 from retention.models import KillSwitch
 from runs.engine import dispatch
-from runs.models import Run
+from runs.models import AuditRecord, Run
 
 log = logging.getLogger(__name__)
 
@@ -64,23 +65,40 @@ def _tuples(spec) -> tuple[int | None, int | None, int]:
     return dead, live, leaves
 
 
+def left_by_run(run: Run) -> int:
+    """Dead tuples the run's deletes left on its target: the rows its chunks deleted, from its
+    own ledger (exact at once, whatever PostgreSQL's statistics have been told yet; a
+    partition dropped whole leaves none)."""
+    total = AuditRecord.objects.filter(run=run, partition__isnull=True).aggregate(
+        rows=Sum("rows_deleted")
+    )["rows"]
+    return int(total or 0)
+
+
 def after_run_maintenance(run: Run) -> dict:
     """What a run that has just drained leaves for ``VACUUM``: the dead and live tuples on its
     target and a note saying what is recommended or scheduled. Call it inside the transaction
     that drains the run; with ``vacuum = "run"`` the ``vacuum_target`` task is sent only once
-    that transaction commits. The statistics are read in a savepoint under a short timeout:
-    when they cannot be read, the note says so and the run drains all the same."""
+    that transaction commits.
+
+    The dead tuples are at least the rows the run's chunks deleted (``left_by_run``, from the
+    ledger), more when PostgreSQL's statistics count more on the target (summed over the
+    leaves of a partitioned table). The statistics alone would be stale: a backend reports its
+    deletes about a second after they commit, and the finisher is usually the worker that
+    deleted the last chunks. They are read in a savepoint under a short timeout: when they
+    cannot be read, the note says so and the run drains all the same."""
     spec = run.policy_version.parsed
     table = spec.qualified_table
     unread = ""
-    dead = live = None
+    counted = live = None
     try:
         with transaction.atomic(), timeouts.bounded(STATS_TIMEOUT_MS):
-            dead, live, leaves = _tuples(spec)
+            counted, live, leaves = _tuples(spec)
         if not leaves:
             unread = "PostgreSQL keeps no statistics for it"
     except DatabaseError as exc:
         unread = _first_line(exc)
+    dead = max(left_by_run(run), counted or 0)
     out: dict = {"dead_tuples": dead, "live_tuples": live, "vacuum": spec.vacuum}
     unread_note = f"the statistics could not be read ({unread})" if unread else ""
     if spec.vacuum == "run":
@@ -90,12 +108,11 @@ def after_run_maintenance(run: Run) -> dict:
             filter(None, [f"VACUUM (ANALYZE) {table} scheduled", unread_note])
         )
     elif spec.vacuum == "recommend":
-        if unread:
-            out["vacuum_note"] = f"dead tuples on {table} not recorded: {unread_note}"
-        elif dead:
-            out["vacuum_note"] = f"recommended: VACUUM (ANALYZE) {table} ({dead:,} dead tuples)"
+        if dead:
+            note = f"recommended: VACUUM (ANALYZE) {table} ({dead:,} dead tuples)"
         else:
-            out["vacuum_note"] = f"no dead tuples counted on {table}: no VACUUM needed"
+            note = f"no dead tuples counted on {table}: no VACUUM needed"
+        out["vacuum_note"] = "; ".join(filter(None, [note, unread_note]))
     return out
 
 
