@@ -18,6 +18,13 @@ def task_timeout_s() -> float:
     return float(settings.Q_CLUSTER["timeout"])
 
 
+def task_deadline_s() -> float:
+    """How long after a task was sent the engine stops waiting for its outcome: django-q2's
+    redelivery delay plus its task timeout. A message taken within that time has finished or
+    been redelivered by then; one not taken at all was lost."""
+    return float(settings.Q_CLUSTER["retry"]) + task_timeout_s()
+
+
 def reconciler_budget() -> tuple[float, int]:
     """(seconds a reconciler pass may spend, statement/lock timeout in ms for each of its
     statements): half the task timeout, and a twelfth of it per statement (at most 10 s)."""

@@ -65,7 +65,16 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["-tick", "-id"]
-        indexes = [models.Index(fields=["state"], name="run_state")]
+        indexes = [
+            models.Index(fields=["state"], name="run_state"),
+            # the reconciler's look at drained runs whose VACUUM waits on a task (a few at most)
+            models.Index(
+                fields=["policy"],
+                condition=Q(state="drained")
+                & Q(verification__vacuum_state__in=["scheduled", "running"]),
+                name="run_vacuum_waiting",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.run_key

@@ -34,7 +34,7 @@ from runs.actions import (
     trigger_run,
 )
 from runs.engine import dispatch
-from runs.engine.maintenance import record_after_run
+from runs.engine.maintenance import reclaim_vacuums, record_after_run
 from runs.engine.partitions import drop_kept_detached
 from runs.engine.schedules import sync_policy_schedule
 from runs.models import (
@@ -319,6 +319,8 @@ def reconcile_policy(policy: Policy, now, report: dict, *, kill: bool, stale_s: 
         if kill or run.policy.paused:
             continue
         report["republished"] += dispatch.ensure_leases(run, stale_after_s=stale_s)
+    # a drained run's VACUUM that waits on a task: sent again, or why it never ran
+    report["vacuum"] += reclaim_vacuums(policy, now)
     if not kill and not policy.paused:
         # detached partition tables whose detached_keep has passed (docs/engine.md, "Partitions")
         report["detached"] += drop_kept_detached(policy, now)
@@ -340,6 +342,7 @@ def reconcile(now=None) -> dict:
     report = {
         "republished": 0, "caught_up": [], "finished": [], "started": 0, "rearmed": [],
         "expired": [], "failed": [], "busy": [], "deferred": [], "pruned": {}, "detached": [],
+        "vacuum": [],
     }  # fmt: skip
     pass_s, statement_ms = timeouts.reconciler_budget()
     deadline = time.monotonic() + pass_s
