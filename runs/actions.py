@@ -24,9 +24,17 @@ from runs.progress import progress_for
 BLAST_RADIUS_FLOOR = 10_000  # below this many rows a run never needs confirmation
 
 
-def run_key_for(policy: Policy, tick: datetime) -> str:
-    """One key per (policy, logical period): the tick as wall-clock time in the policy's zone."""
-    return f"{policy.slug}/{period_label(policy, tick)}"
+def run_key_for(policy: Policy, tick: datetime, *, rerun_of_version: int | None = None) -> str:
+    """One key per (policy, logical period): the tick as wall-clock time in the policy's zone;
+    a re-run of the period under a newly approved version (its earlier run superseded)
+    appends that version's number: ``events/2026-11-30T03:00/v2``."""
+    key = f"{policy.slug}/{period_label(policy, tick)}"
+    return key if rerun_of_version is None else f"{key}/v{rerun_of_version}"
+
+
+def live_run_of_period(policy: Policy, tick: datetime) -> Run | None:
+    """The period's run that is not superseded (at most one: ``run_one_live_per_period``)."""
+    return Run.objects.filter(policy=policy, tick=tick).exclude(state=Run.State.SUPERSEDED).first()
 
 
 def _actor_name(actor) -> str:
@@ -49,7 +57,12 @@ def trigger_run(
 ) -> tuple[Run, bool]:
     """Create the run for ``tick`` or return the existing one (duplicate triggers converge
     on the unique run_key). The cutoff is derived here, once, from the tick. A person
-    (a manual trigger) needs the on-call role; the scheduler and start-up name themselves."""
+    (a manual trigger) needs the on-call role; the scheduler and start-up name themselves.
+
+    A period whose run was superseded (a newer version was approved while it was open) is run
+    again under the approved version: a new run, keyed ``<period>/v<number>``, that names the
+    run it replaces. A period has at most one live run (invariant 1, in the database:
+    ``run_one_live_per_period``); a drained, cancelled or skipped period is never re-run."""
     _check_oncall(actor)
     version = policy.approved_version
     if version is None:
@@ -57,7 +70,13 @@ def trigger_run(
     if not policy.enabled:
         raise ActionError(f"policy {policy.slug} is disabled")
     spec = version.parsed
-    key = run_key_for(policy, tick)
+    key, replaces = run_key_for(policy, tick), None
+    latest = Run.objects.filter(policy=policy, tick=tick).order_by("-id").first()
+    if latest is not None:
+        if latest.state != Run.State.SUPERSEDED or latest.policy_version_id == version.pk:
+            return live_run_of_period(policy, tick) or latest, False
+        replaces = latest
+        key = run_key_for(policy, tick, rerun_of_version=version.number)
     shape = geometry.choose_safely(spec)  # what its chunks run along, fixed like the cutoff
     try:
         with transaction.atomic():
@@ -67,11 +86,14 @@ def trigger_run(
                 run_key=key, policy=policy, policy_version=version, tick=tick,
                 cutoff=spec.cutoff_for(tick), source=source, created_by=_actor_name(actor),
                 skipped_ticks=list(skipped_ticks), chunk_size=spec.chunk_size, state=Run.State.WAITING,
+                replaces=replaces,
             )  # fmt: skip
-    except IntegrityError:
-        return Run.objects.get(run_key=key), False
+    except IntegrityError:  # a concurrent trigger created it first
+        return live_run_of_period(policy, tick) or Run.objects.get(run_key=key), False
+    extra = {"replaces": replaces.run_key} if replaces is not None else {}
     record_action(actor, "run.trigger", run, reason=f"{source} trigger for tick {tick.isoformat()}",
-                  cutoff=run.cutoff.isoformat(), version=version.number, skipped=len(skipped_ticks))  # fmt: skip
+                  cutoff=run.cutoff.isoformat(), version=version.number, skipped=len(skipped_ticks),
+                  **extra)  # fmt: skip
     _admit_new_run(run, spec)
     run.refresh_from_db()
     return run, True

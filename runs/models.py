@@ -62,9 +62,22 @@ class Run(models.Model):
     # The columns its chunks' bounds are on when they are not the key's: timestamp chunks'
     # (timestamp, key…) or (timestamp,), fixed at creation (``bound_columns``).
     chunk_columns = models.JSONField(default=list, blank=True)
+    # A run of a period whose earlier run a newly approved version superseded (a re-run, its
+    # key the period's with "/v<number>" appended): the run it replaces.
+    replaces = models.ForeignKey(
+        "self", on_delete=models.PROTECT, null=True, blank=True, related_name="reruns"
+    )
 
     class Meta:
         ordering = ["-tick", "-id"]
+        constraints = [
+            # invariant 1: one live run per policy and period; superseded runs stay as history
+            models.UniqueConstraint(
+                fields=["policy", "tick"],
+                condition=~Q(state="superseded"),
+                name="run_one_live_per_period",
+            )
+        ]
         indexes = [
             models.Index(fields=["state"], name="run_state"),
             # the reconciler's look at drained runs whose VACUUM waits on a task (a few at most)

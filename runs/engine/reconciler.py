@@ -254,6 +254,28 @@ def catch_up(policy: Policy, now) -> Run | None:
     return run
 
 
+def rerun_superseded(policy: Policy) -> Run | None:
+    """The policy's newest period, when a newly approved version superseded its run, runs
+    again under that version (``trigger_run`` makes the re-run, keyed ``<period>/v<number>``,
+    with the superseded run's source and skipped ticks): the period does not wait for the
+    next tick. An older superseded period is covered by the newest one's cutoff."""
+    version = policy.approved_version
+    if version is None or not policy.enabled:
+        return None
+    newest = Run.objects.filter(policy=policy).order_by("-tick", "-id").first()
+    if (
+        newest is None
+        or newest.state != Run.State.SUPERSEDED
+        or newest.policy_version_id == version.pk
+    ):
+        return None
+    run, created = trigger_run(
+        policy, tick=newest.tick, source=newest.source, actor="reconciler",
+        skipped_ticks=newest.skipped_ticks,
+    )  # fmt: skip
+    return run if created else None
+
+
 def _ticks_before(policy: Policy, newest, *, after, limit: int) -> list:
     """The ticks in (after, newest), oldest first — the newest ``limit`` of them when there are
     more (after a long outage the recent ones are the ones worth recording)."""
@@ -302,13 +324,18 @@ def reconcile_policy(policy: Policy, now, report: dict, *, kill: bool, stale_s: 
     expiry_s = settings.RETENTION.get("CONFIRM_EXPIRY_S", 86_400)
     for expired in expire_confirm_holds(policy, now, expiry_s=expiry_s):
         report["expired"].append(expired.run_key)
-    caught_up = None
+    caught_up = rerun = None
     if policy.enabled:
         with transaction.atomic():
             caught_up = catch_up(policy, now)
         if caught_up is not None:
             report["caught_up"].append(caught_up.run_key)
-    if caught_up is None:  # a catch-up run has just been through admission
+        else:
+            with transaction.atomic():
+                rerun = rerun_superseded(policy)
+            if rerun is not None:
+                report["rerun"].append(rerun.run_key)
+    if caught_up is None and rerun is None:  # a new run has just been through admission
         start_waiting_runs(policy)
     for run in Run.objects.filter(policy=policy, state=Run.State.ACTIVE).select_related(
         "policy", "policy_version"
@@ -342,7 +369,7 @@ def reconcile(now=None) -> dict:
     report = {
         "republished": 0, "caught_up": [], "finished": [], "started": 0, "rearmed": [],
         "expired": [], "failed": [], "busy": [], "deferred": [], "pruned": {}, "detached": [],
-        "vacuum": [],
+        "vacuum": [], "rerun": [],
     }  # fmt: skip
     pass_s, statement_ms = timeouts.reconciler_budget()
     deadline = time.monotonic() + pass_s

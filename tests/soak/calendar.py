@@ -316,10 +316,20 @@ def _check(report, policies, checked, created_at, fired_on_time) -> None:
     for slug, policy in policies.items():
         runs = list(Run.objects.filter(policy=policy).select_related("policy_version"))
         report.runs[slug] = dict(Counter(r.state for r in runs))
-        per_tick = Counter(r.tick for r in runs)
+        # invariant 1: one live run per tick; a superseded period runs again under the newly
+        # approved version, and that re-run names the run it replaces
+        per_tick = Counter(r.tick for r in runs if r.state != Run.State.SUPERSEDED)
         for tick, n in per_tick.items():
             if n > 1:
-                report.problems.append(f"{slug}: {n} runs for tick {tick.isoformat()}")
+                report.problems.append(f"{slug}: {n} live runs for tick {tick.isoformat()}")
+        by_id = {r.pk: r for r in runs}
+        for r in runs:
+            old = by_id.get(r.replaces_id) if r.replaces_id else None
+            if r.replaces_id and (
+                old is None or old.tick != r.tick or old.state != Run.State.SUPERSEDED
+            ):
+                report.problems.append(f"{r.run_key}: replaces no superseded run of its tick")
+        ran = {r.tick for r in runs}  # a superseded run ran too, under the older version
         recorded = Counter(t for r in runs for t in r.skipped_ticks)
         drained = {r.tick for r in runs if r.state == Run.State.DRAINED}
         for tick in drained:
@@ -337,7 +347,7 @@ def _check(report, policies, checked, created_at, fired_on_time) -> None:
         report.ticks[slug] = len(ticks)
         if POLICIES[slug]["catch_up"] == "latest":
             for tick in ticks:
-                if not per_tick[tick] and not recorded[tick.isoformat()]:
+                if tick not in ran and not recorded[tick.isoformat()]:
                     report.problems.append(
                         f"{slug}: tick {tick.isoformat()} neither run nor skipped"
                     )
@@ -345,8 +355,9 @@ def _check(report, policies, checked, created_at, fired_on_time) -> None:
             for r in runs:
                 if r.source == "catch-up":
                     report.problems.append(f"{r.run_key}: a catch-up run under catch_up = none")
-                if r.source == "schedule" and created_at.get(r.pk, r.tick) - r.tick > GRACE:
+                late = created_at.get(r.pk, r.tick) - r.tick > GRACE
+                if r.source == "schedule" and late and r.replaces_id is None:
                     report.problems.append(f"{r.run_key}: ran late under catch_up = none")
             for s, tick in fired_on_time:
-                if s == slug and not per_tick[tick]:
+                if s == slug and tick not in ran:
                     report.problems.append(f"{slug}: tick {tick.isoformat()} fired but no run")
