@@ -163,6 +163,21 @@ def lease_budget_s() -> float:
     return float(settings.RETENTION["LEASE_BUDGET_S"])
 
 
+def target_lock_ms(spec) -> int:
+    """How long a statement of the engine outside a chunk transaction (the planner's walk, the
+    geometry's sample, the admission count, a verification) waits for a lock on the policy's
+    table: the policy's own lock timeout (``timeouts.lock_ms``), within the engine's bound.
+    A table locked by someone's DDL costs a lease or a reconciler pass no more than that,
+    and a stopping worker no longer than that to notice."""
+    return max(1, min(int(spec.lock_timeout_ms), engine_statement_ms()))
+
+
+def reconciler_lock_ms() -> int:
+    """Lock timeout of the reconciler's own ledger statements (a row an operator's decision
+    or a finisher holds): a second at most — the policy is tried again next pass."""
+    return min(1_000, reconciler_budget()[1])
+
+
 def engine_statement_ms() -> int:
     """Statement and lock timeout of the planner's and verification's queries inside a lease:
     the reconciler's per-statement bound (a twelfth of the task timeout, at most 10 s)."""

@@ -104,7 +104,11 @@ def _eligible_count(run: Run, spec, limit: int) -> int | None:
         spec, P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff), limit=limit
     )
     try:
-        with transaction.atomic(), timeouts.bounded(20_000), connection.cursor() as cur:
+        with (
+            transaction.atomic(),
+            timeouts.bounded(20_000, timeouts.target_lock_ms(spec)),
+            connection.cursor() as cur,
+        ):
             cur.execute(frag.sql.as_string(cur.connection), frag.params)
             return cur.fetchone()[0]
     except Exception:  # a slow count must not stop the trigger; the run starts without an estimate

@@ -264,7 +264,10 @@ def _end(last_text: str | None, integer: bool):
 
 def ensure_cursors(run: Run, spec: PolicySpec) -> None:
     """Create the cursors of the run's current pass (once; serialized by an advisory lock)."""
-    with transaction.atomic(), timeouts.bounded(timeouts.engine_statement_ms()):
+    with (
+        transaction.atomic(),
+        timeouts.bounded(timeouts.engine_statement_ms(), timeouts.target_lock_ms(spec)),
+    ):
         locks.xact_lock(locks.PLANNER, run.id)
         if PlannerCursor.objects.filter(run=run, pass_no=run.pass_no).exists():
             return
@@ -294,7 +297,10 @@ def step(run: Run, spec: PolicySpec, chunk_size: int, chunks: int = 1) -> int | 
     the chunks in one statement and advance the cursors in one. Returns the chunks planned;
     None: no cursor left to work on. Its statements are bounded (a slow or locked target
     fails them as a transient error)."""
-    with transaction.atomic(), timeouts.bounded(timeouts.engine_statement_ms()):
+    with (
+        transaction.atomic(),
+        timeouts.bounded(timeouts.engine_statement_ms(), timeouts.target_lock_ms(spec)),
+    ):
         cursors = list(
             PlannerCursor.objects.select_for_update(skip_locked=True)
             .filter(run=run, pass_no=run.pass_no, exhausted=False)
