@@ -18,7 +18,7 @@ from retention.models import KillSwitch, Policy
 from retention.schedule_math import period_label
 from runs.engine import dispatch
 from runs.engine.schedules import sync_policy_schedule
-from runs.models import MAX_DISCARDED_SCOPES, Chunk, DeadLetter, Run
+from runs.models import MAX_DISCARDED_SCOPES, Chunk, DeadLetter, PartitionAction, Run
 from runs.progress import progress_for
 
 BLAST_RADIUS_FLOOR = 10_000  # below this many rows a run never needs confirmation
@@ -425,6 +425,10 @@ def replay_dead_letter(letter: DeadLetter, *, actor, reason: str) -> Chunk | Non
         chunk = Chunk.objects.select_for_update().get(pk=letter.chunk_id)
         chunk.state, chunk.attempts, chunk.not_before = Chunk.State.PENDING, 0, timezone.now()
         chunk.save(update_fields=["state", "attempts", "not_before"])
+    if _partition_of(letter) is not None:  # the partition is tried again at once
+        PartitionAction.objects.filter(
+            pk=_partition_of(letter), state=PartitionAction.State.DETACHING
+        ).update(attempts=0, not_before=None)
     record_action(actor, "dead_letter.replay", letter, reason=reason, chunk=letter.chunk_id)
     run = letter.run
     if run is not None and run.state in (Run.State.ATTENTION, Run.State.ACTIVE):
@@ -454,7 +458,11 @@ def discard_dead_letter(letter: DeadLetter, *, actor, reason: str) -> DeadLetter
                 f"run #{letter.run_id} already excludes {MAX_DISCARDED_SCOPES} discarded scopes,"
                 " the most a run can: cancel the run, or remove the cause and replay"
             )
-    record_action(actor, "dead_letter.discard", letter, reason=reason, chunk=letter.chunk_id)
+    kept = _keep_partition_detached(letter, actor=actor, reason=reason)
+    record_action(
+        actor, "dead_letter.discard", letter, reason=reason, chunk=letter.chunk_id,
+        **({"partition": kept} if kept else {}),
+    )  # fmt: skip
     run = letter.run
     if (
         run is not None
@@ -467,6 +475,36 @@ def discard_dead_letter(letter: DeadLetter, *, actor, reason: str) -> DeadLetter
         run.save(update_fields=["state", "state_reason"])
         dispatch.republish_all(run)
     return letter
+
+
+def _partition_of(letter: DeadLetter) -> int | None:
+    """The detaching partition (its ``PartitionAction`` id) a partition dead letter is about."""
+    context = letter.context or {}
+    if context.get("stage") != "partition":
+        return None
+    return context.get("partition_action")
+
+
+def _keep_partition_detached(letter: DeadLetter, *, actor, reason: str) -> str:
+    """Discarding a partition's dead letter keeps the partition detached, on the record: the
+    run goes on without it; its rows are neither deleted nor audited (the evidence lists it,
+    state ``kept``). Returns the partition's name ('' for any other letter)."""
+    action_id = _partition_of(letter)
+    if action_id is None:
+        return ""
+    action = PartitionAction.objects.select_for_update().filter(pk=action_id).first()
+    if action is None or action.state != PartitionAction.State.DETACHING:
+        return ""
+    rows = f"{action.rows:,} row(s)" if action.rows is not None else "its rows"
+    action.state = PartitionAction.State.KEPT
+    action.note = (
+        f"kept detached by {_actor_name(actor)}: {reason} — {rows} stay in {action.schema}."
+        f"{action.name}, not audited (neither deleted nor dropped by this run) and not visible"
+        " to the application"
+    )[:2000]
+    action.done_at = timezone.now()
+    action.save(update_fields=["state", "note", "done_at"])
+    return f"{action.schema}.{action.name}"
 
 
 @transaction.atomic

@@ -383,6 +383,9 @@ class PartitionAction(models.Model):
         DROPPED = "dropped"
         DETACHED = "detached", "detached (kept)"
         LEFT = "left", "left attached (deleted in chunks)"
+        # an operator kept a partition detached that could not be put back (its dead letter
+        # discarded): its rows are neither deleted nor audited, nor visible to the application
+        KEPT = "kept", "kept detached by an operator (not audited)"
 
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="partition_actions")
     schema = models.CharField(max_length=63)
@@ -394,6 +397,10 @@ class PartitionAction(models.Model):
     rows = models.BigIntegerField(null=True, blank=True)
     digest = models.CharField(max_length=40, blank=True)
     note = models.TextField(blank=True)  # why a partition was left attached
+    # Failed attempts to finish a detaching partition (a lock timeout, a conflict on putting it
+    # back), and when the next may start: ``runs.engine.partitions``.
+    attempts = models.PositiveIntegerField(default=0)
+    not_before = models.DateTimeField(null=True, blank=True)
     chunk = models.OneToOneField(
         Chunk, on_delete=models.PROTECT, null=True, blank=True, related_name="partition_action"
     )

@@ -36,7 +36,7 @@ from runs.actions import (
 )
 from runs.engine import dispatch, stopping
 from runs.engine.maintenance import reclaim_vacuums, record_after_run
-from runs.engine.partitions import drop_kept_detached
+from runs.engine.partitions import drop_kept_detached, settle_left_behind
 from runs.engine.schedules import sync_policy_schedule
 from runs.models import (
     Chunk,
@@ -391,6 +391,9 @@ def reconcile_policy(
         report["republished"] += dispatch.ensure_leases(run, stale_after_s=stale_s)
     # a drained run's VACUUM that waits on a task: sent again, or why it never ran
     report["vacuum"] += reclaim_vacuums(policy, now)
+    # partitions no run is finishing: put back, or surfaced (docs/engine.md, "Partitions")
+    step()
+    report["partitions"] += settle_left_behind(policy)
     if not kill and not policy.paused:
         # detached partition tables whose detached_keep has passed (docs/engine.md, "Partitions")
         step()
@@ -416,7 +419,7 @@ def reconcile(now=None) -> dict:
     report = {
         "republished": 0, "caught_up": [], "finished": [], "started": 0, "rearmed": [],
         "expired": [], "failed": [], "busy": [], "deferred": [], "pruned": {}, "detached": [],
-        "vacuum": [], "rerun": [], "stopped": False,
+        "vacuum": [], "rerun": [], "partitions": [], "stopped": False,
     }  # fmt: skip
     pass_s, statement_ms = timeouts.reconciler_budget()
     budget = PassBudget(time.monotonic() + pass_s, statement_ms / 1000)

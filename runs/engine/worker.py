@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import socket
 import time
 from dataclasses import dataclass, field
@@ -38,11 +37,10 @@ from retention import predicate as P
 from retention.models import PolicyVersion
 from runs import actions
 from runs.engine import guard, partitions, planner, reconciler, stopping
-from runs.engine.errors import PERMANENT, classify, sqlstate_of
+from runs.engine.errors import PERMANENT, backoff, classify, dead_letter, sqlstate_of
 from runs.evidence import audit
 from runs.models import (
     Chunk,
-    DeadLetter,
     Lease,
     Run,
     discarded_scope_rows,
@@ -70,11 +68,6 @@ class Outcome:
     seconds: float = 0.0
     reason: str = ""
     pending: int | None = None  # the run's pending chunks when it was claimed, if counted
-
-
-def backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0) -> float:
-    """Exponential backoff with full jitter."""
-    return random.uniform(0, min(cap, base * (2 ** max(0, attempts - 1)))) + base / 2
 
 
 @dataclass
@@ -647,39 +640,6 @@ def _median_key(chunk: Chunk, lo: tuple, hi: tuple | None) -> tuple | None:
     except DatabaseError:
         return None
     return tuple(row) if row else None
-
-
-def dead_letter(
-    *,
-    chunk: Chunk | None,
-    run: Run | None,
-    error_class: str,
-    sqlstate: str,
-    message: str,
-    attempts: int,
-    extra: dict | None = None,
-) -> DeadLetter:
-    """Record a dead letter with the whole context an operator needs."""
-    context: dict = dict(extra or {})
-    if run is not None:
-        spec = run.policy_version.parsed
-        context.update(
-            policy=spec.slug,
-            policy_version=run.policy_version.number,
-            run=run.run_key,
-            table=spec.qualified_table,
-            cutoff=run.cutoff.isoformat(),
-        )
-    if chunk is not None:
-        context.update(
-            tenant=chunk.tenant, key_from=chunk.key_from, key_to=chunk.key_to, chunk=chunk.pk,
-            interval=chunk.interval,
-        )  # fmt: skip
-    context.update(sqlstate=sqlstate, attempts=attempts, host=HOST, pid=os.getpid())
-    return DeadLetter.objects.create(
-        chunk=chunk, run=run, error_class=error_class, sqlstate=sqlstate, message=message,
-        context=context, attempts=attempts,
-    )  # fmt: skip
 
 
 def _connection_lost(exc: BaseException) -> bool:
