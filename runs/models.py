@@ -67,6 +67,11 @@ class Run(models.Model):
     replaces = models.ForeignKey(
         "self", on_delete=models.PROTECT, null=True, blank=True, related_name="reruns"
     )
+    # Why a lease last admitted nothing for a reason no chunk carries (the partition step held
+    # back by the guard, planning postponed, ceilings full), and when it last saw it:
+    # ``runs.status`` names it while it is newer than the last commit (``worker.note_idle``).
+    idle_reason = models.TextField(blank=True)
+    idle_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-tick", "-id"]

@@ -39,7 +39,9 @@ HOST = socket.gethostname()
 PARTITIONS = 0x52520040  # one lease settles a run's partitions at a time (run id)
 
 SETTLED = "settled"
-POSTPONED = "postponed"  # throttled or busy: the planner must not start yet
+# throttled or busy: the planner must not start yet; "postponed: <why>" when the run should
+# say why (``worker.note_idle``)
+POSTPONED = "postponed"
 REFUSED = "refused: "  # + why the run may not act now (kill switch, paused, cancelled, ...)
 
 
@@ -160,7 +162,7 @@ def settle(run: Run, *, deadline: float | None = None) -> str:
             return SETTLED
         verdict = guard.admission(run, spec)
         if not verdict.admit:
-            return POSTPONED
+            return f"{POSTPONED}: throttled: {verdict.reason}"
         # an intent left by an interrupted attempt first: a table has one pending detach at a
         # time (a partition whose concurrent detach waits for a foreground snapshot is not in
         # the tree any more, and PostgreSQL refuses to detach another one meanwhile)
@@ -168,7 +170,8 @@ def settle(run: Run, *, deadline: float | None = None) -> str:
             run=run, state=PartitionAction.State.DETACHING
         ):
             if action.not_before is not None and action.not_before > timezone.now():
-                return POSTPONED  # backing off after a failed attempt (its note says why)
+                # backing off after a failed attempt (its note says why)
+                return f"{POSTPONED}: partition {action.schema}.{action.name}: {action.note}"
             with _session_fences(run, spec):
                 refusal = _refusal(run)
                 if refusal:
@@ -195,7 +198,8 @@ def settle(run: Run, *, deadline: float | None = None) -> str:
             log.warning("run %s: partitions left to chunks: %s", run.run_key, exc)
             return SETTLED
         log.warning("run %s: partitions postponed: %s", run.run_key, exc)
-        return POSTPONED
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+        return f"{POSTPONED}: {classify(exc).label}: {first}"
     finally:
         if connection.connection is not None and not connection.needs_rollback:
             try:
@@ -295,7 +299,7 @@ def _intent_failed(run: Run, spec, tree: RP.Tree, action: PartitionAction, exc) 
             attempts=attempts, not_before=retry_at, note=note[:2000]
         )
         log.warning("run %s: partition %s: %s", run.run_key, name, note)
-        return POSTPONED
+        return f"{POSTPONED}: partition {name}: {note}"
     if attached:
         _leave(
             action,

@@ -686,6 +686,38 @@ def _pace(run: Run, outcome: Outcome, deadline: float) -> None:
         stopping.sleep(min(wait, max(0.0, deadline - time.monotonic())))
 
 
+IDLE_NOTE_EVERY_S = 5.0  # a reason unchanged is written again at most this often
+
+
+def note_idle(run: Run, reason: str) -> None:
+    """Record on the run why a lease admits nothing right now, when no chunk carries the
+    reason (the partition step held back by the guard, planning postponed by a lock,
+    ceilings full): a run with no admitted chunk always says why (``runs.status``). One
+    statement, committed asynchronously, that never waits for the run's row."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "WITH s AS (SELECT set_config('synchronous_commit', 'off', true)),"
+            " r AS (SELECT id FROM runs_run WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED)"
+            " UPDATE runs_run SET idle_reason = %s, idle_since = clock_timestamp()"
+            " FROM s, r WHERE runs_run.id = r.id",
+            [run.pk, reason[:2000]],
+        )
+
+
+class IdleNotes:
+    """A lease's ``note_idle``: a new reason at once, the same one at most every
+    ``IDLE_NOTE_EVERY_S`` (so its time stays newer than the run's last commit)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run, self.last, self.at = run, "", 0.0
+
+    def note(self, reason: str) -> None:
+        if reason == self.last and time.monotonic() - self.at < IDLE_NOTE_EVERY_S:
+            return
+        note_idle(self.run, reason)
+        self.last, self.at = reason, time.monotonic()
+
+
 def adapt_chunk_size(run: Run, seconds: float | None) -> int:
     """Steer the size of chunks planned next toward the policy's target transaction time:
     grow slowly (+10%) when well under it, halve when over it or under guard pressure
@@ -749,6 +781,7 @@ def drain(
     if run is None:
         stats["stopped"] = "run not found"
         return stats
+    idle = IdleNotes(run)
     while time.monotonic() < deadline:
         if stopping.requested():  # the worker is stopping: end at this chunk boundary
             stats["stopped"] = "worker stopping"
@@ -773,6 +806,13 @@ def drain(
                     stats["stopped"] = outcome.removeprefix(partitions.REFUSED)
                     return stats
                 settled = outcome == partitions.SETTLED
+                if outcome.startswith(f"{partitions.POSTPONED}: "):
+                    why = outcome.split(": ", 1)[1]
+                    idle.note(
+                        f"{why} (the partition step waits)"
+                        if why.startswith("throttled: ")
+                        else f"partitions postponed: {why}"
+                    )
             if not settled:
                 # the guard, a decision in progress or another lease: the planner waits, so
                 # that no partition it could take whole is planned as chunks meanwhile
@@ -802,6 +842,8 @@ def drain(
                             return stats
                         # transient (lock or statement timeout, serialization): back off
                         log.warning("planning run %s failed, retrying: %s", run.run_key, exc)
+                        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                        idle.note(f"planning postponed: {classify(exc).label}: {first[:500]}")
                         stats["failed"] += 1
                         stopping.sleep(
                             min(
@@ -849,6 +891,8 @@ def drain(
         if outcome.kind == THROTTLED:
             stats["throttled"] += 1
             adapt_chunk_size(run, None)
+        if outcome.kind == BUSY and outcome.reason:
+            idle.note(outcome.reason)  # no chunk carries it: the run does
         if until_idle:  # nothing this worker can do right now: the caller decides when to retry
             stats["stopped"] = f"idle: {outcome.reason or 'no chunk is admissible now'}"
             stats["continue"] = True
