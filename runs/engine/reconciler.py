@@ -249,8 +249,13 @@ def catch_up(policy: Policy, now) -> Run | None:
         return None
     if Run.objects.filter(run_key=run_key_for(policy, newest)).exists():
         return None
+    # the newest run before it: a later tick that already ran (fired on time after an outage
+    # whose own ticks were lost) must not hide the missed ones from the record
     last = (
-        Run.objects.filter(policy=policy).order_by("-tick").values_list("tick", flat=True).first()
+        Run.objects.filter(policy=policy, tick__lt=newest)
+        .order_by("-tick")
+        .values_list("tick", flat=True)
+        .first()
     )
     start = max(filter(None, [last, since]))
     skipped = _ticks_before(policy, newest, after=start, limit=MAX_SKIPPED_RECORDED)

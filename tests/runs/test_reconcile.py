@@ -151,3 +151,28 @@ def test_one_locked_table_defers_no_other_policy_to_the_next_pass(make_user, mon
     run.refresh_from_db()
     assert run.state == Run.State.ACTIVE
     assert run.state_reason.startswith("verification postponed"), run.state_reason
+
+
+def test_a_catch_up_records_the_ticks_lost_before_a_later_tick_that_ran_on_time(make_user):
+    """The cluster was down across three ticks; when it came back, the next tick fired on time
+    before the reconciler's pass: the catch-up run for the newest missed tick records the two
+    before it (before, the later run hid them: neither run nor recorded)."""
+    from retention.schedule_math import latest_tick
+
+    policy = policy_on(
+        make_user, "alpha", "rr_alpha", approved_ago=timedelta(days=1),
+        schedule="*/30 * * * *", catch_up="latest",
+    )  # fmt: skip
+    try:
+        now = timezone.now()
+        on_time = latest_tick(policy, now)  # fired on time, just now
+        missed = [on_time - timedelta(minutes=30 * n) for n in (1, 2, 3)]  # newest first
+        before = on_time - timedelta(minutes=120)
+        for tick in (before, on_time):
+            trigger_run(policy, tick=tick)
+        reconcile(now=on_time + timedelta(minutes=1))  # before the grace: its pass sees "missed[0]"
+        caught = Run.objects.get(policy=policy, source="catch-up")
+        assert caught.tick == missed[0]
+        assert caught.skipped_ticks == [t.isoformat() for t in reversed(missed[1:])]
+    finally:
+        drop_tables("rr_alpha")
