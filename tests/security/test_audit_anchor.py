@@ -120,25 +120,6 @@ def test_a_removed_tail_with_its_chunks_is_caught_against_a_checkpoint(audited, 
     assert f"the audit chain ends at record {last['chain_seq'] - 1}" in verify(checkpoint)
 
 
-@pytest.mark.parametrize(
-    ("column", "value"),
-    [
-        ("run_key", "events/1999-01-01T03:00"),
-        ("version_number", 99),
-        ("version_hash", "f" * 64),
-        ("author_id", 0),
-        ("submitted_by_id", 0),
-        ("approved_by_id", 0),
-        ("approval_reason", "approved by the board"),
-        ("rows_deleted", 0),
-        ("table_name", "public.other"),
-    ],
-)
-def test_every_field_an_auditor_relies_on_is_covered_by_the_hash(audited, column, value):
-    as_owner((f"UPDATE runs_auditrecord SET {column} = %s WHERE chain_seq = 2", [value]))  # noqa: S608
-    assert "record 2: content does not match its hash" in verify()
-
-
 def test_the_operator_log_is_chained(audited):
     ids = list(OperatorAction.objects.order_by("chain_seq").values_list("chain_seq", flat=True))
     assert ids == list(range(1, len(ids) + 1)) and len(ids) >= 2
@@ -173,9 +154,12 @@ def test_records_of_chain_version_1_still_verify_and_cannot_follow_version_2(aud
     v1 = audit.record_hash({**first, "chain_version": 1}, first["prev_hash"])
     rows = list(AuditRecord.objects.order_by("chain_seq").values(
         *[f.attname for f in AuditRecord._meta.concrete_fields]))  # fmt: skip
-    statements = [
-        ("UPDATE runs_auditrecord SET chain_version = 1, hash = %s WHERE chain_seq = 1", [v1])
-    ]
+    statements = [  # a version 1 record has none of version 2's fields
+        ("UPDATE runs_auditrecord SET chain_version = 1, hash = %s, run_key = '',"
+         " version_hash = '', approval_reason = '', version_number = NULL, author_id = NULL,"
+         " submitted_by_id = NULL, approved_by_id = NULL, approved_at = NULL"
+         " WHERE chain_seq = 1", [v1])
+    ]  # fmt: skip
     prev = v1
     for row in rows[1:]:
         row["prev_hash"] = prev
