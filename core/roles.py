@@ -47,6 +47,23 @@ def check_role(user, *roles: str) -> None:
         raise PermissionDenied(f"requires one of the roles: {', '.join(roles)}")
 
 
+# The product's own processes, which act in their own name (a string, not a person): the
+# schedule, the reconciler, the workers, the guard and the demo's start-up.
+SYSTEM_ACTORS = frozenset({"scheduler", "startup", "reconciler", "worker", "guard"})
+
+
+def check_role_or_system(actor, *roles: str) -> None:
+    """A person needs one of ``roles``; a name passes only when it is one of the product's
+    own processes (``SYSTEM_ACTORS``), so a username passed by mistake acts as nobody."""
+    if isinstance(actor, str):
+        if actor not in SYSTEM_ACTORS:
+            raise PermissionDenied(
+                f"{actor!r} is not a signed-in person nor one of the product's own processes"
+            )
+        return
+    check_role(actor, *roles)
+
+
 def require_role(*roles: str):
     """View decorator: 403 unless the user holds one of ``roles`` (any role if none given)."""
     needed = roles or ALL_ROLES

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from core.locks import decision_fence, hold_fence
 from core.oplog import ActionError, record_action, require_reason
-from core.roles import COMPLIANCE, ONCALL, check_role
+from core.roles import COMPLIANCE, ONCALL, check_role, check_role_or_system
 from retention import holds, introspect
 from retention.models import LegalHold, Policy, PolicyVersion
 from retention.preview import preview as take_preview
@@ -284,8 +284,7 @@ def pause_policy(policy: Policy, *, actor, reason: str, alert: bool = False) -> 
     """Stop new chunks of this policy from being admitted until resumed. A person needs the
     on-call role; the guard pauses in its own name (``actor="guard"``, ``alert=True``: its
     operator-log row is an alert)."""
-    if hasattr(actor, "is_authenticated"):
-        check_role(actor, ONCALL)
+    check_role_or_system(actor, ONCALL)
     reason = require_reason(reason, "pausing a policy")
     decision_fence(policy.pk)  # chunks in flight commit first; none starts after the pause
     policy = Policy.objects.select_for_update().get(pk=policy.pk)

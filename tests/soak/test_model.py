@@ -78,6 +78,7 @@ class EngineMachine(RuleBasedStateMachine):
         create_events(ROWS, tenants=3, name=self.table)
         author = _user("model-author", "compliance")
         self.approver = _user("model-approver", "compliance")
+        self.oncall = _user("model-oncall", "oncall")
         spec = PolicySpec.parse(
             dict(
                 slug=f"model-{n}", table=f"public.{self.table}", key="id",
@@ -217,7 +218,7 @@ class EngineMachine(RuleBasedStateMachine):
     @rule()
     def pause(self):
         try:
-            pause_run(self.fresh_run(), actor="model", reason="model")
+            pause_run(self.fresh_run(), actor=self.oncall, reason="model")
         except ActionError:
             return
         self.stats["pause"] += 1
@@ -230,7 +231,7 @@ class EngineMachine(RuleBasedStateMachine):
     @rule()
     def resume(self):
         try:
-            resume_run(self.fresh_run(), actor="model", reason="model")
+            resume_run(self.fresh_run(), actor=self.oncall, reason="model")
         except ActionError:
             pass
 
@@ -271,7 +272,7 @@ class EngineMachine(RuleBasedStateMachine):
                 cur.execute(f"DELETE FROM public.{self.child}")
             self.blocker = None
         for letter in DeadLetter.objects.filter(run=self.run, resolution="open"):
-            chunk = replay_dead_letter(letter, actor="model", reason="cause removed")
+            chunk = replay_dead_letter(letter, actor=self.oncall, reason="cause removed")
             self.stats["replay"] += 1
             assert chunk is not None and chunk.state == Chunk.State.PENDING
 
@@ -327,7 +328,7 @@ class EngineMachine(RuleBasedStateMachine):
                 self.replay()
             run = self.fresh_run()
             if run.state in (Run.State.PAUSED, Run.State.ATTENTION):
-                resume_run(run, actor="model", reason="converge")
+                resume_run(run, actor=self.oncall, reason="converge")
             Chunk.objects.filter(run=run, state=Chunk.State.PENDING).update(not_before=NOW)
             worker.drain(run.pk, budget_s=30)
         run = self.fresh_run()
