@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+from contextlib import contextmanager
 from functools import lru_cache
 
 from axes.handlers.database import AxesDatabaseHandler
 from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import authenticate
 from django.contrib.auth.forms import AuthenticationForm
 from django.db import connection, transaction
+from django.http import HttpRequest
 from django.shortcuts import render
 from django.urls import reverse
 
@@ -98,9 +101,24 @@ def lockout_response(request, credentials=None, *args, **kwargs):
     )
 
 
+@contextmanager
+def one_at_a_time(username: str):
+    """A transaction under a transaction-level advisory lock on the (normalized) username:
+    sign-ins of one username, on the pages or the command line, happen one at a time
+    (different usernames do not wait)."""
+    key = hashlib.sha256(b"sign-in:" + username_of(None, {"username": username}).encode())
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT pg_advisory_xact_lock(%s)",
+                [int.from_bytes(key.digest()[:8], "big", signed=True)],
+            )
+        yield
+
+
 class SerializedSignInMiddleware:
-    """Sign-in POSTs for one username run one at a time, each in one transaction under a
-    transaction-level advisory lock on that username (different usernames do not wait)."""
+    """Sign-in POSTs for one username run one at a time, each in one transaction under
+    ``one_at_a_time``."""
 
     def __init__(self, get_response) -> None:
         self.get_response = get_response
@@ -108,14 +126,38 @@ class SerializedSignInMiddleware:
     def __call__(self, request):
         if request.method != "POST" or request.path not in _sign_in_paths():
             return self.get_response(request)
-        key = hashlib.sha256(b"sign-in:" + username_of(request, None).encode()).digest()
-        with transaction.atomic():
-            with connection.cursor() as cur:
-                cur.execute(
-                    "SELECT pg_advisory_xact_lock(%s)",
-                    [int.from_bytes(key[:8], "big", signed=True)],
-                )
+        with one_at_a_time(request.POST.get("username", "")):
             return self.get_response(request)
+
+
+COMMAND_LINE = "(command line)"
+
+
+class SignInRefused(ValueError):
+    """A command-line sign-in failed; the message is one line."""
+
+
+def authenticate_command_line(username: str, password: str):
+    """The command line's password check (``retention token create``, the prompt of a
+    state-changing command): Django's ``authenticate()`` through the same backends as the
+    sign-in page, so django-axes counts each failure (kept as evidence, path
+    ``(command line)``, no address), refuses a locked username even with the right password,
+    and an unknown username costs one password hash as a known one does. The user, or
+    ``SignInRefused``."""
+    request = HttpRequest()
+    request.method = "POST"
+    request.path = request.path_info = COMMAND_LINE
+    request.META = {"HTTP_USER_AGENT": "retention command line", "REMOTE_ADDR": ""}
+    with one_at_a_time(username):
+        user = authenticate(request, username=username, password=password)
+    if user is not None:
+        return user
+    if getattr(request, "axes_locked_out", False):
+        minutes = max(1, settings.LOGIN_FAILURE_WINDOW_S // 60)
+        raise SignInRefused(
+            f"too many failed sign-ins for {username}; try again in up to {minutes} minutes"
+        )
+    raise SignInRefused("wrong username or password")
 
 
 @lru_cache(maxsize=1)
