@@ -209,17 +209,25 @@ def _record_checks():
     return check
 
 
-def verify_chain(batch: int = 5000) -> ChainReport:
-    """Walk the whole chain in order, in constant memory; then the tail: every finished
-    chunk must have its record (removing the newest records leaves a chain that links up)."""
-    rows = chain.batched(AuditRecord.objects.all(), HASHED_COLUMNS, batch)
-    report = chain.walk(
+def walk_records(batch: int = 5000, *, after: tuple[int, str] | None = None) -> ChainReport:
+    """Walk the records in order, in constant memory (``after``: only those after this link,
+    which they must continue)."""
+    after = after or (0, GENESIS)
+    rows = chain.batched(AuditRecord.objects.all(), HASHED_COLUMNS, batch, after=after[0])
+    return chain.walk(
         rows,
         lambda row: record_hash(row, row["prev_hash"]),
         noun="record",
         gap="gap",
         check=_record_checks(),
+        after=after,
     )
+
+
+def verify_chain(batch: int = 5000) -> ChainReport:
+    """Walk the whole chain in order, in constant memory; then the tail: every finished
+    chunk must have its record (removing the newest records leaves a chain that links up)."""
+    report = walk_records(batch)
     orphans = Chunk.objects.filter(state=Chunk.State.DONE, audit__isnull=True).count()
     if orphans:
         report.problems.append(

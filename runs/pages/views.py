@@ -31,7 +31,7 @@ from core.roles import AUDITOR, COMPLIANCE, ONCALL, ROLE_DESCRIPTIONS, require_r
 from retention.models import Policy, PolicyVersion
 from retention.schedule_math import tick_for_period
 from runs import actions
-from runs.evidence import exports
+from runs.evidence import anchors, exports
 from runs.models import DeadLetter, Run
 from runs.pages.contexts import overview_context, run_page_context
 from runs.pages.metrics import render_metrics
@@ -120,6 +120,7 @@ def run_detail(request, run_id: int):
     context = run_page_context(run)
     if request.htmx:
         return render(request, "runs/_run_live.html", context)
+    context["anchor_status"] = anchors.status(anchors.latest_checkpoint())
     return render(request, "runs/run_detail.html", context)
 
 
