@@ -18,7 +18,8 @@ ALL_ROLES = (COMPLIANCE, ONCALL, AUDITOR, VIEWER)
 
 # What each role does (the design's role table); every role reads dashboards.
 ROLE_DESCRIPTIONS = {
-    COMPLIANCE: "writes and approves policy versions (never their own), places and releases legal holds",
+    COMPLIANCE: "writes and approves policy versions (never their own), places legal holds and"
+    " releases them with a second member (never their own request)",
     ONCALL: "pauses, resumes and cancels runs and policies, flips the kill switch, replays dead letters",
     AUDITOR: "reads everything, exports audit evidence",
     VIEWER: "reads dashboards",

@@ -442,6 +442,10 @@ def applied_holds(run: Run) -> list[dict]:
         {
             **h.scope(),
             "placed_at": _iso(h.placed_at),
+            # releasing takes two people: who asked, and who approved (released_by)
+            "release_requested_by": h.release_requested_by or None,
+            "release_requested_at": _iso(h.release_requested_at),
+            "release_request_reason": h.release_request_reason or None,
             "released_by": h.released_by or None,
             "released_at": _iso(h.released_at),
             "release_reason": h.release_reason or None,

@@ -116,6 +116,23 @@ def active_hold(world: World) -> list[str]:
     return [str(hold.pk), "--reason", "case closed"]
 
 
+def requested_hold(world: World, requester: str) -> list[str]:
+    """A hold whose release ``requester`` (a compliance officer) asked for."""
+    args = active_hold(world)
+    officer = User.objects.filter(username=requester).first() or world.make_user(
+        requester, "compliance"
+    )
+    hold = LegalHold.objects.get(pk=args[0])
+    policy_actions.request_hold_release(hold, actor=officer, reason="settled")
+    return args
+
+
+def withdrawable_hold(world: World) -> list[str]:
+    """A release request by the compliance officer of the matrix: only she withdraws it (a
+    superuser is another person: refused as not the requester, below)."""
+    return requested_hold(world, USERS["compliance"])
+
+
 def kill_switch_on(world: World) -> list[str]:
     oncall = world.make_user("olga", "oncall")
     run_actions.set_kill_switch(True, actor=oncall, reason="before")
@@ -143,7 +160,14 @@ MATRIX = {
     "policy enable": (disabled_policy, ONCALL, "policy.enable"),
     "policy disable": (lambda w: ["events", "--reason", "off"], ONCALL, "policy.disable"),
     "hold place": (lambda w: ["--reason", "subpoena", "--tenant", "3"], COMPLIANCE, "hold.place"),
-    "hold release": (active_hold, COMPLIANCE, "hold.release"),
+    "hold release": (active_hold, COMPLIANCE, "hold.release_request"),
+    "hold approve-release": (lambda w: requested_hold(w, "cora"), COMPLIANCE, "hold.release"),
+    "hold withdraw-release": (withdrawable_hold, {"compliance"}, "hold.release_withdraw"),
+    "hold refuse-release": (
+        lambda w: requested_hold(w, "cora"),
+        COMPLIANCE,
+        "hold.release_refuse",
+    ),
     "trigger": (lambda w: ["events", "--period", "2026-11-29"], ONCALL, "run.trigger"),
     "pause": (lambda w: [w.active_run().run_key, "--reason", "x"], ONCALL, "run.pause"),
     "resume": (lambda w: [paused_run(w).run_key, "--reason", "x"], ONCALL, "run.resume"),
@@ -174,6 +198,10 @@ MATRIX = {
     "user add": (lambda w: ["newbie", "--password-stdin"], ROLE_MANAGERS, "user.create"),
     # for oneself, with one's own password: anyone holding a role
     "token create": (lambda w: ["--password-stdin"], EVERYONE, "token.create"),
+}
+# Refusals that are not about the role: a superuser holds every role but is another person.
+NOT_THE_ROLE = {
+    ("hold withdraw-release", "superuser"): (f"only {USERS['compliance']}, who requested it",),
 }
 # Commands that act as the system, as the clusters do, or only read (docs/security.md).
 SYSTEM_OR_READ = {
@@ -228,7 +256,11 @@ def snapshot() -> tuple:
         list(Run.objects.order_by("pk").values_list("pk", "state")),
         list(PolicyVersion.objects.order_by("pk").values_list("pk", "state")),
         list(Policy.objects.order_by("pk").values_list("pk", "enabled", "paused")),
-        list(LegalHold.objects.order_by("pk").values_list("pk", "released_at")),
+        list(
+            LegalHold.objects.order_by("pk").values_list(
+                "pk", "released_at", "release_requested_at"
+            )
+        ),
         KillSwitch.is_on(),
         User.objects.count(),
         sorted(User.groups.through.objects.values_list("user_id", "group_id")),
@@ -264,7 +296,10 @@ def test_each_role_is_allowed_or_refused_each_command(world, command, role, act_
         assert list(rows.values_list("actor", flat=True)) == [user.username]
     else:
         assert refusal is not None, f"{command} ran for {role}"
-        assert "requires one of the roles" in refusal or "may not manage roles" in refusal
+        expected = NOT_THE_ROLE.get(
+            (command, role), ("requires one of the roles", "may not manage roles")
+        )
+        assert any(text in refusal for text in expected), refusal
         assert snapshot() == before
 
 

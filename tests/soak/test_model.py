@@ -44,6 +44,7 @@ from runs.actions import (
 from runs.engine import planner, worker
 from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, Chunk, DeadLetter, Run
+from tests.factories import release_hold
 from tests.runs.conftest import NOW, create_events
 
 ROWS = 300
@@ -76,7 +77,7 @@ class EngineMachine(RuleBasedStateMachine):
         n = next(_examples)
         self.table = f"rr_model_{n}"
         create_events(ROWS, tenants=3, name=self.table)
-        author = _user("model-author", "compliance")
+        author = self.author = _user("model-author", "compliance")
         self.approver = _user("model-approver", "compliance")
         self.oncall = _user("model-oncall", "oncall")
         spec = PolicySpec.parse(
@@ -211,7 +212,7 @@ class EngineMachine(RuleBasedStateMachine):
         hold_id = data.draw(st.sampled_from(sorted(self.holds)))
         hold = LegalHold.objects.get(pk=hold_id)
         assert self.scope_count(hold) == self.holds.pop(hold_id)
-        policy_actions.release_hold(hold, actor=self.approver, reason="model")
+        release_hold(hold, requester=self.author, approver=self.approver, reason="model")
         self.stats["release"] += 1
 
     @precondition(lambda self: self.run is not None)
@@ -319,7 +320,7 @@ class EngineMachine(RuleBasedStateMachine):
         for hold_id in list(self.holds):
             hold = LegalHold.objects.get(pk=hold_id)
             assert self.scope_count(hold) == self.holds.pop(hold_id)
-            policy_actions.release_hold(hold, actor=self.approver, reason="model")
+            release_hold(hold, requester=self.author, approver=self.approver, reason="model")
         for _ in range(10):
             run = self.fresh_run()
             if run.state == Run.State.DRAINED:
