@@ -6,4 +6,9 @@ class CoreConfig(AppConfig):
     verbose_name = "Core"
 
     def ready(self) -> None:
-        from core import checks  # noqa: F401  (registers the system checks)
+        from core import (
+            checks,  # noqa: F401  (registers the system checks)
+            seals,  # the app registry is ready: the user model's signals
+        )
+
+        seals.connect()

@@ -77,6 +77,23 @@ def env_secret(name: str, *, minimum_length: int) -> bytes | None:
     return value.encode()
 
 
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def env_identifier(name: str, default: str) -> str:
+    """A PostgreSQL identifier that needs no quoting (lower case letters, digits, ``_``)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip()
+    if not _IDENTIFIER.fullmatch(value) or value.startswith("pg_"):
+        raise ConfigError(
+            f"{name} must be a lower-case PostgreSQL name (letters, digits, _; not pg_…), "
+            f"got {raw!r}"
+        )
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None:

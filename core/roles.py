@@ -10,6 +10,8 @@ from functools import wraps
 
 from django.core.exceptions import PermissionDenied
 
+from core.seals import is_sealed
+
 COMPLIANCE = "compliance"
 ONCALL = "oncall"
 AUDITOR = "auditor"
@@ -27,14 +29,19 @@ ROLE_DESCRIPTIONS = {
 
 
 def roles_of(user) -> frozenset[str]:
+    """The roles ``user`` holds: none unless the account's seal holds (core.seals), every
+    role for a superuser, else its role groups."""
     if not getattr(user, "is_authenticated", False):
         return frozenset()
-    if user.is_superuser:
-        return frozenset(ALL_ROLES)
     cached = getattr(user, "_retention_roles", None)
     if cached is None:
-        names = set(user.groups.filter(name__in=ALL_ROLES).values_list("name", flat=True))
-        cached = frozenset(names)
+        groups = sorted(user.groups.values_list("name", flat=True))
+        if not is_sealed(user, groups):
+            cached = frozenset()
+        elif user.is_superuser:
+            cached = frozenset(ALL_ROLES)
+        else:
+            cached = frozenset(g for g in groups if g in ALL_ROLES)
         user._retention_roles = cached
     return cached
 

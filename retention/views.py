@@ -18,6 +18,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django.views.decorators.vary import vary_on_headers
 
 from core.models import OperatorAction
+from core.reauth import require_recent_password
 from core.roles import COMPLIANCE, ONCALL, require_role, roles_of
 from retention import actions
 from retention.diff import spec_diff
@@ -433,12 +434,12 @@ def version_submit(request, slug: str, number: int):
 @require_role(COMPLIANCE)
 def version_approve(request, slug: str, number: int):
     reason = request.POST.get("reason", "")
-    return _decide(
-        request,
-        slug,
-        number,
-        lambda v: actions.approve_version(v, actor=request.user, reason=reason),
-    )
+
+    def approve(version):
+        require_recent_password(request, f"the approval of {version}")
+        return actions.approve_version(version, actor=request.user, reason=reason)
+
+    return _decide(request, slug, number, approve)
 
 
 @require_POST

@@ -17,6 +17,7 @@ from django.utils import timezone
 from core.cli_identity import acting_user
 from core.filters import as_id
 from core.oplog import verify_operator_log
+from core.seals import broken_seals
 from retention.models import Policy
 from retention.schedule_math import latest_tick, tick_for_period
 from runs import actions
@@ -206,6 +207,11 @@ def startup(cmd, o):
 def audit_verify(cmd, o):
     report, log = verify_chain(), verify_operator_log()
     problems = [*report.problems, *log.problems]
+    # people written behind the product's back (core.seals): they sign in nowhere, and are named
+    problems.extend(
+        f"account {who}: its seal does not match — created or changed outside the product"
+        for who in broken_seals()
+    )
     for path in o.get("against") or []:
         problems.extend(evidence.check(path))
     if not problems:

@@ -18,10 +18,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "retention", "runs", "demo", "config")
+PACKAGES = ("core", "database", "retention", "runs", "demo", "config")
 # package -> the packages it must not import
 FORBIDDEN = {
-    "core": {"retention", "runs", "demo"},
+    "core": {"database", "retention", "runs", "demo"},
+    "database": {"retention", "runs", "demo"},
     "retention": {"runs", "demo"},
     "runs": {"demo"},
 }

@@ -314,7 +314,7 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
             def state() -> str:
                 with psycopg.connect(**admin, dbname=name) as conn:
                     return conn.execute(
-                        "SELECT state FROM runs_run WHERE run_key = %s", [run_key]
+                        "SELECT state FROM retention_runner.runs_run WHERE run_key = %s", [run_key]
                     ).fetchone()[0]
 
             wait_for(lambda: state() == "drained", timeout=150, what="the run to drain")

@@ -97,7 +97,9 @@ def test_the_author_cannot_approve_by_posting_the_form_directly(events_table, al
     version = submitted(alice)
 
     page = as_user(alice).post(
-        version_url("version_approve", version), {"reason": "looks good"}, follow=True
+        version_url("version_approve", version),
+        {"reason": "looks good", "password": "alice-pw"},
+        follow=True,
     )
 
     assert "alice wrote events v1 and cannot approve it" in page.content.decode()
@@ -109,11 +111,13 @@ def test_another_officer_approves_with_a_reason(events_table, alice, bob, as_use
     version = submitted(alice)
     client = as_user(bob)
 
-    client.post(version_url("version_approve", version), {"reason": ""})
+    client.post(version_url("version_approve", version), {"reason": "", "password": "bob-pw"})
     version.refresh_from_db()
     assert version.state == "submitted"
 
-    page = client.post(version_url("version_approve", version), {"reason": "checked"})
+    page = client.post(
+        version_url("version_approve", version), {"reason": "checked", "password": "bob-pw"}
+    )
     assert page.status_code == 302
     version.refresh_from_db()
     assert (version.state, version.decided_by, version.decision_reason) == (
@@ -262,3 +266,33 @@ def test_the_admin_shows_versions_and_actions_read_only(events_table, alice, cli
     page = client.get(reverse("admin:core_operatoraction_change", args=[action.pk]))
     assert page.status_code == 200 and 'name="_save"' not in page.content.decode()
     assert client.get(reverse("admin:retention_legalhold_changelist")).status_code == 200
+
+
+def test_approving_asks_for_the_password_again_so_a_taken_session_alone_cannot_approve(
+    events_table, alice, bob, as_user
+):
+    version = submitted(alice)
+    client = as_user(bob)  # a session, as a stolen cookie would give
+    assert (
+        'data-testid="reauth-password"'
+        in client.get(version_url("version_detail", version)).content.decode()
+    )
+
+    for form, refusal in (
+        ({"reason": "checked"}, "enter your password to confirm the approval of events v1"),
+        ({"reason": "checked", "password": "guess"}, "wrong password: the approval of events v1"),
+    ):
+        page = client.post(version_url("version_approve", version), form, follow=True)
+        assert refusal in page.content.decode()
+        version.refresh_from_db()
+        assert version.state == "submitted"
+    assert not OperatorAction.objects.filter(action="version.approve").exists()
+
+    client.post(version_url("version_approve", version), {"reason": "ok", "password": "bob-pw"})
+    version.refresh_from_db()
+    assert version.state == "approved"
+    # for the next few minutes the password is not asked again
+    assert (
+        'data-testid="reauth-password"'
+        not in client.get(version_url("version_detail", version)).content.decode()
+    )

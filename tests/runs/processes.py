@@ -85,3 +85,19 @@ def backends_running(conn: psycopg.Connection, pattern: str) -> int:
         [pattern],
     ).fetchone()
     return row[0]
+
+
+def task_outcomes(ids, cluster: str) -> dict:
+    """id -> django-q2 Task (``success``, ``result``, ``cluster``) of the finished tasks among
+    ``ids`` that ``cluster`` ran, read where the clusters keep results: the cluster cache
+    (settings.Q_CLUSTER "cached"), under the cluster's own key."""
+    from django_q.brokers import get_broker
+    from django_q.tasks import fetch_cached
+
+    broker = get_broker(list_key=cluster)
+    outcomes = {}
+    for task_id in ids:
+        task = fetch_cached(task_id, broker=broker)
+        if task is not None:
+            outcomes[task_id] = task
+    return outcomes

@@ -149,7 +149,10 @@ def test_a_password_at_a_terminal_is_the_other_way_to_act(people, monkeypatch):
 
 def test_a_token_is_shown_once_stored_hashed_and_revoked_on_the_page(people, client):
     client.force_login(people["olga"])
-    page = client.post(reverse("tokens"), {"name": "laptop"})
+    refused = client.post(reverse("tokens"), {"name": "laptop"})
+    assert refused.status_code == 403 and not ApiToken.objects.exists()
+    assert "enter your password to confirm a new token" in refused.content.decode()
+    page = client.post(reverse("tokens"), {"name": "laptop", "password": "olga-pw"})
     assert page.status_code == 200 and "no-store" in page["Cache-Control"]
     secret = page.context["created"]
     assert secret.startswith("rrt_") and len(secret) > 40 and secret in page.content.decode()
