@@ -6,9 +6,8 @@ class CoreConfig(AppConfig):
     verbose_name = "Core"
 
     def ready(self) -> None:
-        from core import (
-            checks,  # noqa: F401  (registers the system checks)
-            seals,  # the app registry is ready: the user model's signals
-        )
+        # here, once the app registry is ready: importing checks registers the system checks,
+        # and seals connects to the user model's signals
+        from core import checks, seals  # noqa: F401
 
         seals.connect()
