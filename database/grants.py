@@ -76,6 +76,8 @@ WEB_WRITES = {
     "axes.AccessLog": RIUD,
     "axes.AccessFailureLog": RIUD,
     "core_cache": RIUD,
+    # django-q2's Stat.get_all() (/healthz, worker liveness) prunes expired keys as it reads
+    "core_cluster_cache": RIUD,
     # the state operators change
     "retention.Policy": RIU,
     "retention.PolicyVersion": RIU,

@@ -24,7 +24,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "retention_runner"."axes_accesslog
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "retention_runner"."core_accountseal" TO :"web";
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "retention_runner"."core_apitoken" TO :"web";
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "retention_runner"."core_cache" TO :"web";
-GRANT SELECT ON TABLE "retention_runner"."core_cluster_cache" TO :"web";
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "retention_runner"."core_cluster_cache" TO :"web";
 GRANT SELECT, INSERT ON TABLE "retention_runner"."django_admin_log" TO :"web";
 GRANT SELECT ON TABLE "retention_runner"."django_content_type" TO :"web";
 GRANT SELECT ON TABLE "retention_runner"."django_migrations" TO :"web";
@@ -67,7 +67,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "retention_runner"."axes_accesslog
 GRANT SELECT ON TABLE "retention_runner"."core_accountseal" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."core_apitoken" TO :"operator";
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "retention_runner"."core_cache" TO :"operator";
-GRANT SELECT ON TABLE "retention_runner"."core_cluster_cache" TO :"operator";
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "retention_runner"."core_cluster_cache" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."django_admin_log" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."django_content_type" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."django_migrations" TO :"operator";
