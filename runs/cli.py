@@ -230,15 +230,18 @@ def audit_verify(cmd, o):
 
 
 def audit_checkpoint(cmd, o):
-    found = evidence.anchor()
-    if found["hmac"] is None:
-        raise CommandError("RETENTION_EVIDENCE_KEY is not set: a checkpoint must be signed")
-    text = json.dumps(found, indent=1) + "\n"
+    """The checkpoint job: sign both chains' heads, store the anchor (every run manifest
+    carries the latest), and print or write it for an auditor to keep."""
+    try:
+        checkpoint = evidence.take_checkpoint()
+    except evidence.NoEvidenceKey as exc:
+        raise CommandError(str(exc)) from None
+    text = json.dumps(evidence.document(checkpoint), indent=1) + "\n"
     if o.get("out"):
         Path(o["out"]).write_text(text)
         cmd.stdout.write(
-            f"checkpoint written to {o['out']}: audit record {found['audit']['seq']}, "
-            f"operator action {found['operator']['seq']}"
+            f"checkpoint #{checkpoint.pk} written to {o['out']}: audit record "
+            f"{checkpoint.audit_seq}, operator action {checkpoint.operator_seq}"
         )
     else:
         cmd.stdout.write(text, ending="")
@@ -327,6 +330,10 @@ def register(areas) -> None:
         help="run manifests or checkpoints kept outside the database",
     )
     v.set_defaults(handler=audit_verify)
-    c = audit_sub.add_parser("checkpoint", help="write a signed anchor of both chains' heads")
+    c = audit_sub.add_parser(
+        "checkpoint",
+        help="sign both chains' heads and store the anchor (the checkpoint job; needs "
+        "RETENTION_EVIDENCE_KEY); print it or write it to FILE",
+    )
     c.add_argument("--out", metavar="FILE", help="write it to FILE (default: stdout)")
     c.set_defaults(handler=audit_checkpoint)
