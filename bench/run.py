@@ -277,7 +277,7 @@ class Bench:
             chunks = self.ledger(setup["run_id"])
             deleted = sum(c["rows"] for c in chunks)
             result["run_state"] = self.conn.execute(
-                "SELECT state || coalesce(': ' || nullif(state_reason, ''), '') FROM runs_run WHERE id = %s",
+                "SELECT state || coalesce(': ' || nullif(state_reason, ''), '') FROM retention_runner.runs_run WHERE id = %s",
                 [setup["run_id"]],
             ).fetchone()[0]
             result["worker_summaries"] = [o["summary"] for o in outs]
@@ -343,7 +343,7 @@ class Bench:
     def ledger(self, run_id: int) -> list[dict]:
         rows = self.conn.execute(
             "SELECT worker_pid, extract(epoch FROM started_at), extract(epoch FROM committed_at),"
-            " rows_deleted FROM runs_auditrecord WHERE run_id = %s ORDER BY started_at",
+            " rows_deleted FROM retention_runner.runs_auditrecord WHERE run_id = %s ORDER BY started_at",
             [run_id],
         ).fetchall()
         return [

@@ -60,7 +60,9 @@ def one_try(rows: int) -> dict:
 
         def audited() -> int:
             with psycopg.connect(url) as conn:
-                return conn.execute("SELECT count(*) FROM runs_auditrecord").fetchone()[0]
+                return conn.execute(
+                    "SELECT count(*) FROM retention_runner.runs_auditrecord"
+                ).fetchone()[0]
 
         while audited() == 0:
             time.sleep(0.3)
@@ -75,10 +77,11 @@ def one_try(rows: int) -> dict:
         url = _python(env, "from core import embedded_pg; print(embedded_pg.database_url())")
         with psycopg.connect(url) as conn:
             late = conn.execute(
-                "SELECT count(*) FROM runs_auditrecord WHERE started_at > %s", [interrupted_at]
+                "SELECT count(*) FROM retention_runner.runs_auditrecord WHERE started_at > %s",
+                [interrupted_at],
             ).fetchone()[0]
             active = conn.execute(
-                "SELECT count(*) FROM runs_run WHERE state = 'active'"
+                "SELECT count(*) FROM retention_runner.runs_run WHERE state = 'active'"
             ).fetchone()[0]
         return {"seconds": seconds, "late_chunks": late, "active_runs": active}
     finally:

@@ -8,8 +8,10 @@ from pathlib import Path
 
 from core.env import (
     ConfigError,
+    connection_target,
     database_from_url,
     env_bool,
+    env_identifier,
     env_int,
     env_list,
     env_secret,
@@ -77,11 +79,12 @@ else:
     EMBEDDED_DATABASE = False
 DATABASES = {"default": database_from_url("DATABASE_URL", _database_url)}
 if DEMO and not EMBEDDED_DATABASE and not is_local_database(DATABASES["default"]):
+    _host, _hostaddr = connection_target(DATABASES["default"])
     raise ConfigError(
         "RETENTION_DEMO=1 weakens security (the public demo SECRET_KEY when none is set, "
         "cookies without Secure, no HTTPS redirect or HSTS) and is refused with a database "
-        f"that is not on this machine (host {DATABASES['default']['HOST'] or '?'!s}, "
-        f"hostaddr {DATABASES['default']['OPTIONS'].get('hostaddr', '-')}): "
+        f"that is not on this machine (host {_host or '-'}, hostaddr {_hostaddr or '-'}, "
+        "as libpq resolves the URL, its service and the PG* environment): "
         "unset RETENTION_DEMO and set SECRET_KEY"
     )
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 60, minimum=0)
@@ -90,6 +93,12 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"]["OPTIONS"].setdefault(
     "application_name", f"retention:{env_str('Q_CLUSTER_NAME', 'web') or 'web'}"
 )
+# The product's tables live in a schema of their own, so it can share an application's database
+# without sharing its auth_user, django_session or django_migrations (docs/deploy.md). It comes
+# first on the search path; the application's schema follows, so operators and types of its
+# extensions (citext, ...) resolve in statements on its tables as they do for the application.
+# `migrate` sees the product's schema only (database.schema).
+DB_SCHEMA = env_identifier("RETENTION_SCHEMA", "retention_runner")
 # A chunk's bounds are PostgreSQL's text of key values, read back by a later attempt, maybe in
 # another process: pin the settings that shape that text against database and role defaults.
 _options = DATABASES["default"]["OPTIONS"]
@@ -100,6 +109,7 @@ _options["options"] = " ".join(
             _options.get("options", ""),
             "-c DateStyle=ISO,MDY -c IntervalStyle=postgres -c extra_float_digits=1"
             " -c bytea_output=hex",
+            f"-c search_path={DB_SCHEMA},public",
         ],
     )
 )
@@ -120,6 +130,7 @@ INSTALLED_APPS = [
     "core",
     "retention",
     "runs",
+    "database",
     "demo",
 ]
 
@@ -155,6 +166,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "core.context_processors.roles",
+                "core.reauth.context",
             ],
         },
     },
@@ -189,6 +201,8 @@ STORAGES = {
 SECURE_COOKIES = env_bool("SECURE_COOKIES", not DEBUG and not DEMO)
 SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600, minimum=60)
 SESSION_COOKIE_HTTPONLY = True
+# approving a version and creating a token ask for the password again after this long
+REAUTH_WINDOW_S = env_int("REAUTH_WINDOW_S", 300, minimum=0, maximum=3600)
 SESSION_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_SECURE = SECURE_COOKIES
 CSRF_COOKIE_SECURE = SECURE_COOKIES
@@ -208,7 +222,8 @@ if env_bool("SECURE_PROXY_SSL_HEADER", False):  # behind a TLS-terminating proxy
 # Sign-in throttling: django-axes, configured in core.signin (docs/security.md).
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    # Django's ModelBackend for sealed accounts only (core.seals)
+    "core.seals.SealedModelBackend",
 ]
 LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1, maximum=1000)
 LOGIN_USERNAME_CEILING = env_int("LOGIN_USERNAME_CEILING", 50, minimum=1, maximum=100_000)
@@ -248,7 +263,10 @@ _Q_BASE = {
     "timeout": env_int("RETENTION_Q_TIMEOUT", 60, minimum=1),
     "retry": env_int("RETENTION_Q_RETRY", 120, minimum=2),
     "max_attempts": 1,
-    "save_limit": 200,
+    # Results go to the cluster cache as signed JSON (core.cache), never to django_q_task: the
+    # monitor would unpickle rows of that table, and no login of the workers may write a row
+    # that any process unpickles (docs/security.md). Our ledger is the record of what ran.
+    "cached": 300,
     "ack_failures": True,
     "catch_up": False,
     "guard_cycle": 0.5,

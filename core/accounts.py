@@ -1,8 +1,9 @@
 """Users and role memberships without the demo: add a user, grant and revoke a role.
 
-Roles are the four groups ``migrate`` creates (core/migrations). Only a superuser or a
-compliance officer changes them, never their own, and every change writes its
-operator-log row (who, what, to whom, why) in the same transaction."""
+Roles are the four groups ``migrate`` creates (core/migrations). Only a superuser creates
+people and changes roles — never their own — so no compliance officer can make a second
+account and pass four-eyes alone (docs/security.md). Every change writes its operator-log row
+(who, what, to whom, why) in the same transaction, and reseals the account (core.seals)."""
 
 from __future__ import annotations
 
@@ -13,20 +14,22 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 
 from core.oplog import record_action
-from core.roles import ALL_ROLES, COMPLIANCE, has_role
+from core.roles import ALL_ROLES
+from core.seals import is_sealed
 
 GRANT, REVOKE = "role.grant", "role.revoke"
 
 
 def check_manager(actor, *, subject=None) -> None:
-    """Refuse unless ``actor`` may manage users and roles (and ``subject`` is not themself)."""
-    if not (getattr(actor, "is_superuser", False) or has_role(actor, COMPLIANCE)):
+    """Refuse unless ``actor`` may manage users and roles — a superuser whose account is
+    sealed — and ``subject`` is not themself."""
+    if not (getattr(actor, "is_superuser", False) and is_sealed(actor)):
         raise PermissionDenied(
-            f"{getattr(actor, 'username', actor)} may not manage roles: "
-            "that takes a superuser or a compliance officer"
+            f"{getattr(actor, 'username', actor)} may not manage people or roles: "
+            "that takes a superuser (a compliance officer cannot create or empower accounts)"
         )
     if subject is not None and subject.pk == actor.pk:
-        raise PermissionDenied("nobody changes their own roles: ask another compliance officer")
+        raise PermissionDenied("nobody changes their own roles: ask another superuser")
 
 
 def _role(name: str) -> Group:

@@ -9,7 +9,10 @@ class CoreConfig(AppConfig):
     verbose_name = "Core"
 
     def ready(self) -> None:
-        from core import checks  # noqa: F401  (registers the system checks)
+        # the app registry is ready: importing checks registers the system checks, and the
+        # seals connect to the user model's signals
+        from core import checks, seals  # noqa: F401
 
+        seals.connect()
         # a connection opened during engine work gets the engine's lock timeout
         connection_created.connect(on_connection_created, dispatch_uid="engine-lock-timeout")

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from core.models import ApiToken
 from core.roles import ALL_ROLES, check_role
+from core.seals import is_sealed
 
 MAX_ACTIVE = 20  # per person
 
@@ -63,8 +64,8 @@ def user_for_token(secret: str) -> tuple[object, ApiToken]:
     """The active user a token belongs to, and the token; ``TokenError`` otherwise.
     The lookup is by digest (a unique index), so timing reveals nothing of the secret."""
     token = (
-        ApiToken.objects.select_related("user")
-        .filter(digest=ApiToken.digest_of(secret.strip()))
+        ApiToken.objects.select_related("user", "user__seal")
+        .filter(digest__in=ApiToken.digests_of(secret.strip()))
         .first()
     )
     if token is None:
@@ -73,5 +74,10 @@ def user_for_token(secret: str) -> tuple[object, ApiToken]:
         raise TokenError(f"token {token.prefix}… was revoked on {token.revoked_at:%Y-%m-%d %H:%M}")
     if not token.user.is_active:
         raise TokenError(f"the owner of token {token.prefix}… is inactive")
+    if not is_sealed(token.user):
+        raise TokenError(
+            f"the account of token {token.prefix}…'s owner was changed outside the product "
+            "(its seal does not match; `retention audit verify` names it)"
+        )
     ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
     return token.user, token

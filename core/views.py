@@ -5,6 +5,7 @@ import time
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required
+from django.core.exceptions import PermissionDenied
 from django.db import connection
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -15,6 +16,7 @@ from django_q.status import Stat
 from core import docs
 from core import tokens as api_tokens
 from core.models import ApiToken
+from core.reauth import require_recent_password
 from core.roles import require_role
 
 
@@ -77,7 +79,11 @@ def tokens(request):
     status = 200
     if request.method == "POST":
         try:
+            require_recent_password(request, "a new token")
             _, created = api_tokens.create_token(request.user, name=request.POST.get("name", ""))
+        except PermissionDenied as exc:
+            messages.error(request, str(exc))
+            status = 403
         except api_tokens.TokenError as exc:
             messages.error(request, str(exc))
             status = 400

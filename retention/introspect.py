@@ -15,14 +15,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from django.apps import apps
 from django.conf import settings
-from django.core.cache.backends.db import BaseDatabaseCache
 from django.db import DatabaseError, connection, transaction
-from django.utils.module_loading import import_string
 from psycopg import sql
 
 from core import timeouts
+from database.schema import product_table_names
 from retention import holds, partitions, predicate
 from retention.spec import PolicySpec, SpecError
 
@@ -112,33 +110,22 @@ def table_oid(schema: str, table: str) -> int:
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
 
 
-def product_table_names() -> list[str]:
-    """Every table Retention Runner, Django and the installed apps keep their state in:
-    each installed model's table (auth, sessions, django-q2, holds, audit, runs, ...),
-    the migration ledger and the database cache tables."""
-    names = {"django_migrations"}
-    names.update(model._meta.db_table for model in apps.get_models(include_auto_created=True))
-    for cache in settings.CACHES.values():
-        if issubclass(import_string(cache["BACKEND"]), BaseDatabaseCache):
-            names.add(cache["LOCATION"])
-    return sorted(names)
-
-
 def refuse_product_table(oid: int, where: str) -> None:
     """SpecError when ``oid`` is one of the product's own tables or a system catalog:
-    a policy must never delete legal holds, audit rows, users or queued tasks."""
-    # Django's tables are unqualified names resolved by the search path, as Django does.
+    a policy must never delete legal holds, audit rows, users or queued tasks. Every table
+    in the product's own schema is the product's; an application's tables elsewhere —
+    its own ``django_session`` or ``auth_user`` included — are targets like any other."""
+    schema = settings.DB_SCHEMA
     rows = _fetch(
-        "SELECT n.nspname = ANY(%s) OR c.oid IN"
-        " (SELECT to_regclass(quote_ident(t)) FROM unnest(%s::text[]) AS t)"
+        "SELECT n.nspname = ANY(%s) OR (n.nspname = %s AND (%s <> 'public' OR c.relname = ANY(%s)))"
         " FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
         " WHERE c.oid = %s",
-        [list(SYSTEM_SCHEMAS), product_table_names(), oid],
+        [list(SYSTEM_SCHEMAS), schema, schema, product_table_names(), oid],
     )
     if rows and rows[0][0]:
         raise SpecError(
-            f"{where} belongs to Retention Runner, Django or PostgreSQL itself; "
-            "policies may only target application tables"
+            f"{where} belongs to Retention Runner (schema {schema}), Django's tables of the "
+            "product or PostgreSQL itself; policies may only target application tables"
         )
 
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 from core import timeouts
 from core.locks import decision_fence
 from core.oplog import ActionError, check_decision, record_action, require_reason
-from core.roles import ONCALL, check_role
+from core.roles import ONCALL, check_role, check_role_or_system
 from retention import geometry
 from retention import predicate as P
 from retention.models import KillSwitch, Policy
@@ -42,8 +42,8 @@ def _actor_name(actor) -> str:
 
 
 def _check_oncall(actor) -> None:
-    if hasattr(actor, "is_authenticated"):
-        check_role(actor, ONCALL)
+    """Run controls are a person's: on-call (a name, even a system's, has no role)."""
+    check_role(actor, ONCALL)
 
 
 @transaction.atomic
@@ -63,7 +63,7 @@ def trigger_run(
     again under the approved version: a new run, keyed ``<period>/v<number>``, that names the
     run it replaces. A period has at most one live run (invariant 1, in the database:
     ``run_one_live_per_period``); a drained, cancelled or skipped period is never re-run."""
-    _check_oncall(actor)
+    check_role_or_system(actor, ONCALL)
     version = policy.approved_version
     if version is None:
         raise ActionError(f"policy {policy.slug} has no approved version; nothing may run")

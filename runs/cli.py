@@ -18,6 +18,7 @@ from core import timeouts
 from core.cli_identity import acting_user
 from core.filters import as_id
 from core.oplog import verify_operator_log
+from core.seals import broken_seals
 from retention.models import Policy
 from retention.schedule_math import latest_tick, tick_for_period
 from runs import actions
@@ -213,6 +214,11 @@ def startup(cmd, o):
 def audit_verify(cmd, o):
     report, log = verify_chain(), verify_operator_log()
     problems = [*report.problems, *log.problems]
+    # people written behind the product's back (core.seals): they sign in nowhere, and are named
+    problems.extend(
+        f"account {who}: its seal does not match — created or changed outside the product"
+        for who in broken_seals()
+    )
     for path in o.get("against") or []:
         problems.extend(evidence.check(path))
     if not problems:
@@ -231,15 +237,18 @@ def audit_verify(cmd, o):
 
 
 def audit_checkpoint(cmd, o):
-    found = evidence.anchor()
-    if found["hmac"] is None:
-        raise CommandError("RETENTION_EVIDENCE_KEY is not set: a checkpoint must be signed")
-    text = json.dumps(found, indent=1) + "\n"
+    """The checkpoint job: sign both chains' heads, store the anchor (every run manifest
+    carries the latest), and print or write it for an auditor to keep."""
+    try:
+        checkpoint = evidence.take_checkpoint()
+    except evidence.NoEvidenceKey as exc:
+        raise CommandError(str(exc)) from None
+    text = json.dumps(evidence.document(checkpoint), indent=1) + "\n"
     if o.get("out"):
         Path(o["out"]).write_text(text)
         cmd.stdout.write(
-            f"checkpoint written to {o['out']}: audit record {found['audit']['seq']}, "
-            f"operator action {found['operator']['seq']}"
+            f"checkpoint #{checkpoint.pk} written to {o['out']}: audit record "
+            f"{checkpoint.audit_seq}, operator action {checkpoint.operator_seq}"
         )
     else:
         cmd.stdout.write(text, ending="")
@@ -328,6 +337,10 @@ def register(areas) -> None:
         help="run manifests or checkpoints kept outside the database",
     )
     v.set_defaults(handler=audit_verify)
-    c = audit_sub.add_parser("checkpoint", help="write a signed anchor of both chains' heads")
+    c = audit_sub.add_parser(
+        "checkpoint",
+        help="sign both chains' heads and store the anchor (the checkpoint job; needs "
+        "RETENTION_EVIDENCE_KEY); print it or write it to FILE",
+    )
     c.add_argument("--out", metavar="FILE", help="write it to FILE (default: stdout)")
     c.set_defaults(handler=audit_checkpoint)

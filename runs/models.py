@@ -378,6 +378,29 @@ class AuditRecord(models.Model):
         return f"{on}[{show_bound(lo)}, {show_bound(hi, end=True)})"
 
 
+class Checkpoint(models.Model):
+    """A signed anchor of both hash chains, taken by the checkpoint job
+    (``retention audit checkpoint``, the only process that holds ``RETENTION_EVIDENCE_KEY``)
+    and stored here so every run manifest carries the latest one. Its ``hmac`` signs the
+    anchor document (``runs.evidence.anchors.document``); the database cannot make one.
+    Written once, after the WAL holds every record it anchors (``anchors.take_checkpoint``);
+    append-only like the chains."""
+
+    at = models.DateTimeField()
+    audit_seq = models.BigIntegerField()
+    audit_hash = models.CharField(max_length=64, blank=True)  # '': an empty chain
+    operator_seq = models.BigIntegerField()
+    operator_hash = models.CharField(max_length=64, blank=True)
+    hmac = models.CharField(max_length=64)
+    host = models.CharField(max_length=200, help_text="where the checkpoint job ran")
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"checkpoint #{self.pk} at audit record {self.audit_seq}"
+
+
 class PartitionAction(models.Model):
     """What a run did with one partition it could take whole (docs/engine.md, "Partitions").
     Recorded before the detach, so a detach interrupted by a crash is finished (or undone) by

@@ -36,7 +36,8 @@ WINDOW_S = 30.0  # sliding window for probe percentiles
 BASELINE_WINDOW_S = 600.0  # idle samples of the last ten minutes make the probe's baseline
 BASELINE_MIN_SAMPLES = 5  # fewer idle samples: no baseline, only the absolute threshold
 BASELINE_MAX_SAMPLES = 200  # the most recent idle samples at most
-APP_PREFIX = "retention"  # application_name of the product's own connections
+# The product tells its own sessions from foreground traffic by application_name "retention:…"
+# (config/settings.py); the guard's functions (database/migrations) count the others.
 CONFLICTING_MODES = ("ShareLock", "ShareRowExclusiveLock", "ExclusiveLock", "AccessExclusiveLock")
 
 
@@ -93,17 +94,18 @@ def _probe_ms(spec) -> float | None:
     return (time.perf_counter() - t0) * 1000
 
 
+def _table_signals(oid: int) -> tuple:
+    """(in_flight, lock_waits, conflicting_locks, autovacuum_running) of a target, read by
+    the SECURITY DEFINER function ``guard_table_signals`` (database/migrations): aggregates of
+    other sessions' locks, never their statements. ``in_flight``: a chunk transaction of the
+    product holds the table (its DELETE holds RowExclusiveLock until commit)."""
+    return _rows(
+        "SELECT * FROM guard_table_signals(%s::oid::regclass, %s)", [oid, list(CONFLICTING_MODES)]
+    )[0]
+
+
 def _in_flight(oid: int) -> bool:
-    """A chunk transaction of the product in flight on the table (its DELETE holds
-    RowExclusiveLock until commit)."""
-    return bool(
-        _rows(
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-            " WHERE l.relation = %s AND l.granted AND l.mode = 'RowExclusiveLock'"
-            " AND l.pid <> pg_backend_pid() AND a.application_name LIKE %s",
-            [oid, APP_PREFIX + "%"],
-        )[0][0]
-    )
+    return bool(_table_signals(oid)[0])
 
 
 def _idle_probes(spec, oid: int, count: int) -> list[float]:
@@ -123,26 +125,17 @@ def _idle_probes(spec, oid: int, count: int) -> list[float]:
 def read_signals() -> tuple[dict, dict]:
     """Measure instance-wide and per-target signals now (one round of catalog queries)."""
     values: dict = {}
-    (values["connections_used"], values["max_connections"]) = _rows(
-        "SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'),"
-        " current_setting('max_connections')::int"
-    )[0]
+    # other sessions, as aggregates (database/migrations: guard_instance_signals)
+    (
+        values["connections_used"],
+        values["max_connections"],
+        values["lock_waits"],
+        lag_s,
+        lag_bytes,
+        values["replicas"],
+    ) = _rows("SELECT * FROM guard_instance_signals()")[0]
     values["connections_free"] = values["max_connections"] - values["connections_used"]
-    values["lock_waits"] = _rows(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-        " AND coalesce(application_name, '') NOT LIKE %s",
-        [APP_PREFIX + "%"],
-    )[0][0]
-    lag = _rows(
-        "SELECT coalesce(max(extract(epoch FROM replay_lag)), 0),"
-        " coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)), 0), count(*)"
-        " FROM pg_stat_replication"
-    )[0]
-    values["replication_lag_s"], values["replication_lag_bytes"], values["replicas"] = (
-        float(lag[0]),
-        int(lag[1]),
-        lag[2],
-    )
+    values["replication_lag_s"], values["replication_lag_bytes"] = float(lag_s), int(lag_bytes)
     values["wal_bytes"] = int(_rows("SELECT wal_bytes FROM pg_stat_wal")[0][0])
     if connection.pg_version >= 170000:
         values["checkpoints_requested"] = _rows("SELECT num_requested FROM pg_stat_checkpointer")[
@@ -160,33 +153,24 @@ def read_signals() -> tuple[dict, dict]:
         if oid is None:
             continue
         info: dict = {"probe_ms": _probe_ms(spec)}
-        # a chunk transaction of the product in flight on the target (its DELETE holds
-        # RowExclusiveLock until commit): this sample's probe is not an idle reading
-        info["in_flight"] = _in_flight(oid)
+        in_flight, lock_waits, conflicting, autovacuum = _table_signals(oid)
+        # a chunk transaction of the product in flight on the target: this sample's probe is
+        # not an idle reading
+        info["in_flight"] = bool(in_flight)
         if not info["in_flight"] and info["probe_ms"] is not None:
             missing = BASELINE_MIN_SAMPLES - 1 - idle_baseline(spec.qualified_table)["n"]
             if missing > 0:
                 probes = _idle_probes(spec, oid, missing)
                 if probes:
                     info["idle_probes_ms"] = probes
-        info["lock_waits"] = _rows(
-            "SELECT count(*) FROM pg_locks WHERE relation = %s AND NOT granted", [oid]
-        )[0][0]
-        held = _rows(
-            "SELECT l.mode, l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-            " WHERE l.relation = %s AND l.granted AND l.mode = ANY(%s)"
-            " AND coalesce(a.application_name, '') NOT LIKE %s LIMIT 3",
-            [oid, list(CONFLICTING_MODES), APP_PREFIX + "%"],
-        )
-        info["conflicting_locks"] = [f"{mode} by pid {pid}" for mode, pid in held]
+        info["lock_waits"] = lock_waits
+        info["conflicting_locks"] = list(conflicting)
         live, dead = _rows(
             "SELECT n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE relid = %s", [oid]
         )[0]
         info["dead_tuples"] = dead
         info["dead_tuple_ratio"] = round(dead / max(1, live + dead), 4)
-        info["autovacuum_running"] = bool(
-            _rows("SELECT count(*) FROM pg_stat_progress_vacuum WHERE relid = %s", [oid])[0][0]
-        )
+        info["autovacuum_running"] = bool(autovacuum)
         tables[spec.qualified_table] = info
     return values, tables
 

@@ -361,7 +361,9 @@ def _attached(spec, action: PartitionAction) -> tuple[bool, bool] | None:
 
 def _detach(spec, action: PartitionAction) -> None:
     """Detach the partition: concurrently (two transactions of PostgreSQL's own, outside any
-    block of ours) when the server allows it, else in a transaction under the lock timeout."""
+    block of ours) when the server allows it, else in a transaction under the lock timeout;
+    one whose concurrent detach was interrupted (DETACH PENDING) is finalized. The one place a
+    partition is detached."""
     child = sql.Identifier(action.schema, action.name)
     state = _attached(spec, action)
     if state is None or not state[0]:
@@ -377,6 +379,18 @@ def _detach(spec, action: PartitionAction) -> None:
         with transaction.atomic():
             _exec("SELECT set_config('lock_timeout', %s, true)", [f"{spec.lock_timeout_ms}ms"])
             _exec(sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(_parent(spec), child))
+
+
+def _attach(spec, action: PartitionAction) -> None:
+    """Attach a detached partition to the policy's table again, with the bounds it had (the
+    catalog's own text, recorded with the intent). The one place a partition is attached."""
+    _exec(
+        sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(
+            _parent(spec),
+            sql.Identifier(action.schema, action.name),
+            sql.SQL(action.bounds),  # catalog text
+        )
+    )
 
 
 def _finish(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
@@ -406,13 +420,7 @@ def _finish(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
             # a row may no longer go (a hold that committed while the detach was interrupted),
             # or a trigger, view or foreign key came since: put the partition back with the
             # bounds it had, and let the chunks decide per row
-            _exec(
-                sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(
-                    _parent(spec),
-                    part.ident(),
-                    sql.SQL(action.bounds),  # catalog text
-                )
-            )
+            _attach(spec, action)
             _leave(action, f"{blocked or f'{census.protected} row(s) may not go'}: attached again")
             return SETTLED
         dropped = action.action == "drop"
@@ -627,18 +635,11 @@ def _put_back(action: PartitionAction, spec) -> str:
         _leave(action, why)
         record_action("reconciler", "partition.left_detached", action, reason=why, partition=name)
         return f"{name}: {why}"
-    child = sql.Identifier(action.schema, action.name)
     if state[0] and state[1]:  # DETACH PENDING: finish the detach, then attach it again
-        _exec(sql.SQL("ALTER TABLE {} DETACH PARTITION {} FINALIZE").format(_parent(spec), child))
+        _detach(spec, action)
         state = (False, False)
     if not state[0]:
-        _exec(
-            sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(
-                _parent(spec),
-                child,
-                sql.SQL(action.bounds),  # catalog text
-            )
-        )
+        _attach(spec, action)
     why = (
         f"put back by the reconciler: run {run.run_key} ended ({run.state}) before the partition"
         " was dropped; nothing in it was deleted"

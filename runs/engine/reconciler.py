@@ -20,7 +20,6 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
-from django_q.models import Failure, Success
 from psycopg import sql
 
 from core import locks, timeouts
@@ -302,15 +301,11 @@ def _ticks_before(policy: Policy, newest, *, after, limit: int) -> list:
 
 
 def prune_own_tables(now) -> dict:
-    """Keep the app's own bulky tables bounded, a batch per pass: django-q2's results (it
-    never prunes failures) after a week, guard samples after a day. Audit rows and the
+    """Keep the app's own bulky tables bounded, a batch per pass: guard samples after a day
+    (django-q2's results live in the cluster cache and expire there). Audit rows and the
     operator log are evidence and are never pruned here."""
     out = {}
-    for model, field, age in (
-        (Success, "stopped", timedelta(days=7)),
-        (Failure, "stopped", timedelta(days=7)),
-        (GuardSample, "taken_at", timedelta(days=1)),
-    ):
+    for model, field, age in ((GuardSample, "taken_at", timedelta(days=1)),):
         ids = list(
             model.objects.filter(**{f"{field}__lt": now - age}).values_list("id", flat=True)[:5000]
         )

@@ -60,19 +60,19 @@ def test_a_superuser_grants_the_first_compliance_officer_and_the_log_says_who_wh
     assert (row.details["role"], row.details["username"]) == ("compliance", "alice")
 
 
-def test_a_compliance_officer_grants_and_revokes_and_each_change_is_logged(root):
+def test_a_superuser_grants_and_revokes_and_each_change_is_logged(root):
     User.objects.create_user("alice", password="x" * 12)
     User.objects.create_user("oscar", password="x" * 12)
     retention("role", "grant", "alice", "compliance", "--by", "root")
-    retention("role", "grant", "oscar", "oncall", "--by", "alice", "--reason", "rota")
+    retention("role", "grant", "oscar", "oncall", "--by", "root", "--reason", "rota")
     assert "oncall already held by oscar" in retention(
-        "role", "grant", "oscar", "oncall", "--by", "alice"
+        "role", "grant", "oscar", "oncall", "--by", "root"
     )
     listing = retention("role", "list")
     assert "oncall      oscar" in listing and "compliance  alice" in listing
     assert "superusers  root" in listing
     assert "oncall revoked from oscar" in retention(
-        "role", "revoke", "oscar", "oncall", "--by", "alice", "--reason", "left the rota"
+        "role", "revoke", "oscar", "oncall", "--by", "root", "--reason", "left the rota"
     )
     assert roles_of(User.objects.get(username="oscar")) == frozenset()
     actions = list(
@@ -82,20 +82,43 @@ def test_a_compliance_officer_grants_and_revokes_and_each_change_is_logged(root)
     )
     assert actions == [
         ("root", "role.grant", "alice", "compliance", ""),
-        ("alice", "role.grant", "oscar", "oncall", "rota"),
-        ("alice", "role.revoke", "oscar", "oncall", "left the rota"),
+        ("root", "role.grant", "oscar", "oncall", "rota"),
+        ("root", "role.revoke", "oscar", "oncall", "left the rota"),
     ]
+
+
+def test_one_compliance_officer_cannot_make_a_second_account_to_pass_four_eyes_alone(
+    root, make_user
+):
+    make_user("alice", "compliance")
+    make_user("carol", "compliance")
+    before = (User.objects.count(), OperatorAction.objects.count())
+    with pytest.raises(CommandError, match="that takes a superuser"):
+        retention(
+            "user", "add", "alice2", "--by", "alice", "--password-stdin",
+            stdin="alice2-password-long\n",
+        )  # fmt: skip
+    make_user("alice2")  # even when the account exists, she cannot empower it
+    with pytest.raises(CommandError, match="that takes a superuser"):
+        retention("role", "grant", "alice2", "compliance", "--by", "alice")
+    # nor take a protection away from the other approvers
+    with pytest.raises(CommandError, match="that takes a superuser"):
+        retention("role", "revoke", "carol", "compliance", "--by", "alice")
+    assert roles_of(User.objects.get(username="alice2")) == frozenset()
+    assert roles_of(User.objects.get(username="carol")) == {"compliance"}
+    assert (User.objects.count(), OperatorAction.objects.count()) == (before[0] + 1, before[1])
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("grant", "oscar", "oncall", "--by", "victor"), "may not manage roles"),
-        (("grant", "alice", "oncall", "--by", "alice"), "nobody changes their own roles"),
+        (("grant", "oscar", "oncall", "--by", "victor"), "may not manage people or roles"),
+        (("grant", "oscar", "oncall", "--by", "alice"), "that takes a superuser"),
+        (("grant", "root", "oncall", "--by", "root"), "nobody changes their own roles"),
         (("grant", "oscar", "oncall"), "set RETENTION_TOKEN"),
         (("grant", "oscar", "oncall", "--by", "nobody"), "set RETENTION_TOKEN"),
-        (("grant", "nobody", "oncall", "--by", "alice"), "unknown user 'nobody'"),
-        (("revoke", "oscar", "viewer", "--by", "oscar"), "may not manage roles"),
+        (("grant", "nobody", "oncall", "--by", "root"), "unknown user 'nobody'"),
+        (("revoke", "oscar", "viewer", "--by", "oscar"), "may not manage people or roles"),
     ],
 )
 def test_a_refused_role_change_is_one_error_and_changes_nothing(root, make_user, args, message):

@@ -64,7 +64,7 @@ def test_approving_from_the_queue_goes_through_the_action_and_comes_back(
     queue = reverse("retention:approvals")
     url = reverse("retention:version_approve", args=["events", submitted.number])
 
-    refused = post(client, url, {"reason": "", "next": queue}, page=queue)
+    refused = post(client, url, {"reason": "", "password": "cora-pw", "next": queue}, page=queue)
     submitted.refresh_from_db()
     assert submitted.state == PolicyVersion.State.SUBMITTED
     assert "reason" in refused.content.decode()

@@ -181,6 +181,8 @@ def test_a_version_is_approved_by_a_different_compliance_officer(
     other = login("compliance", user=make_user("cora", "compliance"))
     other.goto(url)
     other.locator('form[action$="/approve/"] input[name=reason]').fill("reviewed with legal")
+    # approving asks for the password again (sudo mode)
+    other.locator('form[action$="/approve/"] input[name=password]').fill("cora-pw")
     other.locator('form[action$="/approve/"] button').click()
     expect(other.locator("h1 .badge")).to_have_text("approved")
     shoot(other, "approved-version")
@@ -316,6 +318,7 @@ def test_compliance_approves_from_the_queue_but_not_their_own(
         shoot(page, f"approvals-{width}")
 
     entry.locator('input[name="reason"]').first.fill("checked with legal")
+    entry.locator('[data-testid="reauth-password"]').fill("cora1400-pw")  # asked again
     entry.locator('[data-testid="approve"]').click()
     expect(page.locator(".messages")).to_contain_text("approved")
     expect(page.locator('[data-testid="queue-empty"]')).to_be_visible()

@@ -63,11 +63,35 @@ def new_database(admin: dict):
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def database_url(admin: dict, name: str) -> str:
+def database_url(admin: dict, name: str, login: tuple[str, str] | None = None) -> str:
     host, port, user = admin.get("host") or "", admin.get("port") or 5432, admin["user"]
+    if login is not None:
+        user = f"{login[0]}:{login[1]}"
     if host.startswith("/"):
         return f"postgresql://{user}@/{name}?host={host}&port={port}"
     return f"postgresql://{user}@{host}:{port}/{name}"
+
+
+KINDS = ("web", "worker", "operator", "monitor")
+
+
+@contextmanager
+def logins(admin: dict):
+    """One login per kind of process (docs/deploy.md, "Database logins"), uniquely named on
+    the server ``admin`` connects to; dropped after (drop the databases they hold privileges
+    in first)."""
+    made = {
+        kind: (f"rr_{kind}_{uuid.uuid4().hex[:8]}", secrets.token_urlsafe(16)) for kind in KINDS
+    }
+    with psycopg.connect(**admin, dbname="postgres", autocommit=True) as conn:
+        for role, password in made.values():
+            conn.execute(f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{password}'")
+    try:
+        yield made
+    finally:
+        with psycopg.connect(**admin, dbname="postgres", autocommit=True) as conn:
+            for role, _ in made.values():
+                conn.execute(f'DROP ROLE IF EXISTS "{role}"')
 
 
 def production_env(url: str) -> dict:
@@ -114,15 +138,22 @@ def free_port() -> int:
 
 
 def start(env: dict, *cmd: str, extra: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
+    """A long-running process; its output goes to a file (a pipe nobody reads would block it
+    once full), kept as ``proc.log`` for a failing test to show."""
+    import tempfile
+
+    log = tempfile.NamedTemporaryFile("w+", prefix="rr-deploy-", suffix=".log", delete=False)
+    proc = subprocess.Popen(
         [sys.executable, *cmd],
         cwd=ROOT,
         env=dict(env, **(extra or {})),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
     )
+    proc.log = log.name
+    return proc
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -233,26 +264,41 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
         seen["timings"].append((label, round(time.monotonic() - clock, 1)))
         clock = time.monotonic()
 
-    with new_database(admin) as name:
-        env = production_env(database_url(admin, name))
-        manage(env, "migrate", "--no-input", "-v", "0")
+    with logins(admin) as made, new_database(admin) as name:
+        # the owner runs migrate and the grants; every process then has a login of its own
+        owner = production_env(database_url(admin, name))
+        manage(owner, "migrate", "--no-input", "-v", "0")
         step("migrate")
+        create_events(admin, name)
+        grants = [a for kind, (role, _) in made.items() for a in (f"--{kind}", role)]
+        manage(owner, "retention", "grants", "apply", *grants, "--target", "public.rr_events")
+        seen["grants"] = manage(
+            owner, "retention", "grants", "check", *grants, "--target", "public.rr_events"
+        ).stdout
+        step("logins: grants apply, grants check")
+        env_of = {
+            kind: dict(owner, DATABASE_URL=database_url(admin, name, login))
+            for kind, login in made.items()
+        }
+        web, worker, env = env_of["web"], env_of["worker"], env_of["operator"]
         manage(env, "check", "--deploy", "--fail-level", "WARNING")
         step("check --deploy")
         manage(
-            dict(env, DJANGO_SUPERUSER_PASSWORD="root-password-1234"),
+            dict(web, DJANGO_SUPERUSER_PASSWORD="root-password-1234"),
             "createsuperuser", "--no-input", "--username", "root", "--email", "root@example.com",
         )  # fmt: skip
 
-        def token_of(user: str, password: str) -> dict:
-            """The CLI acts as a person: their personal token, obtained with their password."""
+        def token_of(user: str, password: str, login: dict = env) -> dict:
+            """The CLI acts as a person: their personal token, obtained with their password
+            (minted on the web host, with the web login: the operator login writes no token)."""
             secret = manage(
-                env, "retention", "token", "create", "--username", user, "--password-stdin",
+                web, "retention", "token", "create", "--username", user, "--password-stdin",
                 stdin=f"{password}\n",
             ).stdout.strip()  # fmt: skip
-            return dict(env, RETENTION_TOKEN=secret)
+            return dict(login, RETENTION_TOKEN=secret)
 
-        as_root = token_of("root", "root-password-1234")
+        # people and roles: a superuser, on the web host
+        as_root = token_of("root", "root-password-1234", web)
         for user in ("alice", "carol", "oscar"):
             manage(
                 as_root, "retention", "user", "add", user, "--by", "root", "--password-stdin",
@@ -265,12 +311,11 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
             token_of("alice", "alice-password-1234"),
             token_of("carol", "carol-password-1234"),
         )
-        manage(as_alice, "retention", "role", "grant", "oscar", "oncall", "--by", "alice")
+        manage(as_root, "retention", "role", "grant", "oscar", "oncall", "--by", "root")
         as_oscar = token_of("oscar", "oscar-password-1234")
         seen["roles"] = manage(env, "retention", "role", "list").stdout
         step("superuser, users, roles")
 
-        create_events(admin, name)
         policy = tmp_path / "events.toml"
         policy.write_text(POLICY_TOML.format(retention="20 days"))
         seen["apply"] = manage(
@@ -291,11 +336,11 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
         step("target table, policy apply/approve, trigger")
 
         port = free_port()
-        web = start(
-            env, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py",
+        gunicorn = start(
+            web, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py",
             extra={"GUNICORN_BIND": f"127.0.0.1:{port}", "WEB_CONCURRENCY": "2"},
         )  # fmt: skip
-        cleanup = start(env, "manage.py", "qcluster", extra={"Q_CLUSTER_NAME": "cleanup"})
+        cleanup = start(worker, "manage.py", "qcluster", extra={"Q_CLUSTER_NAME": "cleanup"})
         try:
             browser = Browser(port)
 
@@ -306,15 +351,20 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
                     return None
                 return json.loads(body) if status == 200 else None
 
-            seen["health"] = wait_for(
-                lambda: (h := health()) and h["clusters"] and h, timeout=90, what="healthz"
-            )
+            try:
+                seen["health"] = wait_for(
+                    lambda: (h := health()) and h["clusters"] and h, timeout=90, what="healthz"
+                )
+            except AssertionError:
+                for proc in (gunicorn, cleanup):
+                    print(f"== {proc.args} {proc.poll()}\n" + Path(proc.log).read_text()[-4000:])
+                raise
             step("gunicorn and qcluster up (healthz shows the cluster)")
 
             def state() -> str:
                 with psycopg.connect(**admin, dbname=name) as conn:
                     return conn.execute(
-                        "SELECT state FROM runs_run WHERE run_key = %s", [run_key]
+                        "SELECT state FROM retention_runner.runs_run WHERE run_key = %s", [run_key]
                     ).fetchone()[0]
 
             wait_for(lambda: state() == "drained", timeout=150, what="the run to drain")
@@ -323,7 +373,7 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
             step("run drained by the cluster")
             seen["left"] = remaining(admin, name, seen["status"]["cutoff"])
             _, _, seen["metrics"] = browser.get(
-                "/metrics", headers={"Authorization": f"Bearer {env['METRICS_TOKEN']}"}
+                "/metrics", headers={"Authorization": f"Bearer {web['METRICS_TOKEN']}"}
             )
             seen["anonymous_metrics"] = browser.get("/metrics")[0]
             status, headers, _ = Browser(port).request(
@@ -347,7 +397,7 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
             step("metrics, pages, admin over HTTP")
         finally:
             stop(cleanup)
-            stop(web)
+            stop(gunicorn)
         step("web and cluster stopped")
         seen["check"] = manage(env, "retention", "check", run_key).stdout
         seen["verify"] = manage(env, "retention", "audit", "verify").stdout
@@ -356,14 +406,16 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
                 name: e["RETENTION_TOKEN"]
                 for name, e in (("alice", as_alice), ("carol", as_carol), ("oscar", as_oscar))
             }
-            seen["commands"] = every_other_command(env, run_key, tmp_path, tokens)
+            tokens["root"] = as_root["RETENTION_TOKEN"]
+            seen["commands"] = every_other_command(env_of, run_key, tmp_path, tokens)
             step("every other command")
     return seen
 
 
-def every_other_command(env: dict, run_key: str, tmp_path: Path, tokens: dict) -> dict:
-    """Each remaining CLI command once: (return code, first line of output or error). A
-    command naming a person (--author, --approver, --by) runs with that person's token."""
+def every_other_command(env_of: dict, run_key: str, tmp_path: Path, tokens: dict) -> dict:
+    """Each remaining CLI command once, with the login that runs it in production: (return
+    code, first line of output or error). A command naming a person (--author, --approver,
+    --by) runs with that person's token."""
     v2 = tmp_path / "events-v2.toml"
     v2.write_text(POLICY_TOML.format(retention="30 days"))
     commands = {
@@ -385,14 +437,27 @@ def every_other_command(env: dict, run_key: str, tmp_path: Path, tokens: dict) -
         "confirm": ["retention", "confirm", run_key, "--by", "oscar", "--reason", "x"],
         "replay": ["retention", "replay", "1", "--by", "oscar", "--reason", "x"],
         "discard": ["retention", "discard", "1", "--by", "oscar", "--reason", "x"],
+    }  # fmt: skip
+    # the system's commands run where the clusters run, with the worker login
+    system = {
         "drain": ["retention", "drain", "--until-idle"],
         "reconcile": ["retention", "reconcile"],
         "explain": ["retention", "explain", "events"],
         "startup": ["retention", "startup"],
-        "role grant": ["retention", "role", "grant", "oscar", "auditor", "--by", "alice"],
-        "role revoke": ["retention", "role", "revoke", "oscar", "auditor", "--by", "alice",
+    }
+    # people and roles: a superuser on the web host, with the web login
+    people = {
+        "role grant": ["retention", "role", "grant", "oscar", "auditor", "--by", "root"],
+        "role revoke": ["retention", "role", "revoke", "oscar", "auditor", "--by", "root",
                         "--reason", "left"],
     }  # fmt: skip
+    results = {}
+    for kind, group in (("operator", commands), ("worker", system), ("web", people)):
+        results.update(_run_commands(env_of[kind], group, tokens))
+    return results
+
+
+def _run_commands(env: dict, commands: dict, tokens: dict) -> dict:
     # One process runs them all (each as `manage.py retention ...` would), to save start-ups.
     script = (
         "import io, json, sys, django; django.setup()\n"

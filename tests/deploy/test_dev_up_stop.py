@@ -75,14 +75,18 @@ def test_ctrl_c_of_dev_up_while_a_run_drains_stops_everything_and_invariants_hol
         def audited() -> int:
             try:
                 with psycopg.connect(url, connect_timeout=3) as conn:
-                    return conn.execute("SELECT count(*) FROM runs_auditrecord").fetchone()[0]
+                    return conn.execute(
+                        "SELECT count(*) FROM retention_runner.runs_auditrecord"
+                    ).fetchone()[0]
             except psycopg.Error:
                 return 0
 
         first = wait_for(audited, timeout=300, what="a run to start draining")
         wait_for(lambda: audited() > first + 2, timeout=120, what="the run to keep draining")
         with psycopg.connect(url) as conn:
-            active = conn.execute("SELECT count(*) FROM runs_run WHERE state = 'active'").fetchone()
+            active = conn.execute(
+                "SELECT count(*) FROM retention_runner.runs_run WHERE state = 'active'"
+            ).fetchone()
         assert active[0] >= 1  # Ctrl-C comes while a run drains
         interrupted_at = datetime.now(UTC)
         t0 = time.monotonic()
@@ -98,9 +102,13 @@ def test_ctrl_c_of_dev_up_while_a_run_drains_stops_everything_and_invariants_hol
         url = _python(env, "from core import embedded_pg; print(embedded_pg.database_url())")
         with psycopg.connect(url) as conn:
             late = conn.execute(
-                "SELECT count(*) FROM runs_auditrecord WHERE started_at > %s", [interrupted_at]
+                "SELECT count(*) FROM retention_runner.runs_auditrecord WHERE started_at > %s",
+                [interrupted_at],
             ).fetchone()[0]
-            run_keys = [r[0] for r in conn.execute("SELECT run_key FROM runs_run").fetchall()]
+            run_keys = [
+                r[0]
+                for r in conn.execute("SELECT run_key FROM retention_runner.runs_run").fetchall()
+            ]
         print(f"chunks started after Ctrl-C: {late}")
         # at most the chunk each worker (of both clusters) had in flight; no lease starts another
         assert late <= CLEANUP_WORKERS + DEADLINE_WORKERS, f"{late} chunks started after Ctrl-C"

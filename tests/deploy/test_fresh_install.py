@@ -1,6 +1,8 @@
-"""A new installation needs only `migrate`: on a new database with DEBUG off and a real
-SECRET_KEY, the first compliance officers come from `retention role grant`, gunicorn serves
-the dashboard, a cleanup qcluster drains a run, and every command works (docs/deploy.md)."""
+"""A new installation needs only `migrate` and `retention grants apply`: on a new database
+with DEBUG off and a real SECRET_KEY, each process connects with a login of its own (web,
+worker, operator; the owner only migrates and grants), the first compliance officers come
+from `retention role grant` by the superuser, gunicorn serves the dashboard, a cleanup
+qcluster drains a run, and every command works with its production login (docs/deploy.md)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ def server_of_the_tests() -> dict:
 
 def assert_deployed(seen: dict) -> None:
     print("\n".join(f"{label:55} {seconds:6.1f} s" for label, seconds in seen["timings"]))
+    # every process with a login of its own, holding exactly what it needs
+    assert seen["grants"].count("exactly what it needs") == 4, seen["grants"]
     assert "compliance  alice, carol" in seen["roles"] and "oncall      oscar" in seen["roles"]
     assert "events v1 submitted" in seen["apply"]
     assert seen["health"]["database"] == "ok" and seen["health"]["clusters"]

@@ -8,19 +8,26 @@ import time
 from datetime import timedelta
 
 import pytest
-from django_q.models import Failure, Success
 
 from runs.models import Run
 from tests.liveness.conftest import CLUSTER_ENV, drop_tables, policy_on
-from tests.runs.processes import kill_group, pg_connect, spawn, wait_for
+from tests.runs.processes import kill_group, pg_connect, spawn, task_outcomes, wait_for
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
+
+
+RECONCILE_TASKS: list[str] = []
 
 
 def enqueue_reconcile() -> None:
     from django_q.tasks import async_task
 
-    async_task("runs.tasks.reconcile", cluster="cleanup")
+    RECONCILE_TASKS.append(async_task("runs.tasks.reconcile", cluster="cleanup"))
+
+
+def reconcile_passes() -> list[tuple[bool, object]]:
+    """(success, result) of every finished reconciler task this module enqueued."""
+    return [(t.success, t.result) for t in task_outcomes(RECONCILE_TASKS, "cleanup").values()]
 
 
 def test_a_locked_table_does_not_stop_another_policys_catch_up(make_user):
@@ -44,13 +51,12 @@ def test_a_locked_table_does_not_stop_another_policys_catch_up(make_user):
         wait_for(beta_caught_up, timeout=30, interval=2, what="beta's catch-up run")
         # and no reconciler task ever reached the task timeout
         wait_for(
-            lambda: Success.objects.filter(func="runs.tasks.reconcile").exists(),
+            lambda: any(success for success, _ in reconcile_passes()),
             timeout=20,
             what="a reconciler pass to finish",
         )
-        assert not Failure.objects.filter(func="runs.tasks.reconcile").exists(), [
-            f.result[:300] for f in Failure.objects.filter(func="runs.tasks.reconcile")
-        ]
+        failed = [str(result)[:300] for success, result in reconcile_passes() if not success]
+        assert not failed, failed
     finally:
         blocker.rollback()
         blocker.close()
@@ -117,7 +123,7 @@ def test_a_late_firing_after_an_outage_follows_the_catch_up_rule(make_user):
         )
         enqueue_reconcile()
         wait_for(
-            lambda: Success.objects.filter(func="runs.tasks.reconcile").exists(),
+            lambda: any(success for success, _ in reconcile_passes()),
             timeout=30,
             what="a reconciler pass",
         )

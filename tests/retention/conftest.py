@@ -117,6 +117,8 @@ def second_dsn() -> str:
         "host": params.get("host") or "",
         "port": params.get("port") or "",
         "password": params.get("password") or "",
+        # the product's schema first on the search path, as Django's own connections
+        "options": params.get("options") or "",
     }
     return psycopg.conninfo.make_conninfo(**{k: v for k, v in parts.items() if v})
 

@@ -97,7 +97,9 @@ def test_the_author_cannot_approve_by_posting_the_form_directly(events_table, al
     version = submitted(alice)
 
     page = as_user(alice).post(
-        version_url("version_approve", version), {"reason": "looks good"}, follow=True
+        version_url("version_approve", version),
+        {"reason": "looks good", "password": "alice-pw"},
+        follow=True,
     )
 
     assert "alice wrote events v1 and cannot approve it" in page.content.decode()
@@ -109,11 +111,13 @@ def test_another_officer_approves_with_a_reason(events_table, alice, bob, as_use
     version = submitted(alice)
     client = as_user(bob)
 
-    client.post(version_url("version_approve", version), {"reason": ""})
+    client.post(version_url("version_approve", version), {"reason": "", "password": "bob-pw"})
     version.refresh_from_db()
     assert version.state == "submitted"
 
-    page = client.post(version_url("version_approve", version), {"reason": "checked"})
+    page = client.post(
+        version_url("version_approve", version), {"reason": "checked", "password": "bob-pw"}
+    )
     assert page.status_code == 302
     version.refresh_from_db()
     assert (version.state, version.decided_by, version.decision_reason) == (
@@ -201,7 +205,7 @@ def test_a_fresh_preview_comes_back_as_a_fragment(events_table, alice, bob, as_u
     assert "<html" not in html
 
 
-def test_holds_are_placed_and_released_from_the_holds_page(events_table, alice, as_user):
+def test_holds_are_placed_and_released_from_the_holds_page(events_table, alice, bob, as_user):
     submitted(alice)
     client = as_user(alice)
 
@@ -214,9 +218,17 @@ def test_holds_are_placed_and_released_from_the_holds_page(events_table, alice, 
     html = client.get(reverse("retention:holds")).content.decode()
     assert f'data-hold="{hold.pk}"' in html and "case 9" in html
 
-    client.post(reverse("retention:hold_release", args=[hold.pk]), {"reason": "closed"})
+    assert reverse("retention:hold_detail", args=[hold.pk]) in html
+
+    client.post(reverse("retention:hold_release_request", args=[hold.pk]), {"reason": "closed"})
     hold.refresh_from_db()
-    assert hold.released_by == "alice" and hold.release_reason == "closed"
+    assert hold.active and hold.release_requested_by == "alice"
+    assert (
+        'data-testid="release-pending"' in client.get(reverse("retention:holds")).content.decode()
+    )
+    as_user(bob).post(reverse("retention:hold_release_approve", args=[hold.pk]), {"reason": "ok"})
+    hold.refresh_from_db()
+    assert hold.released_by == "bob" and hold.release_reason == "ok"
 
 
 def test_a_bad_key_bound_on_the_hold_form_is_refused(events_table, alice, as_user):
@@ -254,3 +266,33 @@ def test_the_admin_shows_versions_and_actions_read_only(events_table, alice, cli
     page = client.get(reverse("admin:core_operatoraction_change", args=[action.pk]))
     assert page.status_code == 200 and 'name="_save"' not in page.content.decode()
     assert client.get(reverse("admin:retention_legalhold_changelist")).status_code == 200
+
+
+def test_approving_asks_for_the_password_again_so_a_taken_session_alone_cannot_approve(
+    events_table, alice, bob, as_user
+):
+    version = submitted(alice)
+    client = as_user(bob)  # a session, as a stolen cookie would give
+    assert (
+        'data-testid="reauth-password"'
+        in client.get(version_url("version_detail", version)).content.decode()
+    )
+
+    for form, refusal in (
+        ({"reason": "checked"}, "enter your password to confirm the approval of events v1"),
+        ({"reason": "checked", "password": "guess"}, "wrong password: the approval of events v1"),
+    ):
+        page = client.post(version_url("version_approve", version), form, follow=True)
+        assert refusal in page.content.decode()
+        version.refresh_from_db()
+        assert version.state == "submitted"
+    assert not OperatorAction.objects.filter(action="version.approve").exists()
+
+    client.post(version_url("version_approve", version), {"reason": "ok", "password": "bob-pw"})
+    version.refresh_from_db()
+    assert version.state == "approved"
+    # for the next few minutes the password is not asked again
+    assert (
+        'data-testid="reauth-password"'
+        not in client.get(version_url("version_detail", version)).content.decode()
+    )

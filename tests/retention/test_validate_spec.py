@@ -126,15 +126,15 @@ def test_a_view_is_not_a_table(events_table):
 @pytest.mark.parametrize(
     "table",
     [
-        "public.retention_legalhold",
-        "public.runs_auditrecord",
-        "public.runs_chunk",
-        "public.retention_operatoraction",
-        "public.auth_user",
-        "public.django_session",
-        "public.django_q_schedule",
-        "public.core_cache",
-        "public.django_migrations",
+        "retention_runner.retention_legalhold",
+        "retention_runner.runs_auditrecord",
+        "retention_runner.runs_chunk",
+        "retention_runner.retention_operatoraction",
+        "retention_runner.auth_user",
+        "retention_runner.django_session",
+        "retention_runner.django_q_schedule",
+        "retention_runner.core_cache",
+        "retention_runner.django_migrations",
         "pg_catalog.pg_class",
     ],
 )
@@ -142,16 +142,31 @@ def test_the_products_own_tables_are_never_targets(db, alice, table):
     with pytest.raises(SpecError) as excinfo:
         validate(table=f'"{table}"', timestamp='"placed_at"', tenant=None)
     assert str(excinfo.value) == (
-        f"{table} belongs to Retention Runner, Django or PostgreSQL itself; "
-        "policies may only target application tables"
+        f"{table} belongs to Retention Runner (schema retention_runner), Django's tables of the "
+        "product or PostgreSQL itself; policies may only target application tables"
     )
+
+
+def test_the_products_tables_are_in_a_schema_of_their_own_and_none_in_public(db):
+    from database.schema import product_table_names
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT n.nspname, count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.relname = ANY(%s) AND c.relkind IN ('r', 'p') GROUP BY 1",
+            [product_table_names()],
+        )
+        where = dict(cursor.fetchall())
+    assert where == {"retention_runner": len(product_table_names())}
 
 
 def test_a_policy_on_the_legal_hold_table_is_refused_and_nothing_is_stored(db, alice):
     from retention.models import LegalHold, Policy, PolicyVersion
 
     spec = load_toml(
-        policy_toml(table='"public.retention_legalhold"', timestamp='"placed_at"', tenant=None)
+        policy_toml(
+            table='"retention_runner.retention_legalhold"', timestamp='"placed_at"', tenant=None
+        )
     )
     with pytest.raises(SpecError, match="retention_legalhold belongs to Retention Runner"):
         actions.apply_spec(spec, author=alice)

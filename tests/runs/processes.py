@@ -85,3 +85,38 @@ def backends_running(conn: psycopg.Connection, pattern: str) -> int:
         [pattern],
     ).fetchone()
     return row[0]
+
+
+def task_outcomes(ids, cluster: str) -> dict:
+    """id -> django-q2 Task (``success``, ``result``, ``cluster``) of the finished tasks among
+    ``ids`` that ``cluster`` ran, read where the clusters keep results: the cluster cache
+    (settings.Q_CLUSTER "cached"), under the cluster's own key."""
+    from django_q.brokers import get_broker
+    from django_q.tasks import fetch_cached
+
+    broker = get_broker(list_key=cluster)
+    outcomes = {}
+    for task_id in ids:
+        task = fetch_cached(task_id, broker=broker)
+        if task is not None:
+            outcomes[task_id] = task
+    return outcomes
+
+
+def finished_tasks(cluster: str) -> list:
+    """Every finished django-q2 task whose result ``cluster`` still keeps in the cluster cache
+    (settings.Q_CLUSTER "cached"), as django-q2 Task objects."""
+    from django.core.cache import caches
+    from django.db import connection
+    from django_q.brokers import get_broker
+
+    # django-q2 keys a result by its broker's list key (the cluster's name; with Redis
+    # "django_q:<name>:q")
+    prefix = caches["cluster"].make_key(f"{get_broker(list_key=cluster).list_key}:")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT cache_key FROM core_cluster_cache WHERE cache_key LIKE %s",
+            [prefix.replace("%", "\\%").replace("_", "\\_") + "%"],
+        )
+        ids = [key[len(prefix) :] for (key,) in cursor.fetchall()]
+    return list(task_outcomes([i for i in ids if ":" not in i], cluster).values())

@@ -15,7 +15,7 @@ from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events
-from tests.runs.processes import kill_group, spawn, wait_for
+from tests.runs.processes import kill_group, spawn, task_outcomes, wait_for
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
@@ -100,9 +100,11 @@ def test_ceilings_hold_across_two_clusters_and_quiet_tenants_are_not_starved(bus
     assert check_run(run, shadow=("public", "rr_events_shadow")) == []
 
 
+DEADLINE_JOBS: list[str] = []
+
+
 def lateness_of_deadline_jobs(count: int) -> list[float]:
     """Enqueue ``count`` deadline-lane jobs, 0.3 s apart, and return how late each started."""
-    from django_q.models import Success
     from django_q.tasks import async_task
 
     ids = []
@@ -113,16 +115,13 @@ def lateness_of_deadline_jobs(count: int) -> list[float]:
             )
         )
         time.sleep(0.3)
-    wait_for(
-        lambda: Success.objects.filter(id__in=ids).count() == count,
-        timeout=60,
-        what="deadline jobs",
-    )
-    return sorted(s.result["lateness_s"] for s in Success.objects.filter(id__in=ids))
+    wait_for(lambda: len(task_outcomes(ids, "deadline")) == count, timeout=60, what="deadline jobs")
+    DEADLINE_JOBS.extend(ids)
+    return sorted(task.result["lateness_s"] for task in task_outcomes(ids, "deadline").values())
 
 
 def test_a_saturated_cleanup_lane_leaves_the_deadline_lane_its_capacity(busy_table, make_user):
-    from django_q.models import OrmQ, Success
+    from django_q.models import OrmQ
 
     deadline = spawn("qcluster", env={"Q_CLUSTER_NAME": "deadline", "DEADLINE_WORKERS": "1"})
     cleanup = None
@@ -153,5 +152,6 @@ def test_a_saturated_cleanup_lane_leaves_the_deadline_lane_its_capacity(busy_tab
     # Every deadline job ran on the deadline cluster while cleanup leases still queued: the
     # saturated lane never took the other's capacity (how late each was is bench material).
     assert len(idle) == len(busy) == 6
-    ran = Success.objects.filter(func="demo.tasks.send_due_reminders")
-    assert ran.count() == 12 and set(ran.values_list("cluster", flat=True)) == {"deadline"}
+    ran = task_outcomes(DEADLINE_JOBS[-12:], "deadline").values()
+    assert len(ran) == 12 and {task.cluster for task in ran} == {"deadline"}
+    assert all(task.success and task.func == "demo.tasks.send_due_reminders" for task in ran)

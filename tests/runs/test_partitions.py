@@ -33,7 +33,7 @@ from runs.evidence.audit import HASHED_COLUMNS, record_hash, verify_chain
 from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, GuardSample, PartitionAction, PlannerCursor, Run
 from runs.progress import progress_for
-from tests.factories import approved_policy, events_spec
+from tests.factories import approved_policy, events_spec, release_hold
 from tests.runs.conftest import NOW, count
 from tests.runs.processes import pg_connect, wait_for
 
@@ -695,6 +695,6 @@ def test_a_hold_placed_after_the_detach_keeps_the_detached_table(parts, make_use
     held = count(f"public.{jan}", "tenant_id = 1")
     assert reconcile()["detached"] == [f"public.{jan}: kept, {held} row(s) may not go (held) now"]
     assert relation_exists(jan) and count(f"public.{jan}") == shadow_month(EXPIRED[0])
-    retention_actions.release_hold(hold, reason="settled", actor=keeper)
+    release_hold(hold, requester=keeper, approver=make_user("kurt", "compliance"), reason="settled")
     assert reconcile()["detached"] == [f"public.{jan}: dropped"]
     assert not relation_exists(jan)

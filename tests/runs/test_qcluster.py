@@ -13,7 +13,7 @@ from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, Chunk, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events
-from tests.runs.processes import kill_group, spawn, wait_for
+from tests.runs.processes import finished_tasks, kill_group, spawn, wait_for
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
@@ -139,7 +139,7 @@ def test_sigterm_ends_each_lease_at_its_next_chunk_boundary_and_requeues_it(
     worker's in-memory queue. After SIGTERM at most the chunk in flight commits, no waiting
     lease starts a chunk, and every slot's next generation is back in the queue."""
     from django.utils import timezone
-    from django_q.models import OrmQ, Task
+    from django_q.models import OrmQ
 
     from runs.models import Lease
 
@@ -173,8 +173,8 @@ def test_sigterm_ends_each_lease_at_its_next_chunk_boundary_and_requeues_it(
     assert after_stop <= 1, f"{after_stop} chunks started after SIGTERM"
     results = [
         t.result
-        for t in Task.objects.filter(func="runs.tasks.drain_lease")
-        if t.success and t.args[0] == run.pk
+        for t in finished_tasks("cleanup")
+        if t.func == "runs.tasks.drain_lease" and t.success and t.args[0] == run.pk
     ]
     assert results and all(r["stopped"] == "worker stopping" for r in results), results
     # every slot published its next generation (the first came with the trigger)

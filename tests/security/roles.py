@@ -1,40 +1,27 @@
-"""A real least-privilege worker role (docs/least-privilege.sql): its grants, and
-connections as that role."""
+"""Real database logins with the grants the product's own command gives them
+(``retention grants apply``), and connections as those logins."""
 
 from __future__ import annotations
 
+import io
 import re
 
 import psycopg
+from django.core.management import call_command
 from django.db import connection
-from psycopg import sql
 
-from tests.runs.conftest import ROOT, worker_env
-
-SCRIPT = ROOT / "docs" / "least-privilege.sql"
+from tests.runs.conftest import worker_env
 
 
-def grant_statements(role: str, target: tuple[str, str]) -> list[sql.Composed]:
-    """docs/least-privilege.sql with its psql variables bound as identifiers."""
-    text = "\n".join(
-        line for line in SCRIPT.read_text().splitlines() if not line.lstrip().startswith("--")
-    )
-    out = []
-    for statement in filter(None, (s.strip() for s in text.split(";"))):
-        template = (
-            statement.replace(':"worker_role"', "{role}")
-            .replace(':"DBNAME"', "{db}")
-            .replace(":target", "{target}")
-        )
-        assert not re.search(r":\w|:\"", template), f"unbound psql variable in {statement!r}"
-        out.append(
-            sql.SQL(template).format(
-                role=sql.Identifier(role),
-                db=sql.Identifier(connection.settings_dict["NAME"]),
-                target=sql.Identifier(*target),
-            )
-        )
-    return out
+def apply_grants(kind: str, role: str, *targets: str) -> str:
+    """What a deployment does: ``retention grants apply --KIND ROLE --target …`` (the
+    product's own command, with this connection's — the owner's — login)."""
+    out = io.StringIO()
+    args = ["grants", "apply", f"--{kind}", role]
+    for target in targets:
+        args += ["--target", target]
+    call_command("retention", *args, stdout=out)
+    return out.getvalue()
 
 
 def url_as(role: str, password: str) -> str:

@@ -149,7 +149,10 @@ def test_a_password_at_a_terminal_is_the_other_way_to_act(people, monkeypatch):
 
 def test_a_token_is_shown_once_stored_hashed_and_revoked_on_the_page(people, client):
     client.force_login(people["olga"])
-    page = client.post(reverse("tokens"), {"name": "laptop"})
+    refused = client.post(reverse("tokens"), {"name": "laptop"})
+    assert refused.status_code == 403 and not ApiToken.objects.exists()
+    assert "enter your password to confirm a new token" in refused.content.decode()
+    page = client.post(reverse("tokens"), {"name": "laptop", "password": "olga-pw"})
     assert page.status_code == 200 and "no-store" in page["Cache-Control"]
     secret = page.context["created"]
     assert secret.startswith("rrt_") and len(secret) > 40 and secret in page.content.decode()
@@ -173,3 +176,67 @@ def test_someone_without_a_role_gets_no_token(make_user, client):
     client.force_login(make_user("nobody"))
     assert client.post(reverse("tokens"), {"name": "x"}).status_code == 403
     assert not ApiToken.objects.exists()
+
+
+def at_a_terminal(monkeypatch, username: str, password: str) -> None:
+    monkeypatch.delenv("RETENTION_TOKEN", raising=False)
+    monkeypatch.setattr("sys.stdin", type("Tty", (io.StringIO,), {"isatty": lambda self: True})())
+    monkeypatch.setattr("builtins.input", lambda prompt: username)
+    monkeypatch.setattr("getpass.getpass", lambda prompt: password)
+
+
+def token_create(username: str, password: str, monkeypatch) -> str:
+    monkeypatch.setattr("sys.stdin", io.StringIO(password + "\n"))
+    return cli("token", "create", "--username", username, "--password-stdin")
+
+
+def test_wrong_passwords_at_the_prompt_count_and_lock_like_the_sign_in_page(
+    people, monkeypatch, settings
+):
+    from axes.models import AccessFailureLog
+
+    for n in range(1, settings.LOGIN_FAILURE_LIMIT + 1):  # the fifth failure locks
+        at_a_terminal(monkeypatch, "olga", "wrong")
+        refusal = "wrong username or password" if n < 5 else "too many failed sign-ins"
+        with pytest.raises(CommandError, match=refusal):
+            cli("kill-switch", "on", "--reason", "x")
+    at_a_terminal(monkeypatch, "olga", "olga-pw")
+    with pytest.raises(CommandError, match="too many failed sign-ins for olga"):
+        cli("kill-switch", "on", "--reason", "x")
+    assert not KillSwitch.is_on()
+    failures = AccessFailureLog.objects.filter(username="olga")
+    assert failures.count() == settings.LOGIN_FAILURE_LIMIT + 1  # the refused one too
+    # the fifth wrong password locked, and the right one after it was refused
+    assert failures.filter(locked_out=True).count() == 2
+
+
+def test_token_create_counts_wrong_passwords_and_locks_like_the_sign_in_page(
+    people, monkeypatch, settings
+):
+    for n in range(1, settings.LOGIN_FAILURE_LIMIT + 1):
+        refusal = "wrong username or password" if n < 5 else "too many failed sign-ins"
+        with pytest.raises(CommandError, match=refusal):
+            token_create("olga", "wrong", monkeypatch)
+    with pytest.raises(CommandError, match="too many failed sign-ins for olga"):
+        token_create("olga", "olga-pw", monkeypatch)
+    assert not ApiToken.objects.exists()
+    assert not OperatorAction.objects.filter(action="token.create").exists()
+
+
+def test_an_unknown_username_costs_a_password_hash_like_a_known_one(people, monkeypatch):
+    """Without it, the answer's speed tells which usernames exist."""
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+    computed = []
+    original = PBKDF2PasswordHasher.encode
+
+    def counting(self, password, salt, iterations=None):
+        computed.append(password)
+        return original(self, password, salt, iterations)
+
+    monkeypatch.setattr(PBKDF2PasswordHasher, "encode", counting)
+    for n, username in enumerate(("olga", "nobody-by-that-name")):
+        computed.clear()
+        with pytest.raises(CommandError, match="wrong username or password"):
+            token_create(username, f"unguessable-{n}-{username}", monkeypatch)
+        assert computed == [f"unguessable-{n}-{username}"], username

@@ -1,4 +1,4 @@
-"""The workers can run as a least-privilege role (docs/least-privilege.sql): it drains a run,
+"""The workers can run as a least-privilege role (`retention grants apply --worker`): it drains a run,
 and it cannot run DDL, rewrite the audit trail or touch target rows beyond DELETE."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, GuardSample, Run
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW, ROOT, create_events, worker_env
-from tests.security.roles import connect_as, grant_statements, url_as
+from tests.security.roles import apply_grants, connect_as, url_as
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
@@ -41,9 +41,7 @@ def run(make_user):
 
 def test_a_least_privilege_role_drains_a_run_and_can_do_nothing_else(run, worker_role):
     role, password = worker_role
-    with connection.cursor() as cur:
-        for statement in grant_statements(role, ("public", "rr_events")):
-            cur.execute(statement.as_string(cur.connection))
+    apply_grants("worker", role, "public.rr_events")
 
     env = {**os.environ, **worker_env(), "DATABASE_URL": url_as(role, password)}
     result = subprocess.run(
@@ -147,9 +145,7 @@ def test_a_vacuum_the_worker_role_may_not_run_fails_with_one_clear_error_on_the_
     )  # fmt: skip
     run, _ = trigger_run(policy, tick=NOW)
     try:
-        with connection.cursor() as cur:
-            for statement in grant_statements(role, ("public", "rr_events")):
-                cur.execute(statement.as_string(cur.connection))
+        apply_grants("worker", role, "public.rr_events")
         while not run.planner_done:
             planner.plan(run, window=1000)
         while worker.process_one(run).kind == worker.DONE:

@@ -1,4 +1,4 @@
-"""A least-privilege worker role (docs/least-privilege.sql) on a partitioned table: it owns
+"""A least-privilege worker role (`retention grants apply --worker`) on a partitioned table: it owns
 nothing, so it cannot detach or drop a partition — the run deletes every old row in chunks,
 drains and passes the invariant checker; no partition is touched."""
 
@@ -17,7 +17,7 @@ from runs.models import AuditRecord, PartitionAction, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, ROOT, count, worker_env
 from tests.runs.test_partitions import EXPIRED, MONTHS, create_partitioned
-from tests.security.roles import grant_statements, url_as
+from tests.security.roles import apply_grants, url_as
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
@@ -40,9 +40,7 @@ def test_a_worker_role_that_does_not_own_the_table_deletes_its_partitions_in_chu
     parts_run, worker_role
 ):
     role, password = worker_role
-    with connection.cursor() as cur:
-        for statement in grant_statements(role, ("public", "rr_parts")):
-            cur.execute(statement.as_string(cur.connection))
+    apply_grants("worker", role, "public.rr_parts")
     env = {**os.environ, **worker_env(), "DATABASE_URL": url_as(role, password),
            "RETENTION_GUARD": "0"}  # fmt: skip
     result = subprocess.run(

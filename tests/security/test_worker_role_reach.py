@@ -6,6 +6,7 @@ scheduled tasks."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 import pickle
 import signal
@@ -24,7 +25,7 @@ from psycopg import sql
 
 from runs.engine.schedules import ensure_system_schedules
 from runs.pages.metrics import AUDIT_TOTALS_KEY
-from tests.security.roles import connect_as, grant_statements
+from tests.security.roles import apply_grants, connect_as
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,8 +52,7 @@ def granted(worker_role):
     role, password = worker_role
     with connection.cursor() as cur:
         cur.execute("CREATE TABLE IF NOT EXISTS public.rr_reach (id bigint PRIMARY KEY)")
-        for statement in grant_statements(role, ("public", "rr_reach")):
-            cur.execute(statement.as_string(cur.connection))
+        apply_grants("worker", role, "public.rr_reach")
     yield role, password
     with connection.cursor() as cur:
         cur.execute("DROP TABLE IF EXISTS public.rr_reach")
@@ -197,31 +197,54 @@ def test_a_cluster_running_as_the_worker_role_still_reports_its_heartbeat(client
     assert beat["heartbeat_age_s"] is not None
 
 
-def test_task_results_written_as_the_worker_role_are_never_unpickled_by_the_admin(
-    client, granted, make_user, tmp_path
+def test_the_worker_role_cannot_write_a_task_result_that_a_cluster_would_unpickle(granted):
+    """django-q2's monitor loads rows of django_q_task (their args and results are pickles)
+    when it saves a result: the workers' login may not write that table at all."""
+    for statement in (
+        "INSERT INTO django_q_task (id, name, func, args, kwargs, result, started, stopped,"
+        " success, attempt_count) VALUES ('planted', 'planted', 'runs.tasks.reconcile', %s, %s,"
+        " %s, now(), now(), true, 1)",
+        "UPDATE django_q_task SET result = %s, args = %s, kwargs = %s",
+    ):
+        with connect_as(*granted) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(statement, [payload("/tmp/never")] * 3)
+
+
+@pytest.mark.processes
+def test_a_cluster_as_the_worker_role_keeps_results_as_signed_json_in_the_cluster_cache(
+    granted, tmp_path
 ):
-    """django-q2 keeps task arguments and results as pickles in django_q_task, which the
-    workers write; the web process never loads them (no admin pages for them)."""
+    """A real cleanup cluster connected as the worker login saves each finished task in the
+    cluster cache (a signed package, stored as JSON) and writes nothing to django_q_task; a
+    pickle planted where it would be read (by the owner, since the workers cannot) never runs."""
+    from django_q.models import Task
+    from django_q.tasks import async_task
+
+    from tests.runs.processes import kill_group, spawn, task_outcomes, wait_for
+    from tests.security.roles import url_as
+
     marker = tmp_path / "planted-ran"
-    with connect_as(*granted) as conn:
-        for success in (True, False):
-            conn.execute(
-                "INSERT INTO django_q_task (id, name, func, args, kwargs, result, started,"
-                " stopped, success, attempt_count) VALUES (%s, %s, 'runs.tasks.reconcile',"
-                " %s, %s, %s, now(), now(), %s, 1)",
-                [f"planted{success:d}", f"planted-{success}", *[payload(marker)] * 3, success],
-            )
-    ensure_system_schedules()
-    Schedule.objects.filter(name="retention:reconciler").update(task="planted1")
-    admin = make_user("root")
-    admin.is_staff = admin.is_superuser = True
-    admin.save()
-    client.force_login(admin)
-    for model in ("success", "failure"):
-        client.get(f"/admin/django_q/{model}/")
-        client.get(f"/admin/django_q/{model}/planted{int(model == 'success')}/change/")
-    assert client.get("/admin/").status_code == 200
-    schedules = client.get("/admin/django_q/schedule/")
-    assert schedules.status_code == 200
-    assert "planted-True" in schedules.content.decode()
+    with connect_as_owner() as owner:  # the one login that may still write django_q_task
+        owner.execute(
+            "INSERT INTO django_q_task (id, name, func, args, kwargs, result, started, stopped,"
+            " success, attempt_count) VALUES ('planted', 'planted', 'runs.tasks.reconcile', %s,"
+            " %s, %s, now(), now(), true, 1)",
+            [payload(marker)] * 3,
+        )
+    ids = [async_task("runs.tasks.reconcile", cluster="cleanup") for _ in range(3)]
+    cluster = spawn("qcluster", env={"DATABASE_URL": url_as(*granted), "Q_CLUSTER_NAME": "cleanup"})
+    try:
+        done = wait_for(
+            lambda: len(task_outcomes(ids, "cleanup")) == 3 and task_outcomes(ids, "cleanup"),
+            timeout=90,
+            what="three reconciler tasks to finish",
+        )
+    finally:
+        kill_group(cluster, signal.SIGTERM)
+    assert all(task.success for task in done.values())
+    assert list(Task.objects.values_list("id", flat=True)) == ["planted"]
+    with connection.cursor() as cur:
+        cur.execute("SELECT value FROM core_cluster_cache WHERE cache_key LIKE %s", ["%" + ids[0]])
+        (stored,) = cur.fetchone()
+    assert json.loads(stored).count(":") >= 2  # a signed string (payload:signature), not a pickle
     assert not marker.exists()

@@ -1,7 +1,7 @@
 """``python manage.py retention AREA ...`` — operations without a browser.
 
-Areas are registered by the apps: ``core.cli`` (user, role, token), ``retention.cli``
-(policy, hold) and ``runs.cli`` (trigger, status, drain, pause, ...). The command lives in
+Areas are registered by the apps: ``core.cli`` (user, role, token), ``database.cli``
+(grants), ``retention.cli`` (policy, hold) and ``runs.cli`` (trigger, status, drain, pause, ...). The command lives in
 ``runs``, the top layer, because it composes all three. Every failure is one line.
 """
 
@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from core import cli as people_cli
 from core.cli_identity import cli_command
+from database import cli as database_cli
 from retention import cli as policy_cli
 from runs import cli as run_cli
 from runs.evidence import cli_check
@@ -27,6 +28,7 @@ class Command(BaseCommand):
         run_cli.register(areas)
         cli_check.register(areas)
         people_cli.register(areas)
+        database_cli.register(areas)
 
     def handle(self, *args, **options):
         handler = options.get("handler")

@@ -1,0 +1,434 @@
+"""What each database login of a deployment may do, declared once: ``retention grants apply``
+gives a login exactly that (idempotent), ``retention grants check`` prints every privilege a
+login holds beyond it (and anything missing), ``retention grants sql`` prints the statements
+(the shipped ``deploy/sql/grants.sql`` is their output; a test keeps the two equal).
+
+The logins (docs/deploy.md, "Database logins"):
+
+- ``owner`` — runs ``migrate`` and ``retention grants apply``; owns the product's schema and
+  tables; not used by any running process.
+- ``web`` — gunicorn: the pages, people, roles and tokens. Reads everything of the product,
+  writes the state operators change; never the audit trail; ``SELECT`` on targets (previews).
+- ``worker`` — the cleanup clusters and ``retention drain``: ``SELECT, DELETE`` on targets,
+  the ledger, append-only audit rows; reads policies and holds, changes no operator decision
+  (database/migrations: ``rr_policy_decisions``, ``rr_run_decisions``); no ``pg_monitor``
+  (the guard reads other sessions through ``guard_*_signals``); nothing any process unpickles
+  (django-q2's results go to the cluster cache as signed JSON, not to ``django_q_task``).
+- ``operator`` — the command line with a database connection: what the web login may, except
+  people, role memberships, tokens and sessions (so a database credential on a laptop cannot
+  make or become a person).
+- ``monitor`` — the checkpoint job: reads the chains and stores signed checkpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.apps import apps
+from django.conf import settings
+from django.db import connection, transaction
+from psycopg import sql
+
+from database.schema import product_table_names
+
+TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
+R = frozenset({"SELECT"})
+RI = frozenset({"SELECT", "INSERT"})
+RIU = frozenset({"SELECT", "INSERT", "UPDATE"})
+RID = frozenset({"SELECT", "INSERT", "DELETE"})
+RIUD = frozenset({"SELECT", "INSERT", "UPDATE", "DELETE"})
+
+# People, memberships, tokens and sessions: what the operator login may read, never write.
+PEOPLE = (
+    "auth.User",
+    "auth.Group",
+    "auth.User_groups",
+    "auth.User_user_permissions",
+    "auth.Group_permissions",
+    "auth.Permission",
+    "core.ApiToken",
+    "core.AccountSeal",
+    "sessions.Session",
+)
+GUARD_FUNCTIONS = ("guard_instance_signals()", "guard_table_signals(regclass, text[])")
+
+
+@dataclass(frozen=True)
+class Login:
+    purpose: str
+    # model label (or a table of the product's schema) -> table privileges
+    tables: dict[str, frozenset[str]] = field(default_factory=dict)
+    # privileges on every other table of the product's schema
+    default: frozenset[str] = frozenset()
+    # model label -> {privilege: columns}
+    columns: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    functions: tuple[str, ...] = ()
+    # on each target table of a policy
+    targets: frozenset[str] = frozenset()
+
+
+WEB_WRITES = {
+    # people, roles, tokens, sessions, sign-in throttling (axes), the admin's log
+    **dict.fromkeys(PEOPLE, RIUD),
+    "admin.LogEntry": RI,
+    "axes.AccessAttempt": RIUD,
+    "axes.AccessAttemptExpiration": RIUD,
+    "axes.AccessLog": RIUD,
+    "axes.AccessFailureLog": RIUD,
+    "core_cache": RIUD,
+    # django-q2's Stat.get_all() (/healthz, worker liveness) prunes expired keys as it reads
+    "core_cluster_cache": RIUD,
+    # the state operators change
+    "retention.Policy": RIU,
+    "retention.PolicyVersion": RIU,
+    "retention.LegalHold": RIU,
+    "retention.KillSwitch": RIU,
+    "core.OperatorAction": RI,
+    "runs.Run": RIU,
+    "runs.Chunk": RIU,
+    "runs.PlannerCursor": RIU,
+    "runs.Lease": RIU,
+    "runs.DeadLetter": RIU,
+    "runs.PartitionAction": RIU,
+    # enqueueing work and arming schedules; results are never read
+    "django_q.OrmQ": RI,
+    "django_q.Schedule": RIUD,
+    "django_q.Task": frozenset(),
+}
+
+LOGINS: dict[str, Login] = {
+    "web": Login(
+        purpose="gunicorn: the pages, people, roles and tokens",
+        tables=WEB_WRITES,
+        default=R,
+        targets=R,
+    ),
+    "operator": Login(
+        purpose="the command line with a database connection (no people, roles or tokens)",
+        tables={
+            **WEB_WRITES,
+            **dict.fromkeys(PEOPLE, R),
+            # a token's last use is recorded when the command line acts with it
+            "sessions.Session": frozenset(),
+            "admin.LogEntry": R,
+        },
+        columns={"core.ApiToken": {"UPDATE": ("last_used_at",)}},
+        default=R,
+        targets=R,
+    ),
+    "worker": Login(
+        purpose="the cleanup clusters and `retention drain`",
+        tables={
+            "runs.Run": RIU,
+            "runs.Chunk": RIU,
+            "runs.PlannerCursor": RIU,
+            "runs.Lease": RIU,
+            "runs.DeadLetter": RI,
+            "runs.PartitionAction": RIU,
+            "runs.GuardSample": RID,
+            "runs.AuditRecord": RI,
+            "core.OperatorAction": RI,
+            "retention.Policy": R,
+            "retention.PolicyVersion": R,
+            "retention.LegalHold": R,
+            "retention.KillSwitch": R,
+            "django_q.OrmQ": RIUD,
+            "django_q.Schedule": RIUD,
+            "core_cluster_cache": RIUD,
+        },
+        # the guard pauses a policy at a critical reading (and lifts its own pause only)
+        columns={"retention.Policy": {"UPDATE": ("paused", "paused_reason")}},
+        functions=("runs_try_slot(integer, integer[])", *GUARD_FUNCTIONS),
+        targets=frozenset({"SELECT", "DELETE"}),
+    ),
+    "monitor": Login(
+        purpose="the checkpoint job: reads the chains, stores signed checkpoints",
+        tables={
+            "runs.Checkpoint": RI,
+            "runs.AuditRecord": R,
+            "runs.Chunk": R,
+            "runs.Run": R,
+            "core.OperatorAction": R,
+            "retention.Policy": R,
+            "retention.PolicyVersion": R,
+        },
+    ),
+}
+
+
+class GrantError(Exception):
+    """A login, target or privilege that cannot be granted as asked."""
+
+
+def schema() -> str:
+    return settings.DB_SCHEMA
+
+
+def _table_of(name: str) -> str:
+    if "." in name:
+        return apps.get_model(name)._meta.db_table
+    return name
+
+
+def expected_tables(login: Login) -> dict[str, frozenset[str]]:
+    """Table -> privileges, for every table of the product's schema this login touches."""
+    explicit: dict[str, frozenset[str]] = {}
+    for name, privileges in login.tables.items():
+        table = _table_of(name)
+        explicit[table] = explicit.get(table, frozenset()) | privileges
+    expected = {}
+    for table in product_table_names():
+        privileges = explicit.get(table, login.default)
+        if privileges:
+            expected[table] = privileges
+    return expected
+
+
+def expected_columns(login: Login) -> dict[tuple[str, str], tuple[str, ...]]:
+    return {
+        (_table_of(name), privilege): columns
+        for name, by_privilege in login.columns.items()
+        for privilege, columns in by_privilege.items()
+    }
+
+
+def _qualified(table: str) -> sql.Composed:
+    return sql.SQL("{}.{}").format(sql.Identifier(schema()), sql.Identifier(table))
+
+
+def _resolve_target(cursor, target: str) -> tuple[str, str]:
+    """(schema, table) of an existing table outside the product's schema."""
+    schema_name, _, table = target.rpartition(".")
+    if not schema_name or not table:
+        raise GrantError(f"--target must be schema.table, got {target!r}")
+    cursor.execute(
+        "SELECT n.nspname, c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
+        " ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s"
+        " AND c.relkind IN ('r', 'p')",
+        [schema_name, table],
+    )
+    row = cursor.fetchone()
+    if row is None:
+        raise GrantError(f"--target {target}: no such table")
+    if row[0] == schema() or row[0] in ("pg_catalog", "information_schema"):
+        raise GrantError(f"--target {target}: the product's own tables are never targets")
+    return row[0], row[1]
+
+
+def statements(kind: str, role: sql.Composable, targets: list[tuple[str, str]], database: str):
+    """The statements that give ``role`` exactly what login ``kind`` needs."""
+    login = LOGINS[kind]
+    product = sql.Identifier(schema())
+    out = [
+        sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), role),
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(product, role),
+        sql.SQL("REVOKE ALL ON ALL TABLES IN SCHEMA {} FROM {}").format(product, role),
+        sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {} FROM {}").format(product, role),
+        sql.SQL("REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {} FROM {}").format(product, role),
+    ]
+    for table, privileges in sorted(expected_tables(login).items()):
+        out.append(
+            sql.SQL("GRANT {} ON TABLE {} TO {}").format(
+                sql.SQL(", ").join(sql.SQL(p) for p in TABLE_PRIVILEGES if p in privileges),
+                _qualified(table),
+                role,
+            )
+        )
+    for (table, privilege), columns in sorted(expected_columns(login).items()):
+        out.append(
+            sql.SQL("GRANT {} ({}) ON TABLE {} TO {}").format(
+                sql.SQL(privilege),
+                sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+                _qualified(table),
+                role,
+            )
+        )
+    for function in login.functions:
+        out.append(
+            sql.SQL("GRANT EXECUTE ON FUNCTION {}.{} TO {}").format(
+                product, sql.SQL(function), role
+            )
+        )
+    if login.targets:
+        for target_schema, table in targets:
+            out.append(
+                sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                    sql.Identifier(target_schema), role
+                )
+            )
+            out.append(
+                sql.SQL("GRANT {} ON TABLE {}.{} TO {}").format(
+                    sql.SQL(", ").join(sql.SQL(p) for p in TABLE_PRIVILEGES if p in login.targets),
+                    sql.Identifier(target_schema),
+                    sql.Identifier(table),
+                    role,
+                )
+            )
+    return out
+
+
+def apply(logins: dict[str, str], targets: list[str]) -> list[str]:
+    """Give each login (kind -> role name) exactly what its kind needs, in one transaction.
+    Returns the statements run, as text."""
+    done = []
+    with transaction.atomic(), connection.cursor() as cursor:
+        resolved = [_resolve_target(cursor, t) for t in targets]
+        for kind, role in logins.items():
+            cursor.execute("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", [role])
+            if cursor.fetchone() is None:
+                raise GrantError(f"--{kind} {role}: no such role (CREATE ROLE {role} LOGIN …)")
+            for statement in statements(
+                kind, sql.Identifier(role), resolved, connection.settings_dict["NAME"]
+            ):
+                text = statement.as_string(cursor.connection)
+                cursor.execute(text)
+                done.append(text)
+    return done
+
+
+def policy_targets() -> list[str]:
+    """``schema.table`` of every policy's approved or submitted version."""
+    tables = set()
+    PolicyVersion = apps.get_model("retention", "PolicyVersion")
+    for spec in PolicyVersion.objects.filter(state__in=["approved", "submitted"]).values_list(
+        "spec", flat=True
+    ):
+        tables.add(f"{spec.get('schema', 'public')}.{spec['table']}")
+    return sorted(tables)
+
+
+def check(kind: str, role: str, targets: list[str]) -> list[str]:
+    """Every privilege ``role`` holds beyond what login ``kind`` needs, and everything it needs
+    and lacks, one line each (empty: exactly right). Privileges every role has through
+    PUBLIC's defaults (CONNECT and TEMPORARY on the database, EXECUTE on ordinary functions)
+    are not the login's own and are not listed."""
+    login = LOGINS[kind]
+    problems: list[str] = []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls"
+            " FROM pg_catalog.pg_roles WHERE rolname = %s",
+            [role],
+        )
+        row = cursor.fetchone()
+        if row is None:
+            return [f"no such role {role}"]
+        for flag, value in zip(
+            ("SUPERUSER", "CREATEROLE", "CREATEDB", "REPLICATION", "BYPASSRLS"), row, strict=True
+        ):
+            if value:
+                problems.append(f"beyond: role attribute {flag}")
+        # memberships, direct or inherited: none is needed (pg_monitor reads others' SQL)
+        cursor.execute(
+            "WITH RECURSIVE m(roleid) AS ("
+            " SELECT a.roleid FROM pg_catalog.pg_auth_members a WHERE a.member = %s::regrole"
+            " UNION SELECT a.roleid FROM pg_catalog.pg_auth_members a JOIN m ON a.member = m.roleid)"
+            " SELECT r.rolname FROM m JOIN pg_catalog.pg_roles r ON r.oid = m.roleid ORDER BY 1",
+            [role],
+        )
+        for (member_of,) in cursor.fetchall():
+            problems.append(f"beyond: member of role {member_of}")
+        # anything it (or a role it belongs to) owns
+        cursor.execute(
+            "SELECT kind || ' ' || name FROM ("
+            " SELECT 'table', c.oid::regclass::text, c.relowner FROM pg_catalog.pg_class c"
+            "  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            "  WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND c.relkind IN"
+            "  ('r', 'p', 'v', 'm', 'f', 'S')"
+            " UNION ALL SELECT 'function', p.oid::regprocedure::text, p.proowner"
+            "  FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace"
+            "  WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')"
+            " UNION ALL SELECT 'schema', nspname, nspowner FROM pg_catalog.pg_namespace"
+            " ) o(kind, name, owner) WHERE pg_catalog.pg_has_role(%s, owner, 'USAGE')"
+            " ORDER BY 1",
+            [role],
+        )
+        for (owned,) in cursor.fetchall():
+            problems.append(f"beyond: owns {owned}")
+        cursor.execute("SELECT has_database_privilege(%s, current_database(), 'CREATE')", [role])
+        if cursor.fetchone()[0]:
+            problems.append("beyond: CREATE on the database")
+        cursor.execute(
+            "SELECT nspname FROM pg_catalog.pg_namespace WHERE nspname NOT LIKE 'pg\\_%%'"
+            " AND nspname <> 'information_schema' AND has_schema_privilege(%s, oid, 'CREATE')"
+            " ORDER BY 1",
+            [role],
+        )
+        for (name,) in cursor.fetchall():
+            problems.append(f"beyond: CREATE on schema {name}")
+
+        wanted = {
+            (f"{schema()}.{table}", privilege)
+            for table, privileges in expected_tables(login).items()
+            for privilege in privileges
+        }
+        resolved = [_resolve_target(cursor, t) for t in targets]
+        wanted |= {
+            (f"{target_schema}.{table}", privilege)
+            for target_schema, table in resolved
+            for privilege in login.targets
+        }
+        cursor.execute(
+            "SELECT n.nspname || '.' || c.relname, p.privilege"
+            " FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            " CROSS JOIN unnest(%s::text[]) AS p(privilege)"
+            " WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')"
+            " AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
+            " AND n.nspname NOT LIKE 'pg\\_%%'"
+            " AND has_table_privilege(%s, c.oid, p.privilege)"
+            # PUBLIC's own grants are every role's, not this login's
+            " AND NOT EXISTS (SELECT 1 FROM aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) x"
+            "  WHERE x.grantee = 0 AND x.privilege_type = p.privilege)",
+            [list(TABLE_PRIVILEGES), role],
+        )
+        held = {(name, privilege) for name, privilege in cursor.fetchall()}
+        for name, privilege in sorted(held - wanted):
+            problems.append(f"beyond: {privilege} on {name}")
+        for name, privilege in sorted(wanted - held):
+            problems.append(f"missing: {privilege} on {name}")
+
+        # column privileges on tables where the table-level privilege is not held
+        wanted_columns = {
+            (f"{schema()}.{table}", privilege, column)
+            for (table, privilege), columns in expected_columns(login).items()
+            for column in columns
+        }
+        cursor.execute(
+            "SELECT n.nspname || '.' || c.relname, p.privilege, a.attname"
+            " FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            " CROSS JOIN unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'REFERENCES']) AS p(privilege)"
+            " WHERE a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL"
+            " AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
+            " AND NOT has_table_privilege(%s, c.oid, p.privilege)"
+            " AND has_column_privilege(%s, c.oid, a.attnum, p.privilege)",
+            [role, role],
+        )
+        held_columns = set(cursor.fetchall())
+        for name, privilege, column in sorted(held_columns - wanted_columns):
+            problems.append(f"beyond: {privilege} ({column}) on {name}")
+        for name, privilege, column in sorted(wanted_columns - held_columns):
+            problems.append(f"missing: {privilege} ({column}) on {name}")
+
+        # SECURITY DEFINER functions run with their owner's rights: only those it needs
+        cursor.execute(
+            "SELECT coalesce(array_agg(to_regprocedure(f)::oid), '{}') FROM unnest(%s::text[]) f",
+            [[f"{schema()}.{f}" for f in login.functions]],
+        )
+        wanted_functions = set(cursor.fetchone()[0]) - {None}
+        cursor.execute(
+            "SELECT p.oid, n.nspname || '.' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')', p.prosecdef,"
+            " has_function_privilege(%s, p.oid, 'EXECUTE')"
+            " FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')"
+            " AND (p.prosecdef OR p.oid = ANY(%s))",
+            [role, list(wanted_functions)],
+        )
+        for oid, signature, definer, may_execute in cursor.fetchall():
+            if may_execute and definer and oid not in wanted_functions:
+                problems.append(f"beyond: EXECUTE on SECURITY DEFINER function {signature}")
+            if not may_execute and oid in wanted_functions:
+                problems.append(f"missing: EXECUTE on function {signature}")
+        if len(wanted_functions) < len(login.functions):
+            problems.append("missing: a function of the product (run migrate)")
+    return problems
