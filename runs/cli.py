@@ -14,6 +14,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from core import timeouts
 from core.cli_identity import acting_user
 from core.filters import as_id
 from core.oplog import verify_operator_log
@@ -102,7 +103,8 @@ def _drain_helpers(o) -> list:
 def drain(cmd, o):
     helpers = _drain_helpers(o)
     try:
-        _drain_here(cmd, o, Run, drain_run)
+        with timeouts.engine_session():
+            _drain_here(cmd, o, Run, drain_run)
     finally:
         for helper in helpers:
             helper.wait()
@@ -144,8 +146,11 @@ def _drain_here(cmd, o, Run, drain_run) -> None:
             progressed |= bool(stats["chunks"])
         if not o["until_idle"]:
             break
-        if not progressed and not wait_while_active(ids, IDLE_RETRY_S):
-            break  # every run ended meanwhile (drained by another worker, say)
+        if not progressed:
+            # nothing admissible: wait for these runs, but no longer than they stay active
+            # (another worker may end them); the next round looks again at every active run,
+            # a waiting run admitted meanwhile included — until none is left
+            wait_while_active(ids, IDLE_RETRY_S)
     cmd.stdout.write(
         f"drained {total['chunks']} chunk(s), {total['rows']} row(s); {total['failed']} failure(s)"
     )
@@ -186,7 +191,9 @@ def kill_switch(cmd, o):
 
 
 def reconcile(cmd, o):
-    cmd.stdout.write(json.dumps(run_reconciler(), default=str))
+    with timeouts.engine_session():
+        report = run_reconciler()
+    cmd.stdout.write(json.dumps(report, default=str))
 
 
 def startup(cmd, o):
