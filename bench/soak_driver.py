@@ -106,6 +106,8 @@ class Driver:
 
         params = conninfo_to_dict(self.url)
         params["application_name"] = application_name
+        # the product's tables in their own schema first, as the product's own sessions
+        params["options"] = "-c search_path=retention_runner,public"
         return psycopg.connect(**params, autocommit=True)
 
     # -- workers ---------------------------------------------------------------------------

@@ -160,7 +160,7 @@ class Faults:
             return cur.fetchone()[0]
 
     def f_legal_hold(self, fault: Fault):
-        from retention.actions import place_hold, release_hold
+        from retention.actions import approve_hold_release, place_hold, request_hold_release
         from retention.models import Policy
 
         tenant, key_from, key_to = self._hold_scope()
@@ -181,7 +181,9 @@ class Faults:
                 self.problems.append(f"hold #{hold.pk}: {before - after} held row(s) deleted")
             else:
                 fault.ok = True
-            release_hold(hold, actor=self.approver, reason="soak: released")
+            # two people: the author asks, the approver approves
+            request_hold_release(hold, actor=self.author, reason="soak: released")
+            approve_hold_release(hold, actor=self.approver, reason="soak: released")
             self.active_holds -= 1
 
         self.pending.append((time.monotonic() + self.rng.uniform(2, 10), "release hold", release))

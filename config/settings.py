@@ -8,6 +8,7 @@ from pathlib import Path
 
 from core.env import (
     ConfigError,
+    connection_target,
     database_from_url,
     env_bool,
     env_identifier,
@@ -78,11 +79,12 @@ else:
     EMBEDDED_DATABASE = False
 DATABASES = {"default": database_from_url("DATABASE_URL", _database_url)}
 if DEMO and not EMBEDDED_DATABASE and not is_local_database(DATABASES["default"]):
+    _host, _hostaddr = connection_target(DATABASES["default"])
     raise ConfigError(
         "RETENTION_DEMO=1 weakens security (the public demo SECRET_KEY when none is set, "
         "cookies without Secure, no HTTPS redirect or HSTS) and is refused with a database "
-        f"that is not on this machine (host {DATABASES['default']['HOST'] or '?'!s}, "
-        f"hostaddr {DATABASES['default']['OPTIONS'].get('hostaddr', '-')}): "
+        f"that is not on this machine (host {_host or '-'}, hostaddr {_hostaddr or '-'}, "
+        "as libpq resolves the URL, its service and the PG* environment): "
         "unset RETENTION_DEMO and set SECRET_KEY"
     )
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 60, minimum=0)

@@ -1,4 +1,7 @@
 from django.apps import AppConfig
+from django.db.backends.signals import connection_created
+
+from core.timeouts import on_connection_created
 
 
 class CoreConfig(AppConfig):
@@ -11,3 +14,5 @@ class CoreConfig(AppConfig):
         from core import checks, seals  # noqa: F401
 
         seals.connect()
+        # a connection opened during engine work gets the engine's lock timeout
+        connection_created.connect(on_connection_created, dispatch_uid="engine-lock-timeout")

@@ -55,11 +55,13 @@ def walk(
     noun: str,
     gap: str,
     check: Callable[[dict], str | None] | None = None,
+    after: tuple[int, str] = (0, GENESIS),
 ) -> ChainReport:
     """Check links in ``chain_seq`` order: no gap, each ``prev_hash`` is the previous hash,
-    each ``hash`` is ``rehash(row)``; ``check`` may add one more problem per row."""
-    report = ChainReport()
-    prev, expected = GENESIS, 1
+    each ``hash`` is ``rehash(row)``; ``check`` may add one more problem per row. ``after``:
+    the link the rows continue (sequence number and hash; default the chain's start)."""
+    report = ChainReport(head_seq=after[0], head=after[1])
+    prev, expected = after[1], after[0] + 1
     for row in rows:
         report.records += 1
         seq = row["chain_seq"]
@@ -79,9 +81,10 @@ def walk(
     return report
 
 
-def batched(queryset, fields: list[str], batch: int = 5000):
-    """Rows of ``queryset`` as dicts in ``chain_seq`` order, a keyset batch at a time."""
-    last = 0
+def batched(queryset, fields: list[str], batch: int = 5000, *, after: int = 0):
+    """Rows of ``queryset`` as dicts in ``chain_seq`` order (those after ``after``), a keyset
+    batch at a time."""
+    last = after
     while True:
         rows = list(
             queryset.filter(chain_seq__gt=last).order_by("chain_seq").values(*fields)[:batch]

@@ -11,7 +11,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
 from core import accounts, tokens
-from core.cli_identity import acting_user, one_line
+from core.cli_identity import acting_user, one_line, password_user
 from core.roles import ALL_ROLES, ROLE_DESCRIPTIONS
 
 
@@ -114,10 +114,7 @@ def token_create(command, options) -> None:
         password = getpass.getpass("Password: ")
     else:
         raise CommandError("no terminal to prompt for a password: use --password-stdin")
-    name = options["username"].strip()
-    user = get_user_model().objects.filter(username=name, is_active=True).first()
-    if user is None or not user.check_password(password):
-        raise CommandError("wrong username or password")
+    user = password_user(options["username"].strip(), password)
     try:
         token, secret = tokens.create_token(user, name=options["name"], via="cli")
     except tokens.TokenError as exc:

@@ -21,11 +21,11 @@ import sys
 from contextlib import contextmanager
 from functools import wraps
 
-from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import CommandError
 
 from core.oplog import reset_channel, set_channel
+from core.signin import SignInRefused, authenticate_command_line
 from core.tokens import TokenError, user_for_token
 
 TOKEN_ENV = "RETENTION_TOKEN"
@@ -73,10 +73,16 @@ def acting_user(options: dict | None = None):
 def _password_prompt():
     username = input("Username: ").strip()
     password = getpass.getpass("Password: ")
-    user = get_user_model().objects.filter(username=username, is_active=True).first()
-    if user is None or not user.check_password(password):
-        raise CommandError("wrong username or password")
-    return user
+    return password_user(username, password)
+
+
+def password_user(username: str, password: str):
+    """The active user with this password, checked as the sign-in page checks it (counted
+    and throttled by django-axes: ``core.signin.authenticate_command_line``)."""
+    try:
+        return authenticate_command_line(username, password)
+    except SignInRefused as exc:
+        raise CommandError(str(exc)) from None
 
 
 def one_line(handler):

@@ -12,6 +12,7 @@ import os
 import re
 from urllib.parse import urlsplit
 
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict
 
 
@@ -134,11 +135,39 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _libpq_defaults(service: str | None) -> dict[str, str]:
+    """What libpq fills in for parameters a connection string leaves out: the service's
+    (``service``, else ``PGSERVICE``, read from ``PGSERVICEFILE`` / ``~/.pg_service.conf`` /
+    the system's service file), then the ``PG*`` environment variables — libpq's own
+    resolution (``PQconndefaults``), so nothing of it is guessed here."""
+    saved = os.environ.get("PGSERVICE")
+    if service:
+        os.environ["PGSERVICE"] = service
+    try:
+        options = pq.Conninfo.get_defaults()
+    finally:
+        if service:
+            if saved is None:
+                del os.environ["PGSERVICE"]
+            else:
+                os.environ["PGSERVICE"] = saved
+    return {o.keyword.decode(): o.val.decode() for o in options if o.val is not None}
+
+
+def connection_target(entry: dict) -> tuple[str, str]:
+    """(host, hostaddr) a DATABASES entry connects to, as libpq resolves them: the entry's
+    own, else its service's, else ``PGHOST`` / ``PGHOSTADDR`` ('' when none: a Unix socket)."""
+    defaults = _libpq_defaults(entry["OPTIONS"].get("service"))
+    host = str(entry.get("HOST") or defaults.get("host", ""))
+    hostaddr = str(entry["OPTIONS"].get("hostaddr") or defaults.get("hostaddr", ""))
+    return host, hostaddr
+
+
 def is_local_database(entry: dict) -> bool:
-    """True when every host (and host address) of a DATABASES entry is this machine."""
-    hosts = str(entry.get("HOST") or os.environ.get("PGHOST", "")).split(",")
-    addrs = str(entry["OPTIONS"].get("hostaddr") or os.environ.get("PGHOSTADDR", "")).split(",")
-    return all(_is_loopback(h.strip()) for h in hosts + addrs)
+    """True when every host and host address a DATABASES entry connects to is this machine
+    (``connection_target``: a libpq service and the environment count, not only the URL)."""
+    host, hostaddr = connection_target(entry)
+    return all(_is_loopback(h.strip()) for h in host.split(",") + hostaddr.split(","))
 
 
 def database_from_url(name: str, url: str) -> dict:

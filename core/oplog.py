@@ -85,19 +85,22 @@ def action_hash(row: dict, prev_hash: str) -> str:
     return chain.link_hash(fields, prev_hash)
 
 
-def verify_operator_log(batch: int = 5000) -> chain.ChainReport:
-    """Walk the operator-action chain in order, in constant memory."""
-
+def verify_operator_log(batch: int = 5000, *, after: tuple[int, str] | None = None):
+    """Walk the operator-action chain in order, in constant memory (``after``: only the
+    links after this one, which they must continue; ``chain.walk``)."""
+    after = after or (0, chain.GENESIS)
     rows = chain.batched(
         OperatorAction.objects.annotate(details_text=Cast("details", TextField())),
         [*ACTION_FIELDS, "details_text", "prev_hash", "hash"],
         batch,
+        after=after[0],
     )
     return chain.walk(
         rows,
         lambda row: action_hash(row, row["prev_hash"]),
         noun="operator action",
         gap="operator log gap",
+        after=after,
     )
 
 

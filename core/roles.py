@@ -20,7 +20,8 @@ ALL_ROLES = (COMPLIANCE, ONCALL, AUDITOR, VIEWER)
 
 # What each role does (the design's role table); every role reads dashboards.
 ROLE_DESCRIPTIONS = {
-    COMPLIANCE: "writes and approves policy versions (never their own), places and releases legal holds",
+    COMPLIANCE: "writes and approves policy versions (never their own), places legal holds and"
+    " releases them with a second member (never their own request)",
     ONCALL: "pauses, resumes and cancels runs and policies, flips the kill switch, replays dead letters",
     AUDITOR: "reads everything, exports audit evidence",
     VIEWER: "reads dashboards",
@@ -52,6 +53,23 @@ def has_role(user, *roles: str) -> bool:
 def check_role(user, *roles: str) -> None:
     if not has_role(user, *roles):
         raise PermissionDenied(f"requires one of the roles: {', '.join(roles)}")
+
+
+# The product's own processes, which act in their own name (a string, not a person): the
+# schedule, the reconciler, the workers, the guard and the demo's start-up.
+SYSTEM_ACTORS = frozenset({"scheduler", "startup", "reconciler", "worker", "guard"})
+
+
+def check_role_or_system(actor, *roles: str) -> None:
+    """A person needs one of ``roles``; a name passes only when it is one of the product's
+    own processes (``SYSTEM_ACTORS``), so a username passed by mistake acts as nobody."""
+    if isinstance(actor, str):
+        if actor not in SYSTEM_ACTORS:
+            raise PermissionDenied(
+                f"{actor!r} is not a signed-in person nor one of the product's own processes"
+            )
+        return
+    check_role(actor, *roles)
 
 
 def require_role(*roles: str):

@@ -11,11 +11,18 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 
 
 def task_timeout_s() -> float:
     return float(settings.Q_CLUSTER["timeout"])
+
+
+def task_deadline_s() -> float:
+    """How long after a task was sent the engine stops waiting for its outcome: django-q2's
+    redelivery delay plus its task timeout. A message taken within that time has finished or
+    been redelivered by then; one not taken at all was lost."""
+    return float(settings.Q_CLUSTER["retry"]) + task_timeout_s()
 
 
 def reconciler_budget() -> tuple[float, int]:
@@ -64,6 +71,89 @@ def bounded(statement_ms: int, lock_ms: int | None = None):
     set_local(prev_statement, prev_lock)
 
 
+@contextmanager
+def session(statement_ms: int | None = None, lock_ms: int | None = None):
+    """Session-level timeouts for the block (for statements that cannot run in a transaction
+    block: a concurrent detach, ``VACUUM``), then the values in force before are restored —
+    never ``RESET``, which would drop an engine session's default lock timeout
+    (``engine_session``). ``None`` leaves that timeout as it is."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT current_setting('statement_timeout'), current_setting('lock_timeout')")
+        before_statement, before_lock = cur.fetchone()
+        cur.execute(
+            "SELECT set_config('statement_timeout', %s, false), set_config('lock_timeout', %s, false)",
+            [
+                before_statement if statement_ms is None else f"{int(statement_ms)}ms",
+                before_lock if lock_ms is None else f"{int(lock_ms)}ms",
+            ],
+        )
+    try:
+        yield
+    finally:
+        if connection.connection is not None and not connection.needs_rollback:
+            try:
+                with connection.cursor() as cur:
+                    cur.execute(
+                        "SELECT set_config('statement_timeout', %s, false),"
+                        " set_config('lock_timeout', %s, false)",
+                        [before_statement, before_lock],
+                    )
+            except DatabaseError:
+                connection.close()  # a broken session: the next statement reconnects
+
+
+# -- every statement of the engine waits for a lock at most this long -------------------
+
+_engine_depth = 0  # > 0 while this process runs engine work (a task, ``retention drain``)
+
+
+def engine_lock_ms() -> int:
+    """The lock timeout every statement of the engine runs under unless it sets a tighter one
+    (a chunk transaction: the policy's ``lock_timeout_ms``): the engine's per-statement bound,
+    a twelfth of the task timeout, at most 10 s. No statement of a lease, a reconciler pass
+    or an after-run task waits on a lock for longer: a row or table another session holds
+    makes it fail like any other lock timeout (retried, postponed or recorded)."""
+    return engine_statement_ms()
+
+
+def _apply_engine_lock_timeout(conn) -> None:
+    with conn.cursor() as cur:
+        cur.execute("SELECT set_config('lock_timeout', %s, false)", [f"{engine_lock_ms()}ms"])
+
+
+def on_connection_created(sender, connection, **kwargs) -> None:
+    """A connection opened during engine work (after a lost one) gets the engine's default."""
+    if _engine_depth > 0:
+        _apply_engine_lock_timeout(connection)
+
+
+@contextmanager
+def engine_session():
+    """Engine work (django-q2 tasks, ``retention drain``): every statement of the block's
+    session waits for a lock at most ``engine_lock_ms`` — also on a connection opened during
+    the block (``on_connection_created``, connected in ``core.apps``). The session's default
+    is restored afterwards (a django-q2 worker reuses its connection)."""
+    global _engine_depth
+    _engine_depth += 1
+    try:
+        if _engine_depth == 1 and connection.connection is not None:
+            _apply_engine_lock_timeout(connection)
+        yield
+    finally:
+        _engine_depth -= 1
+        if (
+            _engine_depth == 0
+            and connection.connection is not None
+            and not connection.needs_rollback
+        ):
+            try:
+                with connection.cursor() as cur:
+                    cur.execute("SET lock_timeout TO DEFAULT")
+            except DatabaseError:
+                if not connection.in_atomic_block:
+                    connection.close()  # a broken session: the next statement reconnects
+
+
 # -- the limits a chunk transaction must fit (policies are validated against them) --------
 
 HEADROOM_S = 3.0  # a guard sample (2 s statement timeout) and the lease's own bookkeeping
@@ -71,6 +161,21 @@ HEADROOM_S = 3.0  # a guard sample (2 s statement timeout) and the lease's own b
 
 def lease_budget_s() -> float:
     return float(settings.RETENTION["LEASE_BUDGET_S"])
+
+
+def target_lock_ms(spec) -> int:
+    """How long a statement of the engine outside a chunk transaction (the planner's walk, the
+    geometry's sample, the admission count, a verification) waits for a lock on the policy's
+    table: the policy's own lock timeout (``timeouts.lock_ms``), within the engine's bound.
+    A table locked by someone's DDL costs a lease or a reconciler pass no more than that,
+    and a stopping worker no longer than that to notice."""
+    return max(1, min(int(spec.lock_timeout_ms), engine_statement_ms()))
+
+
+def reconciler_lock_ms() -> int:
+    """Lock timeout of the reconciler's own ledger statements (a row an operator's decision
+    or a finisher holds): a second at most — the policy is tried again next pass."""
+    return min(1_000, reconciler_budget()[1])
 
 
 def engine_statement_ms() -> int:

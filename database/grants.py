@@ -144,6 +144,7 @@ LOGINS: dict[str, Login] = {
     "monitor": Login(
         purpose="the checkpoint job: reads the chains, stores signed checkpoints",
         tables={
+            "runs.Checkpoint": RI,
             "runs.AuditRecord": R,
             "runs.Chunk": R,
             "runs.Run": R,

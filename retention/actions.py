@@ -16,8 +16,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.locks import decision_fence, hold_fence
-from core.oplog import ActionError, record_action, require_reason
-from core.roles import COMPLIANCE, ONCALL, check_role
+from core.oplog import ActionError, check_decision, record_action, require_reason
+from core.roles import COMPLIANCE, ONCALL, check_role, check_role_or_system
 from retention import holds, introspect
 from retention.models import LegalHold, Policy, PolicyVersion
 from retention.preview import preview as take_preview
@@ -274,19 +274,140 @@ def place_hold(
     return hold
 
 
-@transaction.atomic
-def release_hold(hold: LegalHold, *, actor, reason: str) -> LegalHold:
-    """Release an active hold; its rows become eligible again for later chunks."""
-    check_role(actor, COMPLIANCE)
-    reason = require_reason(reason, "releasing a legal hold")
-    hold = LegalHold.objects.select_for_update().get(pk=hold.pk)
+def _locked_hold(hold: LegalHold, expected: str | None) -> LegalHold:
+    """The hold re-read under a row lock (one decision on it at a time), refused when a page
+    rendered for an older state posted ``expected`` (``core.oplog.check_decision``)."""
+    hold = (
+        LegalHold.objects.select_for_update(of=("self",)).select_related("policy").get(pk=hold.pk)
+    )
+    try:
+        check_decision(hold, expected, now_is=hold.describe())
+    except ActionError as exc:
+        raise ActionError(f"hold #{hold.pk} {exc}") from None
     if hold.released_at is not None:
         raise ActionError(f"hold #{hold.pk} was already released by {hold.released_by}")
+    return hold
+
+
+def _pending_request(hold: LegalHold) -> None:
+    if hold.release_requested_at is None:
+        raise ActionError(f"hold #{hold.pk} has no release request; request it first")
+
+
+def _clear_request(hold: LegalHold) -> dict:
+    """Clear a pending request (withdrawn or refused); what it was, for the operator log."""
+    was = {
+        "requested_by": hold.release_requested_by,
+        "requested_at": hold.release_requested_at.isoformat(),
+        "request_reason": hold.release_request_reason,
+    }
+    hold.release_requested_by, hold.release_requested_at, hold.release_request_reason = (
+        "", None, "",
+    )  # fmt: skip
+    hold.save(
+        update_fields=["release_requested_by", "release_requested_at", "release_request_reason"]
+    )
+    return was
+
+
+@transaction.atomic
+def request_hold_release(
+    hold: LegalHold, *, actor, reason: str, expected: str | None = None
+) -> LegalHold:
+    """Ask for a hold's release. The hold stays in force: releasing removes a protection, so
+    another member of compliance must approve (``approve_hold_release``). What the release
+    would do (``holds.release_impact``) is recorded with the request and attached to the
+    returned hold as ``impact``."""
+    check_role(actor, COMPLIANCE)
+    reason = require_reason(reason, "requesting a hold's release")
+    hold = _locked_hold(hold, expected)
+    if hold.release_requested_at is not None:
+        raise ActionError(
+            f"hold #{hold.pk} already has a release request by {hold.release_requested_by}"
+        )
+    impact = holds.release_impact(hold)
+    hold.release_requested_by = actor.username
+    hold.release_requested_at = timezone.now()
+    hold.release_request_reason = reason
+    hold.save(
+        update_fields=["release_requested_by", "release_requested_at", "release_request_reason"]
+    )
+    record_action(
+        actor, "hold.release_request", hold, reason=reason,
+        impact=[i.to_json() for i in impact],
+    )  # fmt: skip
+    hold.impact = impact
+    return hold
+
+
+@transaction.atomic
+def approve_hold_release(
+    hold: LegalHold, *, actor, reason: str, expected: str | None = None
+) -> LegalHold:
+    """Release a hold whose release another member of compliance requested; its rows become
+    eligible again for later chunks. Never by the requester (the database refuses it too:
+    ``legalhold_release_four_eyes``)."""
+    check_role(actor, COMPLIANCE)
+    reason = require_reason(reason, "approving a hold's release")
+    hold = _locked_hold(hold, expected)
+    _pending_request(hold)
+    if hold.release_requested_by == actor.username:
+        raise ActionError(
+            f"{actor.username} requested the release of hold #{hold.pk} and cannot approve "
+            "it; another member of compliance must"
+        )
+    impact = holds.release_impact(hold)
     hold.released_by = actor.username
     hold.released_at = timezone.now()
     hold.release_reason = reason
     hold.save(update_fields=["released_by", "released_at", "release_reason"])
-    record_action(actor, "hold.release", hold, reason=reason)
+    record_action(
+        actor, "hold.release", hold, reason=reason,
+        requested_by=hold.release_requested_by,
+        requested_at=hold.release_requested_at.isoformat(),
+        request_reason=hold.release_request_reason,
+        impact=[i.to_json() for i in impact],
+    )  # fmt: skip
+    hold.impact = impact
+    return hold
+
+
+@transaction.atomic
+def withdraw_hold_release(
+    hold: LegalHold, *, actor, reason: str, expected: str | None = None
+) -> LegalHold:
+    """The requester takes back a pending release request; the hold stays in force."""
+    check_role(actor, COMPLIANCE)
+    reason = require_reason(reason, "withdrawing a release request")
+    hold = _locked_hold(hold, expected)
+    _pending_request(hold)
+    if hold.release_requested_by != actor.username:
+        raise ActionError(
+            f"only {hold.release_requested_by}, who requested it, can withdraw the release "
+            f"request of hold #{hold.pk}; another member of compliance refuses it instead"
+        )
+    was = _clear_request(hold)
+    record_action(actor, "hold.release_withdraw", hold, reason=reason, **was)
+    return hold
+
+
+@transaction.atomic
+def refuse_hold_release(
+    hold: LegalHold, *, actor, reason: str, expected: str | None = None
+) -> LegalHold:
+    """Another member of compliance turns a pending release request down; the hold stays in
+    force (a new request can be made later)."""
+    check_role(actor, COMPLIANCE)
+    reason = require_reason(reason, "refusing a release request")
+    hold = _locked_hold(hold, expected)
+    _pending_request(hold)
+    if hold.release_requested_by == actor.username:
+        raise ActionError(
+            f"{actor.username} requested the release of hold #{hold.pk} and cannot refuse "
+            "it; withdraw it instead"
+        )
+    was = _clear_request(hold)
+    record_action(actor, "hold.release_refuse", hold, reason=reason, **was)
     return hold
 
 
@@ -295,8 +416,7 @@ def pause_policy(policy: Policy, *, actor, reason: str, alert: bool = False) -> 
     """Stop new chunks of this policy from being admitted until resumed. A person needs the
     on-call role; the guard pauses in its own name (``actor="guard"``, ``alert=True``: its
     operator-log row is an alert)."""
-    if hasattr(actor, "is_authenticated"):
-        check_role(actor, ONCALL)
+    check_role_or_system(actor, ONCALL)
     reason = require_reason(reason, "pausing a policy")
     decision_fence(policy.pk)  # chunks in flight commit first; none starts after the pause
     policy = Policy.objects.select_for_update().get(pk=policy.pk)

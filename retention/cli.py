@@ -77,11 +77,19 @@ def register(areas) -> None:
     p.add_argument("--key-to", type=int, metavar="N")
     p.set_defaults(handler=hold_place)
 
-    p = sub.add_parser("release", help="release a legal hold")
-    p.add_argument("hold_id", type=int, metavar="ID")
-    p.add_argument("--by", metavar="USERNAME", help=CLAIM_HELP)
-    p.add_argument("--reason", required=True)
-    p.set_defaults(handler=hold_release)
+    for name, handler, text in (
+        ("release", hold_release, "request a hold's release (it stays in force until another "
+         "member of compliance approves)"),
+        ("approve-release", hold_approve_release, "approve a release another member of "
+         "compliance requested: the hold is released"),
+        ("withdraw-release", hold_withdraw_release, "withdraw your own release request"),
+        ("refuse-release", hold_refuse_release, "refuse another member's release request"),
+    ):  # fmt: skip
+        p = sub.add_parser(name, help=text)
+        p.add_argument("hold_id", type=int, metavar="ID")
+        p.add_argument("--by", metavar="USERNAME", help=CLAIM_HELP)
+        p.add_argument("--reason", required=True)
+        p.set_defaults(handler=handler)
 
     p = sub.add_parser("list", help="active holds (--all: released ones too)")
     p.add_argument("--all", action="store_true")
@@ -248,14 +256,60 @@ def hold_place(command, options) -> None:
     _write_coverage(command, hold.coverage, hold)
 
 
-@one_line
-def hold_release(command, options) -> None:
-    actor = acting_user(options)
+def _hold(options) -> LegalHold:
     hold = LegalHold.objects.filter(pk=options["hold_id"]).first()
     if hold is None:
         raise CommandError(f"unknown hold #{options['hold_id']}")
-    hold = actions.release_hold(hold, actor=actor, reason=options["reason"])
-    command.stdout.write(f"hold #{hold.pk} released by {hold.released_by}")
+    return hold
+
+
+def _write_impact(command, impact) -> None:
+    for item in impact:
+        command.stdout.write(f"  {item.describe()}")
+
+
+@one_line
+def hold_release(command, options) -> None:
+    actor = acting_user(options)
+    hold = actions.request_hold_release(_hold(options), actor=actor, reason=options["reason"])
+    command.stdout.write(
+        f"hold #{hold.pk}: release requested by {actor.username}; it stays in force until "
+        f"another member of compliance approves (retention hold approve-release {hold.pk}). "
+        "Once approved:"
+    )
+    _write_impact(command, hold.impact)
+
+
+@one_line
+def hold_approve_release(command, options) -> None:
+    actor = acting_user(options)
+    hold = actions.approve_hold_release(_hold(options), actor=actor, reason=options["reason"])
+    command.stdout.write(
+        f"hold #{hold.pk} released by {hold.released_by} "
+        f"(requested by {hold.release_requested_by}):"
+    )
+    _write_impact(command, hold.impact)
+
+
+@one_line
+def hold_withdraw_release(command, options) -> None:
+    actor = acting_user(options)
+    hold = actions.withdraw_hold_release(_hold(options), actor=actor, reason=options["reason"])
+    command.stdout.write(
+        f"hold #{hold.pk}: release request withdrawn by {actor.username}; the hold stays in force"
+    )
+
+
+@one_line
+def hold_refuse_release(command, options) -> None:
+    actor = acting_user(options)
+    hold = _hold(options)
+    requester = hold.release_requested_by
+    hold = actions.refuse_hold_release(hold, actor=actor, reason=options["reason"])
+    command.stdout.write(
+        f"hold #{hold.pk}: release request{f' of {requester}' if requester else ''} refused by "
+        f"{actor.username}; the hold stays in force"
+    )
 
 
 @one_line
@@ -269,6 +323,7 @@ def hold_list(command, options) -> None:
     for hold in holds:
         state = (
             f"released {hold.released_at:%Y-%m-%d %H:%M} by {hold.released_by}"
+            + (f" (requested by {hold.release_requested_by})" if hold.release_requested_by else "")
             if hold.released_at
             else "active"
         )
@@ -276,6 +331,12 @@ def hold_list(command, options) -> None:
             f"#{hold.pk}  {_scope(hold)}  {state}  placed {hold.placed_at:%Y-%m-%d %H:%M} "
             f"by {hold.placed_by}: {hold.reason}"
         )
+        if hold.release_pending:
+            command.stdout.write(
+                f"  release requested by {hold.release_requested_by} "
+                f"{hold.release_requested_at:%Y-%m-%d %H:%M}: {hold.release_request_reason} "
+                "(awaiting another member of compliance)"
+            )
         if hold.released_at is None:
             _write_coverage(command, hold_coverage(hold), hold)
 

@@ -195,7 +195,10 @@ def choose_safely(spec: PolicySpec) -> Geometry:
     gone) gets per-tenant chunks when it has a tenant (the run's DELETEs then fail or proceed
     on their own)."""
     try:
-        with transaction.atomic(), timeouts.bounded(timeouts.engine_statement_ms()):
+        with (
+            transaction.atomic(),
+            timeouts.bounded(timeouts.engine_statement_ms(), timeouts.target_lock_ms(spec)),
+        ):
             return choose(spec)
     except DatabaseError as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -20,21 +20,28 @@ Here are the checks made when a hold is placed and when a version is validated:
 policy's table it covers now (the DELETE's own hold test against that one hold, bounded);
 one that covers none gets a warning and the tenant values that match it ignoring case. The
 CLI, the holds page and the operator log show it. A tenant of several columns is named part
-by part and stored as the JSON array of the parts' canonical forms.
+by part and stored as the JSON array of the parts' canonical forms. ``release_impact(hold)``
+says what releasing it would do: how many rows become eligible at each affected policy's
+next run, and when that run is — what the release request and its approval confirm, on the
+pages and the CLI.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
+from django.utils import timezone
 from psycopg import sql
 
 from core import timeouts
+from core.formatting import duration, when
 from retention import catalog, geometry, predicate
 from retention.models import LegalHold, Policy, PolicyVersion
+from retention.schedule_math import next_tick
 
 NO_TENANT_COLUMN = "every row: the policy has no tenant column"
 # What a hold covers is counted up to this many rows, within this time (per policy).
@@ -377,3 +384,98 @@ def check_version(spec) -> None:
                 f"value of {columns} of {spec.qualified_table}: {exc.reason}; release it or "
                 f"change the column"
             ) from None
+
+
+IMPACT_TIMEOUT_MS = 10_000  # per policy: a count over the rows older than the next cutoff
+
+
+@dataclass(frozen=True)
+class ReleaseImpact:
+    """What releasing a hold does to one policy: ``rows`` that become eligible at its next
+    run (None: not counted, ``note`` says why), and when that run is (``next_run``: the next
+    tick of its schedule; None: no run comes, ``note`` says why)."""
+
+    policy: str
+    next_run: datetime | None
+    rows: int | None
+    note: str = ""
+
+    def describe(self, now: datetime | None = None) -> str:
+        now = now or timezone.now()
+        if self.next_run is None:
+            return f"{self.policy}: {self.note}"
+        rows = (
+            f"{self.rows:,} rows become eligible"
+            if self.rows is not None
+            else f"rows become eligible (not counted: {self.note})"
+        )
+        text = (
+            f"{self.policy}: {rows} at its next run, {when(self.next_run, 'minutes')} "
+            f"(in {duration((self.next_run - now).total_seconds())})"
+        )
+        return text + (f"; {self.note}" if self.note and self.rows is not None else "")
+
+    def to_json(self) -> dict:
+        return {
+            "policy": self.policy,
+            "next_run": self.next_run.isoformat() if self.next_run else None,
+            "rows": self.rows,
+            "note": self.note,
+        }
+
+
+def _released_rows(spec, policy_id: int, hold: LegalHold, cutoff: datetime) -> int:
+    """Rows of ``spec``'s table eligible at ``cutoff`` but for the holds, covered by ``hold``
+    and by no other active hold: what its release lets a run with that cutoff delete. The
+    holds are the DELETE's own test (``predicate.held``), read from two named subsets."""
+    this_hold, other_holds = sql.Identifier("released_hold"), sql.Identifier("other_holds")
+    types = predicate.column_types(spec)
+    base = predicate.eligible(
+        spec, policy_id=policy_id, cutoff=cutoff, include_holds=False, types=types
+    )
+    covered = predicate.held(spec, policy_id, types=types, holds=this_hold)
+    others = predicate.held(spec, policy_id, types=types, holds=other_holds)
+    table = sql.Identifier(LegalHold._meta.db_table)
+    query = sql.SQL(
+        "WITH {this} AS (SELECT * FROM {table} WHERE id = %s),"
+        " {others} AS (SELECT * FROM {table} WHERE released_at IS NULL AND id <> %s)"
+        " SELECT count(*) FROM {target} WHERE {base} AND {covered} AND NOT {other}"
+    ).format(
+        this=this_hold, others=other_holds, table=table, target=predicate.table(spec),
+        base=base.sql, covered=covered.sql, other=others.sql,
+    )  # fmt: skip
+    params = [hold.pk, hold.pk, *base.params, *covered.params, *others.params]
+    with transaction.atomic(), timeouts.bounded(IMPACT_TIMEOUT_MS), connection.cursor() as cur:
+        cur.execute(query.as_string(cur.connection), params)
+        return cur.fetchone()[0]
+
+
+def release_impact(hold: LegalHold, *, now: datetime | None = None) -> list[ReleaseImpact]:
+    """What releasing ``hold`` would do, policy by policy: for each policy with an approved
+    version it applies to, the rows that become eligible at that policy's next run (its next
+    tick, whose cutoff the run will use) and when that is; a paused or disabled policy says
+    that no run comes until it is resumed or enabled. Each count is bounded by a statement
+    timeout; one that does not finish says so instead of failing."""
+    now = now or timezone.now()
+    policies = [hold.policy] if hold.policy_id else list(Policy.objects.order_by("slug"))
+    out = []
+    for policy in policies:
+        version = policy.approved_version
+        if version is None:
+            continue
+        if not policy.enabled or policy.paused:
+            state = "disabled" if not policy.enabled else "paused"
+            out.append(
+                ReleaseImpact(policy.slug, None, None, f"{state}: no run until it is "
+                              f"{'enabled' if state == 'disabled' else 'resumed'}")
+            )  # fmt: skip
+            continue
+        spec = version.parsed
+        tick = next_tick(policy, now)
+        try:
+            rows = _released_rows(spec, policy.pk, hold, spec.cutoff_for(tick))
+            out.append(ReleaseImpact(policy.slug, tick, rows))
+        except DatabaseError as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            out.append(ReleaseImpact(policy.slug, tick, None, reason[:200]))
+    return out

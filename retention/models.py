@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone as dj_timezone
 from django.utils.functional import cached_property
 
@@ -126,7 +126,13 @@ class PolicyVersion(models.Model):
 
 
 class LegalHold(models.Model):
-    """Rows in scope of an active hold are never deleted (enforced inside the DELETE)."""
+    """Rows in scope of an active hold are never deleted (enforced inside the DELETE).
+
+    Releasing one takes two compliance officers (``retention.actions``): one requests the
+    release (``release_requested_*``; the hold stays in force), another approves it
+    (``released_*``). A pending request is withdrawn by its requester or refused by another
+    officer (its fields cleared; the operator log keeps the history). The database refuses a
+    release by its own requester (``legalhold_release_four_eyes``)."""
 
     policy = models.ForeignKey(
         Policy,
@@ -143,15 +149,26 @@ class LegalHold(models.Model):
     reason = models.TextField()
     placed_by = models.CharField(max_length=150)
     placed_at = models.DateTimeField(default=dj_timezone.now)
-    released_by = models.CharField(max_length=150, blank=True)
+    release_requested_by = models.CharField(max_length=150, blank=True)
+    release_requested_at = models.DateTimeField(null=True, blank=True)
+    release_request_reason = models.TextField(blank=True)
+    released_by = models.CharField(max_length=150, blank=True)  # who approved the release
     released_at = models.DateTimeField(null=True, blank=True)
-    release_reason = models.TextField(blank=True)
+    release_reason = models.TextField(blank=True)  # the approval's reason
 
     class Meta:
         ordering = ["-placed_at"]
         indexes = [
             models.Index(
                 fields=["policy"], condition=Q(released_at__isnull=True), name="legalhold_active"
+            )
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(released_at__isnull=True) | ~Q(released_by=F("release_requested_by")),
+                name="legalhold_release_four_eyes",
+                violation_error_message="a hold's release is approved by someone other than "
+                "the person who requested it",
             )
         ]
 
@@ -162,6 +179,29 @@ class LegalHold(models.Model):
     @property
     def active(self) -> bool:
         return self.released_at is None
+
+    @property
+    def release_pending(self) -> bool:
+        """A release was requested and is neither approved, withdrawn nor refused."""
+        return self.released_at is None and self.release_requested_at is not None
+
+    @property
+    def decision_state(self) -> str:
+        if self.released_at is not None:
+            return "released"
+        return "release requested" if self.release_requested_at is not None else "active"
+
+    @property
+    def decision_token(self) -> str:
+        return decision_token(self)
+
+    def describe(self) -> str:
+        """The hold's state in words, for a refusal on a stale page."""
+        if self.released_at is not None:
+            return f"released by {self.released_by}"
+        if self.release_requested_at is not None:
+            return f"awaiting approval of the release {self.release_requested_by} requested"
+        return "in force, no release requested"
 
     def scope(self) -> dict:
         """What the hold covers, who placed it and why: the preview's and the manifest's form."""

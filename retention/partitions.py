@@ -311,7 +311,9 @@ class Census:
 
     @property
     def droppable(self) -> bool:
-        return self.rows > 0 and self.protected == 0
+        """Nothing in it may stay (an empty partition past the cutoff goes too: left attached,
+        it would stay for ever once the chunks had emptied it)."""
+        return self.protected == 0
 
 
 def census(spec: PolicySpec, part: Partition, *, policy_id: int, cutoff, outside=(),
@@ -340,7 +342,7 @@ def plan(spec: PolicySpec, *, policy_id: int, cutoff, tree: Tree | None = None) 
         elif c.rows and blocker(spec, part):
             action = f"chunks ({blocker(spec, part)})"
         elif c.rows == 0:
-            action = "none (empty)"
+            action = f"{spec.partition_action} (empty)"
         elif c.droppable:
             action = spec.partition_action
         else:

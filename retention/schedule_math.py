@@ -1,4 +1,16 @@
-"""Schedule ticks of a policy, computed in the policy's own timezone (DST-correct)."""
+"""Schedule ticks of a policy, computed in the policy's own timezone (DST-correct).
+
+A cron expression names wall-clock times; a tick is the instant such a time happens. Where
+the policy's clock skips or repeats an interval (a DST change), ticks follow what cron does
+(cronie's "Daylight Saving Time and other time changes"): a *fixed-time* schedule (minute and
+hour both fixed, e.g. ``30 1 * * *``) fires once per wall-clock time — at the first of the two
+instants of a repeated time, and at the moment the clock jumps for a time in a skipped
+interval; a schedule whose minute or hour is a wildcard (``*/30 * * * *``, ``0 * * * *``)
+follows the clock as it goes: it fires in both copies of a repeated interval and not at all
+in a skipped one. A change of three hours or more is a change of the zone's clock, not DST
+(Apia skipping 2011-12-30): every schedule follows the new clock — a skipped time does not
+fire, a repeated one fires twice (docs/policies.md, "Time").
+"""
 
 from __future__ import annotations
 
@@ -7,6 +19,12 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 from croniter import croniter
+
+# Offset changes below this are handled as DST (cron's "less than three hours"); larger ones
+# as a change of the zone's clock.
+DST_LIMIT = timedelta(hours=3)
+_NEAR = timedelta(hours=27)  # a transition within this of an instant can shift its ticks
+_SEARCH_LIMIT = 100_000  # candidate wall-clock times looked at per tick, at most
 
 
 def _tz(timezone_name: str) -> zoneinfo.ZoneInfo:
@@ -17,25 +35,96 @@ def _schedule_of(obj) -> tuple[str, str]:
     return obj.schedule, obj.timezone
 
 
-def latest_tick(obj, now: datetime) -> datetime:
-    """The newest scheduled tick at or before ``now`` (UTC-aware). ``obj`` has
-    ``schedule`` (cron) and ``timezone`` — a Policy or a PolicySpec."""
-    expr, tz = _schedule_of(obj)
-    local_now = now.astimezone(_tz(tz))
-    it = croniter(expr, local_now)
-    if (
-        croniter.match(expr, local_now.replace(second=0, microsecond=0))
-        and local_now.second == 0
-        and local_now.microsecond == 0
-    ):
-        return local_now.astimezone(UTC)
-    return it.get_prev(datetime).astimezone(UTC)
+def fixed_time(expr: str) -> bool:
+    """A fixed-time schedule: neither its minute nor its hour field starts with ``*``
+    (cron's test; ``*/30`` and ``*`` are wildcards, ``0-59/30`` is not)."""
+    fields = expr.split()
+    return not (fields[0].startswith("*") or fields[1].startswith("*"))
+
+
+def _local(instant: datetime, tz) -> datetime:
+    return instant.astimezone(tz).replace(tzinfo=None)
+
+
+def _slack(instant: datetime, tz) -> timedelta:
+    """How far wall-clock times around ``instant`` may be out of step with it: the largest
+    backward change of the zone's offset within a day of it (none for most instants)."""
+    offsets = [(instant + timedelta(hours=h)).astimezone(tz).utcoffset() for h in range(-27, 28, 3)]
+    if len(set(offsets)) == 1:
+        return timedelta(0)
+    return max(max(offsets) - min(offsets), timedelta(hours=1))
+
+
+def _jump(earlier: datetime, later: datetime, tz) -> datetime:
+    """The instant the clock jumped forward, between the two readings of a skipped time
+    (``earlier`` read with the offset after the change, ``later`` with the one before)."""
+    after = later.astimezone(tz).utcoffset()
+    lo, hi = earlier, later
+    while hi - lo > timedelta(seconds=1):
+        mid = lo + (hi - lo) / 2
+        if mid.astimezone(tz).utcoffset() == after:
+            hi = mid
+        else:
+            lo = mid
+    return hi.replace(microsecond=0)
+
+
+def firings(wall: datetime, tz, *, fixed: bool) -> list[datetime]:
+    """The instants (UTC) at which a schedule fires for the wall-clock time ``wall`` (naive)."""
+    first = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
+    second = wall.replace(tzinfo=tz, fold=1).astimezone(UTC)
+    if first == second:
+        return [first]
+    if _local(first, tz) == wall:  # a repeated time: fold 0 is the first instant
+        if fixed and second - first < DST_LIMIT:
+            return [first]
+        return [first, second]
+    # a skipped time: fold 0 reads it with the offset before the change (the later instant)
+    if fixed and first - second < DST_LIMIT:
+        return [_jump(second, first, tz)]
+    return []
 
 
 def next_tick(obj, after: datetime) -> datetime:
     """The first scheduled tick strictly after ``after`` (UTC-aware)."""
-    expr, tz = _schedule_of(obj)
-    return croniter(expr, after.astimezone(_tz(tz))).get_next(datetime).astimezone(UTC)
+    expr, name = _schedule_of(obj)
+    tz, fixed = _tz(name), fixed_time(expr)
+    it = croniter(expr, _local(after, tz) - _slack(after, tz) - timedelta(minutes=1))
+    best: datetime | None = None
+    horizon: datetime | None = None  # wall-clock times past this cannot fire before ``best``
+    for _ in range(_SEARCH_LIMIT):
+        wall = it.get_next(datetime)
+        if horizon is not None and wall > horizon:
+            return best
+        for instant in firings(wall, tz, fixed=fixed):
+            if instant > after and (best is None or instant < best):
+                best = instant
+                horizon = _local(best, tz) + _slack(best, tz)
+    raise ValueError(f"schedule {expr!r} has no tick after {after.isoformat()} in reach")
+
+
+def latest_tick(obj, now: datetime) -> datetime:
+    """The newest scheduled tick at or before ``now`` (UTC-aware). ``obj`` has
+    ``schedule`` (cron) and ``timezone`` — a Policy or a PolicySpec."""
+    expr, name = _schedule_of(obj)
+    tz, fixed = _tz(name), fixed_time(expr)
+    it = croniter(expr, _local(now, tz) + _slack(now, tz) + timedelta(minutes=1))
+    best: datetime | None = None
+    horizon: datetime | None = None  # wall-clock times before this cannot fire after ``best``
+    for _ in range(_SEARCH_LIMIT):
+        wall = it.get_prev(datetime)
+        if horizon is not None and wall < horizon:
+            return best
+        for instant in firings(wall, tz, fixed=fixed):
+            if instant <= now and (best is None or instant > best):
+                best = instant
+                horizon = _local(best, tz) - _slack(best, tz)
+    raise ValueError(f"schedule {expr!r} has no tick before {now.isoformat()} in reach")
+
+
+def is_tick(obj, when: datetime) -> bool:
+    """Whether ``when`` is one of the schedule's ticks."""
+    return next_tick(obj, when - timedelta(microseconds=1)) == when
 
 
 def ticks_between(obj, start: datetime, end: datetime, *, limit: int = 1000) -> Iterator[datetime]:

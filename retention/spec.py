@@ -866,10 +866,17 @@ def months_before(local: datetime, months: int) -> datetime:
 
 
 def _localize(naive: datetime, tz: zoneinfo.ZoneInfo) -> datetime:
-    """Attach tz to a wall-clock time; a time skipped by DST moves forward, an ambiguous one
-    takes the earlier instant (fold=0) — deterministic either way."""
-    aware = naive.replace(tzinfo=tz)
-    roundtrip = aware.astimezone(zoneinfo.ZoneInfo("UTC")).astimezone(tz).replace(tzinfo=None)
-    if roundtrip != naive:  # nonexistent local time
-        aware = (naive + timedelta(hours=1)).replace(tzinfo=tz)
-    return aware.astimezone(zoneinfo.ZoneInfo("UTC"))
+    """Attach tz to a wall-clock time the way PostgreSQL reads a ``timestamp`` in a zone
+    (``timestamp AT TIME ZONE``): a time skipped by a change of the clock is read with the
+    UTC offset in force just before the change (Lord Howe's 02:15 in its 02:00–02:30 gap is
+    02:15+10:30, that is 02:45+11:00), a time that happens twice with the offset in force just
+    after it (New York's repeated 01:30 is 01:30-05:00). docs/policies.md, "Time"."""
+    earlier = naive.replace(tzinfo=tz, fold=0)
+    later = naive.replace(tzinfo=tz, fold=1)
+    if earlier.utcoffset() == later.utcoffset():
+        return earlier.astimezone(zoneinfo.ZoneInfo("UTC"))
+    exists = earlier.astimezone(zoneinfo.ZoneInfo("UTC")).astimezone(tz).replace(tzinfo=None)
+    # zoneinfo reads a skipped time with fold 0 by the offset before the change, and a
+    # repeated one with fold 1 by the offset after it
+    chosen = later if exists == naive else earlier
+    return chosen.astimezone(zoneinfo.ZoneInfo("UTC"))

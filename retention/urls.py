@@ -9,7 +9,21 @@ urlpatterns = [
     path("approvals/", views.approvals, name="approvals"),
     path("holds/", views.holds, name="holds"),
     path("holds/place/", views.hold_place, name="hold_place"),
-    path("holds/<int:hold_id>/release/", views.hold_release, name="hold_release"),
+    path("holds/<int:hold_id>/", views.hold_detail, name="hold_detail"),
+    path("holds/<int:hold_id>/release/", views.hold_release_request, name="hold_release_request"),
+    path(
+        "holds/<int:hold_id>/approve-release/",
+        views.hold_release_approve,
+        name="hold_release_approve",
+    ),
+    path(
+        "holds/<int:hold_id>/withdraw-release/",
+        views.hold_release_withdraw,
+        name="hold_release_withdraw",
+    ),
+    path(
+        "holds/<int:hold_id>/refuse-release/", views.hold_release_refuse, name="hold_release_refuse"
+    ),
     path("drafts/new/", views.policy_new, name="policy_new"),
     path("drafts/", views.version_create, name="version_create"),
     path("<slug:slug>/", views.policy_detail, name="policy_detail"),

@@ -14,7 +14,7 @@ from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
 
 from core.models import OperatorAction
@@ -22,7 +22,7 @@ from core.reauth import require_recent_password
 from core.roles import COMPLIANCE, ONCALL, require_role, roles_of
 from retention import actions
 from retention.diff import spec_diff
-from retention.holds import coverage
+from retention.holds import coverage, release_impact
 from retention.models import LegalHold, Policy, PolicyVersion
 from retention.preview import live_preview
 from retention.spec import (
@@ -518,13 +518,101 @@ def hold_place(request):
     return redirect(reverse("retention:holds"))
 
 
-@require_POST
-@require_role(COMPLIANCE)
-def hold_release(request, hold_id: int):
-    hold = get_object_or_404(LegalHold, pk=hold_id)
+def _hold_or_404(hold_id: int) -> LegalHold:
+    return get_object_or_404(LegalHold.objects.select_related("policy"), pk=hold_id)
+
+
+@require_GET
+@require_role()
+def hold_detail(request, hold_id: int):
+    """One hold: what it covers, who placed it, its release (requested, approved, withdrawn
+    or refused: every step from the operator log) and, for compliance, the next step."""
+    hold = _hold_or_404(hold_id)
+    if hold.active:
+        hold.coverage = coverage(hold)
+    history = OperatorAction.objects.filter(
+        target_type="legalhold", target_id=str(hold.pk)
+    ).order_by("chain_seq")
+    return render(
+        request,
+        "retention/hold_detail.html",
+        {
+            "hold": hold,
+            "history": history,
+            "own_request": hold.release_pending
+            and hold.release_requested_by == request.user.username,
+        },
+    )
+
+
+# each release step: (action, confirmation page title, its button)
+RELEASE_STEPS = {
+    "request": (actions.request_hold_release, "Request the release of hold", "Request release"),
+    "approve": (actions.approve_hold_release, "Approve the release of hold", "Release the hold"),
+    "withdraw": (actions.withdraw_hold_release, "", ""),
+    "refuse": (actions.refuse_hold_release, "", ""),
+}
+
+
+def _release_step(request, hold_id: int, step: str):
+    """GET (request and approve): the confirmation — what the release will do, policy by
+    policy (``holds.release_impact``: rows eligible at the next run, and when); POST: the
+    step, fenced by the decision token the page was rendered with."""
+    hold = _hold_or_404(hold_id)
+    action, title, button = RELEASE_STEPS[step]
+    if request.method == "GET":
+        return render(
+            request,
+            "retention/hold_release_confirm.html",
+            {
+                "hold": hold,
+                "step": step,
+                "title": title,
+                "button": button,
+                "impact": [i.describe() for i in release_impact(hold)],
+                "coverage": coverage(hold),
+                "own_request": hold.release_requested_by == request.user.username,
+            },
+        )
+    expected = request.POST.get("expected") or None
     try:
-        actions.release_hold(hold, actor=request.user, reason=request.POST.get("reason", ""))
-        messages.success(request, f"hold #{hold.pk} released")
+        hold = action(
+            hold, actor=request.user, reason=request.POST.get("reason", ""), expected=expected
+        )
     except REFUSALS as exc:
         _refused(request, exc)
-    return redirect(reverse("retention:holds"))
+    else:
+        done = {
+            "request": "release requested; it stays in force until another member of "
+            "compliance approves",
+            "approve": f"released (requested by {hold.release_requested_by})",
+            "withdraw": "release request withdrawn; the hold stays in force",
+            "refuse": "release request refused; the hold stays in force",
+        }[step]
+        impact = "; ".join(i.describe() for i in getattr(hold, "impact", []))
+        messages.success(request, f"hold #{hold.pk}: {done}" + (f" — {impact}" if impact else ""))
+    return redirect(reverse("retention:hold_detail", args=[hold.pk]))
+
+
+@require_http_methods(["GET", "POST"])
+@require_role(COMPLIANCE)
+def hold_release_request(request, hold_id: int):
+    return _release_step(request, hold_id, "request")
+
+
+@require_http_methods(["GET", "POST"])
+@require_role(COMPLIANCE)
+def hold_release_approve(request, hold_id: int):
+    return _release_step(request, hold_id, "approve")
+
+
+@require_POST
+@require_role(COMPLIANCE)
+def hold_release_withdraw(request, hold_id: int):
+    return _release_step(request, hold_id, "withdraw")
+
+
+@require_POST
+@require_role(COMPLIANCE)
+def hold_release_refuse(request, hold_id: int):
+    return _release_step(request, hold_id, "refuse")

@@ -11,22 +11,30 @@ from django.utils import timezone
 from core import timeouts
 from core.locks import decision_fence
 from core.oplog import ActionError, check_decision, record_action, require_reason
-from core.roles import ONCALL, check_role
+from core.roles import ONCALL, check_role, check_role_or_system
 from retention import geometry
 from retention import predicate as P
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import period_label
 from runs.engine import dispatch
 from runs.engine.schedules import sync_policy_schedule
-from runs.models import MAX_DISCARDED_SCOPES, Chunk, DeadLetter, Run
+from runs.models import MAX_DISCARDED_SCOPES, Chunk, DeadLetter, PartitionAction, Run
 from runs.progress import progress_for
 
 BLAST_RADIUS_FLOOR = 10_000  # below this many rows a run never needs confirmation
 
 
-def run_key_for(policy: Policy, tick: datetime) -> str:
-    """One key per (policy, logical period): the tick as wall-clock time in the policy's zone."""
-    return f"{policy.slug}/{period_label(policy, tick)}"
+def run_key_for(policy: Policy, tick: datetime, *, rerun_of_version: int | None = None) -> str:
+    """One key per (policy, logical period): the tick as wall-clock time in the policy's zone;
+    a re-run of the period under a newly approved version (its earlier run superseded)
+    appends that version's number: ``events/2026-11-30T03:00/v2``."""
+    key = f"{policy.slug}/{period_label(policy, tick)}"
+    return key if rerun_of_version is None else f"{key}/v{rerun_of_version}"
+
+
+def live_run_of_period(policy: Policy, tick: datetime) -> Run | None:
+    """The period's run that is not superseded (at most one: ``run_one_live_per_period``)."""
+    return Run.objects.filter(policy=policy, tick=tick).exclude(state=Run.State.SUPERSEDED).first()
 
 
 def _actor_name(actor) -> str:
@@ -34,8 +42,8 @@ def _actor_name(actor) -> str:
 
 
 def _check_oncall(actor) -> None:
-    if hasattr(actor, "is_authenticated"):
-        check_role(actor, ONCALL)
+    """Run controls are a person's: on-call (a name, even a system's, has no role)."""
+    check_role(actor, ONCALL)
 
 
 @transaction.atomic
@@ -49,15 +57,26 @@ def trigger_run(
 ) -> tuple[Run, bool]:
     """Create the run for ``tick`` or return the existing one (duplicate triggers converge
     on the unique run_key). The cutoff is derived here, once, from the tick. A person
-    (a manual trigger) needs the on-call role; the scheduler and start-up name themselves."""
-    _check_oncall(actor)
+    (a manual trigger) needs the on-call role; the scheduler and start-up name themselves.
+
+    A period whose run was superseded (a newer version was approved while it was open) is run
+    again under the approved version: a new run, keyed ``<period>/v<number>``, that names the
+    run it replaces. A period has at most one live run (invariant 1, in the database:
+    ``run_one_live_per_period``); a drained, cancelled or skipped period is never re-run."""
+    check_role_or_system(actor, ONCALL)
     version = policy.approved_version
     if version is None:
         raise ActionError(f"policy {policy.slug} has no approved version; nothing may run")
     if not policy.enabled:
         raise ActionError(f"policy {policy.slug} is disabled")
     spec = version.parsed
-    key = run_key_for(policy, tick)
+    key, replaces = run_key_for(policy, tick), None
+    latest = Run.objects.filter(policy=policy, tick=tick).order_by("-id").first()
+    if latest is not None:
+        if latest.state != Run.State.SUPERSEDED or latest.policy_version_id == version.pk:
+            return live_run_of_period(policy, tick) or latest, False
+        replaces = latest
+        key = run_key_for(policy, tick, rerun_of_version=version.number)
     shape = geometry.choose_safely(spec)  # what its chunks run along, fixed like the cutoff
     try:
         with transaction.atomic():
@@ -67,11 +86,14 @@ def trigger_run(
                 run_key=key, policy=policy, policy_version=version, tick=tick,
                 cutoff=spec.cutoff_for(tick), source=source, created_by=_actor_name(actor),
                 skipped_ticks=list(skipped_ticks), chunk_size=spec.chunk_size, state=Run.State.WAITING,
+                replaces=replaces,
             )  # fmt: skip
-    except IntegrityError:
-        return Run.objects.get(run_key=key), False
+    except IntegrityError:  # a concurrent trigger created it first
+        return live_run_of_period(policy, tick) or Run.objects.get(run_key=key), False
+    extra = {"replaces": replaces.run_key} if replaces is not None else {}
     record_action(actor, "run.trigger", run, reason=f"{source} trigger for tick {tick.isoformat()}",
-                  cutoff=run.cutoff.isoformat(), version=version.number, skipped=len(skipped_ticks))  # fmt: skip
+                  cutoff=run.cutoff.isoformat(), version=version.number, skipped=len(skipped_ticks),
+                  **extra)  # fmt: skip
     _admit_new_run(run, spec)
     run.refresh_from_db()
     return run, True
@@ -82,7 +104,11 @@ def _eligible_count(run: Run, spec, limit: int) -> int | None:
         spec, P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff), limit=limit
     )
     try:
-        with transaction.atomic(), timeouts.bounded(20_000), connection.cursor() as cur:
+        with (
+            transaction.atomic(),
+            timeouts.bounded(20_000, timeouts.target_lock_ms(spec)),
+            connection.cursor() as cur,
+        ):
             cur.execute(frag.sql.as_string(cur.connection), frag.params)
             return cur.fetchone()[0]
     except Exception:  # a slow count must not stop the trigger; the run starts without an estimate
@@ -399,6 +425,10 @@ def replay_dead_letter(letter: DeadLetter, *, actor, reason: str) -> Chunk | Non
         chunk = Chunk.objects.select_for_update().get(pk=letter.chunk_id)
         chunk.state, chunk.attempts, chunk.not_before = Chunk.State.PENDING, 0, timezone.now()
         chunk.save(update_fields=["state", "attempts", "not_before"])
+    if _partition_of(letter) is not None:  # the partition is tried again at once
+        PartitionAction.objects.filter(
+            pk=_partition_of(letter), state=PartitionAction.State.DETACHING
+        ).update(attempts=0, not_before=None)
     record_action(actor, "dead_letter.replay", letter, reason=reason, chunk=letter.chunk_id)
     run = letter.run
     if run is not None and run.state in (Run.State.ATTENTION, Run.State.ACTIVE):
@@ -428,7 +458,11 @@ def discard_dead_letter(letter: DeadLetter, *, actor, reason: str) -> DeadLetter
                 f"run #{letter.run_id} already excludes {MAX_DISCARDED_SCOPES} discarded scopes,"
                 " the most a run can: cancel the run, or remove the cause and replay"
             )
-    record_action(actor, "dead_letter.discard", letter, reason=reason, chunk=letter.chunk_id)
+    kept = _keep_partition_detached(letter, actor=actor, reason=reason)
+    record_action(
+        actor, "dead_letter.discard", letter, reason=reason, chunk=letter.chunk_id,
+        **({"partition": kept} if kept else {}),
+    )  # fmt: skip
     run = letter.run
     if (
         run is not None
@@ -441,6 +475,36 @@ def discard_dead_letter(letter: DeadLetter, *, actor, reason: str) -> DeadLetter
         run.save(update_fields=["state", "state_reason"])
         dispatch.republish_all(run)
     return letter
+
+
+def _partition_of(letter: DeadLetter) -> int | None:
+    """The detaching partition (its ``PartitionAction`` id) a partition dead letter is about."""
+    context = letter.context or {}
+    if context.get("stage") != "partition":
+        return None
+    return context.get("partition_action")
+
+
+def _keep_partition_detached(letter: DeadLetter, *, actor, reason: str) -> str:
+    """Discarding a partition's dead letter keeps the partition detached, on the record: the
+    run goes on without it; its rows are neither deleted nor audited (the evidence lists it,
+    state ``kept``). Returns the partition's name ('' for any other letter)."""
+    action_id = _partition_of(letter)
+    if action_id is None:
+        return ""
+    action = PartitionAction.objects.select_for_update().filter(pk=action_id).first()
+    if action is None or action.state != PartitionAction.State.DETACHING:
+        return ""
+    rows = f"{action.rows:,} row(s)" if action.rows is not None else "its rows"
+    action.state = PartitionAction.State.KEPT
+    action.note = (
+        f"kept detached by {_actor_name(actor)}: {reason} — {rows} stay in {action.schema}."
+        f"{action.name}, not audited (neither deleted nor dropped by this run) and not visible"
+        " to the application"
+    )[:2000]
+    action.done_at = timezone.now()
+    action.save(update_fields=["state", "note", "done_at"])
+    return f"{action.schema}.{action.name}"
 
 
 @transaction.atomic

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from core import timeouts
 from core.cli_identity import acting_user
 from core.filters import as_id
 from core.oplog import verify_operator_log
@@ -102,7 +103,8 @@ def _drain_helpers(o) -> list:
 def drain(cmd, o):
     helpers = _drain_helpers(o)
     try:
-        _drain_here(cmd, o, Run, drain_run)
+        with timeouts.engine_session():
+            _drain_here(cmd, o, Run, drain_run)
     finally:
         for helper in helpers:
             helper.wait()
@@ -144,8 +146,11 @@ def _drain_here(cmd, o, Run, drain_run) -> None:
             progressed |= bool(stats["chunks"])
         if not o["until_idle"]:
             break
-        if not progressed and not wait_while_active(ids, IDLE_RETRY_S):
-            break  # every run ended meanwhile (drained by another worker, say)
+        if not progressed:
+            # nothing admissible: wait for these runs, but no longer than they stay active
+            # (another worker may end them); the next round looks again at every active run,
+            # a waiting run admitted meanwhile included — until none is left
+            wait_while_active(ids, IDLE_RETRY_S)
     cmd.stdout.write(
         f"drained {total['chunks']} chunk(s), {total['rows']} row(s); {total['failed']} failure(s)"
     )
@@ -186,7 +191,9 @@ def kill_switch(cmd, o):
 
 
 def reconcile(cmd, o):
-    cmd.stdout.write(json.dumps(run_reconciler(), default=str))
+    with timeouts.engine_session():
+        report = run_reconciler()
+    cmd.stdout.write(json.dumps(report, default=str))
 
 
 def startup(cmd, o):
@@ -230,15 +237,18 @@ def audit_verify(cmd, o):
 
 
 def audit_checkpoint(cmd, o):
-    found = evidence.anchor()
-    if found["hmac"] is None:
-        raise CommandError("RETENTION_EVIDENCE_KEY is not set: a checkpoint must be signed")
-    text = json.dumps(found, indent=1) + "\n"
+    """The checkpoint job: sign both chains' heads, store the anchor (every run manifest
+    carries the latest), and print or write it for an auditor to keep."""
+    try:
+        checkpoint = evidence.take_checkpoint()
+    except evidence.NoEvidenceKey as exc:
+        raise CommandError(str(exc)) from None
+    text = json.dumps(evidence.document(checkpoint), indent=1) + "\n"
     if o.get("out"):
         Path(o["out"]).write_text(text)
         cmd.stdout.write(
-            f"checkpoint written to {o['out']}: audit record {found['audit']['seq']}, "
-            f"operator action {found['operator']['seq']}"
+            f"checkpoint #{checkpoint.pk} written to {o['out']}: audit record "
+            f"{checkpoint.audit_seq}, operator action {checkpoint.operator_seq}"
         )
     else:
         cmd.stdout.write(text, ending="")
@@ -327,6 +337,10 @@ def register(areas) -> None:
         help="run manifests or checkpoints kept outside the database",
     )
     v.set_defaults(handler=audit_verify)
-    c = audit_sub.add_parser("checkpoint", help="write a signed anchor of both chains' heads")
+    c = audit_sub.add_parser(
+        "checkpoint",
+        help="sign both chains' heads and store the anchor (the checkpoint job; needs "
+        "RETENTION_EVIDENCE_KEY); print it or write it to FILE",
+    )
     c.add_argument("--out", metavar="FILE", help="write it to FILE (default: stdout)")
     c.set_defaults(handler=audit_checkpoint)

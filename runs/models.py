@@ -62,10 +62,37 @@ class Run(models.Model):
     # The columns its chunks' bounds are on when they are not the key's: timestamp chunks'
     # (timestamp, key…) or (timestamp,), fixed at creation (``bound_columns``).
     chunk_columns = models.JSONField(default=list, blank=True)
+    # A run of a period whose earlier run a newly approved version superseded (a re-run, its
+    # key the period's with "/v<number>" appended): the run it replaces.
+    replaces = models.ForeignKey(
+        "self", on_delete=models.PROTECT, null=True, blank=True, related_name="reruns"
+    )
+    # Why a lease last admitted nothing for a reason no chunk carries (the partition step held
+    # back by the guard, planning postponed, ceilings full), and when it last saw it:
+    # ``runs.status`` names it while it is newer than the last commit (``worker.note_idle``).
+    idle_reason = models.TextField(blank=True)
+    idle_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-tick", "-id"]
-        indexes = [models.Index(fields=["state"], name="run_state")]
+        constraints = [
+            # invariant 1: one live run per policy and period; superseded runs stay as history
+            models.UniqueConstraint(
+                fields=["policy", "tick"],
+                condition=~Q(state="superseded"),
+                name="run_one_live_per_period",
+            )
+        ]
+        indexes = [
+            models.Index(fields=["state"], name="run_state"),
+            # the reconciler's look at drained runs whose VACUUM waits on a task (a few at most)
+            models.Index(
+                fields=["policy"],
+                condition=Q(state="drained")
+                & Q(verification__vacuum_state__in=["scheduled", "running"]),
+                name="run_vacuum_waiting",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.run_key
@@ -371,6 +398,29 @@ class AuditRecord(models.Model):
         return self
 
 
+class Checkpoint(models.Model):
+    """A signed anchor of both hash chains, taken by the checkpoint job
+    (``retention audit checkpoint``, the only process that holds ``RETENTION_EVIDENCE_KEY``)
+    and stored here so every run manifest carries the latest one. Its ``hmac`` signs the
+    anchor document (``runs.evidence.anchors.document``); the database cannot make one.
+    Written once, after the WAL holds every record it anchors (``anchors.take_checkpoint``);
+    append-only like the chains."""
+
+    at = models.DateTimeField()
+    audit_seq = models.BigIntegerField()
+    audit_hash = models.CharField(max_length=64, blank=True)  # '': an empty chain
+    operator_seq = models.BigIntegerField()
+    operator_hash = models.CharField(max_length=64, blank=True)
+    hmac = models.CharField(max_length=64)
+    host = models.CharField(max_length=200, help_text="where the checkpoint job ran")
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"checkpoint #{self.pk} at audit record {self.audit_seq}"
+
+
 class PartitionAction(models.Model):
     """What a run did with one partition it could take whole (docs/engine.md, "Partitions").
     Recorded before the detach, so a detach interrupted by a crash is finished (or undone) by
@@ -381,6 +431,9 @@ class PartitionAction(models.Model):
         DROPPED = "dropped"
         DETACHED = "detached", "detached (kept)"
         LEFT = "left", "left attached (deleted in chunks)"
+        # an operator kept a partition detached that could not be put back (its dead letter
+        # discarded): its rows are neither deleted nor audited, nor visible to the application
+        KEPT = "kept", "kept detached by an operator (not audited)"
 
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="partition_actions")
     schema = models.CharField(max_length=63)
@@ -392,6 +445,10 @@ class PartitionAction(models.Model):
     rows = models.BigIntegerField(null=True, blank=True)
     digest = models.CharField(max_length=40, blank=True)
     note = models.TextField(blank=True)  # why a partition was left attached
+    # Failed attempts to finish a detaching partition (a lock timeout, a conflict on putting it
+    # back), and when the next may start: ``runs.engine.partitions``.
+    attempts = models.PositiveIntegerField(default=0)
+    not_before = models.DateTimeField(null=True, blank=True)
     chunk = models.OneToOneField(
         Chunk, on_delete=models.PROTECT, null=True, blank=True, related_name="partition_action"
     )

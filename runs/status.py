@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db.models import Max
 from django.utils import timezone
 
+from core import timeouts
 from runs.forecast import drain_window
 from runs.models import Chunk, DeadLetter, Run
 from runs.progress import RunProgress, progress_for
@@ -17,7 +18,7 @@ def run_status(run: Run) -> dict:
     now = timezone.now()
     p = progress_for([run.pk], now=now)[run.pk]
     last = p.last_commit
-    health, waiting_reason, throttled = _health(run, p, now)
+    health, waiting_reason, throttled = health_of(run, p, now)
     return {
         "run_key": run.run_key,
         "health": health,
@@ -46,28 +47,48 @@ def run_status(run: Run) -> dict:
     }
 
 
-def _health(run: Run, p: RunProgress, now) -> tuple[str, str, str]:
+def health_of(run: Run, p: RunProgress, now) -> tuple[str, str, str]:
     """(health, why it is not progressing, throttle reason). "progressing" means a chunk
-    committed within one lease budget; an active run that is not progressing always says why:
-    throttled by the guard, retrying after an error (a lock it could not get), no worker
-    alive, or workers alive that admitted nothing (concurrency ceilings, operator decisions).
+    committed within the guard window (``RETENTION_GUARD_DUTY_WINDOW_S``) or one is in flight
+    (claimed, its outcome not recorded yet, within the longest a chunk may take). An active
+    run with no admitted chunk for longer always says why: throttled by the guard (the
+    latest throttled chunk's reason, or the guard holding the partition step back), waiting
+    for a reason the lease recorded on the run (planning postponed, ceilings full, a
+    partition backing off: ``worker.note_idle``), blocked on a lock or retrying after an
+    error, no worker alive, or workers alive that admitted nothing.
 
     The throttle reason is the progress model's (``runs.progress``: the latest reason of a
     pending chunk throttled within one lease budget)."""
     recent = timedelta(seconds=settings.RETENTION["LEASE_BUDGET_S"])
+    window = timedelta(seconds=settings.RETENTION["GUARD_DUTY_WINDOW_S"])
     last = p.last_commit
     pending_chunks = Chunk.objects.pending().filter(run=run)
     throttled = p.throttle_reason
     if run.state != Run.State.ACTIVE:
         return run.state, run.state_reason, throttled
     pending = p.chunks[Chunk.State.PENDING]
-    if last is not None and now - last <= recent:
+    if last is not None and now - last <= window:
         return "progressing", "", throttled
+    spec = run.policy_version.parsed
+    in_flight = timedelta(
+        milliseconds=timeouts.chunk_worst_ms(spec.lock_timeout_ms, spec.statement_timeout_ms)
+    )
+    if pending and pending_chunks.filter(claimed_at__gt=now - in_flight).exists():
+        return "progressing", "", throttled  # a chunk transaction is under way
     if run.planner_done and not pending:
         return "finishing", "", throttled
     started = run.started_at or run.created_at
     if throttled:
         return "throttled", f"throttled: {throttled}", throttled
+    idle = (
+        run.idle_reason
+        if run.idle_since is not None
+        and now - run.idle_since <= recent
+        and (last is None or run.idle_since > last)
+        else ""
+    )
+    if idle:
+        return ("throttled" if idle.startswith("throttled") else "waiting"), idle, throttled
     failing = (
         pending_chunks.filter(attempts__gt=0)
         .exclude(last_error="")

@@ -3,6 +3,7 @@ django-q2's point of view because of a cleanup error: the ledger records it."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import datetime
 
@@ -21,12 +22,25 @@ from runs.models import Run
 log = logging.getLogger(__name__)
 
 
+def engine_task(func):
+    """Every statement of the task waits for a lock at most ``timeouts.engine_lock_ms``
+    (``timeouts.engine_session``)."""
+
+    @functools.wraps(func)
+    def run(*args, **kwargs):
+        with timeouts.engine_session():
+            return func(*args, **kwargs)
+
+    return run
+
+
 def _malformed(task: str, detail: str, payload: dict) -> str:
     dead_letter(chunk=None, run=None, error_class="malformed", sqlstate="", attempts=1,
                 message=f"malformed {task} message: {detail}", extra={"payload": payload})  # fmt: skip
     return f"dead-lettered: {detail}"
 
 
+@engine_task
 def trigger_scheduled(policy_id=None, tick=None, **_ignored) -> str:
     """Fired by the policy's schedule; ``tick`` is django-q2's intended date of the firing."""
     try:
@@ -72,6 +86,7 @@ def _now():
     return timezone.now()
 
 
+@engine_task
 def drain_lease(run_id=None, slot=None, generation=None, *extra) -> dict | str:
     """One lease: drain chunks of the run for a time budget, then publish the next generation."""
     if extra or not all(
@@ -94,11 +109,13 @@ def drain_lease(run_id=None, slot=None, generation=None, *extra) -> dict | str:
     return stats
 
 
+@engine_task
 def reconcile() -> dict:
     report = run_reconciler()
     return {k: v for k, v in report.items() if v}
 
 
+@engine_task
 def vacuum_target(run_id=None) -> str:
     """``VACUUM (ANALYZE)`` the target of a drained run (``runs.engine.maintenance.vacuum_target``:
     once, outside any transaction, bounded to fit the task timeout, its outcome recorded on

@@ -44,5 +44,12 @@ def approved_policy(make_user, **spec_fields) -> Policy:
     return Policy.objects.get(slug=spec.slug)
 
 
+def release_hold(hold, *, requester, approver, reason: str = "released") -> None:
+    """Release a legal hold the way production does: one compliance officer requests, another
+    approves."""
+    actions.request_hold_release(hold, actor=requester, reason=reason)
+    actions.approve_hold_release(hold, actor=approver, reason=reason)
+
+
 def _user(make_user, username, role) -> User:
     return User.objects.filter(username=username).first() or make_user(username, role)

@@ -2,7 +2,8 @@
 
 An AST walk over the packages' own ``.py`` files (no Django, no database):
 
-- ``core`` imports no app (``retention``, ``runs``, ``demo``);
+- ``core`` imports no app (``database``, ``retention``, ``runs``, ``demo``);
+- ``database`` imports only ``core``;
 - ``retention`` imports neither ``runs`` nor ``demo``; ``runs`` does not import ``demo``;
 - no import cycle between modules of the packages (function-level imports count);
 - an import inside a function has a comment on its line or the line above saying why

@@ -37,6 +37,7 @@ GRANT SELECT, INSERT ON TABLE "retention_runner"."retention_operatoraction" TO :
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."retention_policy" TO :"web";
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."retention_policyversion" TO :"web";
 GRANT SELECT ON TABLE "retention_runner"."runs_auditrecord" TO :"web";
+GRANT SELECT ON TABLE "retention_runner"."runs_checkpoint" TO :"web";
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."runs_chunk" TO :"web";
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."runs_deadletter" TO :"web";
 GRANT SELECT ON TABLE "retention_runner"."runs_guardsample" TO :"web";
@@ -78,6 +79,7 @@ GRANT SELECT, INSERT ON TABLE "retention_runner"."retention_operatoraction" TO :
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."retention_policy" TO :"operator";
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."retention_policyversion" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."runs_auditrecord" TO :"operator";
+GRANT SELECT ON TABLE "retention_runner"."runs_checkpoint" TO :"operator";
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."runs_chunk" TO :"operator";
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."runs_deadletter" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."runs_guardsample" TO :"operator";
@@ -128,5 +130,6 @@ GRANT SELECT ON TABLE "retention_runner"."retention_operatoraction" TO :"monitor
 GRANT SELECT ON TABLE "retention_runner"."retention_policy" TO :"monitor";
 GRANT SELECT ON TABLE "retention_runner"."retention_policyversion" TO :"monitor";
 GRANT SELECT ON TABLE "retention_runner"."runs_auditrecord" TO :"monitor";
+GRANT SELECT, INSERT ON TABLE "retention_runner"."runs_checkpoint" TO :"monitor";
 GRANT SELECT ON TABLE "retention_runner"."runs_chunk" TO :"monitor";
 GRANT SELECT ON TABLE "retention_runner"."runs_run" TO :"monitor";

@@ -1,8 +1,16 @@
-"""Classify database errors by SQLSTATE: retry later, split, or dead-letter."""
+"""Failures of the engine: classify database errors by SQLSTATE (retry later, split, or
+dead-letter), the back-off between tries, and the dead letter a person decides on."""
 
 from __future__ import annotations
 
+import os
+import random
+import socket
 from dataclasses import dataclass
+
+from runs.models import Chunk, DeadLetter, Run
+
+HOST = socket.gethostname()
 
 TRANSIENT = "transient"
 PERMANENT = "permanent"
@@ -74,3 +82,41 @@ def classify(exc: BaseException) -> Classified:
             return Classified(TRANSIENT, "", "connection lost")
         return Classified(PERMANENT, "", type(exc).__name__)
     return Classified(TRANSIENT, code, f"database error {code}")
+
+
+def backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0) -> float:
+    """Exponential backoff with full jitter."""
+    return random.uniform(0, min(cap, base * (2 ** max(0, attempts - 1)))) + base / 2
+
+
+def dead_letter(
+    *,
+    chunk: Chunk | None,
+    run: Run | None,
+    error_class: str,
+    sqlstate: str,
+    message: str,
+    attempts: int,
+    extra: dict | None = None,
+) -> DeadLetter:
+    """Record a dead letter with the whole context an operator needs."""
+    context: dict = dict(extra or {})
+    if run is not None:
+        spec = run.policy_version.parsed
+        context.update(
+            policy=spec.slug,
+            policy_version=run.policy_version.number,
+            run=run.run_key,
+            table=spec.qualified_table,
+            cutoff=run.cutoff.isoformat(),
+        )
+    if chunk is not None:
+        context.update(
+            tenant=chunk.tenant, key_from=chunk.key_from, key_to=chunk.key_to, chunk=chunk.pk,
+            interval=chunk.interval,
+        )  # fmt: skip
+    context.update(sqlstate=sqlstate, attempts=attempts, host=HOST, pid=os.getpid())
+    return DeadLetter.objects.create(
+        chunk=chunk, run=run, error_class=error_class, sqlstate=sqlstate, message=message,
+        context=context, attempts=attempts,
+    )  # fmt: skip

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime, timedelta
 
 from django.db import DatabaseError, connection, transaction
+from django.db.models import Sum
 from django.utils import timezone
 from psycopg import sql
 
 from core import timeouts
+from core.oplog import record_action
 from retention.models import KillSwitch
 from runs.engine import dispatch
-from runs.models import Run
+from runs.models import AuditRecord, Run
 
 log = logging.getLogger(__name__)
 
@@ -64,38 +67,56 @@ def _tuples(spec) -> tuple[int | None, int | None, int]:
     return dead, live, leaves
 
 
+def left_by_run(run: Run) -> int:
+    """Dead tuples the run's deletes left on its target: the rows its chunks deleted, from its
+    own ledger (exact at once, whatever PostgreSQL's statistics have been told yet; a
+    partition dropped whole leaves none)."""
+    total = AuditRecord.objects.filter(run=run, partition__isnull=True).aggregate(
+        rows=Sum("rows_deleted")
+    )["rows"]
+    return int(total or 0)
+
+
 def after_run_maintenance(run: Run) -> dict:
     """What a run that has just drained leaves for ``VACUUM``: the dead and live tuples on its
     target and a note saying what is recommended or scheduled. Call it inside the transaction
     that drains the run; with ``vacuum = "run"`` the ``vacuum_target`` task is sent only once
-    that transaction commits. The statistics are read in a savepoint under a short timeout:
-    when they cannot be read, the note says so and the run drains all the same."""
+    that transaction commits.
+
+    The dead tuples are at least the rows the run's chunks deleted (``left_by_run``, from the
+    ledger), more when PostgreSQL's statistics count more on the target (summed over the
+    leaves of a partitioned table). The statistics alone would be stale: a backend reports its
+    deletes about a second after they commit, and the finisher is usually the worker that
+    deleted the last chunks. They are read in a savepoint under a short timeout: when they
+    cannot be read, the note says so and the run drains all the same."""
     spec = run.policy_version.parsed
     table = spec.qualified_table
     unread = ""
-    dead = live = None
+    counted = live = None
     try:
         with transaction.atomic(), timeouts.bounded(STATS_TIMEOUT_MS):
-            dead, live, leaves = _tuples(spec)
+            counted, live, leaves = _tuples(spec)
         if not leaves:
             unread = "PostgreSQL keeps no statistics for it"
     except DatabaseError as exc:
         unread = _first_line(exc)
+    dead = max(left_by_run(run), counted or 0)
     out: dict = {"dead_tuples": dead, "live_tuples": live, "vacuum": spec.vacuum}
     unread_note = f"the statistics could not be read ({unread})" if unread else ""
     if spec.vacuum == "run":
         dispatch.enqueue_after_commit(VACUUM_TASK, run.id)
         out["vacuum_state"] = SCHEDULED
+        out["vacuum_scheduled_at"] = timezone.now().isoformat()
+        out["vacuum_sends"] = 1
         out["vacuum_note"] = "; ".join(
             filter(None, [f"VACUUM (ANALYZE) {table} scheduled", unread_note])
         )
     elif spec.vacuum == "recommend":
-        if unread:
-            out["vacuum_note"] = f"dead tuples on {table} not recorded: {unread_note}"
-        elif dead:
-            out["vacuum_note"] = f"recommended: VACUUM (ANALYZE) {table} ({dead:,} dead tuples)"
+        if dead:
+            note = f"recommended: VACUUM (ANALYZE) {table} ({dead:,} dead tuples)"
         else:
-            out["vacuum_note"] = f"no dead tuples counted on {table}: no VACUUM needed"
+            note = f"no dead tuples counted on {table}: no VACUUM needed"
+        out["vacuum_note"] = "; ".join(filter(None, [note, unread_note]))
     return out
 
 
@@ -232,6 +253,7 @@ def vacuum_target(run_id: int) -> str:
             "vacuum_state": RUNNING,
             "vacuum_note": f"VACUUM (ANALYZE) {table} running (no outcome recorded yet)",
             "vacuum_started_at": started.isoformat(),
+            "vacuum_tries": (run.verification or {}).get("vacuum_tries", 0) + 1,
         },
         expect=SCHEDULED,
     )
@@ -250,3 +272,101 @@ def vacuum_target(run_id: int) -> str:
         },
     )
     return note
+
+
+# -- the owner of a VACUUM that waits on a task ------------------------------------------
+
+VACUUM_TRIES = 3  # messages sent, or deliveries that died before recording an outcome
+
+
+def _when(value, default):
+    try:
+        return datetime.fromisoformat(value) if value else default
+    except (TypeError, ValueError):
+        return default
+
+
+def reclaim_vacuums(policy, now) -> list[str]:
+    """The reconciler's step for the policy's drained runs whose ``VACUUM`` waits on a task
+    (in the caller's transaction; returns one line per run it acted on). A ``scheduled``
+    VACUUM whose message was not taken within ``timeouts.task_deadline_s`` of its sending is
+    sent again (the after-commit send is no outbox: a process that died after the drain's
+    commit lost it); a ``running`` one whose task started longer ago than the task timeout
+    and headroom died without recording an outcome (its worker killed) and is scheduled
+    again. After ``VACUUM_TRIES`` sends, or deliveries that died, it is not tried again and
+    the note says why. Each decision is on the operator log."""
+    out = []
+    sent_deadline = timedelta(seconds=timeouts.task_deadline_s())
+    run_deadline = timedelta(seconds=timeouts.task_timeout_s() + timeouts.HEADROOM_S)
+    waiting = Run.objects.select_for_update(skip_locked=True).filter(
+        policy=policy, state=Run.State.DRAINED, verification__vacuum_state__in=(SCHEDULED, RUNNING)
+    )
+    for run in waiting.select_related("policy_version"):
+        v = dict(run.verification)
+        table = run.policy_version.parsed.qualified_table
+        if v["vacuum_state"] == SCHEDULED:
+            sent = _when(v.get("vacuum_scheduled_at"), run.finished_at or now)
+            if now - sent < sent_deadline:
+                continue
+            sends = int(v.get("vacuum_sends", 1))
+            if sends >= VACUUM_TRIES:
+                action, update = (
+                    "run.vacuum_not_run",
+                    {
+                        "vacuum_state": NOT_RUN,
+                        "vacuum_note": (
+                            f"VACUUM (ANALYZE) {table} not run: its task was sent {sends} times and "
+                            "never started (is a cleanup cluster running?); run it by hand or "
+                            "leave it to autovacuum"
+                        ),
+                    },
+                )
+            else:
+                action, update = (
+                    "run.vacuum_resend",
+                    {
+                        "vacuum_sends": sends + 1,
+                        "vacuum_scheduled_at": now.isoformat(),
+                        "vacuum_note": (
+                            f"VACUUM (ANALYZE) {table} scheduled (sent again: no worker took the "
+                            f"message within {sent_deadline.total_seconds():g} s)"
+                        ),
+                    },
+                )
+        else:
+            started = _when(v.get("vacuum_started_at"), run.finished_at or now)
+            if now - started < run_deadline:
+                continue
+            tries = int(v.get("vacuum_tries", 1))
+            if tries >= VACUUM_TRIES:
+                action, update = (
+                    "run.vacuum_failed",
+                    {
+                        "vacuum_state": FAILED,
+                        "vacuum_note": (
+                            f"VACUUM (ANALYZE) {table} failed: its task was killed {tries} times "
+                            "before it recorded an outcome (a worker crash or restart); run it by "
+                            "hand or leave it to autovacuum"
+                        ),
+                    },
+                )
+            else:
+                action, update = (
+                    "run.vacuum_resend",
+                    {
+                        "vacuum_state": SCHEDULED,
+                        "vacuum_sends": 1,
+                        "vacuum_scheduled_at": now.isoformat(),
+                        "vacuum_note": (
+                            f"VACUUM (ANALYZE) {table} scheduled again: the task that started it at "
+                            f"{started:%Y-%m-%d %H:%M:%S} recorded no outcome (its worker was killed)"
+                        ),
+                    },
+                )
+        run.verification = {**v, **update}
+        run.save(update_fields=["verification"])
+        record_action("reconciler", action, run, reason=update["vacuum_note"])
+        if run.verification["vacuum_state"] == SCHEDULED:
+            dispatch.enqueue(VACUUM_TASK, run.id)  # with the ORM broker: in this transaction
+        out.append(f"{run.run_key}: {update['vacuum_note']}")
+    return out

@@ -15,7 +15,9 @@ import os
 import socket
 import time
 from contextlib import contextmanager
+from datetime import timedelta
 
+from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from psycopg import sql
@@ -25,10 +27,11 @@ from core.oplog import record_action
 from retention import partitions as RP
 from retention.models import PolicyVersion
 from retention.spec import SpecError
+from runs import actions
 from runs.engine import guard, planner
-from runs.engine.errors import PERMANENT, classify
+from runs.engine.errors import PERMANENT, backoff, classify, dead_letter
 from runs.evidence import audit
-from runs.models import Chunk, PartitionAction, PlannerCursor, Run, discarded_scopes
+from runs.models import Chunk, DeadLetter, PartitionAction, PlannerCursor, Run, discarded_scopes
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +39,9 @@ HOST = socket.gethostname()
 PARTITIONS = 0x52520040  # one lease settles a run's partitions at a time (run id)
 
 SETTLED = "settled"
-POSTPONED = "postponed"  # throttled or busy: the planner must not start yet
+# throttled or busy: the planner must not start yet; "postponed: <why>" when the run should
+# say why (``worker.note_idle``)
+POSTPONED = "postponed"
 REFUSED = "refused: "  # + why the run may not act now (kill switch, paused, cancelled, ...)
 
 
@@ -107,12 +112,9 @@ def _refusal(run: Run) -> str:
 @contextmanager
 def _session_fences(run: Run, spec):
     """The global fence and the policy's fence, shared, for the session (a concurrent detach
-    cannot run inside a transaction), under the policy's lock timeout. Released on exit."""
-    _exec(
-        "SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false)",
-        [f"{spec.lock_timeout_ms}ms", f"{statement_ms(spec)}ms"],
-    )
-    try:
+    cannot run inside a transaction), under the policy's lock timeout. Released on exit, and
+    the session's timeouts as they were before."""
+    with timeouts.session(statement_ms(spec), spec.lock_timeout_ms):
         _exec("SELECT pg_advisory_lock_shared(%s, 0)", [locks.HOLDS])
         try:
             _exec("SELECT pg_advisory_lock_shared(%s, %s)", [locks.POLICY_FENCE, run.policy_id])
@@ -124,9 +126,6 @@ def _session_fences(run: Run, spec):
                 )
         finally:
             _exec("SELECT pg_advisory_unlock_shared(%s, 0)", [locks.HOLDS])
-    finally:
-        _exec("RESET lock_timeout")
-        _exec("RESET statement_timeout")
 
 
 def settle(run: Run, *, deadline: float | None = None) -> str:
@@ -163,18 +162,23 @@ def settle(run: Run, *, deadline: float | None = None) -> str:
             return SETTLED
         verdict = guard.admission(run, spec)
         if not verdict.admit:
-            return POSTPONED
+            return f"{POSTPONED}: throttled: {verdict.reason}"
         # an intent left by an interrupted attempt first: a table has one pending detach at a
         # time (a partition whose concurrent detach waits for a foreground snapshot is not in
         # the tree any more, and PostgreSQL refuses to detach another one meanwhile)
         for action in PartitionAction.objects.filter(
             run=run, state=PartitionAction.State.DETACHING
         ):
+            if action.not_before is not None and action.not_before > timezone.now():
+                # backing off after a failed attempt (its note says why)
+                return f"{POSTPONED}: partition {action.schema}.{action.name}: {action.note}"
             with _session_fences(run, spec):
                 refusal = _refusal(run)
                 if refusal:
                     return REFUSED + refusal
-                _finish(run, spec, tree, action)
+                outcome = _settle_intent(run, spec, tree, action)
+                if outcome != SETTLED:
+                    return outcome
         for part in tree.partitions:
             if deadline is not None and time.monotonic() >= deadline:
                 return POSTPONED
@@ -194,7 +198,8 @@ def settle(run: Run, *, deadline: float | None = None) -> str:
             log.warning("run %s: partitions left to chunks: %s", run.run_key, exc)
             return SETTLED
         log.warning("run %s: partitions postponed: %s", run.run_key, exc)
-        return POSTPONED
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+        return f"{POSTPONED}: {classify(exc).label}: {first}"
     finally:
         if connection.connection is not None and not connection.needs_rollback:
             try:
@@ -249,7 +254,90 @@ def settle_one(run: Run, spec, tree: RP.Tree, part: RP.Partition) -> str:
                 run=run, schema=part.schema, name=part.name, bounds=part.bound,
                 action=spec.partition_action, concurrently=concurrently, rows=census.rows,
             )  # fmt: skip
-        return _finish(run, spec, tree, existing)
+        return _settle_intent(run, spec, tree, existing)
+
+
+def _settle_intent(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
+    """``_finish`` the detaching partition; a failure is ``_intent_failed``'s to judge."""
+    try:
+        return _finish(run, spec, tree, action)
+    except DatabaseError as exc:
+        if _connection_lost(exc):
+            raise
+        return _intent_failed(run, spec, tree, action, exc)
+
+
+def _intent_failed(run: Run, spec, tree: RP.Tree, action: PartitionAction, exc) -> str:
+    """A step of a detaching partition failed (the detach, FINALIZE, the census, putting it
+    back, the drop). Never a state without an exit:
+
+    - still attached and the error permanent (no privilege to detach): the chunks delete it;
+    - transient (a lock timeout, a statement timeout): tried again after a back-off, at most
+      ``RETENTION_MAX_ATTEMPTS`` times; then, still attached, the chunks delete it this run
+      (and a later run detaches it, or drops it once empty);
+    - detached or DETACH PENDING — its rows out of the application's sight — and permanent
+      or out of attempts: the run needs attention, with a dead letter naming the partition,
+      the error and the ways out (remove the cause and replay it; or discard it to keep the
+      partition detached, on the record)."""
+    cls = classify(exc)
+    message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+    state = _attached(spec, action)
+    attached = state is not None and state[0] and not state[1]
+    attempts = action.attempts + 1
+    name = f"{action.schema}.{action.name}"
+    if attached and cls.kind == PERMANENT:
+        log.warning("run %s: %s left to chunks: %s", run.run_key, name, message)
+        _leave(action, f"not detached: {message}")
+        return SETTLED
+    if cls.kind != PERMANENT and attempts < settings.RETENTION["MAX_ATTEMPTS"]:
+        retry_at = timezone.now() + timedelta(seconds=backoff(attempts))
+        note = (
+            f"{message}; tried again after {retry_at:%H:%M:%S} (attempt {attempts} of "
+            f"{settings.RETENTION['MAX_ATTEMPTS']})"
+        )
+        PartitionAction.objects.filter(pk=action.pk).update(
+            attempts=attempts, not_before=retry_at, note=note[:2000]
+        )
+        log.warning("run %s: partition %s: %s", run.run_key, name, note)
+        return f"{POSTPONED}: partition {name}: {note}"
+    if attached:
+        _leave(
+            action,
+            f"not detached after {attempts} attempts ({message}): deleted in chunks this run;"
+            " a later run detaches it, or drops it once it is empty",
+        )
+        return SETTLED
+    where = "DETACH PENDING" if state is not None and state[1] else "detached"
+    rows = f"{action.rows:,} row(s)" if action.rows is not None else "rows"
+    cause = message
+    if cls.sqlstate == "23514" and tree.has_default:
+        cause += (
+            f" (the default partition holds rows in its range, {action.bounds}: move them out"
+            " of the default partition)"
+        )
+    reason = (
+        f"partition {name} is {where} and cannot be finished or put back: {cause}. Its "
+        f"{rows} are out of the application's sight until then. Ways out: remove the cause "
+        "and replay the run's dead letter (the partition is tried again), or discard it to "
+        "keep the partition detached, on the record (its rows neither deleted nor audited)"
+    )[:2000]
+    with transaction.atomic():
+        PartitionAction.objects.filter(pk=action.pk).update(
+            attempts=attempts, not_before=None, note=reason
+        )
+        moved = actions.run_needs_attention(run, actor="worker", reason=reason)
+        open_letter = DeadLetter.objects.filter(
+            run=run, resolution=DeadLetter.Resolution.OPEN, context__partition_action=action.pk
+        ).exists()
+        if moved and not open_letter:
+            dead_letter(
+                chunk=None, run=run, error_class=cls.kind if cls.kind == PERMANENT else "exhausted",
+                sqlstate=cls.sqlstate, message=reason, attempts=attempts,
+                extra={"stage": "partition", "partition": name, "partition_action": action.pk,
+                       "bounds": action.bounds, "state": where, "error": message},
+            )  # fmt: skip
+    log.error("run %s needs attention: %s", run.run_key, reason)
+    return REFUSED + reason
 
 
 def _parent(spec) -> sql.Identifier:
@@ -273,7 +361,9 @@ def _attached(spec, action: PartitionAction) -> tuple[bool, bool] | None:
 
 def _detach(spec, action: PartitionAction) -> None:
     """Detach the partition: concurrently (two transactions of PostgreSQL's own, outside any
-    block of ours) when the server allows it, else in a transaction under the lock timeout."""
+    block of ours) when the server allows it, else in a transaction under the lock timeout;
+    one whose concurrent detach was interrupted (DETACH PENDING) is finalized. The one place a
+    partition is detached."""
     child = sql.Identifier(action.schema, action.name)
     state = _attached(spec, action)
     if state is None or not state[0]:
@@ -291,20 +381,21 @@ def _detach(spec, action: PartitionAction) -> None:
             _exec(sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(_parent(spec), child))
 
 
+def _attach(spec, action: PartitionAction) -> None:
+    """Attach a detached partition to the policy's table again, with the bounds it had (the
+    catalog's own text, recorded with the intent). The one place a partition is attached."""
+    _exec(
+        sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(
+            _parent(spec),
+            sql.Identifier(action.schema, action.name),
+            sql.SQL(action.bounds),  # catalog text
+        )
+    )
+
+
 def _finish(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
     """Detach (if not yet), then in one transaction: check every row again, audit, drop."""
-    try:
-        _detach(spec, action)
-    except DatabaseError as exc:
-        state = _attached(spec, action)
-        if state is not None and state[0] and not state[1]:
-            # still attached (no privilege to detach, a lock held too long): the chunks delete it
-            log.warning(
-                "run %s: %s.%s left to chunks: %s", run.run_key, action.schema, action.name, exc
-            )
-            _leave(action, f"not detached: {str(exc).splitlines()[0] if str(exc) else exc}")
-            return SETTLED
-        raise
+    _detach(spec, action)  # a failure is _intent_failed's (retried, left to chunks, attention)
     part = RP.Partition(action.schema, action.name, action.bounds, None, None, None)
     started = timezone.now()
     with transaction.atomic():
@@ -329,13 +420,7 @@ def _finish(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
             # a row may no longer go (a hold that committed while the detach was interrupted),
             # or a trigger, view or foreign key came since: put the partition back with the
             # bounds it had, and let the chunks decide per row
-            _exec(
-                sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(
-                    _parent(spec),
-                    part.ident(),
-                    sql.SQL(action.bounds),  # catalog text
-                )
-            )
+            _attach(spec, action)
             _leave(action, f"{blocked or f'{census.protected} row(s) may not go'}: attached again")
             return SETTLED
         dropped = action.action == "drop"
@@ -472,4 +557,109 @@ def _drop_detached(action: PartitionAction, spec, now) -> str:
     )  # fmt: skip
     _exec("SELECT set_config('lock_timeout', %s, true)", [lock_was])
     log.info("detached partition %s: %s", name, why)
+    return f"{name}: {why}"
+
+
+def settle_left_behind(policy) -> list[str]:
+    """The reconciler's step for partitions no run is finishing (docs/engine.md, "Partitions").
+    Returns one line per partition it acted on or surfaces.
+
+    - A partition a run started to detach (its intent still ``detaching``) whose run ended —
+      cancelled, superseded, expired — before the drop: nothing may delete it any more, so it
+      is put back: a DETACH PENDING one finalized, then attached with the bounds it had
+      (``partition.put_back`` on the operator log; the intent ``left``). One that cannot be
+      put back (the default partition holds rows in its range, a lock held too long) is
+      tried again each pass, its note and the operator log (``partition.left_detached``, once
+      per reason) saying why. An open run's intents are its own settle's (retried, or
+      attention with a dead letter).
+    - A partition of the policy's table DETACH PENDING that no run of the policy started is
+      surfaced, not touched: it is someone else's, and no partition of the table can be
+      detached until it is finished or attached again.
+
+    Each partition in a savepoint of the caller's transaction, under the policy's lock
+    timeout (``timeouts.target_lock_ms``)."""
+    out = []
+    ended = PartitionAction.objects.filter(
+        run__policy=policy, state=PartitionAction.State.DETACHING, run__state__in=Run.TERMINAL
+    ).select_related("run", "run__policy_version")
+    for action in ended.order_by("id"):
+        spec = action.run.policy_version.parsed
+        try:
+            with transaction.atomic():
+                out.append(_put_back(action, spec))
+        except DatabaseError as exc:
+            if _connection_lost(exc):
+                raise
+            out.append(_left_detached(action, exc))
+    version = policy.approved_version
+    if version is not None:
+        spec = version.parsed
+        owned = set(
+            PartitionAction.objects.filter(
+                run__policy=policy, state=PartitionAction.State.DETACHING, run__state__in=Run.OPEN
+            ).values_list("schema", "name")
+        )
+        for schema, name in _detach_pending(spec):
+            if (schema, name) not in owned:
+                line = (
+                    f"{schema}.{name}: DETACH PENDING on {spec.qualified_table}, not started by a"
+                    " run of this policy: finish it (ALTER TABLE … DETACH PARTITION … FINALIZE)"
+                    " or attach it again; no partition of the table can be detached until then"
+                )
+                log.warning("policy %s: %s", policy.slug, line)
+                out.append(line)
+    return out
+
+
+def _detach_pending(spec) -> list[tuple[str, str]]:
+    return [
+        (schema, name)
+        for schema, name in _exec(
+            "SELECT n.nspname, c.relname FROM pg_catalog.pg_inherits i"
+            " JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE i.inhparent = to_regclass(quote_ident(%s) || '.' || quote_ident(%s))"
+            " AND i.inhdetachpending ORDER BY 1, 2",
+            [spec.schema, spec.table],
+        )
+    ]
+
+
+def _put_back(action: PartitionAction, spec) -> str:
+    run = action.run
+    name = f"{action.schema}.{action.name}"
+    _exec("SELECT set_config('lock_timeout', %s, true)", [f"{timeouts.target_lock_ms(spec)}ms"])
+    state = _attached(spec, action)
+    if state is None:
+        why = f"the detached table is gone (dropped outside the run {run.run_key})"
+        _leave(action, why)
+        record_action("reconciler", "partition.left_detached", action, reason=why, partition=name)
+        return f"{name}: {why}"
+    if state[0] and state[1]:  # DETACH PENDING: finish the detach, then attach it again
+        _detach(spec, action)
+        state = (False, False)
+    if not state[0]:
+        _attach(spec, action)
+    why = (
+        f"put back by the reconciler: run {run.run_key} ended ({run.state}) before the partition"
+        " was dropped; nothing in it was deleted"
+    )
+    _leave(action, why)
+    record_action(
+        "reconciler", "partition.put_back", action, reason=why, partition=name, run=run.run_key
+    )
+    return f"{name}: put back (run {run.state})"
+
+
+def _left_detached(action: PartitionAction, exc) -> str:
+    name = f"{action.schema}.{action.name}"
+    message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500]
+    why = (
+        f"left detached: run {action.run.run_key} ended ({action.run.state}) and the partition"
+        f" cannot be put back: {message}; tried again each reconciler pass"
+    )[:2000]
+    if action.note != why:
+        PartitionAction.objects.filter(pk=action.pk).update(note=why)
+        record_action("reconciler", "partition.left_detached", action, reason=why, partition=name)
+    log.warning("partition %s: %s", name, why)
     return f"{name}: {why}"

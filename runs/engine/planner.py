@@ -253,7 +253,10 @@ def _end(last_text: str | None, integer: bool):
 
 def ensure_cursors(run: Run, spec: PolicySpec) -> None:
     """Create the cursors of the run's current pass (once; serialized by an advisory lock)."""
-    with transaction.atomic(), timeouts.bounded(timeouts.engine_statement_ms()):
+    with (
+        transaction.atomic(),
+        timeouts.bounded(timeouts.engine_statement_ms(), timeouts.target_lock_ms(spec)),
+    ):
         locks.xact_lock(locks.PLANNER, run.id)
         if PlannerCursor.objects.filter(run=run, pass_no=run.pass_no).exists():
             return
@@ -283,7 +286,10 @@ def step(run: Run, spec: PolicySpec, chunk_size: int, chunks: int = 1) -> int | 
     the chunks in one statement and advance the cursors in one. Returns the chunks planned;
     None: no cursor left to work on. Its statements are bounded (a slow or locked target
     fails them as a transient error)."""
-    with transaction.atomic(), timeouts.bounded(timeouts.engine_statement_ms()):
+    with (
+        transaction.atomic(),
+        timeouts.bounded(timeouts.engine_statement_ms(), timeouts.target_lock_ms(spec)),
+    ):
         cursors = list(
             PlannerCursor.objects.select_for_update(skip_locked=True)
             .filter(run=run, pass_no=run.pass_no, exhausted=False)
@@ -421,6 +427,13 @@ def plan(run: Run, *, window: int | None = None, deadline: float | None = None) 
         created += made
         pending += made
     if not PlannerCursor.objects.filter(run=run, pass_no=run.pass_no, exhausted=False).exists():
-        Run.objects.filter(pk=run.pk, pass_no=run.pass_no).update(planner_done=True)
-        run.planner_done = True
+        # never waits for the run's row (a finisher verifying it, an operator's decision):
+        # while another session holds it, the next call marks the planner done
+        with connection.cursor() as cur:
+            cur.execute(
+                "UPDATE runs_run SET planner_done = true WHERE id = (SELECT id FROM runs_run"
+                " WHERE id = %s AND pass_no = %s FOR NO KEY UPDATE SKIP LOCKED)",
+                [run.pk, run.pass_no],
+            )
+            run.planner_done = run.planner_done or cur.rowcount > 0
     return created

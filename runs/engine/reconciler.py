@@ -13,6 +13,7 @@ import logging
 import random
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
@@ -32,9 +33,9 @@ from runs.actions import (
     start_waiting_runs,
     trigger_run,
 )
-from runs.engine import dispatch
-from runs.engine.maintenance import record_after_run
-from runs.engine.partitions import drop_kept_detached
+from runs.engine import dispatch, stopping
+from runs.engine.maintenance import reclaim_vacuums, record_after_run
+from runs.engine.partitions import drop_kept_detached, settle_left_behind
 from runs.engine.schedules import sync_policy_schedule
 from runs.models import (
     Chunk,
@@ -195,7 +196,13 @@ def finish_run(run: Run) -> str:
             run=run, resolution=DeadLetter.Resolution.OPEN
         ).count()
         try:
-            with transaction.atomic(), timeouts.bounded(timeouts.engine_statement_ms()):
+            with (
+                transaction.atomic(),
+                timeouts.bounded(
+                    timeouts.engine_statement_ms(),
+                    timeouts.target_lock_ms(run.policy_version.parsed),
+                ),
+            ):
                 result = verify(run)
         except DatabaseError as exc:
             reason = _first_line(exc)
@@ -241,8 +248,13 @@ def catch_up(policy: Policy, now) -> Run | None:
         return None
     if Run.objects.filter(run_key=run_key_for(policy, newest)).exists():
         return None
+    # the newest run before it: a later tick that already ran (fired on time after an outage
+    # whose own ticks were lost) must not hide the missed ones from the record
     last = (
-        Run.objects.filter(policy=policy).order_by("-tick").values_list("tick", flat=True).first()
+        Run.objects.filter(policy=policy, tick__lt=newest)
+        .order_by("-tick")
+        .values_list("tick", flat=True)
+        .first()
     )
     start = max(filter(None, [last, since]))
     skipped = _ticks_before(policy, newest, after=start, limit=MAX_SKIPPED_RECORDED)
@@ -251,6 +263,28 @@ def catch_up(policy: Policy, now) -> Run | None:
         skipped_ticks=[t.isoformat() for t in skipped],
     )  # fmt: skip
     return run
+
+
+def rerun_superseded(policy: Policy) -> Run | None:
+    """The policy's newest period, when a newly approved version superseded its run, runs
+    again under that version (``trigger_run`` makes the re-run, keyed ``<period>/v<number>``,
+    with the superseded run's source and skipped ticks): the period does not wait for the
+    next tick. An older superseded period is covered by the newest one's cutoff."""
+    version = policy.approved_version
+    if version is None or not policy.enabled:
+        return None
+    newest = Run.objects.filter(policy=policy).order_by("-tick", "-id").first()
+    if (
+        newest is None
+        or newest.state != Run.State.SUPERSEDED
+        or newest.policy_version_id == version.pk
+    ):
+        return None
+    run, created = trigger_run(
+        policy, tick=newest.tick, source=newest.source, actor="reconciler",
+        skipped_ticks=newest.skipped_ticks,
+    )  # fmt: skip
+    return run if created else None
 
 
 def _ticks_before(policy: Policy, newest, *, after, limit: int) -> list:
@@ -289,33 +323,80 @@ def _policies_to_reconcile() -> list[Policy]:
     return policies
 
 
-def reconcile_policy(policy: Policy, now, report: dict, *, kill: bool, stale_s: float) -> None:
+@dataclass
+class PassBudget:
+    """The time a pass may still spend, and whether the worker is stopping. A step that reads a
+    policy's table (a geometry sample, an admission count, a verification, a detached
+    partition's census) starts only while one bounded statement still fits and no stop was
+    requested: the pass never outlives its budget by more than one statement, and a stopping
+    worker ends it at the next step instead of after every policy."""
+
+    deadline: float
+    statement_s: float
+
+    def stopping(self) -> bool:
+        return stopping.requested()
+
+    def fits(self) -> bool:
+        return not self.stopping() and time.monotonic() + self.statement_s <= self.deadline
+
+
+class _Deferred(Exception):
+    """The rest of a policy's steps wait for the next pass (time spent, or a stop requested)."""
+
+
+def reconcile_policy(
+    policy: Policy, now, report: dict, *, kill: bool, stale_s: float, budget: PassBudget
+) -> None:
     """Everything one pass does for one policy (inside that policy's own transaction): repair
-    its schedule, catch up a missed tick, start a waiting run, finish or re-publish active runs."""
+    its schedule, catch up a missed tick or run a superseded period again, start a waiting
+    run, finish or re-publish active runs, look after drained runs' VACUUM, drop detached
+    partitions past their keep. Before each step that reads the policy's table it checks the
+    pass's budget (``_Deferred``: the steps done so far commit, the rest wait)."""
+
+    def step() -> None:
+        if not budget.fits():
+            raise _Deferred
+
     if policy.enabled and sync_policy_schedule(policy, now=now):
         report["rearmed"].append(policy.slug)
     expiry_s = settings.RETENTION.get("CONFIRM_EXPIRY_S", 86_400)
     for expired in expire_confirm_holds(policy, now, expiry_s=expiry_s):
         report["expired"].append(expired.run_key)
-    caught_up = None
+    caught_up = rerun = None
     if policy.enabled:
+        step()
         with transaction.atomic():
             caught_up = catch_up(policy, now)
         if caught_up is not None:
             report["caught_up"].append(caught_up.run_key)
-    if caught_up is None:  # a catch-up run has just been through admission
+        else:
+            step()
+            with transaction.atomic():
+                rerun = rerun_superseded(policy)
+            if rerun is not None:
+                report["rerun"].append(rerun.run_key)
+    if caught_up is None and rerun is None:  # a new run has just been through admission
+        step()
         start_waiting_runs(policy)
     for run in Run.objects.filter(policy=policy, state=Run.State.ACTIVE).select_related(
         "policy", "policy_version"
     ):
         if run.planner_done and not Chunk.objects.pending().filter(run=run).exists():
+            step()
             report["finished"].append((run.run_key, finish_run(run)))
             continue
         if kill or run.policy.paused:
             continue
         report["republished"] += dispatch.ensure_leases(run, stale_after_s=stale_s)
+    # a drained run's VACUUM that waits on a task: sent again, or why it never ran
+    report["vacuum"] += reclaim_vacuums(policy, now)
+    # partitions no run is finishing: put back, or surfaced (docs/engine.md, "Partitions")
+    step()
+    report["partitions"] += settle_left_behind(policy)
     if not kill and not policy.paused:
         # detached partition tables whose detached_keep has passed (docs/engine.md, "Partitions")
+        step()
         report["detached"] += drop_kept_detached(policy, now)
 
 
@@ -328,36 +409,48 @@ def reconcile(now=None) -> dict:
 
     Each policy is reconciled in its own transaction under its own advisory lock (a policy
     another pass is still working on is skipped), with every statement bounded by a timeout
-    well inside django-q2's task timeout: one policy's failure, lock queue or slow table never
-    rolls back or holds up another's. Policies left when the pass's time is spent wait for
-    the next pass (reported as ``deferred``)."""
+    well inside django-q2's task timeout and every wait for a lock on a policy's table by the
+    policy's lock timeout: one policy's failure, lock queue or slow table never rolls back or
+    holds up another's. A step that reads a table starts only while one statement still fits
+    the pass's budget (``PassBudget``); what is left when the time is spent waits for the next
+    pass (``deferred``). A stop requested of the worker ends the pass at its next step
+    (``stopped``): the steps done commit, the rest wait."""
     now = now or timezone.now()
     report = {
         "republished": 0, "caught_up": [], "finished": [], "started": 0, "rearmed": [],
         "expired": [], "failed": [], "busy": [], "deferred": [], "pruned": {}, "detached": [],
+        "vacuum": [], "rerun": [], "partitions": [], "stopped": False,
     }  # fmt: skip
     pass_s, statement_ms = timeouts.reconciler_budget()
-    deadline = time.monotonic() + pass_s
+    budget = PassBudget(time.monotonic() + pass_s, statement_ms / 1000)
     kill = KillSwitch.is_on()
     stale_s = settings.RETENTION["LEASE_STALE_S"] or settings.RETENTION["LEASE_BUDGET_S"] * 3 + 30
     for policy in _policies_to_reconcile():
-        # a policy runs a handful of bounded statements; start one only if they all fit
-        if time.monotonic() + 4 * statement_ms / 1000 > deadline:
+        if budget.stopping():
+            report["stopped"] = True
+            break
+        if not budget.fits():
             report["deferred"].append(policy.slug)
             continue
         try:
             with transaction.atomic():
-                timeouts.set_local(statement_ms)
+                timeouts.set_local(statement_ms, timeouts.reconciler_lock_ms())
                 if not locks.try_xact_lock(locks.RECONCILER, policy.pk):
                     report["busy"].append(policy.slug)
                     continue
-                reconcile_policy(policy, now, report, kill=kill, stale_s=stale_s)
+                try:
+                    reconcile_policy(policy, now, report, kill=kill, stale_s=stale_s, budget=budget)
+                except _Deferred:
+                    report["deferred"].append(policy.slug)
         except Exception as exc:  # one bad policy must not block the others
             log.exception("reconciling policy %s failed", policy.slug)
             report["failed"].append((policy.slug, _first_line(exc)))
+    if budget.stopping():
+        report["stopped"] = True
+        return report
     try:
         with transaction.atomic():
-            timeouts.set_local(statement_ms)
+            timeouts.set_local(statement_ms, timeouts.reconciler_lock_ms())
             if locks.try_xact_lock(locks.RECONCILER, 0):
                 report["pruned"] = prune_own_tables(now)
     except Exception as exc:

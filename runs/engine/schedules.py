@@ -10,15 +10,13 @@ ticks are the reconciler's job (one catch-up run), never django-q2's.
 
 from __future__ import annotations
 
-import zoneinfo
 from datetime import datetime, timedelta
 
-from croniter import croniter
 from django.utils import timezone
 from django_q.models import Schedule
 
 from retention.models import Policy
-from retention.schedule_math import next_tick
+from retention.schedule_math import is_tick, next_tick
 
 TRIGGER_TASK = "runs.tasks.trigger_scheduled"
 RECONCILE_TASK = "runs.tasks.reconcile"
@@ -59,11 +57,6 @@ def arm(policy, *, after: datetime):
     return schedule
 
 
-def _fits(policy, when: datetime) -> bool:
-    local = when.astimezone(zoneinfo.ZoneInfo(policy.timezone)).replace(tzinfo=None)
-    return croniter.match(policy.schedule, local)
-
-
 def schedule_problem(policy, schedule, now: datetime) -> str:
     """Why the policy's schedule is not armed for its true next tick ('' when it is).
 
@@ -77,7 +70,7 @@ def schedule_problem(policy, schedule, now: datetime) -> str:
         return "already fired and not re-armed"
     if schedule.next_run is None:
         return "no next run"
-    if not _fits(policy, schedule.next_run):
+    if not is_tick(policy, schedule.next_run):
         return "armed for a time the policy's schedule does not have"
     if schedule.next_run <= now:
         return "" if now - schedule.next_run < DUE_GRACE else "armed for a time in the past"

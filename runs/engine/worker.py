@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import socket
 import time
 from dataclasses import dataclass, field
@@ -38,11 +37,10 @@ from retention import predicate as P
 from retention.models import PolicyVersion
 from runs import actions
 from runs.engine import guard, partitions, planner, reconciler, stopping
-from runs.engine.errors import PERMANENT, classify, sqlstate_of
+from runs.engine.errors import PERMANENT, backoff, classify, dead_letter, sqlstate_of
 from runs.evidence import audit
 from runs.models import (
     Chunk,
-    DeadLetter,
     Lease,
     Run,
     discarded_scope_rows,
@@ -70,11 +68,6 @@ class Outcome:
     seconds: float = 0.0
     reason: str = ""
     pending: int | None = None  # the run's pending chunks when it was claimed, if counted
-
-
-def backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0) -> float:
-    """Exponential backoff with full jitter."""
-    return random.uniform(0, min(cap, base * (2 ** max(0, attempts - 1)))) + base / 2
 
 
 @dataclass
@@ -651,39 +644,6 @@ def _median_key(chunk: Chunk, lo: tuple, hi: tuple | None) -> tuple | None:
     return tuple(row) if row else None
 
 
-def dead_letter(
-    *,
-    chunk: Chunk | None,
-    run: Run | None,
-    error_class: str,
-    sqlstate: str,
-    message: str,
-    attempts: int,
-    extra: dict | None = None,
-) -> DeadLetter:
-    """Record a dead letter with the whole context an operator needs."""
-    context: dict = dict(extra or {})
-    if run is not None:
-        spec = run.policy_version.parsed
-        context.update(
-            policy=spec.slug,
-            policy_version=run.policy_version.number,
-            run=run.run_key,
-            table=spec.qualified_table,
-            cutoff=run.cutoff.isoformat(),
-        )
-    if chunk is not None:
-        context.update(
-            tenant=chunk.tenant, key_from=chunk.key_from, key_to=chunk.key_to, chunk=chunk.pk,
-            interval=chunk.interval,
-        )  # fmt: skip
-    context.update(sqlstate=sqlstate, attempts=attempts, host=HOST, pid=os.getpid())
-    return DeadLetter.objects.create(
-        chunk=chunk, run=run, error_class=error_class, sqlstate=sqlstate, message=message,
-        context=context, attempts=attempts,
-    )  # fmt: skip
-
-
 def _connection_lost(exc: BaseException) -> bool:
     """The connection itself failed (no SQLSTATE from the server, or class 08)."""
     cls = classify(exc)
@@ -728,6 +688,38 @@ def _pace(run: Run, outcome: Outcome, deadline: float) -> None:
         stopping.sleep(min(wait, max(0.0, deadline - time.monotonic())))
 
 
+IDLE_NOTE_EVERY_S = 5.0  # a reason unchanged is written again at most this often
+
+
+def note_idle(run: Run, reason: str) -> None:
+    """Record on the run why a lease admits nothing right now, when no chunk carries the
+    reason (the partition step held back by the guard, planning postponed by a lock,
+    ceilings full): a run with no admitted chunk always says why (``runs.status``). One
+    statement, committed asynchronously, that never waits for the run's row."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "WITH s AS (SELECT set_config('synchronous_commit', 'off', true)),"
+            " r AS (SELECT id FROM runs_run WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED)"
+            " UPDATE runs_run SET idle_reason = %s, idle_since = clock_timestamp()"
+            " FROM s, r WHERE runs_run.id = r.id",
+            [run.pk, reason[:2000]],
+        )
+
+
+class IdleNotes:
+    """A lease's ``note_idle``: a new reason at once, the same one at most every
+    ``IDLE_NOTE_EVERY_S`` (so its time stays newer than the run's last commit)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run, self.last, self.at = run, "", 0.0
+
+    def note(self, reason: str) -> None:
+        if reason == self.last and time.monotonic() - self.at < IDLE_NOTE_EVERY_S:
+            return
+        note_idle(self.run, reason)
+        self.last, self.at = reason, time.monotonic()
+
+
 def adapt_chunk_size(run: Run, seconds: float | None) -> int:
     """Steer the size of chunks planned next toward the policy's target transaction time:
     grow slowly (+10%) when well under it, halve when over it or under guard pressure
@@ -745,11 +737,14 @@ def adapt_chunk_size(run: Run, seconds: float | None) -> int:
     if new != current:
         with connection.cursor() as cur:
             # one statement, committed asynchronously (its WAL flush would cost more than the
-            # chunk's round trips): a size lost in a crash only steers the next chunks less
+            # chunk's round trips): a size lost in a crash only steers the next chunks less.
+            # It never waits for the run's row: while another session holds it (a finisher
+            # verifying the run, an operator's decision) the size is written after a later chunk
             cur.execute(
-                "WITH s AS (SELECT set_config('synchronous_commit', 'off', true))"
-                " UPDATE runs_run r SET chunk_size = %s FROM s WHERE r.id = %s",
-                [new, run.pk],
+                "WITH s AS (SELECT set_config('synchronous_commit', 'off', true)),"
+                " r AS (SELECT id FROM runs_run WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED)"
+                " UPDATE runs_run SET chunk_size = %s FROM s, r WHERE runs_run.id = r.id",
+                [run.pk, new],
             )
         run.chunk_size = new
     return new
@@ -788,6 +783,7 @@ def drain(
     if run is None:
         stats["stopped"] = "run not found"
         return stats
+    idle = IdleNotes(run)
     while time.monotonic() < deadline:
         if stopping.requested():  # the worker is stopping: end at this chunk boundary
             stats["stopped"] = "worker stopping"
@@ -812,6 +808,13 @@ def drain(
                     stats["stopped"] = outcome.removeprefix(partitions.REFUSED)
                     return stats
                 settled = outcome == partitions.SETTLED
+                if outcome.startswith(f"{partitions.POSTPONED}: "):
+                    why = outcome.split(": ", 1)[1]
+                    idle.note(
+                        f"{why} (the partition step waits)"
+                        if why.startswith("throttled: ")
+                        else f"partitions postponed: {why}"
+                    )
             if not settled:
                 # the guard, a decision in progress or another lease: the planner waits, so
                 # that no partition it could take whole is planned as chunks meanwhile
@@ -841,6 +844,8 @@ def drain(
                             return stats
                         # transient (lock or statement timeout, serialization): back off
                         log.warning("planning run %s failed, retrying: %s", run.run_key, exc)
+                        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                        idle.note(f"planning postponed: {classify(exc).label}: {first[:500]}")
                         stats["failed"] += 1
                         stopping.sleep(
                             min(
@@ -888,6 +893,8 @@ def drain(
         if outcome.kind == THROTTLED:
             stats["throttled"] += 1
             adapt_chunk_size(run, None)
+        if outcome.kind == BUSY and outcome.reason:
+            idle.note(outcome.reason)  # no chunk carries it: the run does
         if until_idle:  # nothing this worker can do right now: the caller decides when to retry
             stats["stopped"] = f"idle: {outcome.reason or 'no chunk is admissible now'}"
             stats["continue"] = True

@@ -1,13 +1,19 @@
 """Anchors of the two hash chains kept outside the database.
 
 An anchor names the head (sequence number and hash) of the audit chain and of the operator
-log at a moment, signed with HMAC-SHA256 under ``RETENTION_EVIDENCE_KEY`` — a key the web
-process and the CLI hold and the database does not. Every run manifest carries one, and
-``retention audit checkpoint`` writes one for an auditor to keep. Checked against the live
-database (``retention audit verify --against FILE...``), an anchor shows a chain rewritten
-at or before its head (the hash there differs, even if every later link was recomputed)
-and a chain cut below its head; a database owner without the key cannot write an anchor
-that matches a rewritten chain.
+log at a moment, signed with HMAC-SHA256 under ``RETENTION_EVIDENCE_KEY`` — a key only the
+checkpoint job holds (``retention audit checkpoint``, run by a timer outside the web process
+and the workers), and the database does not. The job stores each anchor it signs
+(``runs.models.Checkpoint``); a run manifest carries the latest one and the proof that the
+chain extends it (``extension``), so nothing signs on demand: a database owner who rewrote
+the chain cannot have a fresh anchor signed for it by downloading a manifest.
+
+Checked against the live database (``retention audit verify --against FILE...``), an anchor
+shows a chain rewritten at or before its head (the hash there differs, even if every later
+link was recomputed) and a chain cut below its head. An anchor covers only records whose
+commit is on disk: the checkpoint commits synchronously in the transaction that read the
+heads, so a crash of PostgreSQL cannot take back a record an anchor vouches for (chunk
+transactions commit asynchronously: a lost one is redone, with a new record).
 """
 
 from __future__ import annotations
@@ -15,15 +21,25 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import socket
 from pathlib import Path
 
 from django.conf import settings
+from django.db import connection, transaction
 from django.utils import timezone
 
+from core.chain import GENESIS
 from core.models import OperatorAction
-from runs.models import AuditRecord
+from core.oplog import verify_operator_log
+from runs.evidence.audit import walk_records
+from runs.models import AuditRecord, Checkpoint
 
 FORMAT = "retention-runner chain anchor"
+MAX_PROOF_PROBLEMS = 20
+
+
+class NoEvidenceKey(ValueError):
+    """A checkpoint must be signed, and this process has no ``RETENTION_EVIDENCE_KEY``."""
 
 
 def _key() -> bytes | None:
@@ -40,16 +56,105 @@ def _signature(key: bytes, body: dict) -> str:
     return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
-def anchor() -> dict:
-    """The heads of both chains now, signed (``hmac`` is None without an evidence key)."""
-    body = {
+def _body(checkpoint: Checkpoint) -> dict:
+    return {
         "anchor": FORMAT,
-        "at": timezone.now().isoformat(),
-        "audit": _head(AuditRecord),
-        "operator": _head(OperatorAction),
+        "at": checkpoint.at.isoformat(),
+        "audit": {"seq": checkpoint.audit_seq, "hash": checkpoint.audit_hash or None},
+        "operator": {"seq": checkpoint.operator_seq, "hash": checkpoint.operator_hash or None},
     }
+
+
+def document(checkpoint: Checkpoint) -> dict:
+    """The signed anchor a checkpoint stores, as a file or a manifest carries it."""
+    return {**_body(checkpoint), "hmac": checkpoint.hmac}
+
+
+def take_checkpoint() -> Checkpoint:
+    """Read both chains' heads, sign them and store the checkpoint, in one transaction that
+    commits synchronously: its commit flushes the WAL past every record the heads name (they
+    were committed before its snapshot), so the anchor never vouches for a record a crash
+    can take back. Needs ``RETENTION_EVIDENCE_KEY`` (``NoEvidenceKey`` otherwise); write the
+    anchor anywhere only after this returns."""
     key = _key()
-    return {**body, "hmac": _signature(key, body) if key else None}
+    if key is None:
+        raise NoEvidenceKey("RETENTION_EVIDENCE_KEY is not set: a checkpoint must be signed")
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("SET LOCAL synchronous_commit = on")
+        audit, operator = _head(AuditRecord), _head(OperatorAction)
+        checkpoint = Checkpoint(
+            at=timezone.now(),
+            audit_seq=audit["seq"],
+            audit_hash=audit["hash"] or "",
+            operator_seq=operator["seq"],
+            operator_hash=operator["hash"] or "",
+            host=socket.gethostname()[:200],
+        )
+        checkpoint.hmac = _signature(key, _body(checkpoint))
+        checkpoint.save()
+    return checkpoint
+
+
+def latest_checkpoint() -> Checkpoint | None:
+    return Checkpoint.objects.order_by("-id").first()
+
+
+def status(checkpoint: Checkpoint | None) -> str:
+    """One sentence on what anchors the evidence now (the run page's and the manifest's)."""
+    if checkpoint is None:
+        return (
+            "No signed checkpoint yet: this installation's evidence is not anchored outside "
+            "the database. The checkpoint job (`retention audit checkpoint`, with "
+            "RETENTION_EVIDENCE_KEY; deploy/systemd/retention-checkpoint.timer) signs one."
+        )
+    return (
+        f"Anchored by signed checkpoint #{checkpoint.pk} of {checkpoint.at:%Y-%m-%d %H:%M} UTC "
+        f"(audit record {checkpoint.audit_seq}, operator action {checkpoint.operator_seq}); "
+        "records after it are shown linked to it, not signed. Verify against anchors you "
+        "stored yourself: `retention audit verify --against FILE`."
+    )
+
+
+def _extends(report, anchored: int, anchored_hash: str | None, model, noun: str) -> dict:
+    problems = list(report.problems)
+    if anchored:
+        actual = model.objects.filter(chain_seq=anchored).values_list("hash", flat=True).first()
+        if actual != anchored_hash:
+            problems.insert(0, f"{noun} {anchored} no longer has the anchored hash")
+    return {
+        "from_seq": anchored,
+        "from_hash": anchored_hash,
+        "to_seq": report.head_seq,
+        "to_hash": None if report.head == GENESIS else report.head,
+        "records": report.records,
+        "ok": not problems,
+        "problems": problems[:MAX_PROOF_PROBLEMS],
+    }
+
+
+def extension(checkpoint: Checkpoint) -> dict:
+    """The proof that both chains extend a checkpoint: the anchored record still has the
+    anchored hash, and the records after it, up to the current head, verify as a chain from
+    that hash (each its content's hash, each linked to the one before, no gap)."""
+    audit_from = (checkpoint.audit_seq, checkpoint.audit_hash or GENESIS)
+    operator_from = (checkpoint.operator_seq, checkpoint.operator_hash or GENESIS)
+    return {
+        "audit": _extends(
+            walk_records(after=audit_from),
+            checkpoint.audit_seq,
+            checkpoint.audit_hash or None,
+            AuditRecord,
+            "audit record",
+        ),
+        "operator": _extends(
+            verify_operator_log(after=operator_from),
+            checkpoint.operator_seq,
+            checkpoint.operator_hash or None,
+            OperatorAction,
+            "operator action",
+        ),
+    }
 
 
 def _load(path: str) -> dict:
@@ -58,6 +163,8 @@ def _load(path: str) -> dict:
         document = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable JSON file ({exc.__class__.__name__})") from None
+    if isinstance(document, dict) and "anchor" in document and document["anchor"] is None:
+        raise ValueError(f"{path}: holds no signed checkpoint (none existed when it was generated)")
     found = document.get("anchor") if isinstance(document, dict) else None
     if isinstance(found, dict):
         document = found

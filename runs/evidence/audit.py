@@ -52,6 +52,17 @@ V5_FIELDS = (*V4_FIELDS, "tenant_rows")
 BOUND_COLUMNS_CHAIN_VERSION = 6
 V6_FIELDS = (*V5_FIELDS, "bound_columns")
 HASHED_COLUMNS = [*dict.fromkeys([*V3_FIELDS, *V6_FIELDS]), "prev_hash", "hash"]
+FIELDS_BY_VERSION = {
+    1: V1_FIELDS,
+    CHAIN_VERSION: V2_FIELDS,
+    PARTITION_CHAIN_VERSION: V3_FIELDS,
+    BOUNDS_CHAIN_VERSION: V4_FIELDS,
+    TENANT_ROWS_CHAIN_VERSION: V5_FIELDS,
+    BOUND_COLUMNS_CHAIN_VERSION: V6_FIELDS,
+}
+# Columns a record of an older version leaves empty: what its hash does not cover must stay
+# empty, or an edit there (a v2 record given key_lo, which the pages then show) would pass.
+CONTENT_COLUMNS = [name for name in HASHED_COLUMNS if name not in ("prev_hash", "hash")]
 
 
 def _v1_hash(values: dict, prev_hash: str) -> str:
@@ -66,19 +77,29 @@ def record_hash(values: dict, prev_hash: str) -> str:
     version = values.get("chain_version", 1)
     if version == 1:
         return _v1_hash(values, prev_hash)
-    if version == PARTITION_CHAIN_VERSION:
-        fields = {name: values[name] for name in V3_FIELDS}
-        return chain.link_hash(fields, prev_hash, version=PARTITION_CHAIN_VERSION)
-    if version == BOUND_COLUMNS_CHAIN_VERSION:
-        fields = {name: values[name] for name in V6_FIELDS}
-        return chain.link_hash(fields, prev_hash, version=BOUND_COLUMNS_CHAIN_VERSION)
-    if version == TENANT_ROWS_CHAIN_VERSION:
-        fields = {name: values[name] for name in V5_FIELDS}
-        return chain.link_hash(fields, prev_hash, version=TENANT_ROWS_CHAIN_VERSION)
-    if version == BOUNDS_CHAIN_VERSION:
-        fields = {name: values[name] for name in V4_FIELDS}
-        return chain.link_hash(fields, prev_hash, version=BOUNDS_CHAIN_VERSION)
-    return chain.link_hash({name: values[name] for name in V2_FIELDS}, prev_hash)
+    fields = FIELDS_BY_VERSION.get(version, V2_FIELDS)
+    link_version = chain.VERSION if fields is V2_FIELDS else version
+    return chain.link_hash({name: values[name] for name in fields}, prev_hash, version=link_version)
+
+
+def unhashed_content(row: dict) -> str | None:
+    """What is wrong with a record beyond its hash: an unknown chain version, or a column its
+    version does not hash that is not empty (None when nothing is)."""
+    version = row["chain_version"]
+    fields = FIELDS_BY_VERSION.get(version)
+    if fields is None:
+        return f"unknown chain version {version}"
+    carried = [
+        name
+        for name in CONTENT_COLUMNS
+        if name not in fields and name != "chain_version" and row[name] not in (None, "")
+    ]
+    if carried:
+        return (
+            f"carries {', '.join(carried)}, which chain version {version} does not cover: "
+            "added after it was written"
+        )
+    return None
 
 
 def version_facts(version) -> dict:
@@ -172,7 +193,9 @@ def append(**values) -> dict:
 ChainReport = chain.ChainReport
 
 
-def _no_downgrade():
+def _record_checks():
+    """Checks of each record besides its link: no chain-version downgrade, nothing outside
+    what its version hashes."""
     seen_v2 = False
 
     def check(row: dict) -> str | None:
@@ -181,22 +204,30 @@ def _no_downgrade():
             seen_v2 = True
         elif seen_v2:
             return f"chain version {row['chain_version']} after version 2"
-        return None
+        return unhashed_content(row)
 
     return check
+
+
+def walk_records(batch: int = 5000, *, after: tuple[int, str] | None = None) -> ChainReport:
+    """Walk the records in order, in constant memory (``after``: only those after this link,
+    which they must continue)."""
+    after = after or (0, GENESIS)
+    rows = chain.batched(AuditRecord.objects.all(), HASHED_COLUMNS, batch, after=after[0])
+    return chain.walk(
+        rows,
+        lambda row: record_hash(row, row["prev_hash"]),
+        noun="record",
+        gap="gap",
+        check=_record_checks(),
+        after=after,
+    )
 
 
 def verify_chain(batch: int = 5000) -> ChainReport:
     """Walk the whole chain in order, in constant memory; then the tail: every finished
     chunk must have its record (removing the newest records leaves a chain that links up)."""
-    rows = chain.batched(AuditRecord.objects.all(), HASHED_COLUMNS, batch)
-    report = chain.walk(
-        rows,
-        lambda row: record_hash(row, row["prev_hash"]),
-        noun="record",
-        gap="gap",
-        check=_no_downgrade(),
-    )
+    report = walk_records(batch)
     orphans = Chunk.objects.filter(state=Chunk.State.DONE, audit__isnull=True).count()
     if orphans:
         report.problems.append(

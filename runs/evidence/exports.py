@@ -442,6 +442,10 @@ def applied_holds(run: Run) -> list[dict]:
         {
             **h.scope(),
             "placed_at": _iso(h.placed_at),
+            # releasing takes two people: who asked, and who approved (released_by)
+            "release_requested_by": h.release_requested_by or None,
+            "release_requested_at": _iso(h.release_requested_at),
+            "release_request_reason": h.release_request_reason or None,
             "released_by": h.released_by or None,
             "released_at": _iso(h.released_at),
             "release_reason": h.release_reason or None,
@@ -561,9 +565,20 @@ def manifest_header(run: Run) -> dict:
         },
         "holds": applied_holds(run),
         "operator_actions": run_actions(run),
-        # both chains' heads, signed with the evidence key (runs.evidence.anchors): keep the file,
-        # and `retention audit verify --against` it shows a later rewrite
-        "anchor": evidence.anchor(),
+        **anchor_evidence(),
+    }
+
+
+def anchor_evidence() -> dict:
+    """The latest signed checkpoint (taken by the checkpoint job; nothing is signed here),
+    the proof that both chains extend it up to their current heads, and one sentence on
+    what that means — or that no checkpoint exists yet. Keep the file: `retention audit
+    verify --against` it shows a later rewrite at or before the checkpoint's heads."""
+    checkpoint = evidence.latest_checkpoint()
+    return {
+        "anchor": evidence.document(checkpoint) if checkpoint else None,
+        "anchor_extension": evidence.extension(checkpoint) if checkpoint else None,
+        "anchor_status": evidence.status(checkpoint),
     }
 
 

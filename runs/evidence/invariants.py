@@ -517,18 +517,40 @@ def check_run(
     return problems
 
 
+def _kept_detached(run: Run) -> list[tuple[str, str]]:
+    """The partitions of the run's table an operator kept detached that still exist."""
+    out = []
+    for schema, name in PartitionAction.objects.filter(
+        run=run, state=PartitionAction.State.KEPT
+    ).values_list("schema", "name"):
+        (exists,) = _scalar(
+            sql.SQL("SELECT to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) IS NOT NULL"),
+            [schema, name],
+        )
+        if exists:
+            out.append((schema, name))
+    return out
+
+
 def _shadow_problems(run: Run, spec, oracle: Oracle, shadow: Shadow) -> list[str]:
     problems: list[str] = []
     shadow_table = sql.Identifier(shadow.schema, shadow.table)
     # Rows gone: the shadow's rows minus the table's, as a multiset of whole rows (NULL keys
     # and duplicate keys included), turned back into rows of the shadow's type.
+    # A partition an operator kept detached (it could not be put back) still holds its rows:
+    # they are not gone (and not audited).
+    present = [sql.Identifier(spec.schema, spec.table)] + [
+        sql.Identifier(schema, name) for schema, name in _kept_detached(run)
+    ]
     gone = sql.SQL(
         "(SELECT (g.k::{rowtype}).* FROM (SELECT x::text AS k FROM {shadow} AS x"
-        " EXCEPT ALL SELECT y::text FROM {target} AS y) AS g) AS {r}"
+        " EXCEPT ALL ({present})) AS g) AS {r}"
     ).format(
         rowtype=shadow_table,
         shadow=shadow_table,
-        target=sql.Identifier(spec.schema, spec.table),
+        present=sql.SQL(" UNION ALL ").join(
+            sql.SQL("SELECT y::text FROM {} AS y").format(table) for table in present
+        ),
         r=ROW,
     )
     old, p_old = oracle.old()

@@ -30,6 +30,7 @@ from runs.engine.schedules import schedule_name
 from runs.models import AuditRecord, Chunk, DeadLetter, Lease, Run, discarded_scopes
 from runs.pages import charts
 from runs.progress import broker_backlog, progress_for
+from runs.status import health_of
 
 # Policy states as the overview names them (and colours them: see app.css .state-*).
 ACTIVE, PAUSED, AWAITING, ATTENTION, DISABLED = (
@@ -341,6 +342,8 @@ def run_page_context(run: Run) -> dict:
     return {
         "run": run,
         "period": period_label(run.policy, run.tick),
+        # progressing, or why not (the same words as retention status: runs.status)
+        "health": health_of(run, p, now),
         "progress": p,
         "window": window,
         "guard": guard_state,

@@ -31,7 +31,7 @@ from core.roles import AUDITOR, COMPLIANCE, ONCALL, ROLE_DESCRIPTIONS, require_r
 from retention.models import Policy, PolicyVersion
 from retention.schedule_math import tick_for_period
 from runs import actions
-from runs.evidence import exports
+from runs.evidence import anchors, exports
 from runs.models import DeadLetter, Run
 from runs.pages.contexts import overview_context, run_page_context
 from runs.pages.metrics import render_metrics
@@ -120,6 +120,7 @@ def run_detail(request, run_id: int):
     context = run_page_context(run)
     if request.htmx:
         return render(request, "runs/_run_live.html", context)
+    context["anchor_status"] = anchors.status(anchors.latest_checkpoint())
     return render(request, "runs/run_detail.html", context)
 
 
@@ -303,8 +304,9 @@ def _activity_run(read: QueryFilters) -> Run | None:
 
 
 def _target_labels(rows: list) -> dict[tuple[str, str], tuple[str, str]]:
-    """(target type, id) → (label, URL) for the runs, versions and policies on the page: one
-    query per kind, so a page of 500 actions costs three lookups."""
+    """(target type, id) → (label, URL) for the runs, versions, policies and legal holds on
+    the page: one query per kind (none for holds), so a page of 500 actions costs three
+    lookups."""
     ids: dict[str, set[int]] = {"run": set(), "policyversion": set(), "policy": set()}
     for row in rows:
         if row.target_type in ids and row.target_id.isdigit():
@@ -317,6 +319,10 @@ def _target_labels(rows: list) -> dict[tuple[str, str], tuple[str, str]]:
         out["policyversion", str(v.pk)] = (f"{v.policy.slug} v{v.number}", url)
     for p in Policy.objects.filter(pk__in=ids["policy"]).only("id", "slug"):
         out["policy", str(p.pk)] = (p.slug, reverse("retention:policy_detail", args=[p.slug]))
+    for row in rows:  # a hold's page needs no lookup: its id is the link
+        if row.target_type == "legalhold" and row.target_id.isdigit():
+            url = reverse("retention:hold_detail", args=[int(row.target_id)])
+            out["legalhold", row.target_id] = (f"hold #{row.target_id}", url)
     return out
 
 

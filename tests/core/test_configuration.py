@@ -100,6 +100,48 @@ def test_demo_mode_refuses_a_database_that_is_not_local(url):
         assert weakened in lines[0]
 
 
+REMOTE_SERVICE = "[prod]\nhost=db.example.com\nport=5432\n"
+
+
+@pytest.mark.parametrize(
+    ("url", "env", "service_file"),
+    [
+        ("postgresql:///retention?service=prod", {}, REMOTE_SERVICE),
+        ("postgresql:///retention", {"PGSERVICE": "prod"}, REMOTE_SERVICE),
+        ("postgresql://localhost/retention?service=prod", {}, "[prod]\nhostaddr=10.0.0.7\n"),
+        ("postgresql:///retention?service=prod", {}, "[prod]\nhost=localhost\nhostaddr=10.0.0.7\n"),
+        ("postgresql:///retention", {"PGHOST": "db.example.com"}, None),
+        ("postgresql:///retention", {"PGHOSTADDR": "10.0.0.7"}, None),
+    ],
+    ids=["service in the url", "PGSERVICE", "hostaddr beside a local host", "service hostaddr",
+         "PGHOST", "PGHOSTADDR"],
+)  # fmt: skip
+def test_demo_mode_checks_where_a_service_or_the_environment_sends_the_connection(
+    tmp_path, url, env, service_file
+):
+    """What libpq would connect to decides: a service (in the URL or PGSERVICE) from the
+    service file, and PGHOST/PGHOSTADDR, not only the URL's own host."""
+    if service_file is not None:
+        (tmp_path / "pg_service.conf").write_text(service_file)
+        env = {**env, "PGSERVICEFILE": str(tmp_path / "pg_service.conf")}
+    result = run_check(DATABASE_URL=url, RETENTION_DEMO="1", DEBUG="0", **env)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("configuration error: RETENTION_DEMO=1"), result.stderr
+    assert "10.0.0.7" in result.stderr or "db.example.com" in result.stderr
+
+
+def test_demo_mode_starts_on_a_service_that_is_this_machine(tmp_path):
+    (tmp_path / "pg_service.conf").write_text("[mine]\nhost=/tmp/sockets\n")
+    result = run_check(
+        DATABASE_URL="postgresql:///retention?service=mine",
+        RETENTION_DEMO="1",
+        DEBUG="0",
+        PGSERVICEFILE=str(tmp_path / "pg_service.conf"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "core.W001" in result.stderr
+
+
 @pytest.mark.parametrize(
     "url",
     [

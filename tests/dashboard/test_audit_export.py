@@ -202,9 +202,9 @@ def manifest_of(client, run) -> dict:
 def test_the_manifest_lists_the_holds_that_applied_and_the_operator_actions_on_the_run(
     client_for, run, users, make_user
 ):
-    from retention.actions import place_hold, release_hold
+    from retention.actions import place_hold
     from runs.actions import pause_run, resume_run
-    from tests.factories import approved_policy, events_spec
+    from tests.factories import approved_policy, events_spec, release_hold
     from tests.runs.conftest import create_events
 
     hilda = make_user("hilda", "compliance")
@@ -213,7 +213,7 @@ def test_the_manifest_lists_the_holds_that_applied_and_the_operator_actions_on_t
     on_other = place_hold(policy=other, actor=hilda, reason="another policy's case")
     on_tenant = place_hold(policy=run.policy, tenant="3", actor=hilda, reason="case 7")
     everywhere = place_hold(actor=hilda, reason="board order")
-    release_hold(everywhere, actor=hilda, reason="order lifted")
+    release_hold(everywhere, requester=hilda, approver=users["compliance"], reason="order lifted")
     pause_run(run, actor=users["oncall"], reason="db maintenance")
     resume_run(run, actor=users["oncall"], reason="maintenance over")
 
@@ -223,7 +223,8 @@ def test_the_manifest_lists_the_holds_that_applied_and_the_operator_actions_on_t
     assert set(holds) == {on_tenant.pk, everywhere.pk}  # not the other policy's
     assert holds[on_tenant.pk]["tenant"] == "3" and holds[on_tenant.pk]["reason"] == "case 7"
     assert holds[everywhere.pk]["policy"] is None
-    assert holds[everywhere.pk]["released_by"] == "hilda"
+    released = holds[everywhere.pk]
+    assert (released["release_requested_by"], released["released_by"]) == ("hilda", "carla")
     assert on_other.pk not in holds
     actions = [(a["action"], a["actor"], a["reason"]) for a in manifest["operator_actions"]]
     assert ("run.pause", users["oncall"].username, "db maintenance") in actions

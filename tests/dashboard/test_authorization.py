@@ -84,7 +84,14 @@ MATRIX = {
     "retention:version_reject": ("POST", {"slug": "slug", "number": "number"}, COMPLIANCE_POST),
     "retention:holds": ("GET", {}, READ),
     "retention:hold_place": ("POST", {}, COMPLIANCE_POST),
-    "retention:hold_release": ("POST", {"hold_id": "hold"}, COMPLIANCE_POST),
+    "retention:hold_detail": ("GET", {"hold_id": "hold"}, READ),
+    # each serves its confirmation (GET, compliance only) and the step (POST); the matrix
+    # posts: the world's hold has no request, so approving, withdrawing and refusing are
+    # refused with a message (302 back to the hold), requesting is done
+    "retention:hold_release_request": ("POST", {"hold_id": "hold"}, COMPLIANCE_POST),
+    "retention:hold_release_approve": ("POST", {"hold_id": "hold"}, COMPLIANCE_POST),
+    "retention:hold_release_withdraw": ("POST", {"hold_id": "hold"}, COMPLIANCE_POST),
+    "retention:hold_release_refuse": ("POST", {"hold_id": "hold"}, COMPLIANCE_POST),
 }
 # Namespaces checked as one entry (every pattern inside answers alike).
 WHOLE_NAMESPACES = {"admin"}

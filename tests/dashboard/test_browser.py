@@ -318,6 +318,7 @@ def test_compliance_approves_from_the_queue_but_not_their_own(
         shoot(page, f"approvals-{width}")
 
     entry.locator('input[name="reason"]').first.fill("checked with legal")
+    entry.locator('[data-testid="reauth-password"]').fill("cora1400-pw")  # asked again
     entry.locator('[data-testid="approve"]').click()
     expect(page.locator(".messages")).to_contain_text("approved")
     expect(page.locator('[data-testid="queue-empty"]')).to_be_visible()

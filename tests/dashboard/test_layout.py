@@ -18,7 +18,7 @@ from retention.spec import PolicySpec
 from runs.actions import trigger_run
 from runs.engine import planner, worker
 from runs.models import Chunk, DeadLetter, Run
-from tests.factories import approved_policy, events_spec
+from tests.factories import approved_policy, events_spec, release_hold
 from tests.runs.conftest import NOW, create_events
 
 pytestmark = pytest.mark.django_db
@@ -144,14 +144,15 @@ def _unzoned(text: str) -> list[str]:
     ]
 
 
-def test_every_timestamp_on_the_pages_names_its_zone(client_for, run, users):
+def test_every_timestamp_on_the_pages_names_its_zone(client_for, run, users, make_user):
     compliance = users["compliance"]
     retention_actions.place_hold(
         actor=compliance, reason="litigation L-1", policy=run.policy, tenant="3"
     )
-    retention_actions.release_hold(
+    release_hold(
         retention_actions.place_hold(actor=compliance, reason="L-2", policy=run.policy),
-        actor=compliance,
+        requester=compliance,
+        approver=make_user("cora", "compliance"),
         reason="settled",
     )
     v = run.policy_version

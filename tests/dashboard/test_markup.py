@@ -121,13 +121,21 @@ class _Controls(HTMLParser):
 
 
 def test_inputs_are_labelled_and_progress_bars_speak(client_for, run, make_user):
-    from retention.actions import place_hold
+    from retention.actions import place_hold, request_hold_release
 
-    place_hold(policy=run.policy, actor=make_user("hilda", "compliance"), reason="litigation")
+    hilda = make_user("hilda", "compliance")
+    hold = place_hold(policy=run.policy, actor=hilda, reason="litigation")
     client = client_for("compliance")
     oncall = client_for("oncall")
+    unrequested = client.get(reverse("retention:hold_release_request", args=[hold.pk]))
+    request_hold_release(hold, actor=hilda, reason="settled")
     pages = {
         "holds": client.get(reverse("retention:holds")),
+        "hold": client.get(reverse("retention:hold_detail", args=[hold.pk])),
+        "release confirmation": unrequested,
+        "approval confirmation": client.get(
+            reverse("retention:hold_release_approve", args=[hold.pk])
+        ),
         "policy": client.get(reverse("retention:policy_detail", args=[run.policy.slug])),
         "run": oncall.get(reverse("runs:detail", args=[run.pk])),
         "overview": oncall.get(reverse("home")),

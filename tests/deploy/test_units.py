@@ -56,6 +56,14 @@ def test_each_process_runs_as_its_own_user_with_its_own_database_login():
         "retention_worker",
     )
     assert login_of("monitor.env.example") == "retention_monitor"
+    checkpoint = unit("retention-checkpoint.service")  # started by retention-checkpoint.timer
+    assert checkpoint["User"] == ["retention-monitor"]
+    assert checkpoint["EnvironmentFile"] == [
+        "/etc/retention-runner/common.env",
+        "/etc/retention-runner/monitor.env",
+    ]
+    assert checkpoint["ExecStart"][0].endswith("manage.py retention audit checkpoint")
+    assert "OnCalendar=hourly" in (UNITS / "retention-checkpoint.timer").read_text()
     assert login_of("owner.env.example") == "retention_owner"
 
 

@@ -134,3 +134,96 @@ def test_a_late_firing_after_an_outage_follows_the_catch_up_rule(make_user):
     assert [(tick, source) for tick, source, _ in runs] == [(newest, "catch-up")], runs
     assert missed.isoformat() in runs[0][2]
     assert not Run.objects.filter(policy=none).exists()
+
+
+def _group_alive(pgid: int) -> list[int]:
+    """The processes of the process group that are still running (zombies are gone)."""
+    import os
+
+    alive = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            alive.append(int(entry))
+    return alive
+
+
+@pytest.mark.parametrize(
+    "sig, attempt",
+    [(signal.SIGTERM, n) for n in (1, 2, 3)] + [(signal.SIGINT, n) for n in (1, 2, 3)],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
+def test_a_cluster_stops_within_ten_seconds_while_a_reconciler_pass_waits_on_locks(
+    make_user, sig, attempt
+):
+    """Two policies' tables are held ACCESS EXCLUSIVE by another session; each has a run to
+    verify and a missed tick to catch up (a new run samples its table). Two seconds into the
+    pass, SIGTERM reaches the main process (as systemd sends it) or SIGINT the whole group (as
+    Ctrl-C does): every process of the cluster is gone within 10 s."""
+    import os
+
+    from django_q.models import OrmQ
+
+    from runs.engine import planner
+    from runs.models import Chunk
+
+    for slug in ("alpha", "beta"):
+        policy = policy_on(
+            make_user, slug, f"rr_{slug}", approved_ago=timedelta(days=3), chunking="auto"
+        )
+        run, _ = trigger_run_at(policy, days_ago=4)
+        while not run.planner_done:
+            planner.plan(run, window=1000)
+        Chunk.objects.filter(run=run).update(state=Chunk.State.DONE)
+    OrmQ.objects.all().delete()  # only the reconciler's pass runs on the cluster
+    blocker = pg_connect(autocommit=False)
+    blocker.execute("LOCK TABLE public.rr_alpha, public.rr_beta IN ACCESS EXCLUSIVE MODE")
+    observer = pg_connect()
+    # a task timeout of two minutes: a pass may take a minute, its statements ten seconds
+    env = {"Q_CLUSTER_NAME": "cleanup", "RETENTION_Q_TIMEOUT": "120", "RETENTION_Q_RETRY": "150"}
+    cluster = spawn("qcluster", env=env)
+    try:
+        enqueue_reconcile()
+        wait_for(
+            lambda: observer.execute(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+                " WHERE NOT l.granted AND a.application_name = 'retention:cleanup'"
+                " AND l.relation IN ('public.rr_alpha'::regclass, 'public.rr_beta'::regclass)"
+            ).fetchone()[0],
+            timeout=60,
+            interval=0.1,
+            what="the reconciler's pass waiting on a locked table",
+        )
+        time.sleep(2)  # two seconds into the blocked pass
+        if sig == signal.SIGTERM:
+            cluster.send_signal(sig)  # the main process only, as a supervisor must
+        else:
+            os.killpg(cluster.pid, sig)  # a terminal's Ctrl-C reaches the whole group
+        stopped_at = time.monotonic()
+        while _group_alive(cluster.pid) and time.monotonic() - stopped_at < 10:
+            time.sleep(0.05)
+        left = _group_alive(cluster.pid)
+        print(f"{sig.name} #{attempt}: {time.monotonic() - stopped_at:.1f} s to stop")
+        assert not left, f"{len(left)} process(es) still running 10 s after {sig.name}"
+        assert cluster.wait(timeout=5) is not None
+    finally:
+        kill_group(cluster, signal.SIGKILL)
+        blocker.rollback()
+        blocker.close()
+        observer.close()
+        drop_tables("rr_alpha", "rr_beta")
+
+
+def trigger_run_at(policy, *, days_ago: int):
+    from django.utils import timezone
+
+    from runs.actions import trigger_run
+
+    return trigger_run(policy, tick=timezone.now() - timedelta(days=days_ago))

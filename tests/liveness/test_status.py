@@ -80,3 +80,103 @@ def test_drain_with_two_workers_runs_two_processes(make_user):
     pids = set(AuditRecord.objects.filter(run=run).values_list("worker_pid", flat=True))
     assert len(pids) == 2, pids
     assert check_run(run, shadow=("public", "rr_events_shadow")) == []
+
+
+# -- the guard's silent stall: no admitted chunk for longer than the guard window -----------
+
+CALM = {"lock_waits": 0, "replication_lag_s": 0.0, "connections_free": 100, "wal_mb_per_s": 0.0}
+
+
+def _later(monkeypatch, seconds: float) -> None:
+    """Look at the run ``seconds`` from now (nothing else happens meanwhile)."""
+    from django.utils import timezone as django_timezone
+
+    real = django_timezone.now
+    at = real() + timedelta(seconds=seconds)
+    monkeypatch.setattr(django_timezone, "now", lambda: at)
+
+
+def _page(run, make_user) -> str:
+    from django.test import Client
+    from django.urls import reverse
+
+    client = Client()
+    client.force_login(make_user("vic-stall", "viewer"))
+    return client.get(reverse("runs:detail", args=[run.pk])).content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_the_guard_stopped_after_a_commit_does_not_say_progressing(
+    make_user, settings, monkeypatch
+):
+    """Chunks committed, then the guard refused every chunk: once the guard window has passed
+    without an admitted chunk, the run says throttled and why (before: "progressing" for a
+    whole lease budget after the last commit)."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from runs.engine import worker
+    from runs.models import GuardSample
+    from tests.factories import approved_policy, events_spec
+    from tests.runs.conftest import create_events
+
+    create_events(3000)
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    policy = approved_policy(make_user, **events_spec(guard={"lock_waits": 10}))
+    run, _ = trigger_run(policy, tick=NOW)
+    planner.plan(run)
+    for _ in range(3):
+        assert worker.process_one(run).kind == worker.DONE
+    settings.RETENTION = {**settings.RETENTION, "GUARD": True}
+    GuardSample.objects.create(values={**CALM, "lock_waits": 14}, tables={})
+    stats = worker.drain(run.pk, budget_s=10, until_idle=True)
+    assert stats["throttled"] >= 1, stats
+    window = settings.RETENTION["GUARD_DUTY_WINDOW_S"]
+    _later(monkeypatch, window + 2)
+    status = run_status(Run.objects.get(pk=run.pk))
+    assert status["health"] == "throttled", status
+    assert "lock waits 14 > 10" in status["waiting_reason"]
+    out = StringIO()
+    call_command("retention", "status", run.run_key, stdout=out)
+    assert "lock waits 14 > 10" in out.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_whose_partitions_the_guard_holds_back_says_why(make_user, settings, monkeypatch):
+    """The guard holds the partition step back, so no chunk is even planned: the run names the
+    guard's reason — in retention status and on the run page — instead of "concurrency
+    ceilings full or an operator decision in progress"."""
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.db import connection
+
+    from runs.engine import worker
+    from runs.models import GuardSample
+    from tests.factories import approved_policy
+    from tests.runs.test_partitions import MONTHS, create_partitioned, parts_spec
+
+    settings.RETENTION = {**settings.RETENTION, "GUARD": True}
+    create_partitioned()
+    try:
+        policy = approved_policy(make_user, **parts_spec(keep=[], guard={"lock_waits": 10}))
+        run, _ = trigger_run(policy, tick=NOW)
+        GuardSample.objects.create(values={**CALM, "lock_waits": 14}, tables={})
+        stats = worker.drain(run.pk, budget_s=10, until_idle=True)
+        assert stats["stopped"].startswith("idle: partitions postponed"), stats
+        Lease.objects.filter(run=run).update(heartbeat_at=timezone.now())
+        _later(monkeypatch, settings.RETENTION["GUARD_DUTY_WINDOW_S"] + 2)
+        run = Run.objects.get(pk=run.pk)
+        status = run_status(run)
+        assert status["health"] == "throttled", status
+        assert "lock waits 14 > 10" in status["waiting_reason"], status
+        out = StringIO()
+        call_command("retention", "status", run.run_key, stdout=out)
+        assert "lock waits 14 > 10" in out.getvalue()
+        assert "lock waits 14 &gt; 10" in _page(run, make_user)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
+            for month in MONTHS:
+                cur.execute(f"DROP TABLE IF EXISTS public.rr_parts_{month}")

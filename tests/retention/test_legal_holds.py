@@ -183,18 +183,20 @@ def test_a_row_that_becomes_kept_while_the_delete_waits_for_it_survives(
     assert count_rows("tenant_id = 4 AND status = 'closed' AND occurred_at < %s", [cutoff]) == 0
 
 
-def test_releasing_a_hold_makes_its_rows_eligible_again(events_table, alice):
+def test_releasing_a_hold_makes_its_rows_eligible_again(events_table, alice, bob):
     spec, policy = applied(alice)
     hold = actions.place_hold(actor=alice, reason="audit", policy=policy)
     assert preview(spec, policy_id=policy.pk)["eligible"] == 0
 
-    actions.release_hold(hold, actor=alice, reason="case closed")
+    actions.request_hold_release(hold, actor=alice, reason="case closed")
+    assert preview(spec, policy_id=policy.pk)["eligible"] == 0  # requested: still in force
+    actions.approve_hold_release(hold, actor=bob, reason="confirmed")
 
     hold.refresh_from_db()
-    assert hold.released_by == "alice" and hold.release_reason == "case closed"
+    assert (hold.release_requested_by, hold.released_by) == ("alice", "bob")
     assert preview(spec, policy_id=policy.pk)["eligible"] > 0
     with pytest.raises(ActionError, match="already released"):
-        actions.release_hold(hold, actor=alice, reason="again")
+        actions.request_hold_release(hold, actor=alice, reason="again")
 
 
 def test_only_compliance_places_holds_and_every_hold_has_a_reason(events_table, alice, olga):
@@ -207,7 +209,7 @@ def test_only_compliance_places_holds_and_every_hold_has_a_reason(events_table, 
     assert LegalHold.objects.count() == 0
 
 
-def test_the_hold_commands_place_list_and_release(events_table, alice):
+def test_the_hold_commands_place_list_and_release(events_table, alice, bob):
     applied(alice)
 
     def cli(*args):
@@ -227,13 +229,18 @@ def test_the_hold_commands_place_list_and_release(events_table, alice):
     )
     assert f"#{hold.pk}  policy events, tenant 3, keys [10, 20)  active" in cli("list")
 
-    assert cli("release", str(hold.pk), "--by", "alice", "--reason", "settled") == (
-        f"hold #{hold.pk} released by alice"
+    assert cli("release", str(hold.pk), "--by", "alice", "--reason", "settled").startswith(
+        f"hold #{hold.pk}: release requested by alice; it stays in force"
+    )
+    assert "release requested by alice" in cli("list")
+    assert cli("approve-release", str(hold.pk), "--by", "bob", "--reason", "confirmed").startswith(
+        f"hold #{hold.pk} released by bob (requested by alice)"
     )
     assert cli("list") == "no holds"
     assert list(
         OperatorAction.objects.filter(target_type="legalhold").values_list("action", "reason")
-    ) == [("hold.release", "settled"), ("hold.place", "subpoena 7")]
+    ) == [("hold.release", "confirmed"), ("hold.release_request", "settled"),
+          ("hold.place", "subpoena 7")]  # fmt: skip
 
     with pytest.raises(CommandError, match="unknown policy 'nope'"):
         cli("place", "--reason", "x", "--by", "alice", "--policy", "nope")

@@ -205,7 +205,7 @@ def test_a_fresh_preview_comes_back_as_a_fragment(events_table, alice, bob, as_u
     assert "<html" not in html
 
 
-def test_holds_are_placed_and_released_from_the_holds_page(events_table, alice, as_user):
+def test_holds_are_placed_and_released_from_the_holds_page(events_table, alice, bob, as_user):
     submitted(alice)
     client = as_user(alice)
 
@@ -218,9 +218,17 @@ def test_holds_are_placed_and_released_from_the_holds_page(events_table, alice, 
     html = client.get(reverse("retention:holds")).content.decode()
     assert f'data-hold="{hold.pk}"' in html and "case 9" in html
 
-    client.post(reverse("retention:hold_release", args=[hold.pk]), {"reason": "closed"})
+    assert reverse("retention:hold_detail", args=[hold.pk]) in html
+
+    client.post(reverse("retention:hold_release_request", args=[hold.pk]), {"reason": "closed"})
     hold.refresh_from_db()
-    assert hold.released_by == "alice" and hold.release_reason == "closed"
+    assert hold.active and hold.release_requested_by == "alice"
+    assert (
+        'data-testid="release-pending"' in client.get(reverse("retention:holds")).content.decode()
+    )
+    as_user(bob).post(reverse("retention:hold_release_approve", args=[hold.pk]), {"reason": "ok"})
+    hold.refresh_from_db()
+    assert hold.released_by == "bob" and hold.release_reason == "ok"
 
 
 def test_a_bad_key_bound_on_the_hold_form_is_refused(events_table, alice, as_user):

@@ -108,6 +108,28 @@ def test_a_drained_run_recommends_a_vacuum_with_its_dead_tuples(make_user):
     assert f"vacuum                     {note}" in out.getvalue()
 
 
+def test_the_dead_tuples_are_counted_from_the_runs_ledger_not_from_unflushed_statistics(
+    make_user,
+):
+    """The finisher is usually the worker that deleted the last chunks: PostgreSQL's statistics
+    do not show its own deletes until its backend flushes them (about a second later)."""
+    create_events(3000)
+    _sql(f"ALTER TABLE {TABLE} SET (autovacuum_enabled = false)")
+    policy = approved_policy(make_user, **events_spec())
+    run, _ = trigger_run(policy, tick=NOW)
+    while not run.planner_done:
+        planner.plan(run, window=1000)
+    while worker.process_one(run).kind == worker.DONE:
+        pass
+    assert finish_run(Run.objects.get(pk=run.pk)) == Run.State.DRAINED  # at once, no flush
+    run.refresh_from_db()
+    deleted = rows_deleted(run)
+    assert run.verification["dead_tuples"] == deleted > 1000
+    assert run.verification["vacuum_note"] == (
+        f"recommended: VACUUM (ANALYZE) {TABLE} ({deleted:,} dead tuples)"
+    )
+
+
 def test_vacuum_run_schedules_one_vacuum_after_the_drain_commits_and_it_vacuums(make_user):
     run = deleted_but_not_finished(make_user, vacuum="run")
     assert vacuums() == (0, None)
@@ -190,7 +212,7 @@ def test_unreadable_statistics_never_keep_a_run_from_draining(make_user, monkeyp
     run.refresh_from_db()
     assert run.state == Run.State.DRAINED
     assert run.verification["remaining"] == 0
-    assert run.verification["dead_tuples"] is None
+    assert run.verification["dead_tuples"] == rows_deleted(run)  # from the run's own ledger
     note = run.verification["vacuum_note"]
     assert note.startswith(f"VACUUM (ANALYZE) {TABLE} scheduled"), note
     assert "statistics could not be read" in note and "rr_no_such_view" in note
@@ -265,3 +287,104 @@ def test_a_finisher_skips_a_run_whose_row_another_session_holds(make_user):
     reconcile()
     run.refresh_from_db()
     assert run.state == Run.State.DRAINED
+
+
+# -- a VACUUM that waits on a task has an owner and a deadline (the reconciler) ------------
+
+
+def _past_deadline():
+    """An instant past the deadline of every task sent or started before now."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from core import timeouts
+
+    return timezone.now() + timedelta(seconds=timeouts.task_deadline_s() + 1)
+
+
+def test_a_scheduled_vacuum_whose_message_was_lost_is_sent_again_by_the_reconciler(make_user):
+    run = deleted_but_not_finished(make_user, vacuum="run")
+    with transaction.atomic():
+        assert finish_run(run) == Run.State.DRAINED
+    OrmQ.objects.all().delete()  # the process died between the commit and the send
+    reconcile()  # within the deadline: the message may still be on its way
+    assert vacuum_messages() == []
+    reconcile(now=_past_deadline())
+    (message,) = vacuum_messages()
+    assert list(message.task["args"]) == [run.pk]
+    run.refresh_from_db()
+    assert run.verification["vacuum_state"] == "scheduled"
+    assert "sent again" in run.verification["vacuum_note"], run.verification
+    tasks.vacuum_target(run.pk)
+    run.refresh_from_db()
+    assert run.verification["vacuum_state"] == "done", run.verification
+    assert vacuums()[0] == 1
+
+
+def test_a_vacuum_whose_sends_all_go_unanswered_says_why_it_did_not_run(make_user):
+    run = deleted_but_not_finished(make_user, vacuum="run")
+    finish_run(run)
+    for _ in range(5):
+        OrmQ.objects.all().delete()
+        reconcile(now=_past_deadline())
+        Run.objects.filter(pk=run.pk).update(
+            verification={
+                **Run.objects.get(pk=run.pk).verification,
+                "vacuum_scheduled_at": "2000-01-01T00:00:00+00:00",
+            }
+        )
+    run.refresh_from_db()
+    assert run.verification["vacuum_state"] == "not run", run.verification
+    assert "never started" in run.verification["vacuum_note"]
+    assert OperatorAction.objects.filter(action="run.vacuum_not_run").count() == 1
+
+
+@pytest.mark.processes
+def test_a_vacuum_killed_with_its_worker_is_retried_by_the_reconciler(make_user):
+    """SIGKILL of the cleanup cluster while its VACUUM waits for a lock: the run said
+    "running (no outcome recorded yet)" for ever, and a redelivery "nothing to do"."""
+    import signal
+
+    from tests.runs.processes import kill_group, spawn
+
+    run = deleted_but_not_finished(make_user, vacuum="run")
+    blocker = pg_connect(autocommit=False)  # someone's maintenance holds the table
+    blocker.execute(f"LOCK TABLE {TABLE} IN SHARE UPDATE EXCLUSIVE MODE")
+    with transaction.atomic():
+        assert finish_run(run) == Run.State.DRAINED
+    cluster = spawn("qcluster", env={"Q_CLUSTER_NAME": "cleanup"})
+    observer = pg_connect()
+    try:
+        wait_for(
+            lambda: observer.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query ILIKE 'VACUUM%%' AND datname = current_database()"
+            ).fetchone()[0],
+            timeout=60,
+            interval=0.05,
+            what="the VACUUM waiting for its lock",
+        )
+        kill_group(cluster, signal.SIGKILL)
+    finally:
+        kill_group(cluster, signal.SIGKILL)
+        blocker.rollback()
+        blocker.close()
+        observer.close()
+    run.refresh_from_db()
+    assert run.verification["vacuum_state"] == "running"  # nothing recorded its end
+    assert tasks.vacuum_target(run.pk).endswith("nothing to do (running)")  # a redelivery
+    reconcile()  # the task may still be running: left alone
+    run.refresh_from_db()
+    assert run.verification["vacuum_state"] == "running"
+    reconcile(now=_past_deadline())
+    run.refresh_from_db()
+    assert run.verification["vacuum_state"] == "scheduled", run.verification
+    assert "recorded no outcome" in run.verification["vacuum_note"]
+    assert vacuum_messages()
+    # (the killed worker's backend may have finished its VACUUM once the lock was free)
+    before = vacuums()[0]
+    tasks.vacuum_target(run.pk)
+    run.refresh_from_db()
+    assert run.verification["vacuum_state"] == "done", run.verification
+    assert vacuums()[0] == before + 1

@@ -46,3 +46,36 @@ def test_an_idle_drain_waits_its_time_while_the_run_is_active(events_policy):
     assert wait_while_active([run.pk], 0.2) is True
     Run.objects.filter(pk=run.pk).update(state=Run.State.DRAINED)
     assert wait_while_active([run.pk], 60) is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_drain_until_idle_goes_on_with_a_run_admitted_after_its_round(events_policy, monkeypatch):
+    """Another process drains the run this one found nothing admissible in; when that run ends,
+    the policy's waiting run is admitted: ``--until-idle`` means until no run is active."""
+    from datetime import timedelta
+
+    from django.core.management import call_command
+
+    from runs import cli
+    from runs.engine.worker import drain as real_drain
+
+    first, _ = trigger_run(events_policy, tick=NOW - timedelta(days=1))
+    second, _ = trigger_run(events_policy, tick=NOW)
+    assert (first.state, second.state) == (Run.State.ACTIVE, Run.State.WAITING)
+    calls: list[int] = []
+
+    def drain_elsewhere(run_id, **options):
+        calls.append(run_id)
+        if run_id == first.pk and calls.count(first.pk) == 1:
+            # another worker drains it while this one finds no chunk admissible
+            real_drain(first.pk, budget_s=60, until_idle=True)
+            return {"chunks": 0, "rows": 0, "failed": 0, "throttled": 0,
+                    "stopped": "idle: chunks in another worker's hands", "continue": True}  # fmt: skip
+        return real_drain(run_id, **options)
+
+    monkeypatch.setattr(cli, "drain_run", drain_elsewhere)
+    call_command("retention", "drain", "--until-idle", "--budget", "60")
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.state == Run.State.DRAINED, first.state_reason
+    assert second.state == Run.State.DRAINED, (second.state, second.state_reason, calls)

@@ -33,3 +33,25 @@ def test_a_verification_on_a_locked_target_is_bounded_and_postponed(events_polic
     run.refresh_from_db()
     assert state == Run.State.ACTIVE
     assert run.state_reason.startswith("verification postponed"), run.state_reason
+
+
+@pytest.mark.processes
+def test_a_drain_goes_on_while_another_session_holds_its_runs_row(events_policy):
+    """The adaptive chunk size is written to the run's row after a chunk; a session holding that
+    row (a finisher verifying the run holds it FOR NO KEY UPDATE) never stops the drain."""
+    from runs.models import AuditRecord
+    from tests.runs.conftest import manage
+
+    run, _ = trigger_run(events_policy, tick=NOW)
+    blocker = pg_connect(autocommit=False)
+    blocker.execute("SELECT 1 FROM runs_run WHERE id = %s FOR NO KEY UPDATE", [run.pk])
+    try:
+        result = manage(
+            "retention", "drain", run.run_key, "--budget", "15",
+            env={"RETENTION_GUARD": "0"}, timeout=120,
+        )  # fmt: skip
+    finally:
+        blocker.rollback()
+        blocker.close()
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert AuditRecord.objects.filter(run=run).count() >= 2, result.stdout

@@ -33,7 +33,7 @@ from runs.evidence.audit import HASHED_COLUMNS, record_hash, verify_chain
 from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, GuardSample, PartitionAction, PlannerCursor, Run
 from runs.progress import progress_for
-from tests.factories import approved_policy, events_spec
+from tests.factories import approved_policy, events_spec, release_hold
 from tests.runs.conftest import NOW, count
 from tests.runs.processes import pg_connect, wait_for
 
@@ -517,6 +517,27 @@ def test_a_hold_that_commits_while_a_detach_was_interrupted_puts_the_partition_b
     assert check_run(run, shadow=("public", "rr_parts_shadow")) == []
 
 
+def test_a_partitioned_tables_vacuum_note_counts_the_dead_tuples_its_chunks_left(parts, make_user):
+    """A held tenant keeps every partition attached: the chunks delete the other rows of each
+    leaf, and the dead tuples they leave are counted (dropped partitions leave none)."""
+    policy = approved_policy(make_user, **parts_spec(keep=[]))
+    keeper = make_user("kim", "compliance")
+    retention_actions.place_hold(actor=keeper, reason="audit", policy=policy, tenant="4")
+    run, _ = trigger_run(policy, tick=NOW)
+    run = drain(run)
+    assert run.state == Run.State.DRAINED, run.state_reason
+    chunk_rows = sum(
+        AuditRecord.objects.filter(run=run, partition__isnull=True).values_list(
+            "rows_deleted", flat=True
+        )
+    )
+    assert chunk_rows > 1000
+    assert run.verification["dead_tuples"] == chunk_rows
+    assert run.verification["vacuum_note"] == (
+        f"recommended: VACUUM (ANALYZE) public.rr_parts ({chunk_rows:,} dead tuples)"
+    )
+
+
 def test_the_kill_switch_stops_the_partition_step_like_a_chunk_and_nothing_is_dropped(
     parts, make_user
 ):
@@ -705,6 +726,6 @@ def test_a_hold_placed_after_the_detach_keeps_the_detached_table(parts, make_use
     held = count(f"public.{jan}", "tenant_id = 1")
     assert reconcile()["detached"] == [f"public.{jan}: kept, {held} row(s) may not go (held) now"]
     assert relation_exists(jan) and count(f"public.{jan}") == shadow_month(EXPIRED[0])
-    retention_actions.release_hold(hold, reason="settled", actor=keeper)
+    release_hold(hold, requester=keeper, approver=make_user("kurt", "compliance"), reason="settled")
     assert reconcile()["detached"] == [f"public.{jan}: dropped"]
     assert not relation_exists(jan)

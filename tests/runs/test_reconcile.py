@@ -112,3 +112,67 @@ def test_a_cron_change_rearms_to_the_true_next_tick(make_user):
         assert expected - now <= timedelta(hours=1)
     finally:
         drop_tables("rr_alpha")
+
+
+def test_one_locked_table_defers_no_other_policy_to_the_next_pass(make_user, monkeypatch):
+    """The locked policy comes first and its run's verification waits on the lock: the other
+    policies are still reconciled in the same pass (before, a pass started a policy only
+    while four statement timeouts still fitted, and the next two were deferred)."""
+    from runs.engine import planner, reconciler
+    from runs.models import Chunk
+
+    # chunking "auto": a new run samples the table for its geometry (and waits on the lock)
+    locked = policy_on(
+        make_user, "alpha", "rr_alpha", approved_ago=timedelta(days=3), chunking="auto"
+    )
+    others = [
+        policy_on(make_user, slug, f"rr_{slug}", approved_ago=timedelta(days=3))
+        for slug in ("beta", "gamma")
+    ]
+    run, _ = trigger_run(locked, tick=timezone.now() - timedelta(days=4))
+    while not run.planner_done:
+        planner.plan(run, window=1000)
+    Chunk.objects.filter(run=run).update(state=Chunk.State.DONE)  # every chunk committed
+    # the locked policy first, then the others, whatever the shuffle says
+    monkeypatch.setattr(
+        reconciler.random, "shuffle", lambda items: items.sort(key=lambda p: p.slug)
+    )
+    blocker = pg_connect(autocommit=False)
+    blocker.execute("LOCK TABLE public.rr_alpha IN ACCESS EXCLUSIVE MODE")
+    try:
+        report = reconcile()
+    finally:
+        blocker.rollback()
+        blocker.close()
+        drop_tables("rr_alpha", "rr_beta", "rr_gamma")
+    assert report["deferred"] == [], report
+    for policy in others:
+        assert Run.objects.filter(policy=policy, source="catch-up").exists(), report
+    run.refresh_from_db()
+    assert run.state == Run.State.ACTIVE
+    assert run.state_reason.startswith("verification postponed"), run.state_reason
+
+
+def test_a_catch_up_records_the_ticks_lost_before_a_later_tick_that_ran_on_time(make_user):
+    """The cluster was down across three ticks; when it came back, the next tick fired on time
+    before the reconciler's pass: the catch-up run for the newest missed tick records the two
+    before it (before, the later run hid them: neither run nor recorded)."""
+    from retention.schedule_math import latest_tick
+
+    policy = policy_on(
+        make_user, "alpha", "rr_alpha", approved_ago=timedelta(days=1),
+        schedule="*/30 * * * *", catch_up="latest",
+    )  # fmt: skip
+    try:
+        now = timezone.now()
+        on_time = latest_tick(policy, now)  # fired on time, just now
+        missed = [on_time - timedelta(minutes=30 * n) for n in (1, 2, 3)]  # newest first
+        before = on_time - timedelta(minutes=120)
+        for tick in (before, on_time):
+            trigger_run(policy, tick=tick)
+        reconcile(now=on_time + timedelta(minutes=1))  # before the grace: its pass sees "missed[0]"
+        caught = Run.objects.get(policy=policy, source="catch-up")
+        assert caught.tick == missed[0]
+        assert caught.skipped_ticks == [t.isoformat() for t in reversed(missed[1:])]
+    finally:
+        drop_tables("rr_alpha")

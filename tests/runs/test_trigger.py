@@ -19,10 +19,11 @@ def test_a_trigger_creates_one_run_with_the_cutoff_derived_from_the_tick(events_
     assert run.state == Run.State.ACTIVE
 
 
-def test_duplicate_triggers_converge_on_one_run(events_policy):
+def test_duplicate_triggers_converge_on_one_run(events_policy, make_user):
     tick = NOW.replace(hour=3, minute=0)
     first, created_first = trigger_run(events_policy, tick=tick)
-    second, created_second = trigger_run(events_policy, tick=tick, source="manual", actor="someone")
+    oncall = make_user("olga", "oncall")
+    second, created_second = trigger_run(events_policy, tick=tick, source="manual", actor=oncall)
     assert (created_first, created_second) == (True, False)
     assert first.pk == second.pk
     assert Run.objects.count() == 1

@@ -176,3 +176,67 @@ def test_someone_without_a_role_gets_no_token(make_user, client):
     client.force_login(make_user("nobody"))
     assert client.post(reverse("tokens"), {"name": "x"}).status_code == 403
     assert not ApiToken.objects.exists()
+
+
+def at_a_terminal(monkeypatch, username: str, password: str) -> None:
+    monkeypatch.delenv("RETENTION_TOKEN", raising=False)
+    monkeypatch.setattr("sys.stdin", type("Tty", (io.StringIO,), {"isatty": lambda self: True})())
+    monkeypatch.setattr("builtins.input", lambda prompt: username)
+    monkeypatch.setattr("getpass.getpass", lambda prompt: password)
+
+
+def token_create(username: str, password: str, monkeypatch) -> str:
+    monkeypatch.setattr("sys.stdin", io.StringIO(password + "\n"))
+    return cli("token", "create", "--username", username, "--password-stdin")
+
+
+def test_wrong_passwords_at_the_prompt_count_and_lock_like_the_sign_in_page(
+    people, monkeypatch, settings
+):
+    from axes.models import AccessFailureLog
+
+    for n in range(1, settings.LOGIN_FAILURE_LIMIT + 1):  # the fifth failure locks
+        at_a_terminal(monkeypatch, "olga", "wrong")
+        refusal = "wrong username or password" if n < 5 else "too many failed sign-ins"
+        with pytest.raises(CommandError, match=refusal):
+            cli("kill-switch", "on", "--reason", "x")
+    at_a_terminal(monkeypatch, "olga", "olga-pw")
+    with pytest.raises(CommandError, match="too many failed sign-ins for olga"):
+        cli("kill-switch", "on", "--reason", "x")
+    assert not KillSwitch.is_on()
+    failures = AccessFailureLog.objects.filter(username="olga")
+    assert failures.count() == settings.LOGIN_FAILURE_LIMIT + 1  # the refused one too
+    # the fifth wrong password locked, and the right one after it was refused
+    assert failures.filter(locked_out=True).count() == 2
+
+
+def test_token_create_counts_wrong_passwords_and_locks_like_the_sign_in_page(
+    people, monkeypatch, settings
+):
+    for n in range(1, settings.LOGIN_FAILURE_LIMIT + 1):
+        refusal = "wrong username or password" if n < 5 else "too many failed sign-ins"
+        with pytest.raises(CommandError, match=refusal):
+            token_create("olga", "wrong", monkeypatch)
+    with pytest.raises(CommandError, match="too many failed sign-ins for olga"):
+        token_create("olga", "olga-pw", monkeypatch)
+    assert not ApiToken.objects.exists()
+    assert not OperatorAction.objects.filter(action="token.create").exists()
+
+
+def test_an_unknown_username_costs_a_password_hash_like_a_known_one(people, monkeypatch):
+    """Without it, the answer's speed tells which usernames exist."""
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+    computed = []
+    original = PBKDF2PasswordHasher.encode
+
+    def counting(self, password, salt, iterations=None):
+        computed.append(password)
+        return original(self, password, salt, iterations)
+
+    monkeypatch.setattr(PBKDF2PasswordHasher, "encode", counting)
+    for n, username in enumerate(("olga", "nobody-by-that-name")):
+        computed.clear()
+        with pytest.raises(CommandError, match="wrong username or password"):
+            token_create(username, f"unguessable-{n}-{username}", monkeypatch)
+        assert computed == [f"unguessable-{n}-{username}"], username

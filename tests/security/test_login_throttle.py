@@ -192,3 +192,86 @@ def test_the_sign_in_evidence_is_read_only_in_the_admin(client, alice):
         == 403
     )
     assert AccessFailureLog.objects.filter(pk=row.pk).exists()
+
+
+@pytest.fixture
+def delays(monkeypatch):
+    """The sign-in delays asked for (recorded, not slept: tests never time anything)."""
+    asked: list[float] = []
+    monkeypatch.setattr("core.signin.pause", asked.append)
+    return asked
+
+
+def test_guesses_from_many_forwarded_addresses_do_not_lock_her_out_of_her_known_address(
+    client, alice, settings, delays
+):
+    settings.TRUSTED_PROXIES = ["10.9.0.0/24"]
+    settings.LOGIN_USERNAME_CEILING = 12
+    home = "203.0.113.7"
+    assert attempt(client, "alice", "alice-pw", address=PROXY, forwarded=home).status_code == 302
+    client.logout()
+    for n in range(12):  # 3 per address: none reaches the per-address limit
+        attempt(client, "alice", "wrong", address=PROXY, forwarded=f"198.51.100.{n // 3}")
+
+    # from an address she never signed in from, the ceiling refuses even the right password
+    stranger = attempt(client, "alice", "alice-pw", address=PROXY, forwarded="192.0.2.99")
+    assert stranger.status_code == 429
+    assert delays == []
+    # from her own address she gets in, after a delay
+    assert attempt(client, "alice", "alice-pw", address=PROXY, forwarded=home).status_code == 302
+    assert "_auth_user_id" in client.session
+    assert len(delays) == 1 and delays[0] > 0
+
+
+def test_the_delay_at_a_known_address_grows_with_the_guesses_over_the_ceiling(
+    client, alice, settings, delays
+):
+    settings.LOGIN_USERNAME_CEILING = 10
+    assert attempt(client, "alice", "alice-pw").status_code == 302
+    client.logout()
+    for n in range(10):
+        attempt(client, "alice", "wrong", address=f"10.1.{n // 3}.1")
+    assert attempt(client, "alice", "wrong").status_code == 200  # known address: slowed
+    for n in range(20):
+        attempt(client, "alice", "wrong", address=f"10.2.{n // 3}.1")
+    assert attempt(client, "alice", "wrong").status_code == 200
+    assert len(delays) == 2 and 0 < delays[0] < delays[1]
+    assert attempt(client, "alice", "alice-pw").status_code == 302
+
+
+@pytest.mark.parametrize("variant", ["ａｌｉｃｅ", "ＡＬＩＣＥ", "Ａlice", " ALICE"])
+def test_full_width_and_case_variants_of_a_username_share_its_count(client, alice, variant):
+    for _ in range(5):
+        attempt(client, variant, "wrong")
+    assert attempt(client, "alice", "alice-pw").status_code == 429
+
+
+def test_usernames_are_compared_casefolded(client, make_user):
+    make_user("maße", "viewer")  # casefolds to "masse", as "MASSE" does (lower() would not)
+    for _ in range(5):
+        attempt(client, "MASSE", "wrong")
+    assert attempt(client, "maße", "maße-pw").status_code == 429
+
+
+def test_the_command_line_counts_a_full_width_variant_as_the_username(alice, monkeypatch):
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    for _ in range(5):
+        monkeypatch.setattr("sys.stdin", io.StringIO("wrong\n"))
+        with pytest.raises(CommandError):
+            call_command("retention", "token", "create", "--username", "ＡＬＩＣＥ",
+                         "--password-stdin", stdout=io.StringIO(), stderr=io.StringIO())  # fmt: skip
+    monkeypatch.setattr("sys.stdin", io.StringIO("alice-pw\n"))
+    with pytest.raises(CommandError, match="too many failed sign-ins"):
+        call_command("retention", "token", "create", "--username", "alice", "--password-stdin",
+                     stdout=io.StringIO(), stderr=io.StringIO())  # fmt: skip
+
+
+def test_the_ipv6_addresses_of_one_64_share_a_count(client, alice):
+    for n in range(5):
+        attempt(client, "alice", "wrong", address=f"2001:db8:1:2:{n}::{n + 1}")
+    assert attempt(client, "alice", "alice-pw", address="2001:db8:1:2::ffff").status_code == 429
+    assert attempt(client, "alice", "alice-pw", address="2001:db8:1:3::1").status_code == 302

@@ -355,3 +355,38 @@ def _wait(predicate, timeout: float = 10.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("timed out")
+
+
+def test_the_checkpoint_job_signs_and_stores_with_the_monitor_login_alone(logins, make_user):
+    """The checkpoint job (deploy/systemd/retention-checkpoint.service) runs with the monitor
+    login: it reads both chains' heads and stores its checkpoint; the web login cannot store
+    one, so a manifest never carries a checkpoint the pages wrote."""
+    import subprocess
+    import sys
+
+    from runs.models import Checkpoint
+    from tests.runs.conftest import ROOT, worker_env
+    from tests.security.roles import url_as
+
+    pause_policy(approved_policy(make_user, **events_spec()), actor="guard", reason="chained")
+    role, password = logins["monitor"]
+    env = {
+        **os.environ,
+        **worker_env(),
+        "DATABASE_URL": url_as(role, password),
+        "RETENTION_EVIDENCE_KEY": "evidence-key-kept-off-the-database-host-0123456789",
+    }
+    done = subprocess.run(
+        [sys.executable, "manage.py", "retention", "audit", "checkpoint"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    stored = Checkpoint.objects.get()
+    assert stored.operator_seq > 0 and stored.hmac in done.stdout
+
+    with connect_as(*logins["web"]) as web:
+        assert refused(
+            web,
+            "INSERT INTO runs_checkpoint (at, audit_seq, audit_hash, operator_seq,"
+            " operator_hash, hmac, host) VALUES (now(), 0, '', 0, '', 'x', 'web')",
+        )

@@ -83,11 +83,11 @@ def test_an_eligible_row_left_behind_is_reported_for_a_drained_run(drained):
 
 def _drained_under_a_hold(policy, make_user):
     """A run drained while a hold on tenant 3 was in force; the hold released afterwards."""
-    from retention.actions import place_hold, release_hold
+    from retention.actions import place_hold
+    from tests.factories import release_hold
 
-    hold = place_hold(
-        actor=make_user("hilda", "compliance"), reason="litigation", policy=policy, tenant="3"
-    )
+    hilda = make_user("hilda", "compliance")
+    hold = place_hold(actor=hilda, reason="litigation", policy=policy, tenant="3")
     run, _ = trigger_run(policy, tick=NOW)
     worker.drain(run.pk, budget_s=60)
     run.refresh_from_db()
@@ -96,7 +96,7 @@ def _drained_under_a_hold(policy, make_user):
                  [run.cutoff])  # fmt: skip
     assert held > 0 and run.verification["deferred_by_holds"] == held
     assert run.verification["holds"] == [hold.pk]
-    release_hold(hold, actor=make_user("ivan", "compliance"), reason="case closed")
+    release_hold(hold, requester=hilda, approver=make_user("ivan", "compliance"), reason="closed")
     assert count("rr_events", "tenant_id = 3 AND status = 'closed' AND occurred_at < %s",
                  [run.cutoff]) == held  # fmt: skip
     return run, hold

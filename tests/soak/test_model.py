@@ -44,6 +44,7 @@ from runs.actions import (
 from runs.engine import planner, worker
 from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, Chunk, DeadLetter, Run
+from tests.factories import release_hold
 from tests.runs.conftest import NOW, create_events
 
 ROWS = 300
@@ -76,8 +77,9 @@ class EngineMachine(RuleBasedStateMachine):
         n = next(_examples)
         self.table = f"rr_model_{n}"
         create_events(ROWS, tenants=3, name=self.table)
-        author = _user("model-author", "compliance")
+        author = self.author = _user("model-author", "compliance")
         self.approver = _user("model-approver", "compliance")
+        self.oncall = _user("model-oncall", "oncall")
         spec = PolicySpec.parse(
             dict(
                 slug=f"model-{n}", table=f"public.{self.table}", key="id",
@@ -210,14 +212,14 @@ class EngineMachine(RuleBasedStateMachine):
         hold_id = data.draw(st.sampled_from(sorted(self.holds)))
         hold = LegalHold.objects.get(pk=hold_id)
         assert self.scope_count(hold) == self.holds.pop(hold_id)
-        policy_actions.release_hold(hold, actor=self.approver, reason="model")
+        release_hold(hold, requester=self.author, approver=self.approver, reason="model")
         self.stats["release"] += 1
 
     @precondition(lambda self: self.run is not None)
     @rule()
     def pause(self):
         try:
-            pause_run(self.fresh_run(), actor="model", reason="model")
+            pause_run(self.fresh_run(), actor=self.oncall, reason="model")
         except ActionError:
             return
         self.stats["pause"] += 1
@@ -230,7 +232,7 @@ class EngineMachine(RuleBasedStateMachine):
     @rule()
     def resume(self):
         try:
-            resume_run(self.fresh_run(), actor="model", reason="model")
+            resume_run(self.fresh_run(), actor=self.oncall, reason="model")
         except ActionError:
             pass
 
@@ -271,7 +273,7 @@ class EngineMachine(RuleBasedStateMachine):
                 cur.execute(f"DELETE FROM public.{self.child}")
             self.blocker = None
         for letter in DeadLetter.objects.filter(run=self.run, resolution="open"):
-            chunk = replay_dead_letter(letter, actor="model", reason="cause removed")
+            chunk = replay_dead_letter(letter, actor=self.oncall, reason="cause removed")
             self.stats["replay"] += 1
             assert chunk is not None and chunk.state == Chunk.State.PENDING
 
@@ -318,7 +320,7 @@ class EngineMachine(RuleBasedStateMachine):
         for hold_id in list(self.holds):
             hold = LegalHold.objects.get(pk=hold_id)
             assert self.scope_count(hold) == self.holds.pop(hold_id)
-            policy_actions.release_hold(hold, actor=self.approver, reason="model")
+            release_hold(hold, requester=self.author, approver=self.approver, reason="model")
         for _ in range(10):
             run = self.fresh_run()
             if run.state == Run.State.DRAINED:
@@ -327,7 +329,7 @@ class EngineMachine(RuleBasedStateMachine):
                 self.replay()
             run = self.fresh_run()
             if run.state in (Run.State.PAUSED, Run.State.ATTENTION):
-                resume_run(run, actor="model", reason="converge")
+                resume_run(run, actor=self.oncall, reason="converge")
             Chunk.objects.filter(run=run, state=Chunk.State.PENDING).update(not_before=NOW)
             worker.drain(run.pk, budget_s=30)
         run = self.fresh_run()
