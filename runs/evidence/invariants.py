@@ -155,9 +155,9 @@ def _is_wall_clock_edge(tick: datetime, retention: str, tz: str) -> bool:
 
 
 def expected_cutoff(run: Run) -> datetime | None:
-    """The cutoff as PostgreSQL computes it from the tick: the retention's days (and weeks) are
-    subtracted on the policy's wall clock, its hours and minutes as elapsed time. None when the
-    result falls on a skipped or repeated local time."""
+    """The cutoff as PostgreSQL computes it from the tick: the retention's years, months, weeks
+    and days are subtracted on the policy's wall clock, its hours and minutes as elapsed time.
+    None when the result falls on a skipped or repeated local time."""
     spec = run.policy_version.parsed
     if _is_wall_clock_edge(run.tick, spec.retention, spec.timezone):
         return None
