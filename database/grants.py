@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from django.apps import apps
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from psycopg import sql
 
 from database.schema import product_table_names
@@ -267,10 +267,12 @@ def statements(kind: str, role: sql.Composable, targets: list[tuple[str, str]], 
     return out
 
 
-def apply(logins: dict[str, str], targets: list[str]) -> list[str]:
+def apply(logins: dict[str, str], targets: list[str]) -> tuple[list[str], list[str]]:
     """Give each login (kind -> role name) exactly what its kind needs, in one transaction.
-    Returns the statements run, as text."""
-    done = []
+    With a worker login, a partitioned target also gets its partition function, created as
+    the target's owner when this login may act as that role. Returns the statements run, as
+    text, and one line for each partitioned target whose owner must create it instead."""
+    done, owed = [], []
     with transaction.atomic(), connection.cursor() as cursor:
         resolved = [_resolve_target(cursor, t) for t in targets]
         for kind, role in logins.items():
@@ -283,7 +285,55 @@ def apply(logins: dict[str, str], targets: list[str]) -> list[str]:
                 text = statement.as_string(cursor.connection)
                 cursor.execute(text)
                 done.append(text)
-    return done
+        if "worker" in logins:
+            for target_schema, table in resolved:
+                done.extend(
+                    _partition_function(cursor, target_schema, table, logins["worker"], owed)
+                )
+    return done, owed
+
+
+def _partition_function(cursor, target_schema: str, table: str, worker: str, owed: list) -> list:
+    cursor.execute(
+        "SELECT c.relkind = 'p', pg_catalog.pg_get_userbyid(c.relowner),"
+        " pg_catalog.pg_has_role(current_user, c.relowner, 'MEMBER')"
+        " FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s",
+        [target_schema, table],
+    )
+    partitioned, owner, may_act = cursor.fetchone()
+    if not partitioned:
+        return []
+    if not may_act:
+        owed.append(
+            f"{target_schema}.{table} is partitioned: for whole-partition drops, its owner "
+            f"{owner} creates the partition function (`retention grants sql`, last section, "
+            "as that role); until then its partitions are deleted in chunks"
+        )
+    texts = []
+    for statement in owner_grants(sql.Identifier(owner)):
+        texts.append(statement.as_string(cursor.connection))
+        cursor.execute(texts[-1])
+    if not may_act:
+        return texts
+    creating = [
+        sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(owner)),
+        *partition_statements(target_schema, sql.Identifier(owner), sql.Identifier(worker)),
+        sql.SQL("RESET ROLE"),
+    ]
+    try:
+        with transaction.atomic():  # a savepoint: the owner may not create in its schema
+            for statement in creating:
+                texts.append(statement.as_string(cursor.connection))
+                cursor.execute(texts[-1])
+    except DatabaseError as exc:
+        cursor.execute("RESET ROLE")
+        owed.append(
+            f"{target_schema}.{table} is partitioned, but its owner {owner} could not create "
+            f"the partition function ({str(exc).splitlines()[0]}): its partitions are deleted "
+            "in chunks"
+        )
+    return texts
 
 
 def policy_targets() -> list[str]:
@@ -368,6 +418,25 @@ def check(kind: str, role: str, targets: list[str]) -> list[str]:
             for target_schema, table in resolved
             for privilege in login.targets
         }
+        if "DELETE" in login.targets:
+            # the partition function lets the workers read a target's partitions (its census)
+            # and read and delete what it detached for a run (the census before the drop)
+            cursor.execute(
+                "SELECT n.nspname || '.' || c.relname, p.privilege FROM ("
+                " SELECT t.relid FROM unnest(%s::text[]) AS target,"
+                "  pg_catalog.pg_partition_tree(target::regclass) t WHERE t.level > 0"
+                " UNION SELECT relid::oid FROM {} ) r"
+                " JOIN pg_catalog.pg_class c ON c.oid = r.relid"
+                " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+                " CROSS JOIN unnest(CASE WHEN r.relid IN (SELECT relid::oid FROM {})"
+                "  THEN ARRAY['SELECT', 'DELETE'] ELSE ARRAY['SELECT'] END) p(privilege)".replace(
+                    "{}", f'"{schema()}".database_detachedpartition'
+                ),
+                [[f'"{ts}"."{t}"' for ts, t in resolved]],
+            )
+            allowed = set(cursor.fetchall())
+        else:
+            allowed = set()
         cursor.execute(
             "SELECT n.nspname || '.' || c.relname, p.privilege"
             " FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
@@ -382,7 +451,7 @@ def check(kind: str, role: str, targets: list[str]) -> list[str]:
             [list(TABLE_PRIVILEGES), role],
         )
         held = {(name, privilege) for name, privilege in cursor.fetchall()}
-        for name, privilege in sorted(held - wanted):
+        for name, privilege in sorted(held - wanted - allowed):
             problems.append(f"beyond: {privilege} on {name}")
         for name, privilege in sorted(wanted - held):
             problems.append(f"missing: {privilege} on {name}")
@@ -410,14 +479,28 @@ def check(kind: str, role: str, targets: list[str]) -> list[str]:
         for name, privilege, column in sorted(wanted_columns - held_columns):
             problems.append(f"missing: {privilege} ({column}) on {name}")
 
-        # SECURITY DEFINER functions run with their owner's rights: only those it needs
+        # SECURITY DEFINER functions run with their owner's rights: only those it needs. A
+        # worker may run the partition function of each partitioned target's schema; one that
+        # does not exist is no problem (those partitions are deleted in chunks).
+        product_functions = [f"{schema()}.{f}" for f in login.functions]
+        partition_functions = []
+        if "DELETE" in login.targets:
+            partition_functions = [
+                partition_function(s).as_string(cursor.connection) + "(text, bigint, regclass)"
+                for s in sorted({target_schema for target_schema, _ in resolved})
+            ]
         cursor.execute(
-            "SELECT coalesce(array_agg(to_regprocedure(f)::oid), '{}') FROM unnest(%s::text[]) f",
-            [[f"{schema()}.{f}" for f in login.functions]],
+            "SELECT f, to_regprocedure(f)::oid FROM unnest(%s::text[]) f",
+            [product_functions + partition_functions],
         )
-        wanted_functions = set(cursor.fetchone()[0]) - {None}
+        found = dict(cursor.fetchall())
+        for signature in product_functions:
+            if found[signature] is None:
+                problems.append(f"missing: function {signature} (run migrate)")
+        wanted_functions = {oid for oid in found.values() if oid is not None}
         cursor.execute(
-            "SELECT p.oid, n.nspname || '.' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')', p.prosecdef,"
+            "SELECT p.oid, n.nspname || '.' || p.proname || '('"
+            " || pg_get_function_identity_arguments(p.oid) || ')', p.prosecdef,"
             " has_function_privilege(%s, p.oid, 'EXECUTE')"
             " FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace"
             " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')"
@@ -429,6 +512,177 @@ def check(kind: str, role: str, targets: list[str]) -> list[str]:
                 problems.append(f"beyond: EXECUTE on SECURITY DEFINER function {signature}")
             if not may_execute and oid in wanted_functions:
                 problems.append(f"missing: EXECUTE on function {signature}")
-        if len(wanted_functions) < len(login.functions):
-            problems.append("missing: a function of the product (run migrate)")
     return problems
+
+
+# -- partitions --------------------------------------------------------------------------
+#
+# Detaching, attaching and dropping a partition are its table owner's. The workers never
+# become an owner: a SECURITY DEFINER function owned by the target's owner, in the target's
+# schema, does exactly those steps for a run — and checks, inside the database, that the run
+# is of the policy's approved version, that its cutoff is no later than that version's
+# retention allows now, that the partition belongs to the policy's table, and that every
+# value its bounds admit (or, on a table partitioned by key, every row in it) is older than
+# the run's cutoff. It records what it detached (database.models.DetachedPartition, which
+# only it writes), and attaches or drops only a table it recorded.
+
+PARTITION_FUNCTION = "{schema}_partition"  # in the target's schema, named for the product's
+
+PARTITION_SQL = r"""
+CREATE OR REPLACE FUNCTION {function}(op text, run_id bigint, part regclass)
+    RETURNS text LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    r record;
+    target regclass;
+    parent regclass;
+    bound text;
+    upper_bound text;
+    key_column text;
+    key_type text;
+    zone text;
+    unit text;
+    cutoff_expr text;
+    past boolean;
+    recorded record;
+BEGIN
+    SELECT run.id, run.cutoff, v.spec, v.state AS version_state INTO r
+    FROM {product}.runs_run run
+    JOIN {product}.retention_policyversion v ON v.id = run.policy_version_id
+    WHERE run.id = run_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'partition function: no run %', run_id USING ERRCODE = '42501';
+    END IF;
+    target := to_regclass(format('%I.%I', r.spec->>'schema', r.spec->>'table'));
+    IF op IN ('read', 'detach', 'finalize', 'attach') THEN
+        IF r.version_state <> 'approved' THEN
+            RAISE EXCEPTION 'partition function: run % is not of its policy''s approved version',
+                run_id USING ERRCODE = '42501';
+        END IF;
+        IF op <> 'read'
+           AND r.cutoff > now() - (r.spec->>'retention')::interval + interval '1 hour' THEN
+            RAISE EXCEPTION 'partition function: run %''s cutoff % is later than retention % allows',
+                run_id, r.cutoff, r.spec->>'retention' USING ERRCODE = '42501';
+        END IF;
+    END IF;
+
+    IF op IN ('read', 'detach', 'finalize') THEN
+        SELECT i.inhparent INTO parent FROM pg_inherits i WHERE i.inhrelid = part;
+        IF target IS NULL OR parent IS DISTINCT FROM target THEN
+            RAISE EXCEPTION 'partition function: % is not a partition of the policy''s table %',
+                part, target USING ERRCODE = '42501';
+        END IF;
+        IF op = 'read' THEN  -- the run counts a partition's rows before it may take it whole
+            EXECUTE format('GRANT SELECT ON %s TO %I', part, session_user);
+            RETURN 'readable';
+        END IF;
+        bound := pg_get_expr((SELECT relpartbound FROM pg_class WHERE oid = part), part);
+        SELECT a.attname, format_type(a.atttypid, NULL) INTO key_column, key_type
+        FROM pg_partitioned_table pt
+        JOIN pg_attribute a ON a.attrelid = pt.partrelid AND a.attnum = pt.partattrs[0]
+        WHERE pt.partrelid = target AND pt.partstrat = 'r' AND pt.partnatts = 1;
+        -- the cutoff in the timestamp column's own type, as the engine compares rows
+        zone := coalesce(nullif(r.spec->>'timestamp_zone', ''), r.spec->>'timezone', 'UTC');
+        unit := r.spec->>'timestamp_unit';
+        SELECT format_type(a.atttypid, NULL) INTO key_type
+        FROM pg_attribute a WHERE a.attrelid = target AND a.attname = r.spec->>'timestamp';
+        cutoff_expr := CASE
+            WHEN key_type = 'timestamp with time zone' THEN format('%L::timestamptz', r.cutoff)
+            WHEN key_type = 'timestamp without time zone'
+                THEN format('(%L::timestamptz AT TIME ZONE %L)', r.cutoff, zone)
+            WHEN key_type = 'date'
+                THEN format('(%L::timestamptz AT TIME ZONE %L)::date', r.cutoff, zone)
+            WHEN unit IN ('s', 'ms', 'us') THEN format(
+                'floor(extract(epoch FROM %L::timestamptz) * %s)', r.cutoff,
+                CASE unit WHEN 's' THEN 1 WHEN 'ms' THEN 1000 ELSE 1000000 END)
+        END;
+        IF cutoff_expr IS NULL THEN
+            RAISE EXCEPTION 'partition function: no cutoff for a % timestamp', key_type
+                USING ERRCODE = '42501';
+        END IF;
+        IF key_column = r.spec->>'timestamp' THEN
+            -- partitioned by the timestamp: the upper bound at or before the cutoff
+            upper_bound := substring(bound FROM 'TO \((.*)\)$');
+            IF upper_bound IS NULL OR upper_bound ILIKE '%MAXVALUE%' THEN
+                past := false;
+            ELSE
+                EXECUTE format('SELECT (%s)::%s <= %s', upper_bound, key_type, cutoff_expr)
+                    INTO past;
+            END IF;
+        ELSE
+            -- partitioned otherwise: every row in it older than the cutoff
+            EXECUTE format('SELECT NOT EXISTS (SELECT 1 FROM %s WHERE %I IS NULL OR %I >= %s)',
+                part, r.spec->>'timestamp', r.spec->>'timestamp', cutoff_expr) INTO past;
+        END IF;
+        IF NOT past THEN
+            RAISE EXCEPTION 'partition function: % holds values not older than run %''s cutoff %',
+                part, run_id, r.cutoff USING ERRCODE = '42501';
+        END IF;
+        IF op = 'finalize' THEN
+            EXECUTE format('ALTER TABLE %s DETACH PARTITION %s FINALIZE', target, part);
+        ELSE
+            EXECUTE format('ALTER TABLE %s DETACH PARTITION %s', target, part);
+        END IF;
+        INSERT INTO {product}.database_detachedpartition (relid, run_id, parent, bound, detached_at)
+        VALUES (part::oid, run_id, target::text, bound, now())
+        ON CONFLICT (relid) DO UPDATE SET run_id = EXCLUDED.run_id, parent = EXCLUDED.parent,
+            bound = EXCLUDED.bound, detached_at = EXCLUDED.detached_at;
+        -- the run reads it for its census and locks it before the drop
+        EXECUTE format('GRANT SELECT, DELETE ON %s TO %I', part, session_user);
+        RETURN 'detached';
+    END IF;
+
+    SELECT * INTO recorded FROM {product}.database_detachedpartition d WHERE d.relid = part::oid;
+    IF NOT FOUND OR recorded.parent <> target::text
+       OR EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = part) THEN
+        RAISE EXCEPTION 'partition function: % was not detached from % by a run', part, target
+            USING ERRCODE = '42501';
+    END IF;
+    IF op = 'attach' THEN
+        EXECUTE format('ALTER TABLE %s ATTACH PARTITION %s %s', target, part, recorded.bound);
+        DELETE FROM {product}.database_detachedpartition WHERE relid = part::oid;
+        RETURN 'attached';
+    ELSIF op = 'drop' THEN
+        EXECUTE format('DROP TABLE %s', part);
+        DELETE FROM {product}.database_detachedpartition WHERE relid = part::oid;
+        RETURN 'dropped';
+    END IF;
+    RAISE EXCEPTION 'partition function: unknown step %', op USING ERRCODE = '22023';
+END;
+$fn$
+"""
+
+
+def partition_function(target_schema: str) -> sql.Composed:
+    """The qualified name of the partition function for tables in ``target_schema``."""
+    return sql.SQL("{}.{}").format(
+        sql.Identifier(target_schema), sql.Identifier(PARTITION_FUNCTION.format(schema=schema()))
+    )
+
+
+def partition_statements(target_schema: str, owner: sql.Composable, worker: sql.Composable):
+    """What the target's owner runs (as itself) so the workers can detach, attach and drop
+    partitions of its tables in ``target_schema`` through the partition function only."""
+    function = partition_function(target_schema)
+    return [
+        sql.SQL(PARTITION_SQL).format(function=function, product=sql.Identifier(schema())),
+        sql.SQL("REVOKE ALL ON FUNCTION {}(text, bigint, regclass) FROM PUBLIC").format(function),
+        sql.SQL("GRANT EXECUTE ON FUNCTION {}(text, bigint, regclass) TO {}").format(
+            function, worker
+        ),
+    ]
+
+
+def owner_grants(owner: sql.Composable) -> list[sql.Composed]:
+    """What the product's owner gives a target's owner, so its partition function can read
+    the run and its version and keep the record of what it detached."""
+    product = sql.Identifier(schema())
+    return [
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(product, owner),
+        sql.SQL("GRANT SELECT ON TABLE {}, {} TO {}").format(
+            _qualified("runs_run"), _qualified("retention_policyversion"), owner
+        ),
+        sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {} TO {}").format(
+            _qualified("database_detachedpartition"), owner
+        ),
+    ]

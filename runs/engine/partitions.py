@@ -24,6 +24,7 @@ from psycopg import sql
 
 from core import locks, timeouts
 from core.oplog import record_action
+from database.grants import partition_function
 from retention import partitions as RP
 from retention.models import PolicyVersion
 from retention.spec import SpecError
@@ -65,15 +66,45 @@ def _connection_lost(exc: BaseException) -> bool:
     return cls.label == "connection lost" or cls.sqlstate.startswith("08")
 
 
-def _may_detach(spec) -> bool:
-    """Whether this session's role may detach and drop the table's partitions (it owns the
-    table, or is a member of the role that does)."""
+OWNER, FUNCTION = "owner", "function"
+
+
+def _ddl_mode(spec) -> str | None:
+    """How this session may detach, attach and drop the table's partitions: ``owner`` — its
+    role owns the table (or belongs to the role that does), so it runs the DDL itself;
+    ``function`` — it may run the target owner's partition function (database.grants: the
+    least-privilege workers); None — neither: every old row is deleted in chunks."""
     rows = _exec(
-        "SELECT pg_has_role(c.relowner, 'USAGE') FROM pg_catalog.pg_class c"
+        "SELECT pg_has_role(c.relowner, 'USAGE'),"
+        " coalesce(has_function_privilege(to_regprocedure(%s), 'EXECUTE'), false)"
+        " FROM pg_catalog.pg_class c"
         " WHERE c.oid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s))",
-        [spec.schema, spec.table],
+        [_function_signature(spec), spec.schema, spec.table],
     )
-    return bool(rows and rows[0][0])
+    if not rows:
+        return None
+    owner, function = rows[0]
+    return OWNER if owner else FUNCTION if function else None
+
+
+def _function_signature(spec) -> str:
+    return (
+        partition_function(spec.schema).as_string(None)
+        + "(text, bigint, regclass)"
+    )
+
+
+def _through_function(spec, step: str, action) -> None:
+    """One partition step done by the target owner's partition function, which checks in the
+    database that the run may take this partition (database.grants.PARTITION_SQL).
+    ``action``: the run's PartitionAction, or (run id, schema, name) before there is one."""
+    run_id, schema, name = (
+        action if isinstance(action, tuple) else (action.run_id, action.schema, action.name)
+    )
+    _exec(
+        sql.SQL("SELECT {}(%s, %s, %s::regclass)").format(partition_function(spec.schema)),
+        [step, run_id, f'"{schema}"."{name}"'],
+    )
 
 
 def needs_settling(run: Run) -> bool:
@@ -146,9 +177,9 @@ def settle(run: Run, *, deadline: float | None = None) -> str:
         return SETTLED
     if tree is None or not tree.on:
         return SETTLED
-    if not _may_detach(spec):
-        # detaching and dropping are the table owner's: a least-privilege worker role deletes
-        # every row in chunks (docs/security.md)
+    if _ddl_mode(spec) is None:
+        # detaching and dropping are the table owner's: a worker login without the owner's
+        # partition function deletes every old row in chunks (docs/security.md)
         log.info(
             "run %s: %s is not owned by this role: chunks only", run.run_key, spec.qualified_table
         )
@@ -219,6 +250,8 @@ def settle_one(run: Run, spec, tree: RP.Tree, part: RP.Partition) -> str:
         if refusal:
             return REFUSED + refusal
         if existing is None:
+            if _ddl_mode(spec) == FUNCTION:  # the workers may read it through the function
+                _through_function(spec, "read", (run.id, part.schema, part.name))
             try:
                 census = RP.census(spec, part, policy_id=run.policy_id, cutoff=run.cutoff,
                                    outside=discarded_scopes(run), digest=True)  # fmt: skip
@@ -249,6 +282,8 @@ def settle_one(run: Run, spec, tree: RP.Tree, part: RP.Partition) -> str:
                 connection.pg_version >= 140000
                 and not tree.has_default
                 and not connection.in_atomic_block
+                # a function runs in a transaction: the partition function detaches plainly
+                and _ddl_mode(spec) == OWNER
             )
             existing = PartitionAction.objects.create(
                 run=run, schema=part.schema, name=part.name, bounds=part.bound,
@@ -368,22 +403,35 @@ def _detach(spec, action: PartitionAction) -> None:
     state = _attached(spec, action)
     if state is None or not state[0]:
         return  # detached already (an earlier attempt got this far)
+    by_function = _ddl_mode(spec) == FUNCTION
     # under the session's statement timeout (_session_fences)
     if state[1]:  # an interrupted concurrent detach: finish it
-        _exec(sql.SQL("ALTER TABLE {} DETACH PARTITION {} FINALIZE").format(_parent(spec), child))
-    elif action.concurrently:
+        if by_function:
+            _through_function(spec, "finalize", action)
+        else:
+            _exec(
+                sql.SQL("ALTER TABLE {} DETACH PARTITION {} FINALIZE").format(_parent(spec), child)
+            )
+    elif action.concurrently and not by_function:
         _exec(
             sql.SQL("ALTER TABLE {} DETACH PARTITION {} CONCURRENTLY").format(_parent(spec), child)
         )
     else:
         with transaction.atomic():
             _exec("SELECT set_config('lock_timeout', %s, true)", [f"{spec.lock_timeout_ms}ms"])
-            _exec(sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(_parent(spec), child))
+            if by_function:
+                _through_function(spec, "detach", action)
+            else:
+                _exec(sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(_parent(spec), child))
 
 
 def _attach(spec, action: PartitionAction) -> None:
     """Attach a detached partition to the policy's table again, with the bounds it had (the
-    catalog's own text, recorded with the intent). The one place a partition is attached."""
+    catalog's own text, recorded with the intent; the partition function keeps its own record).
+    The one place a partition is attached."""
+    if _ddl_mode(spec) == FUNCTION:
+        _through_function(spec, "attach", action)
+        return
     _exec(
         sql.SQL("ALTER TABLE {} ATTACH PARTITION {} {}").format(
             _parent(spec),
@@ -391,6 +439,14 @@ def _attach(spec, action: PartitionAction) -> None:
             sql.SQL(action.bounds),  # catalog text
         )
     )
+
+
+def _drop(spec, action: PartitionAction) -> None:
+    """Drop a detached partition's table. The one place a partition is dropped."""
+    if _ddl_mode(spec) == FUNCTION:
+        _through_function(spec, "drop", action)
+        return
+    _exec(sql.SQL("DROP TABLE {}").format(sql.Identifier(action.schema, action.name)))
 
 
 def _finish(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
@@ -453,7 +509,7 @@ def _finish(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
             rows=census.rows, digest=census.digest or "", chunk=chunk, done_at=timezone.now(),
         )  # fmt: skip
         if dropped:
-            _exec(sql.SQL("DROP TABLE {}").format(part.ident()))
+            _drop(spec, action)
     log.info(
         "run %s: partition %s %s (%s rows)",
         run.run_key,
@@ -539,7 +595,7 @@ def _drop_detached(action: PartitionAction, spec, now) -> str:
             # a hold placed since the detach covers some of its rows: kept while it lasts
             return f"{name}: kept, {census.protected} row(s) may not go (held) now"
         else:
-            _exec(sql.SQL("DROP TABLE {}").format(part.ident()))
+            _drop(spec, action)
             note = f"detached table dropped by the reconciler after {spec.detached_keep}"
             PartitionAction.objects.filter(pk=action.pk).update(dropped_at=now, note=note)
             record_action(
