@@ -205,31 +205,40 @@ def place_hold(
     actor,
     reason: str,
     policy: Policy | None = None,
-    tenant: str | None = None,
+    tenant: str | list[str] | None = None,
     key_from: int | None = None,
     key_to: int | None = None,
 ) -> LegalHold:
     """Place a legal hold: rows in scope are not deleted by any chunk that commits after
-    this commits. ``None`` scopes mean all policies / all tenants / unbounded keys.
+    this commits. ``None`` scopes mean all policies / all tenants / unbounded keys; a list of
+    values names each part of a tenant of several columns, in the policy's order.
 
-    The tenant is checked against the tenant column type of every policy the hold applies
+    The tenant is checked against the tenant column types of every policy the hold applies
     to and stored in its canonical form (``retention.holds.check_placement``); the hold's
-    ``coverage`` (what it protects, policy by policy) is attached to the returned hold and
-    recorded in the operator log. The policies are locked first (against a version being
-    approved meanwhile with a type the value does not fit), then the hold fence is taken
-    exclusive before inserting, so it waits for every chunk transaction already past its
-    fence (they hold it shared) to commit."""
+    ``coverage`` (what it protects, policy by policy, and how many rows now — with a warning
+    and the values that match it ignoring case when that is none) is attached to the
+    returned hold and recorded in the operator log. The policies are locked first (against
+    a version being approved meanwhile with a type the value does not fit), then the hold
+    fence is taken exclusive before inserting, so it waits for every chunk transaction
+    already past its fence (they hold it shared) to commit."""
     check_role(actor, COMPLIANCE)
     reason = require_reason(reason, "placing a legal hold")
     # The tenant is taken as written (the tenant column's type decides what it equals: an
     # integer ignores surrounding spaces, a text column does not); empty means all tenants.
+    if isinstance(tenant, list | tuple):
+        tenant = list(tenant)
+        while tenant and tenant[-1] == "":
+            tenant.pop()
+        tenant = tenant[0] if len(tenant) == 1 else (tenant or None)
     if tenant == "":
         tenant = None
-    if tenant is not None:
-        limit = LegalHold._meta.get_field("tenant").max_length
-        if len(tenant) > limit:
-            raise ActionError(f"tenant must be at most {limit} characters, got {len(tenant)}")
-        if "\x00" in tenant:
+    limit = LegalHold._meta.get_field("tenant").max_length
+    for part in [tenant] if isinstance(tenant, str) else tenant or []:
+        if not isinstance(part, str) or part == "":
+            raise ActionError("each part of a tenant of several columns needs a value")
+        if len(part) > limit:
+            raise ActionError(f"tenant must be at most {limit} characters, got {len(part)}")
+        if "\x00" in part:
             raise ActionError("tenant contains a NUL character")
     if key_from is not None and key_to is not None and key_from >= key_to:
         raise ActionError(f"key interval [{key_from}, {key_to}) is empty")
@@ -239,6 +248,8 @@ def place_hold(
         tenant, coverage = holds.check_placement(policy, tenant, key_from, key_to)
     except holds.TenantMismatch as exc:
         raise ActionError(str(exc)) from None
+    if tenant is not None and len(tenant) > limit:
+        raise ActionError(f"tenant must be at most {limit} characters, got {len(tenant)}")
     hold_fence(exclusive=True)
     hold = LegalHold.objects.create(
         policy=policy,

@@ -16,7 +16,7 @@ from core.cli_identity import acting_user, one_line
 from retention import actions
 from retention.holds import coverage as hold_coverage
 from retention.models import LegalHold, Policy, PolicyVersion
-from retention.preview import preview
+from retention.preview import preview, without_tenant_text
 from retention.spec import load_toml
 
 CLAIM_HELP = "optional check: refused unless RETENTION_TOKEN belongs to this user"
@@ -69,7 +69,10 @@ def register(areas) -> None:
     p.add_argument("--reason", required=True)
     p.add_argument("--by", metavar="USERNAME", help=CLAIM_HELP)
     p.add_argument("--policy", metavar="SLUG", help="default: all policies")
-    p.add_argument("--tenant", metavar="T", help="default: all tenants")
+    p.add_argument(
+        "--tenant", metavar="T", action="append",
+        help="default: all tenants; once per part of a tenant of several columns, in order",
+    )  # fmt: skip
     p.add_argument("--key-from", type=int, metavar="N")
     p.add_argument("--key-to", type=int, metavar="N")
     p.set_defaults(handler=hold_place)
@@ -182,6 +185,8 @@ def policy_preview(command, options) -> None:
     write(f"{policy.slug} v{version.number} ({version.state}) on {result['table']}")
     write(f"tick {result['tick']}  cutoff {result['cutoff']}")
     write(_preview_summary(result))
+    if result.get("without_tenant"):
+        write(without_tenant_text(result["without_tenant"]))
     for rule in result["kept_by_rule"]:
         write(f"  kept by {rule['rule']}: {rule['rows']}")
     for tenant in result["tenants"]:
@@ -192,6 +197,8 @@ def policy_preview(command, options) -> None:
     for bucket in result["age_buckets"]:
         write(f"  {bucket['label']}: {bucket['eligible']}")
     write(f"sample keys: {', '.join(map(str, result['sample_keys'])) or '-'}")
+    if result.get("partition_note"):
+        write(result["partition_note"])
     for warning in result["warnings"]:
         write(f"warning: {warning}")
     if result["error"]:
@@ -199,11 +206,14 @@ def policy_preview(command, options) -> None:
 
 
 def _preview_summary(result: dict) -> str:
-    text = (
-        f"eligible {result['eligible']}, kept {result['kept']}, held {result['held']}, "
-        f"~{result['estimated_chunks']} chunks, drain ~{result['drain_seconds']} s "
-        f"at {result['rows_per_second']} rows/s ({result['rate_source']})"
-    )
+    text = f"eligible {result['eligible']}, kept {result['kept']}, held {result['held']}, "
+    if result["rows_per_second"] is None:  # nothing eligible: no time, no rate to quote
+        text += "nothing to drain"
+    else:
+        text += (
+            f"~{result['estimated_chunks']} chunks, drain ~{result['drain_seconds']} s "
+            f"at {result['rows_per_second']} rows/s ({result['rate_source']})"
+        )
     if result.get("error"):
         text += f" — {result['error']}"
     return text
@@ -238,7 +248,7 @@ def hold_place(command, options) -> None:
         actor=actor,
         reason=options["reason"],
         policy=policy,
-        tenant=options.get("tenant"),
+        tenant=_tenant(options.get("tenant")),
         key_from=options.get("key_from"),
         key_to=options.get("key_to"),
     )
@@ -331,13 +341,24 @@ def hold_list(command, options) -> None:
             _write_coverage(command, hold_coverage(hold), hold)
 
 
+def _tenant(values: list[str] | None):
+    """``--tenant`` once: the tenant; several times: the parts of a tenant of several
+    columns."""
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else list(values)
+
+
 def _write_coverage(command, coverage, hold: LegalHold) -> None:
     if not coverage:
         command.stdout.write("  covers no policy with an approved version yet")
     for cover in coverage:
-        command.stdout.write(f"  {cover.policy}: {cover.covers}")
+        command.stdout.write(f"  {cover.policy}: {cover.describe()}")
     if not hold.policy_id:
         command.stdout.write("  (a version approved later is checked against this hold)")
+    for cover in coverage:
+        if cover.warning():
+            command.stdout.write(f"warning: {cover.warning()}")
 
 
 def _scope(hold: LegalHold) -> str:

@@ -35,6 +35,7 @@ from django.db import DatabaseError, connection, transaction
 from psycopg import sql
 
 from core import timeouts
+from retention import predicate as P
 from retention.spec import PolicySpec
 
 TENANT = "tenant"
@@ -78,7 +79,8 @@ def _fetchone(query, params):
 
 
 def has_tenant_key_index(spec: PolicySpec) -> bool:
-    """A valid, non-partial btree index leading with (tenant, key…)."""
+    """A valid, non-partial btree index leading with (tenant…, key…)."""
+    leading = list(dict.fromkeys([*spec.tenant_columns, *spec.key_columns]))
     (found,) = _fetchone(
         sql.SQL(
             "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index i"
@@ -90,11 +92,7 @@ def has_tenant_key_index(spec: PolicySpec) -> bool:
             "  WITH ORDINALITY AS c(name, n) JOIN pg_catalog.pg_attribute a"
             "  ON a.attrelid = i.indrelid AND a.attname = c.name ORDER BY c.n)::int2[])"
         ),
-        [
-            f'"{spec.schema}"."{spec.table}"',
-            len(spec.key_columns),
-            list(dict.fromkeys([spec.tenant, *spec.key_columns])),
-        ],
+        [f'"{spec.schema}"."{spec.table}"', len(leading) - 1, leading],
     )
     return bool(found)
 
@@ -178,11 +176,13 @@ def mixed_pages(spec: PolicySpec) -> tuple[float | None, int]:
         sql.SQL(
             "SELECT count(*) FILTER (WHERE n > 1), count(*) FROM ("
             " SELECT (ctid::text::point)[0] AS page, count(DISTINCT {t}) AS n"
-            " FROM {s}.{r} TABLESAMPLE SYSTEM (%s) WHERE {t} IS NOT NULL GROUP BY 1) AS p"
+            " FROM {s}.{r} AS {row} TABLESAMPLE SYSTEM (%s) WHERE NOT {null} GROUP BY 1) AS p"
         ).format(
-            t=sql.Identifier(spec.tenant),
+            t=P.tenant_text(spec),
             s=sql.Identifier(spec.schema),
             r=sql.Identifier(spec.table),
+            row=P.ROW,
+            null=P.tenant_is_null(spec),
         ),  # fmt: skip
         [percent],
     )
@@ -209,7 +209,7 @@ def choose_safely(spec: PolicySpec) -> Geometry:
                 f' {spec.timestamp} (chunking = "timestamp")',
                 (spec.timestamp,),
             )
-        kind = TENANT if spec.tenant else KEY
+        kind = TENANT if spec.tenant and getattr(spec, "null_tenant", "keep") != "delete" else KEY
         return Geometry(kind, f"the table could not be sampled ({first[:200]}): {kind} chunks")
 
 
@@ -239,12 +239,15 @@ def choose(spec: PolicySpec) -> Geometry:
         return Geometry(TENANT, 'per-tenant chunks (chunking = "tenant")')
     if pinned == KEY:
         return Geometry(KEY, 'key-range chunks across tenants (chunking = "key")')
-    if spec.tenant in spec.key_columns:
+    if getattr(spec, "null_tenant", "keep") == "delete":
+        return Geometry(
+            KEY, 'rows without a tenant are deleted too (null_tenant = "delete"): key-range chunks'
+        )
+    if set(spec.tenant_columns) <= set(spec.key_columns):
         return Geometry(KEY, "the key holds the tenant column: key-range chunks")
     if not has_tenant_key_index(spec):
-        return Geometry(
-            KEY, f"no ({spec.tenant}, {', '.join(spec.key_columns)}) index: key-range chunks"
-        )
+        leading = ", ".join(dict.fromkeys([*spec.tenant_columns, *spec.key_columns]))
+        return Geometry(KEY, f"no ({leading}) index: key-range chunks")
     share, sampled = mixed_pages(spec)
     if share is None:
         return Geometry(TENANT, "empty table: per-tenant chunks")

@@ -26,6 +26,10 @@ from retention.spec import PolicySpec, SpecError
 
 KEY_TYPES = ("int2", "int4", "int8")
 TIMESTAMP_TYPES = ("timestamptz", "timestamp", "date")
+# An epoch timestamp (``timestamp_unit``): time since the Unix epoch in a number column.
+EPOCH_TYPES = ("int8", "int4", "numeric")
+# The units each integer type holds a present-day time in (int4: seconds, until 2038).
+EPOCH_UNITS_OF = {"int8": ("s", "ms", "us"), "int4": ("s",), "numeric": ("s", "ms", "us")}
 # pg_constraint.confdeltype
 ON_DELETE = {
     "a": "no action",
@@ -243,6 +247,113 @@ def _probe_keep_rules(spec: PolicySpec) -> None:
             ) from None
 
 
+def _check_timestamp(spec: PolicySpec, ts: Column, where: str) -> None:
+    """The timestamp column's type fits the policy: a ``timestamptz``, ``timestamp`` or
+    ``date`` column, or a ``bigint``/``integer``/``numeric`` one with ``timestamp_unit`` (an
+    epoch timestamp); each refusal names the way forward."""
+    name = spec.timestamp
+    if spec.timestamp_unit:
+        if ts.typname not in EPOCH_TYPES:
+            raise SpecError(
+                f"timestamp_unit applies to a bigint, integer or numeric timestamp column; "
+                f"{name!r} of {where} is {ts.type}: leave timestamp_unit out"
+            )
+        if spec.timestamp_unit not in EPOCH_UNITS_OF[ts.typname]:
+            raise SpecError(
+                f"timestamp column {name!r} of {where} is {ts.type}, which cannot hold a "
+                f'present-day time in timestamp_unit = "{spec.timestamp_unit}" (it overflows '
+                f'within weeks of 1970); an integer column holds seconds ("s")'
+            )
+        if spec.timestamp_zone:
+            raise SpecError(
+                f"timestamp_zone applies to timestamp without time zone and date columns; "
+                f"{name!r} of {where} counts from the Unix epoch, an instant in UTC"
+            )
+        return
+    if ts.typname in (*EPOCH_TYPES, "int2"):
+        raise SpecError(
+            f"timestamp column {name!r} of {where} is {ts.type}, not a timestamp: if it holds "
+            f'time since the Unix epoch, say so with timestamp_unit = "s", "ms" or "us" '
+            f"(seconds, milliseconds, microseconds)"
+        )
+    if ts.typname not in TIMESTAMP_TYPES:
+        raise SpecError(
+            f"timestamp column {name!r} of {where} must be timestamptz, timestamp "
+            f"or date, not {ts.type} (or bigint, integer or numeric with timestamp_unit)"
+        )
+    if spec.timestamp_zone and ts.typname == "timestamptz":
+        raise SpecError(
+            f"timestamp_zone applies to timestamp without time zone and date columns; "
+            f"{name!r} of {where} is a timestamp with time zone, whose values "
+            f"are instants already"
+        )
+
+
+def _supporting_index(spec, result: Validation, columns, keys, ts, integer: bool) -> None:
+    """The index a run's chunks are planned and deleted along, by the policy's ``chunking``:
+    ``timestamp`` — one leading with the timestamp (refused without); ``tenant`` — one leading
+    with (tenant…, key…); ``key`` — one leading with the key; ``auto`` — either of the last two
+    (without a (tenant…, key…) index a run takes key-range chunks, on the key's index; with
+    ``null_tenant = "delete"`` always those). Without one, an integer key still plans (a
+    warning: every chunk scans the table); any other key is refused, naming every way out."""
+    where = spec.qualified_table
+    oid = result.oid
+    found = _indexes(oid)
+    key_nums = [k.attnum for k in keys]
+    if spec.chunking == "timestamp":
+        # chunks in timestamp order are planned and deleted along an index leading with it
+        # (with the key after it, when there is one on exactly those columns)
+        chunk_nums = list(dict.fromkeys([ts.attnum, *key_nums]))
+        best = [n for n, cols in found if cols[: len(chunk_nums)] == chunk_nums]
+        best = best or [n for n, cols in found if cols[:1] == [ts.attnum]]
+        if not best:
+            raise SpecError(
+                f'chunking = "timestamp" needs a valid, non-partial btree index on {where} '
+                f"leading with {spec.timestamp!r}: chunks in timestamp order are planned and "
+                f"deleted along it; create one first"
+            )
+        result.supporting_index = best[0]
+        return
+    tenant_nums = [columns[t].attnum for t in spec.tenant_columns]
+    per_tenant = tenant_nums and not set(tenant_nums) <= set(key_nums)
+    # a composite key that holds the tenant columns orders by them already
+    tenant_key = list(dict.fromkeys([*tenant_nums, *key_nums])) if per_tenant else key_nums
+    if spec.chunking == "tenant":
+        wanted = [tenant_key]
+    elif spec.chunking == "key" or spec.null_tenant == "delete":
+        wanted = [key_nums]
+    else:
+        wanted = [tenant_key, key_nums] if per_tenant else [key_nums]
+    for lead in wanted:
+        for name, index_keys in found:
+            if index_keys[: len(lead)] == lead:
+                result.supporting_index = name
+                return
+    names = {c.attnum: c.name for c in columns.values()}
+
+    def label(nums) -> str:
+        return f"({', '.join(names[n] for n in nums)})"
+
+    cols = " or ".join(label(nums) for nums in wanted)
+    if integer:  # an integer key still plans (slowly); any other key has no order to plan in
+        result.warnings.append(
+            f"no btree index on {where} {cols}: every chunk would scan the whole table; "
+            f"create one before the first run"
+        )
+        return
+    by_time = [n for n, index_keys in found if index_keys[:1] == [ts.attnum]]
+    timestamp_way = (
+        f'or set chunking = "timestamp" (chunks in timestamp order along {by_time[0]})'
+        if by_time
+        else f'or create one leading with {spec.timestamp!r} and set chunking = "timestamp"'
+    )
+    raise SpecError(
+        f"no btree index on {where} {cols}: a key of type "
+        f"{', '.join(k.type for k in keys)} is planned and deleted along such an index; "
+        f"create one first, {timestamp_way}"
+    )
+
+
 def validate(spec: PolicySpec) -> Validation:
     """Check ``spec`` against the database; raise SpecError on the first blocking problem.
 
@@ -268,26 +379,17 @@ def validate(spec: PolicySpec) -> Validation:
             )
     integer = len(keys) == 1 and keys[0].typname in KEY_TYPES
     ts = _column(columns, spec.timestamp, "timestamp", where)
-    if ts.typname not in TIMESTAMP_TYPES:
-        raise SpecError(
-            f"timestamp column {spec.timestamp!r} of {where} must be timestamptz, timestamp "
-            f"or date, not {ts.type}"
-        )
-    if spec.timestamp_zone and ts.typname == "timestamptz":
-        raise SpecError(
-            f"timestamp_zone applies to timestamp without time zone and date columns; "
-            f"{spec.timestamp!r} of {where} is a timestamp with time zone, whose values "
-            f"are instants already"
-        )
+    _check_timestamp(spec, ts, where)
     used = {**{k.name: k for k in keys}, spec.timestamp: ts}
-    if spec.tenant:
-        tenant = _column(columns, spec.tenant, "tenant", where)
+    tenants = [_column(columns, name, "tenant", where) for name in spec.tenant_columns]
+    for tenant in tenants:
         if not tenant.scalar:
             raise SpecError(
-                f"tenant column {spec.tenant!r} of {where} must hold a single value, "
+                f"tenant column {tenant.name!r} of {where} must hold a single value, "
                 f"not {tenant.type}"
             )
-        used[spec.tenant] = tenant
+        used[tenant.name] = tenant
+    if tenants:
         try:
             holds.check_version(spec)
         except holds.TenantMismatch as exc:
@@ -300,45 +402,11 @@ def validate(spec: PolicySpec) -> Validation:
     _probe_keep_rules(spec)
 
     result = Validation(where, oid, used, None, estimated_rows=_estimated_rows(oid))
-    key_nums = [k.attnum for k in keys]
-    if spec.chunking == "timestamp":
-        # chunks in timestamp order are planned and deleted along an index leading with it
-        # (with the key after it, when there is one on exactly those columns)
-        chunk_nums = list(dict.fromkeys([ts.attnum, *key_nums]))
-        found = _indexes(oid)
-        best = [n for n, cols in found if cols[: len(chunk_nums)] == chunk_nums]
-        best = best or [n for n, cols in found if cols[:1] == [ts.attnum]]
-        if not best:
-            raise SpecError(
-                f'chunking = "timestamp" needs a valid, non-partial btree index on {where} '
-                f"leading with {spec.timestamp!r}: chunks in timestamp order are planned and "
-                f"deleted along it; create one first"
-            )
-        result.supporting_index = best[0]
-    # The planner walks keys per tenant: the index must lead with (tenant, key...) or key...
-    wanted = [columns[spec.tenant].attnum, *key_nums] if spec.tenant else key_nums
-    if spec.tenant and columns[spec.tenant].attnum in key_nums:
-        wanted = key_nums  # a composite key that holds the tenant column orders by it already
-    for name, index_keys in _indexes(oid) if result.supporting_index is None else ():
-        if index_keys[: len(wanted)] == wanted:
-            result.supporting_index = name
-            break
-    if result.supporting_index is None:
-        names = ([spec.tenant] if wanted is not key_nums else []) + list(spec.key_columns)
-        cols = f"({', '.join(names)})"
-        if not integer:
-            # an integer key still plans (slowly); any other key has no order to plan in
-            raise SpecError(
-                f"no btree index on {where} {cols}: a key of type "
-                f"{', '.join(k.type for k in keys)} is planned and deleted along such an "
-                f"index; create one first"
-            )
-        result.warnings.append(
-            f"no btree index on {where} {cols}: every chunk would scan the whole table; "
-            f"create one before the first run"
-        )
+    _supporting_index(spec, result, columns, keys, ts, integer)
     named = [("key", k) for k in spec.key_columns]
-    named += [("timestamp", spec.timestamp), ("tenant", spec.tenant)]
+    named += [("timestamp", spec.timestamp)]
+    if spec.null_tenant != "delete":  # a NULL tenant is eligible with "delete"
+        named += [("tenant", t) for t in spec.tenant_columns]
     seen: set[str] = set()
     for what, name in named:
         if not name or name in seen:

@@ -174,6 +174,36 @@ def _sort_key(value: str | None):
         return (1, value)
 
 
+def shown_bounds(spec: PolicySpec, bound: str, on: str) -> str:
+    """A partition's bounds as people read them: on an epoch timestamp column
+    (``timestamp_unit``), the instants its numbers count to — ``FOR VALUES FROM (2026-01-01
+    00:00:00+00:00) TO (2026-02-01 00:00:00+00:00)``; anything else as the catalog writes it."""
+    match = _RANGE.match(bound or "")
+    if on != "timestamp" or not spec.timestamp_unit or not match:
+        return bound
+    ends = [_literal(match.group(1)), _literal(match.group(2))]
+    shown = [
+        ("MINVALUE" if i == 0 else "MAXVALUE")
+        if value is None
+        else P.shown_value(spec, spec.timestamp, value)
+        for i, value in enumerate(ends)
+    ]
+    return f"FOR VALUES FROM ({shown[0]}) TO ({shown[1]})"
+
+
+def shown_bounds_of(spec: PolicySpec, bounds: list[str]) -> list[str]:
+    """``shown_bounds`` for partitions of the policy's table as it is now (the catalog says
+    what it is partitioned on); the bounds as they are when that cannot be read."""
+    if not spec.timestamp_unit or not bounds:
+        return bounds
+    try:
+        tree = read_tree(spec)
+    except SpecError:
+        return bounds
+    on = tree.on if tree is not None else ""
+    return [shown_bounds(spec, bound, on) for bound in bounds]
+
+
 def spec_of(spec: PolicySpec, part: Partition) -> PolicySpec:
     """The policy's spec aimed at one partition (same columns, the partition's table)."""
     return replace(spec, schema=part.schema, table=part.name)
@@ -320,7 +350,7 @@ def plan(spec: PolicySpec, *, policy_id: int, cutoff, tree: Tree | None = None) 
         out.append(
             {
                 "partition": part.qualified,
-                "bounds": part.bound,
+                "bounds": shown_bounds(spec, part.bound, tree.on),
                 "estimated_rows": part.estimated_rows,
                 "rows": c.rows,
                 "past_cutoff": past,

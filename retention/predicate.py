@@ -13,7 +13,8 @@ import uuid
 import zoneinfo
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from typing import NamedTuple
 
 from psycopg import sql
@@ -94,18 +95,113 @@ def kept(spec: PolicySpec) -> Fragment:
     return Fragment(sql.SQL("NOT ({})").format(frag.sql), frag.params)
 
 
-def _tenant_equals(spec, alias: sql.Identifier, types) -> sql.Composable:
-    """The row's tenant equals ``alias.tenant`` (stored as text) in the tenant column's own type
-    and collation, so the type's ``=`` decides; TRUE for a policy without a tenant column."""
+# -- tenants ---------------------------------------------------------------------------
+# A tenant value is carried as text: one column's text form (``col::text``), or for a tenant of
+# several columns the JSON array of its parts' text forms (``["project", "42"]``, as jsonb
+# writes it). Statements compare it with the row in each column's own type and collation.
+
+
+def tenant_text(spec: PolicySpec, alias: sql.Identifier = ROW) -> sql.Composable:
+    """The row's tenant as text (NULL when the tenant, or any part of it, is NULL)."""
+    cols = [sql.SQL("{}.{}").format(alias, sql.Identifier(c)) for c in spec.tenant_columns]
+    if not cols:
+        return sql.SQL("NULL::text")
+    if len(cols) == 1:
+        return sql.SQL("{}::text").format(cols[0])
+    return sql.SQL("CASE WHEN ({}) IS NOT NULL THEN jsonb_build_array({})::text END").format(
+        sql.SQL(", ").join(cols), sql.SQL(", ").join(sql.SQL("{}::text").format(c) for c in cols)
+    )
+
+
+def tenant_is_null(spec: PolicySpec) -> sql.Composable:
+    """The row's tenant is NULL: its column, or any of its columns, is NULL."""
+    return sql.SQL("({})").format(
+        sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(col(c)) for c in spec.tenant_columns)
+    )
+
+
+def tenant_equals(spec: PolicySpec, text: sql.Composable, types=None) -> sql.Composable:
+    """The row's tenant equals the tenant text ``text`` (an expression: a parameter, a hold's
+    or a scope's column) in each tenant column's own type and collation, so the type's ``=``
+    decides; TRUE for a policy without a tenant column."""
     if not spec.tenant:
         return sql.SQL("TRUE")
     types = column_types(spec) if types is None else types
-    ctype = types.get(spec.tenant)
-    if ctype is None:  # the column is gone: the statement fails on it, as it should
-        return sql.SQL("{}.tenant = {}::text").format(alias, col(spec.tenant))
-    return sql.SQL("{} = ({}.tenant::{}){}").format(
-        col(spec.tenant), alias, ctype.cast(), ctype.collate()
+    cols = spec.tenant_columns
+    parts = []
+    for i, name in enumerate(cols):
+        value = (
+            text if len(cols) == 1 else sql.SQL("(({})::jsonb ->> {})").format(text, sql.Literal(i))
+        )
+        ctype = types.get(name)
+        if ctype is None:  # the column is gone: the statement fails on it, as it should
+            parts.append(sql.SQL("{}::text = {}").format(col(name), value))
+        else:
+            parts.append(
+                sql.SQL("{} = ({}::{}){}").format(col(name), value, ctype.cast(), ctype.collate())
+            )
+    return (
+        sql.SQL(" AND ").join(parts)
+        if len(parts) == 1
+        else sql.SQL("({})").format(sql.SQL(" AND ").join(parts))
     )
+
+
+def tenants_query(spec: PolicySpec) -> Fragment:
+    """Distinct tenants (as ``predicate.tenant_text``), by a loose index scan over the
+    (tenant…, key) index: a tenant of several columns is walked as a row."""
+    cols = [sql.Identifier(c) for c in spec.tenant_columns]
+    tbl = sql.SQL("{}.{}").format(sql.Identifier(spec.schema), sql.Identifier(spec.table))
+    n = len(cols)
+    names = [sql.Identifier(f"v{i}") for i in range(n)]
+
+    def row(items):
+        return items[0] if n == 1 else sql.SQL("({})").format(sql.SQL(", ").join(items))
+
+    listed = sql.SQL(", ").join(cols)
+    not_null = sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(c) for c in cols)
+    walked = [sql.SQL("walk.{}").format(v) for v in names]
+    # one scalar subquery per column of the next tenant: the row after the current one
+    nexts = sql.SQL(", ").join(
+        sql.SQL(
+            "(SELECT {c} FROM {tbl} WHERE {nn} AND {row} > {at} ORDER BY {cols} LIMIT 1)"
+        ).format(c=c, tbl=tbl, nn=not_null, row=row(cols), at=row(walked), cols=listed)
+        for c in cols
+    )
+    texts = [sql.SQL("{}::text").format(v) for v in names]
+    text = (
+        texts[0]
+        if n == 1
+        else sql.SQL("jsonb_build_array({})::text").format(sql.SQL(", ").join(texts))
+    )
+    query = sql.SQL(
+        "WITH RECURSIVE walk({names}) AS ("
+        " (SELECT {cols} FROM {tbl} WHERE {nn} ORDER BY {cols} LIMIT 1)"
+        " UNION ALL"
+        " SELECT {nexts} FROM walk WHERE walk.v0 IS NOT NULL"
+        ") SELECT {text} FROM walk WHERE walk.v0 IS NOT NULL"
+    ).format(
+        names=sql.SQL(", ").join(names), cols=listed, tbl=tbl, nn=not_null, nexts=nexts,
+        text=text,
+    )  # fmt: skip
+    return Fragment(query, [])
+
+
+def composite_text(text: str) -> bool:
+    """Whether a hold's tenant text names the parts of a tenant of several columns."""
+    return text.startswith("[")
+
+
+def _tenant_equals(spec, alias: sql.Identifier, types, *, hold: bool = False) -> sql.Composable:
+    """The row's tenant equals ``alias.tenant`` (stored as text). A hold on all policies that
+    names one value cannot name a tenant of several columns: it covers every row of such a
+    policy (``hold``), as a tenant-scoped hold does in a policy without a tenant column."""
+    equal = tenant_equals(spec, sql.SQL("{}.tenant").format(alias), types)
+    if hold and len(spec.tenant_columns) > 1:
+        return sql.SQL("CASE WHEN left({}.tenant, 1) = '[' THEN {} ELSE TRUE END").format(
+            alias, equal
+        )
+    return equal
 
 
 def held(
@@ -132,7 +228,7 @@ def held(
     ``holds``: where the holds are read from (default: the hold table; a statement that checks
     many rows one by one names a materialized copy of the active ones instead)."""
     hold = sql.Identifier("h")
-    tenant_match = _tenant_equals(spec, hold, types)
+    tenant_match = _tenant_equals(spec, hold, types, hold=True)
     text = sql.SQL(
         "EXISTS (SELECT 1 FROM {holds} AS {h} WHERE {h}.released_at IS NULL"
         " AND ({h}.policy_id IS NULL OR {h}.policy_id = %s)"
@@ -207,9 +303,18 @@ def forget_types(token) -> None:
 
 
 def planned_columns(spec: PolicySpec) -> list[str]:
-    """The columns a run plans by: a row with NULL in any of them is never eligible (it has no
-    age, no key interval or no tenant to be planned in). The timestamp first, each once."""
-    names = [spec.timestamp, *spec.key_columns] + ([spec.tenant] if spec.tenant else [])
+    """The columns a run plans by: timestamp, key and tenant. The timestamp first, each once."""
+    names = [spec.timestamp, *spec.key_columns, *spec.tenant_columns]
+    return list(dict.fromkeys(names))
+
+
+def required_columns(spec: PolicySpec) -> list[str]:
+    """The planned columns a row needs a value in to be eligible: a row with NULL in any of
+    them has no age or no key interval to be planned in — and, unless the policy says
+    ``null_tenant = "delete"``, no tenant. The timestamp first, each once."""
+    names = [spec.timestamp, *spec.key_columns]
+    if spec.null_tenant != "delete":
+        names += spec.tenant_columns
     return list(dict.fromkeys(names))
 
 
@@ -345,14 +450,18 @@ def key_compare(spec: PolicySpec, op: str, value: Bound, types: dict, *, columns
 
 
 def has_values(spec: PolicySpec) -> Fragment:
-    """Key and tenant are not NULL (the timestamp comparison already excludes a NULL one)."""
-    cols = [c for c in planned_columns(spec) if c != spec.timestamp]
+    """Key and tenant are not NULL (the timestamp comparison already excludes a NULL one; a
+    NULL tenant is allowed with ``null_tenant = "delete"``)."""
+    cols = [c for c in required_columns(spec) if c != spec.timestamp]
     return Fragment(
         sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(col(c)) for c in cols), []
     )
 
 
 WALL_CLOCK_TYPES = ("timestamp", "date")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# microseconds per unit of an epoch timestamp column (``timestamp_unit``)
+MICROSECONDS_PER = {"s": 1_000_000, "ms": 1_000, "us": 1}
 
 
 def _timestamp_base(spec: PolicySpec, types: dict | None) -> str | None:
@@ -361,18 +470,45 @@ def _timestamp_base(spec: PolicySpec, types: dict | None) -> str | None:
     return found.base if found is not None else None
 
 
-def cutoff_value(spec: PolicySpec, cutoff: datetime, *, types: dict | None = None) -> datetime:
-    """The cutoff as the timestamp column compares with it: the instant itself for a
-    ``timestamptz`` column; for a ``timestamp without time zone`` or ``date`` column, the
-    wall-clock time of that instant in ``spec.column_zone`` (never the session's zone)."""
-    if _timestamp_base(spec, types) in WALL_CLOCK_TYPES:
-        return cutoff.astimezone(zoneinfo.ZoneInfo(spec.column_zone)).replace(tzinfo=None)
+def epoch_value(spec: PolicySpec, instant: datetime, base: str | None) -> int | Decimal:
+    """``instant`` in the epoch column's unit: exact for a ``numeric`` column; for an integer
+    column the least integer not before it, so ``col < value`` says exactly ``col``'s instant
+    is before ``instant``."""
+    micro = (instant - EPOCH) // timedelta(microseconds=1)
+    per = MICROSECONDS_PER[spec.timestamp_unit]
+    if base == "numeric":
+        return Decimal(micro) / Decimal(per)
+    return -(-micro // per)
+
+
+def cutoff_value(
+    spec: PolicySpec, cutoff: datetime, *, types: dict | None = None
+) -> datetime | date | int | Decimal:
+    """The cutoff as the timestamp column compares with it, computed once in Python from the
+    run's cutoff: the instant itself for a ``timestamptz`` column; for a ``timestamp without
+    time zone`` column the wall-clock time of that instant in ``spec.column_zone`` (never the
+    session's zone); for a ``date`` column that wall-clock time's date — a row goes only when
+    its whole day is past the cutoff, so ``col < date`` — and for an epoch column
+    (``timestamp_unit``) the instant in the column's unit (``epoch_value``)."""
+    base = _timestamp_base(spec, types)
+    if spec.timestamp_unit:
+        return epoch_value(spec, cutoff, base)
+    if base in WALL_CLOCK_TYPES:
+        local = cutoff.astimezone(zoneinfo.ZoneInfo(spec.column_zone)).replace(tzinfo=None)
+        return local.date() if base == "date" else local
     return cutoff
 
 
 def timestamp_instant(spec: PolicySpec, *, types: dict | None = None) -> sql.Composable:
-    """The row's timestamp as an instant (``timestamptz``), read in ``spec.column_zone`` when
-    the column holds wall-clock time."""
+    """The row's timestamp as an instant (``timestamptz``): read in ``spec.column_zone`` when
+    the column holds wall-clock time (a ``date``: the start of its day), counted from the Unix
+    epoch in ``spec.timestamp_unit`` for an epoch column. For what people read (ages, the
+    oldest row, months); eligibility compares the column itself (``older_than``)."""
+    if spec.timestamp_unit:
+        per_second = 1_000_000 // MICROSECONDS_PER[spec.timestamp_unit]
+        return sql.SQL("to_timestamp({}::float8 / {})").format(
+            col(spec.timestamp), sql.Literal(per_second)
+        )
     base = _timestamp_base(spec, types)
     if base not in WALL_CLOCK_TYPES:
         return sql.SQL("{}::timestamptz").format(col(spec.timestamp))
@@ -381,10 +517,39 @@ def timestamp_instant(spec: PolicySpec, *, types: dict | None = None) -> sql.Com
     )
 
 
+def epoch_instant(spec: PolicySpec, value) -> datetime:
+    """The instant an epoch column's value (a number, or its text) counts to."""
+    micro = Decimal(str(value)) * MICROSECONDS_PER[spec.timestamp_unit]
+    return EPOCH + timedelta(microseconds=int(micro))
+
+
+def shown_value(spec: PolicySpec, column: str, text: str) -> str:
+    """A value of ``column`` (a chunk bound's text) as people read it: an epoch timestamp's as
+    the instant it counts to (``2026-11-20 12:00:00+00:00``), anything else as it is."""
+    if column == spec.timestamp and spec.timestamp_unit and text is not None:
+        try:
+            return str(epoch_instant(spec, text))
+        except (ArithmeticError, ValueError, OverflowError):
+            return text
+    return text
+
+
+def cutoff_param(spec: PolicySpec, types: dict | None = None) -> sql.Composable:
+    """The placeholder of the timestamp's bound, cast where the bound's Python type does not
+    say the column's: an epoch column's to bigint (an integer column's family: its btree serves
+    ``int4 < int8``) or numeric, a date column's to date."""
+    if spec.timestamp_unit:
+        base = _timestamp_base(spec, types)
+        return sql.SQL("%s::pg_catalog.numeric" if base == "numeric" else "%s::pg_catalog.int8")
+    return sql.SQL("%s")
+
+
 def older_than(spec: PolicySpec, cutoff: datetime, *, types: dict | None = None) -> Fragment:
-    """``ts < cutoff`` in the column's own type (so its index serves the comparison)."""
+    """``ts < bound`` in the column's own type (so its index serves the comparison): the bound
+    is the cutoff as the column compares with it (``cutoff_value``)."""
+    types = column_types(spec) if types is None else types
     return Fragment(
-        sql.SQL("{} < %s").format(col(spec.timestamp)),
+        sql.SQL("{} < {}").format(col(spec.timestamp), cutoff_param(spec, types)),
         [cutoff_value(spec, cutoff, types=types)],
     )
 
@@ -393,7 +558,7 @@ def null_rows(spec: PolicySpec, *, cutoff: datetime, nullable=None) -> Fragment 
     """Rows that are not eligible only because a planned column is NULL: a NULL timestamp, or
     older than the cutoff with a NULL key or tenant. ``nullable``: the columns that can be NULL
     (default: all of them); None when none can."""
-    cols = [c for c in planned_columns(spec) if nullable is None or c in nullable]
+    cols = [c for c in required_columns(spec) if nullable is None or c in nullable]
     if not cols:
         return None
     parts: list[Fragment] = []
@@ -449,7 +614,7 @@ def _outside(spec: PolicySpec, scopes, columns: tuple, types: dict) -> Fragment:
     d = sql.Identifier("d")
     # scopes across tenants only (key-range chunks): the tenant column is not read at all, so
     # the planner's walk can stay on the chunk columns' index alone
-    by_tenant = spec.tenant and any(s.tenant is not None for s in scopes)
+    by_tenant = bool(spec.tenant) and any(s.tenant is not None for s in scopes)
     tenant_match = _tenant_equals(spec, d, types) if by_tenant else sql.SQL("TRUE")
     n = len(columns)
     typed = [_typed(spec, c, types) for c in columns]
@@ -525,7 +690,17 @@ def in_scope(
     if (lo is not None or hi is not None) and types is None:
         types = column_types(spec)
     if spec.tenant and tenant is not None:
-        parts.append(Fragment(sql.SQL("{} = %s").format(col(spec.tenant)), [tenant]))
+        if len(spec.tenant_columns) == 1:
+            parts.append(Fragment(sql.SQL("{} = %s").format(col(spec.tenant)), [tenant]))
+        else:
+            types = column_types(spec) if types is None else types
+            # the parameter once per tenant column it is read for
+            parts.append(
+                Fragment(
+                    tenant_equals(spec, sql.SQL("%s::text"), types),
+                    [tenant] * len(spec.tenant_columns),
+                )
+            )
     if lo is not None:
         parts.append(key_compare(spec, ">=", lo, types, columns=columns))
     if hi is not None:
@@ -560,8 +735,8 @@ def delete_chunk(
     delete = sql.SQL("DELETE FROM {} WHERE {} AND {}").format(table(spec), scope.sql, cond.sql)
     if by_tenant and spec.tenant:
         delete = sql.SQL(
-            "WITH d AS ({} RETURNING {} AS tenant) SELECT tenant::text, count(*) FROM d GROUP BY 1"
-        ).format(delete, col(spec.tenant))
+            "WITH d AS ({} RETURNING {} AS tenant) SELECT tenant, count(*) FROM d GROUP BY 1"
+        ).format(delete, tenant_text(spec))
     return Fragment(delete, scope.params + cond.params)
 
 
@@ -594,9 +769,9 @@ def held_by_tenant(
         spec, policy_id=policy_id, cutoff=cutoff, include_holds=False, outside=outside
     )
     h = held(spec, policy_id)
-    tenant = col(spec.tenant) if spec.tenant else sql.SQL("NULL")
+    tenant = tenant_text(spec)
     text = sql.SQL(
-        "SELECT tn::text, count(*) FROM (SELECT {tenant} AS tn FROM {table}"
+        "SELECT tn, count(*) FROM (SELECT {tenant} AS tn FROM {table}"
         " WHERE {not_held} AND {held} LIMIT %s) AS s GROUP BY 1"
     ).format(tenant=tenant, table=table(spec), not_held=not_held.sql, held=h.sql)
     return Fragment(text, [*not_held.params, *h.params, limit])
@@ -648,7 +823,7 @@ def verification_counts(
     h = held(spec, policy_id, types=types, holds=holds)
     older = older_than(spec, cutoff, types=types)
     known_not_null = {name for name, t in types.items() if t.not_null}
-    nullable = [c for c in planned_columns(spec) if c not in known_not_null]
+    nullable = [c for c in required_columns(spec) if c not in known_not_null]
     null = null_rows(spec, cutoff=cutoff, nullable=nullable) or Fragment(sql.SQL("FALSE"), [])
     rows = sql.SQL(
         "SELECT {e} AS e, {e} AND {h} AS h, {n} AS n FROM {table} WHERE {older} AND ({e} OR {n})"

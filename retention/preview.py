@@ -85,7 +85,7 @@ def _summary_query(
     held = predicate.held(spec, policy_id)
     instant = predicate.timestamp_instant(spec)
     older = predicate.older_than(spec, cutoff)
-    tenant = predicate.col(spec.tenant) if spec.tenant else sql.SQL("NULL::text")
+    tenant = predicate.tenant_text(spec)
     rules = [predicate.keep_condition(rule) for rule in spec.keep]
     rule_select = sql.SQL("").join(
         sql.SQL(", ({}) IS NOT FALSE AS {}").format(frag.sql, sql.Identifier(f"r{i}"))
@@ -242,10 +242,12 @@ def preview(
         "age_bucket_unit": "month",
         # rows never eligible because a planned column is NULL (see predicate.null_rows)
         "not_eligible_null": {
-            **({"tenant": 0} if spec.tenant else {}),
+            **({"tenant": 0} if spec.tenant and spec.null_tenant == "keep" else {}),
             "key": 0,
             "timestamp": 0,
         },
+        # rows older than the cutoff whose tenant is NULL, and what the policy does with them
+        "without_tenant": {"rows": 0, "null_tenant": spec.null_tenant} if spec.tenant else None,
         "oldest_eligible": None,
         "key_range": None,
         "sample_keys": [],
@@ -257,6 +259,7 @@ def preview(
         "drain_seconds": 0.0,
         "partitions": [],
         "rows_taken_whole": 0,
+        "partition_note": None,
         "foreign_keys": [fk for fk in validation.to_json()["foreign_keys"]],
         "warnings": list(validation.warnings),
         "chunking": None,
@@ -314,7 +317,48 @@ def preview(
     result["duration_ms"] = round((time.monotonic() - started) * 1000)
     if rows:
         _fill(result, spec, rows, boundaries, unit)
+    result["partition_note"] = partition_note(result["partitions"], spec.chunk_size)
     return result
+
+
+def partition_note(partitions: list[dict], chunk_size: int) -> str | None:
+    """What keeps partitions past the cutoff from going whole, and what it costs: their
+    eligible rows are deleted row by row in chunks instead of with a few drops. None when
+    every such partition can go whole (or there is none)."""
+    past = [p for p in partitions if p["past_cutoff"] and p["rows"]]
+    blocked = [p for p in past if p["held"] or p["kept"]]
+    if not blocked:
+        return None
+    held = sum(1 for p in blocked if p["held"])
+    kept = sum(1 for p in blocked if p["kept"])
+    every = len(blocked) == len(past)
+    reasons = []
+    if held:
+        reasons.append(f"legal holds cover rows in {'all ' if held == len(past) else ''}{held}")
+    if kept:
+        reasons.append(f"keep rules in {kept}")
+    why = reasons[0] + " of them" + (f" ({reasons[1]})" if len(reasons) > 1 else "")
+    rows = sum(p["eligible"] for p in blocked)
+    chunks = math.ceil(rows / chunk_size) if rows else 0
+    head = (
+        "No partition past the cutoff can be dropped whole"
+        if every
+        else f"{len(blocked)} of the {len(past)} partitions past the cutoff cannot be dropped whole"
+    )
+    return (
+        f"{head}: {why}. Their {rows:,} eligible rows are deleted row by row instead, in about "
+        f"{chunks:,} chunks, rather than with {len(blocked)} partition drop"
+        f"{'s' if len(blocked) != 1 else ''}."
+    )
+
+
+def without_tenant_text(without: dict) -> str:
+    """The preview's rows without a tenant and what the policy does with them, in words."""
+    verb = "deleted with the others" if without["null_tenant"] == "delete" else "kept"
+    return (
+        f"rows without a tenant: {without['rows']:,}, {verb} "
+        f'(null_tenant = "{without["null_tenant"]}")'
+    )
 
 
 def live_preview(version) -> dict:
@@ -352,7 +396,9 @@ def _fill(
     result["held"] = int(total["held"])
     result["not_eligible_null"]["key"] = int(total["null_key"])
     if spec.tenant:
-        result["not_eligible_null"]["tenant"] = int(total["null_tenant"])
+        result["without_tenant"]["rows"] = int(total["null_tenant"])
+        if spec.null_tenant == "keep":
+            result["not_eligible_null"]["tenant"] = int(total["null_tenant"])
     result["oldest_eligible"] = total["oldest"].isoformat() if total["oldest"] else None
     if total["min_key"] is not None:
         result["key_range"] = [int(total["min_key"]), int(total["max_key"])]
@@ -387,6 +433,8 @@ def _fill(
     ]
     eligible = result["eligible"]
     result["estimated_chunks"] = math.ceil(eligible / spec.chunk_size) if eligible else 0
+    if not eligible:  # nothing to drain: no time, and no rate to quote
+        return
     rate = measured_rate(spec.slug)
     if rate is not None:
         result["rate_source"] = "measured"

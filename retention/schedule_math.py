@@ -152,23 +152,37 @@ def period_label(obj, tick: datetime) -> str:
 
 def tick_for_period(obj, text: str | None, now: datetime) -> datetime:
     """The tick a manual trigger stands for: the newest scheduled tick at or before the given
-    local date/time in the policy's zone (a date means the end of that day), or the latest
-    tick before ``now``. ``ValueError`` (one sentence) for bad or future input: the CLI's
-    ``trigger --period`` and the policy page's form read it the same way."""
+    local date/time in the policy's zone (a date means the end of that day: today's date
+    names today's tick once it has passed), or the latest tick before ``now``. ``ValueError``
+    (one sentence) for bad or future input: the CLI's ``trigger --period`` and the policy
+    page's form read it the same way."""
     text = (text or "").strip()
     if not text:
         return latest_tick(obj, now)
+    day = len(text) == 10
     try:
-        if len(text) == 10:
-            local = datetime.fromisoformat(text).replace(hour=23, minute=59, second=59)
-        else:
-            local = datetime.fromisoformat(text)
+        local = datetime.fromisoformat(text)
+        if day:
+            local = local.replace(hour=23, minute=59, second=59)
     except ValueError:
         raise ValueError(
             f"the period must be YYYY-MM-DD or YYYY-MM-DDTHH:MM, got {text[:40]!r}"
         ) from None
+    zone = _schedule_of(obj)[1]
     if local.tzinfo is None:
-        local = local.replace(tzinfo=_tz(_schedule_of(obj)[1]))
+        local = local.replace(tzinfo=_tz(zone))
+    if day and local > now >= local.replace(hour=0, minute=0, second=0):
+        # today: the day's newest tick that has passed, if one has
+        start = local.replace(hour=0, minute=0, second=0)
+        tick = latest_tick(obj, now)
+        if tick >= start:
+            return tick
+        first = next_tick(obj, start - timedelta(microseconds=1))
+        raise ValueError(
+            f"no tick of {text} has passed yet: the first is at "
+            f"{first.astimezone(_tz(zone)):%H:%M} ({zone}); give an earlier period or "
+            "trigger after it"
+        )
     if local > now:
         raise ValueError("the period is in the future; a run can only be triggered for a past tick")
     return latest_tick(obj, local)

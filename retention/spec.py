@@ -7,6 +7,7 @@ table and columns exist is ``retention.introspect``'s job.
 
 from __future__ import annotations
 
+import calendar
 import hashlib
 import json
 import re
@@ -22,6 +23,12 @@ KEEP_OPERATORS = ("=", "!=", "<", "<=", ">", ">=", "in", "not in", "is null", "i
 NULLARY_OPERATORS = ("is null", "is not null")
 LIST_OPERATORS = ("in", "not in")
 RETENTION_UNITS = {"minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
+# Units a retention may also be written in: calendar units, on the policy's wall clock.
+CALENDAR_MONTHS = {"month": 1, "year": 12}
+# Units read on the policy's wall clock (the others are elapsed time).
+WALL_CLOCK_UNITS = ("day", "week", "month", "year")
+TIMESTAMP_UNITS = ("s", "ms", "us")  # an epoch timestamp column's unit
+NULL_TENANT_CHOICES = ("keep", "delete")
 CATCH_UP_MODES = ("latest", "none")
 OVERLAP_MODES = ("wait", "skip")
 VACUUM_MODES = ("recommend", "run", "off")
@@ -33,7 +40,7 @@ MAX_KEEP_VALUES = 1000  # per "in" / "not in" list
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,79}$")
-_RETENTION = re.compile(r"^\s*(\d+)\s*(minute|hour|day|week)s?\s*$")
+_RETENTION = re.compile(r"^\s*(\d+)\s*(minute|hour|day|week|month|year)s?\s*$")
 
 GUARD_DEFAULTS = {
     "probe_p95_ms": 25.0,
@@ -53,19 +60,21 @@ class SpecError(ValueError):
 
 
 MAX_KEY_COLUMNS = 4
+MAX_TENANT_COLUMNS = 4
 
 
-def _key(value) -> str | tuple[str, ...]:
-    """The key: one column name, or a list of distinct names (a composite key, compared as a
-    row). A one-element list is the column itself, so its content hash is the plain name's."""
+def _key(value, where: str = "key", most: int = MAX_KEY_COLUMNS) -> str | tuple[str, ...]:
+    """The key (or the tenant): one column name, or a list of distinct names (a composite key,
+    compared as a row). A one-element list is the column itself, so its content hash is the
+    plain name's."""
     if isinstance(value, list):
-        if not value or len(value) > MAX_KEY_COLUMNS:
-            raise SpecError(f"key must list 1 to {MAX_KEY_COLUMNS} columns, got {len(value)}")
-        names = tuple(_ident(v, f"key[{i}]") for i, v in enumerate(value))
+        if not value or len(value) > most:
+            raise SpecError(f"{where} must list 1 to {most} columns, got {len(value)}")
+        names = tuple(_ident(v, f"{where}[{i}]") for i, v in enumerate(value))
         if len(set(names)) != len(names):
-            raise SpecError(f"key lists a column twice: {', '.join(names)}")
+            raise SpecError(f"{where} lists a column twice: {', '.join(names)}")
         return names[0] if len(names) == 1 else names
-    return _ident(value, "key")
+    return _ident(value, where)
 
 
 def _ident(value, where: str) -> str:
@@ -124,15 +133,17 @@ def _no_nul(value, where: str) -> None:
             _no_nul(item, f"{where}[{index}]")
 
 
-def retention_parts(text) -> tuple[int, str]:
-    """(amount, unit) of a retention such as "90 days" → (90, "day")."""
+def retention_parts(text, *, calendar_units: bool = True) -> tuple[int, str]:
+    """(amount, unit) of a retention such as "90 days" → (90, "day"); "6 months" → (6, "month")
+    (``calendar_units``: months and years allowed — a retention's, not a fixed duration's)."""
     if not isinstance(text, str):
         raise SpecError(f'retention must be a string like "90 days", got {text!r}')
     match = _RETENTION.fullmatch(text)
-    if not match:
-        raise SpecError(
-            f'retention must look like "90 days" (minutes, hours, days or weeks), got {text!r}'
-        )
+    if not match or (not calendar_units and match.group(2) in CALENDAR_MONTHS):
+        units = "minutes, hours, days, weeks, months or years"
+        if not calendar_units:
+            units = "minutes, hours, days or weeks"
+        raise SpecError(f'retention must look like "90 days" ({units}), got {text!r}')
     return int(match.group(1)), match.group(2)
 
 
@@ -147,10 +158,22 @@ def validate_zone(tz, where: str) -> str:
 
 
 def parse_retention(text) -> timedelta:
-    amount, unit = retention_parts(text)
+    """A fixed duration ("30 days": minutes, hours, days or weeks), longer than zero."""
+    amount, unit = retention_parts(text, calendar_units=False)
     if amount <= 0:
         raise SpecError(f"retention must be longer than zero, got {text!r}")
     return timedelta(seconds=amount * RETENTION_UNITS[unit])
+
+
+def check_retention(text, *, expiry: bool) -> None:
+    """A policy's retention: minutes to years, longer than zero — or zero when the timestamp is
+    an expiry time (``timestamp_is_expiry``: a row may go as soon as it has passed)."""
+    amount, _unit = retention_parts(text)
+    if amount <= 0 and not expiry:
+        raise SpecError(
+            f"retention must be longer than zero, got {text!r}; when the timestamp is an "
+            "expiry time (a row may go once it has passed), set timestamp_is_expiry = true"
+        )
 
 
 def validate_schedule(expr, tz) -> None:
@@ -210,13 +233,21 @@ class KeepRule:
         if self.op in NULLARY_OPERATORS:
             return f"{self.column} {self.op}"
         if self.op in LIST_OPERATORS:
-            return f"{self.column} {self.op} ({', '.join(map(repr, self.values))})"
-        return f"{self.column} {self.op} {self.value!r}"
+            return f"{self.column} {self.op} ({', '.join(map(_literal, self.values))})"
+        return f"{self.column} {self.op} {_literal(self.value)}"
 
 
 def _scalar(value, where: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise SpecError(f"{where} must be a string or a number, got {value!r}")
+    """A keep value: a string, a number or a boolean (for a boolean column)."""
+    if not isinstance(value, str | int | float):  # bool is an int
+        raise SpecError(f"{where} must be a string, a number or a boolean, got {value!r}")
+
+
+def _literal(value) -> str:
+    """A keep value as a policy file writes it (``'x'``, ``5``, ``true``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
 
 
 # -- the schema: every key of a policy file, declared once ----------------------------------
@@ -229,8 +260,10 @@ class Field:
     """One key of a policy file. ``path`` is its TOML place ("chunk_size",
     "limits.policy_workers", "guard.probe_p95_ms"); ``attr`` the PolicySpec attribute
     (guard thresholds live in the ``guard`` mapping); ``kind`` how it is checked: "int" and
-    "number" (``lo``..``hi``), "choice" (``choices``), or "special" (checked by name in
-    ``PolicySpec.parse``). ``default`` is REQUIRED, or the value a missing key means."""
+    "number" (``lo``..``hi``), "choice" (``choices``), "bool", or "special" (checked by name in
+    ``PolicySpec.parse``). ``default`` is REQUIRED, or the value a missing key means.
+    ``omitted_at_default``: a key added after versions were stored is left out of the stored
+    document at its default, so the content hash of every older version does not change."""
 
     path: str
     attr: str
@@ -242,6 +275,7 @@ class Field:
     hi: float = 0
     choices: tuple = ()
     shown_default: str | None = None  # the default as the reference table words it
+    omitted_at_default: bool = False
 
     @property
     def section(self) -> str | None:
@@ -289,13 +323,32 @@ FIELDS: tuple[Field, ...] = (
           "chunks are key intervals `[from, to)`; a list is compared as a row, "
           "`(a, b) >= (x, y)`"),
     Field("timestamp", "timestamp", "special", REQUIRED,
-          "column of type `timestamptz`, `timestamp` or `date`",
-          "a row is old when this is before the cutoff"),
-    Field("tenant", "tenant", "special", None, "column of any single-value type",
-          "chunks and ceilings are per tenant; holds can name a tenant", shown_default="none"),
-    Field("retention", "retention", "special", REQUIRED, _DURATION + ", N ≥ 1",
-          "cutoff = tick − retention: minutes and hours are elapsed time, days and weeks "
-          'wall-clock time in `timezone` (see "Time" below)'),
+          "column of type `timestamptz`, `timestamp` or `date`; or `bigint`, `integer` or "
+          "`numeric` with `timestamp_unit`",
+          "a row is old when this is before the cutoff (a `date`: when its whole day is)"),
+    Field("timestamp_unit", "timestamp_unit", "special", None, "`s`, `ms`, `us`; only for a "
+          "`bigint`, `integer` or `numeric` timestamp column",
+          "the column holds time since 1970-01-01 00:00 UTC (the Unix epoch) in seconds, "
+          'milliseconds or microseconds (see "Epoch timestamps" below)',
+          shown_default="none", omitted_at_default=True),
+    Field("timestamp_is_expiry", "timestamp_is_expiry", "bool", False, "",
+          "the timestamp is when a row expires, not when it was made: `retention` is the grace "
+          'after it and may be `"0 days"` (see "Zero retention" below)',
+          omitted_at_default=True),
+    Field("tenant", "tenant", "special", None,
+          "a column of any single-value type, or a list of up to 4 columns "
+          '(`["entity_type", "entity_id"]`)',
+          "chunks and ceilings are per tenant; holds can name a tenant (each part of a tenant "
+          'of several columns: see "Tenants" below)', shown_default="none"),
+    Field("null_tenant", "null_tenant", "choice", "keep", "",
+          "rows whose tenant is NULL (any part of it): `keep` (never eligible) or `delete` "
+          '(eligible like any other row; not with `chunking = "tenant"`)',
+          choices=NULL_TENANT_CHOICES, omitted_at_default=True),
+    Field("retention", "retention", "special", REQUIRED,
+          '`"N minutes|hours|days|weeks|months|years"`, N ≥ 1 (N ≥ 0 with '
+          "`timestamp_is_expiry`)",
+          "cutoff = tick − retention: minutes and hours are elapsed time, days, weeks, months "
+          'and years wall-clock time in `timezone` (see "Time" below)'),
     Field("schedule", "schedule", "special", REQUIRED, "five-field cron",
           "when runs are triggered"),
     Field("timezone", "timezone", "special", "UTC", "IANA name",
@@ -303,14 +356,14 @@ FIELDS: tuple[Field, ...] = (
     Field("timestamp_zone", "timestamp_zone", "special", None,
           "IANA name; only for a `timestamp` or `date` column",
           'the zone whose wall-clock time the timestamp column holds (see "Time" below)',
-          shown_default="`timezone`"),
+          shown_default="`timezone`", omitted_at_default=True),
     Field("chunking", "chunking", "choice", "auto", "",
           "what chunks run along: `key` (key ranges across tenants, in the key's order), "
           "`tenant` (per-tenant key ranges on a `(tenant, key)` index), `timestamp` (ranges "
           "across tenants in timestamp order, on an index leading with the timestamp: for a "
           "random key on a table filled in time order), or `auto`: chosen from the table "
           "when a run is created (docs/engine.md, \"Chunk geometry\")",
-          choices=("auto", "key", "tenant", "timestamp")),
+          choices=("auto", "key", "tenant", "timestamp"), omitted_at_default=True),
     Field("chunk_size", "chunk_size", "int", 5000, "", "rows per chunk to start with "
           "(adapts toward `target_chunk_ms`)", lo=10, hi=200_000),
     Field("pace_rows_per_s", "pace_rows_per_s", "int", 0, "",
@@ -327,7 +380,7 @@ FIELDS: tuple[Field, ...] = (
           "overview (met / breached) and exported as `retention_backlog_slo_seconds`, which "
           "the `RetentionBacklogOverSLO` alert compares with "
           "`retention_backlog_overdue_seconds` (`deploy/prometheus/alerts.yml`)",
-          shown_default="none"),
+          shown_default="none", omitted_at_default=True),
     Field("timeouts.lock_ms", "lock_timeout_ms", "int", 2000, "",
           "`lock_timeout` of a chunk transaction", lo=10, hi=600_000),
     Field("timeouts.statement_ms", "statement_timeout_ms", "int", 10_000,
@@ -360,12 +413,12 @@ FIELDS: tuple[Field, ...] = (
     Field("partition_action", "partition_action", "choice", "drop", "",
           "a partitioned table's partition that is wholly past the cutoff, with nothing kept "
           "or held, is detached and dropped, or left detached (docs/policies.md, "
-          "\"Partitioned tables\")", choices=PARTITION_ACTIONS),
+          "\"Partitioned tables\")", choices=PARTITION_ACTIONS, omitted_at_default=True),
     Field("detached_keep", "detached_keep", "special", None,
           _DURATION + ", N ≥ 1; only with `partition_action = \"detach\"`",
           "how long a detached partition's table is kept: the reconciler drops it once its "
           "detach is older (docs/policies.md, \"Partitioned tables\")",
-          shown_default="kept for good"),
+          shown_default="kept for good", omitted_at_default=True),
     Field("keep", "keep", "special", (), "see below", "rows that are never deleted",
           shown_default="none"),
 )  # fmt: skip
@@ -384,6 +437,10 @@ def _check(f: Field, value):
         return _int(value, f.path, int(f.lo), int(f.hi))
     if f.kind == "number":
         return _number(value, f.path, f.lo, f.hi, f.default)
+    if f.kind == "bool":
+        if not isinstance(value, bool):
+            raise SpecError(f"{f.path} must be true or false, got {value!r}")
+        return value
     return _choice(value, f.path, f.choices)
 
 
@@ -396,6 +453,8 @@ def _reference_cell(f: Field) -> tuple[str, str, str, str, str]:
         default = f.shown_default
     elif f.default is REQUIRED:
         default = ""
+    elif isinstance(f.default, bool):
+        default = f"`{str(f.default).lower()}`"
     elif isinstance(f.default, str):
         default = f'`"{f.default}"`' if f.kind == "choice" else f"`{f.default}`"
     else:
@@ -404,6 +463,8 @@ def _reference_cell(f: Field) -> tuple[str, str, str, str, str]:
         form = f.form
     elif f.kind == "choice":
         form = ", ".join(f"`{c}`" for c in f.choices)
+    elif f.kind == "bool":
+        form = "`true`, `false`"
     else:
         form = f"{f.lo:g} – {f.hi:g}" if f.kind == "number" else f"{int(f.lo)} – {int(f.hi)}"
     return key, required, default, form, f.meaning
@@ -426,7 +487,7 @@ class PolicySpec:
     table: str
     key: str | tuple[str, ...]  # a tuple: a composite key, compared as a row
     timestamp: str
-    tenant: str | None
+    tenant: str | tuple[str, ...] | None  # a tuple: a tenant of several columns
     retention: str
     schedule: str
     timezone: str
@@ -465,6 +526,13 @@ class PolicySpec:
     # What chunks run along (retention.geometry); "auto" is left out of the stored JSON, so
     # the content hash of a version written before this field existed does not change.
     chunking: str = "auto"
+    # An epoch timestamp column's unit ("s", "ms", "us"); None: a timestamp, timestamptz or
+    # date column. Like the fields below, left out of the stored JSON at its default.
+    timestamp_unit: str | None = None
+    # The timestamp is when a row expires: retention is the grace after it (may be zero).
+    timestamp_is_expiry: bool = False
+    # Rows whose tenant is NULL: "keep" (never eligible) or "delete" (eligible).
+    null_tenant: str = "keep"
 
     @classmethod
     def parse(cls, data: dict) -> PolicySpec:
@@ -501,9 +569,12 @@ class PolicySpec:
         ts = _ident(data["timestamp"], "timestamp")
         tenant = data.get("tenant")
         if tenant is not None:
-            _ident(tenant, "tenant")
+            tenant = _key(tenant, "tenant", MAX_TENANT_COLUMNS)
+        timestamp_unit = data.get("timestamp_unit")
+        if timestamp_unit is not None:
+            _choice(timestamp_unit, "timestamp_unit", TIMESTAMP_UNITS)
         retention = data["retention"]
-        parse_retention(retention)
+        retention_parts(retention)  # its amount is checked with timestamp_is_expiry below
         timezone_name = data.get("timezone", "UTC")
         validate_schedule(data["schedule"], timezone_name)
         timestamp_zone = data.get("timestamp_zone")
@@ -568,8 +639,21 @@ class PolicySpec:
             timestamp_zone=timestamp_zone,
             max_backlog_age=max_backlog_age,
             detached_keep=detached_keep,
+            timestamp_unit=timestamp_unit,
             **simple,
         )
+        check_retention(spec.retention, expiry=spec.timestamp_is_expiry)
+        if spec.null_tenant != "keep" and not spec.tenant:
+            raise SpecError(
+                f"null_tenant applies to a policy with a tenant column, got null_tenant = "
+                f'"{spec.null_tenant}" without tenant'
+            )
+        if spec.null_tenant == "delete" and spec.chunking == "tenant":
+            raise SpecError(
+                'null_tenant = "delete" cannot go with chunking = "tenant": rows without a '
+                'tenant belong to no tenant\'s chunks; use chunking = "key", "timestamp" '
+                'or "auto"'
+            )
         if spec.detached_keep is not None and spec.partition_action != "detach":
             raise SpecError(
                 'detached_keep applies only with partition_action = "detach" (a dropped'
@@ -584,18 +668,12 @@ class PolicySpec:
         data = asdict(self)
         data["keep"] = [rule.to_json() for rule in self.keep]
         data["cascade_ack"] = list(self.cascade_ack)
-        if isinstance(self.key, tuple):
-            data["key"] = list(self.key)
-        if data["timestamp_zone"] is None:
-            del data["timestamp_zone"]
-        if data["max_backlog_age"] is None:
-            del data["max_backlog_age"]
-        if data["chunking"] == "auto":
-            del data["chunking"]
-        if data["partition_action"] == "drop":
-            del data["partition_action"]
-        if data["detached_keep"] is None:
-            del data["detached_keep"]
+        for name in ("key", "tenant"):
+            if isinstance(data[name], tuple):
+                data[name] = list(data[name])
+        for f in FIELDS:
+            if f.omitted_at_default and data[f.attr] == f.default:
+                del data[f.attr]
         return data
 
     @classmethod
@@ -606,8 +684,9 @@ class PolicySpec:
         data = dict(data)
         data["keep"] = tuple(KeepRule.parse(item, "keep") for item in data.get("keep", []))
         data["cascade_ack"] = tuple(data.get("cascade_ack", ()))
-        if isinstance(data.get("key"), list):
-            data["key"] = tuple(data["key"])
+        for name in ("key", "tenant"):
+            if isinstance(data.get(name), list):
+                data[name] = tuple(data[name])
         data["guard"] = {**GUARD_DEFAULTS, **data.get("guard", {})}
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -652,6 +731,19 @@ class PolicySpec:
         return self.key if isinstance(self.key, tuple) else (self.key,)
 
     @property
+    def tenant_columns(self) -> tuple[str, ...]:
+        """The tenant's columns, in order (one for a plain tenant; none without a tenant)."""
+        if not self.tenant:
+            return ()
+        return self.tenant if isinstance(self.tenant, tuple) else (self.tenant,)
+
+    @property
+    def tenant_label(self) -> str:
+        """The tenant as people read it: ``tenant_id`` or ``(entity_type, entity_id)``."""
+        cols = self.tenant_columns
+        return cols[0] if len(cols) == 1 else f"({', '.join(cols)})"
+
+    @property
     def key_label(self) -> str:
         """The key as people read it: ``id`` or ``(occurred_at, id)``."""
         cols = self.key_columns
@@ -662,26 +754,32 @@ class PolicySpec:
         return f"{self.schema}.{self.table}"
 
     @property
-    def retention_delta(self) -> timedelta:
-        return parse_retention(self.retention)
-
-    @property
     def column_zone(self) -> str:
         """The zone a `timestamp without time zone` or `date` column's values are read in."""
         return self.timestamp_zone or self.timezone
 
     def cutoff_for(self, tick: datetime) -> datetime:
         """The cutoff of the run for ``tick``, decided on the unit written: minutes and hours
-        are elapsed time (``tick - 24 hours`` is always 86,400 s earlier); days and weeks are
-        wall-clock time in the policy's timezone (``tick - 1 day`` is the same local time the
-        day before, 23 or 25 hours earlier across a DST change)."""
-        delta = self.retention_delta
-        if retention_parts(self.retention)[1] in ("day", "week"):
+        are elapsed time (``tick - 24 hours`` is always 86,400 s earlier); days, weeks, months
+        and years are wall-clock time in the policy's timezone (``tick - 1 day`` is the same
+        local time the day before, 23 or 25 hours earlier across a DST change; ``tick - 1
+        month`` the same local time and day of the month before, or that month's last day
+        when it is shorter — as PostgreSQL subtracts ``interval '1 month'``). A zero
+        retention is the tick itself."""
+        amount, unit = retention_parts(self.retention)
+        utc = tick.astimezone(zoneinfo.ZoneInfo("UTC"))
+        if amount == 0:
+            return utc
+        if unit in WALL_CLOCK_UNITS:
             tz = zoneinfo.ZoneInfo(self.timezone)
-            local = tick.astimezone(tz).replace(tzinfo=None) - delta
+            local = tick.astimezone(tz).replace(tzinfo=None)
+            if unit in CALENDAR_MONTHS:
+                local = months_before(local, amount * CALENDAR_MONTHS[unit])
+            else:
+                local -= timedelta(seconds=amount * RETENTION_UNITS[unit])
             return _localize(local, tz)
         # in UTC: arithmetic on a datetime whose tzinfo has DST is wall-clock arithmetic
-        return tick.astimezone(zoneinfo.ZoneInfo("UTC")) - delta
+        return utc - timedelta(seconds=amount * RETENTION_UNITS[unit])
 
 
 def load_toml(text: str) -> PolicySpec:
@@ -756,6 +854,15 @@ def edited_toml(base: PolicySpec, fields: dict, keep: list[dict]) -> str:
     if keep:
         doc["keep"] = keep
     return tomli_w.dumps(doc)
+
+
+def months_before(local: datetime, months: int) -> datetime:
+    """The same wall-clock time ``months`` calendar months earlier; a day the earlier month
+    lacks becomes its last day (31 March − 1 month = 28 or 29 February)."""
+    index = local.year * 12 + local.month - 1 - months
+    year, month = divmod(index, 12)
+    day = min(local.day, calendar.monthrange(year, month + 1)[1])
+    return local.replace(year=year, month=month + 1, day=day)
 
 
 def _localize(naive: datetime, tz: zoneinfo.ZoneInfo) -> datetime:

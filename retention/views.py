@@ -500,16 +500,19 @@ def hold_place(request):
             actor=request.user,
             reason=data.get("reason", ""),
             policy=policy,
-            tenant=data.get("tenant") or None,
+            tenant=data.getlist("tenant") or None,
             key_from=_optional_int(data.get("key_from", ""), "key from"),
             key_to=_optional_int(data.get("key_to", ""), "key to"),
         )
-        covers = "; ".join(f"{c.policy}: {c.covers}" for c in hold.coverage)
+        covers = "; ".join(f"{c.policy}: {c.describe()}" for c in hold.coverage)
         messages.success(
             request,
             f"hold #{hold.pk} placed — covers "
             + (covers or "no policy with an approved version yet"),
         )
+        for cover in hold.coverage:  # a hold that protects nothing is said so, with the way out
+            if cover.warning():
+                messages.warning(request, f"hold #{hold.pk} placed — but {cover.warning()}")
     except REFUSALS as exc:
         _refused(request, exc)
     return redirect(reverse("retention:holds"))

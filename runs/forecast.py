@@ -80,10 +80,14 @@ def _measure(policy) -> dict:
     spec = version.parsed
     cutoff_now = spec.cutoff_for(now)  # wall-clock days, like a run's
     where = P.eligible(spec, policy_id=policy.id, cutoff=cutoff_now)
-    ts = P.col(spec.timestamp)
+    # the oldest row by the column itself (its index), read as an instant (an epoch number or
+    # a date becomes one: P.timestamp_instant)
+    instant = P.timestamp_instant(spec)
     oldest = _one(
         P.Fragment(
-            sql.SQL("SELECT min({}) FROM {} WHERE {}").format(ts, P.table(spec), where.sql),
+            sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT 1").format(
+                instant, P.table(spec), where.sql, P.col(spec.timestamp)
+            ),
             where.params,
         )
     )
@@ -95,8 +99,10 @@ def _measure(policy) -> dict:
     tomorrow = P.eligible(
         spec, policy_id=policy.id, cutoff=spec.cutoff_for(now + timedelta(days=1))
     )
+    older_now = P.older_than(spec, cutoff_now)
     day = P.Fragment(
-        sql.SQL("{} AND {} >= %s").format(tomorrow.sql, ts), [*tomorrow.params, cutoff_now]
+        sql.SQL("{} AND NOT ({})").format(tomorrow.sql, older_now.sql),
+        [*tomorrow.params, *older_now.params],
     )
     out["inflow_per_day"] = _one(P.count_where(spec, day))
     out["table_backlog"] = _one(P.count_where(spec, where, limit=10_000_000), timeout_ms=5000)

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from core.oplog import decision_token
 from retention.models import Policy, PolicyVersion
-from retention.predicate import Scope
+from retention.predicate import Scope, shown_value
 
 
 class Run(models.Model):
@@ -179,11 +179,15 @@ def _bound(values, integer) -> tuple | None:
     return None if integer is None else (str(integer),)
 
 
-def show_bound(value: tuple | None, *, end: bool = False) -> str:
+def show_bound(value: tuple | None, *, end: bool = False, reader=None) -> str:
     """A bound as people read it: ``42``, ``2026-11-01 10:00:00+00`` or ``(7, 1043)``;
-    an open end is ``∞``."""
+    an open end is ``∞``. ``reader``: (the policy's spec, the columns the bound is on), so an
+    epoch timestamp reads as the instant it counts to (``predicate.shown_value``)."""
     if value is None:
         return "∞" if end else "−∞"
+    if reader is not None:
+        spec, columns = reader
+        value = tuple(shown_value(spec, c, v) for c, v in zip(columns, value, strict=False))
     return value[0] if len(value) == 1 else f"({', '.join(value)})"
 
 
@@ -295,10 +299,18 @@ class Chunk(models.Model):
             hi = _bound(None, self.key_to)
         return lo, hi
 
+    def read_with(self, run: Run) -> Chunk:
+        """Show the bounds in the run's own terms (``interval``): an epoch timestamp's as an
+        instant. ``run`` with its policy version loaded; returns the chunk."""
+        spec = run.policy_version.parsed
+        self._reader = (spec, run.bound_columns(spec))
+        return self
+
     @property
     def interval(self) -> str:
         lo, hi = self.bounds()
-        return f"[{show_bound(lo)}, {show_bound(hi, end=True)})"
+        reader = getattr(self, "_reader", None)
+        return f"[{show_bound(lo, reader=reader)}, {show_bound(hi, end=True, reader=reader)})"
 
 
 class AuditRecord(models.Model):
@@ -375,7 +387,15 @@ class AuditRecord(models.Model):
         if self.key_lo is None:
             hi = _bound(None, self.key_to)
         on = f"{show_columns(self.bound_columns)} " if self.bound_columns else ""
-        return f"{on}[{show_bound(lo)}, {show_bound(hi, end=True)})"
+        spec = getattr(self, "_spec", None)
+        reader = (spec, self.bound_columns or spec.key_columns) if spec is not None else None
+        return f"{on}[{show_bound(lo, reader=reader)}, {show_bound(hi, end=True, reader=reader)})"
+
+    def read_with(self, spec) -> AuditRecord:
+        """Show the bounds in the terms of ``spec`` (its version's): an epoch timestamp's as
+        an instant (``interval``). Returns the record."""
+        self._spec = spec
+        return self
 
 
 class Checkpoint(models.Model):

@@ -66,8 +66,8 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
     if per_tenant and lo is not None:
         with connection.cursor() as cur:
             first = P.in_scope(spec, tenant=None, key_from=lo, types=types, columns=columns)
-            query = sql.SQL("SELECT {c}::text FROM {t} WHERE {w} ORDER BY {o} LIMIT 1").format(
-                c=sql.Identifier(spec.tenant), t=P.table(spec), w=first.sql,
+            query = sql.SQL("SELECT {c} FROM {t} WHERE {w} ORDER BY {o} LIMIT 1").format(
+                c=P.tenant_text(spec), t=P.table(spec), w=first.sql,
                 o=P.key_order(spec, columns=columns),
             )  # fmt: skip
             cur.execute(query.as_string(cur.connection), first.params)

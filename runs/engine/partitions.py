@@ -88,10 +88,7 @@ def _ddl_mode(spec) -> str | None:
 
 
 def _function_signature(spec) -> str:
-    return (
-        partition_function(spec.schema).as_string(None)
-        + "(text, bigint, regclass)"
-    )
+    return partition_function(spec.schema).as_string(None) + "(text, bigint, regclass)"
 
 
 def _through_function(spec, step: str, action) -> None:

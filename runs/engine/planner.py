@@ -59,18 +59,7 @@ def _fetchall(frag: P.Fragment):
         return cur.fetchall()
 
 
-def tenants_query(spec: PolicySpec) -> P.Fragment:
-    """Distinct tenants, by a loose index scan over the (tenant, key) index."""
-    tcol = sql.Identifier(spec.tenant)
-    tbl = sql.SQL("{}.{}").format(sql.Identifier(spec.schema), sql.Identifier(spec.table))
-    query = sql.SQL(
-        "WITH RECURSIVE walk(v) AS ("
-        " (SELECT {t} FROM {tbl} WHERE {t} IS NOT NULL ORDER BY {t} LIMIT 1)"
-        " UNION ALL"
-        " SELECT (SELECT {t} FROM {tbl} WHERE {t} > walk.v ORDER BY {t} LIMIT 1) FROM walk WHERE walk.v IS NOT NULL"
-        ") SELECT v::text FROM walk WHERE v IS NOT NULL"
-    ).format(t=tcol, tbl=tbl)
-    return P.Fragment(query, [])
+tenants_query = P.tenants_query
 
 
 def tenants(spec: PolicySpec) -> list[str]:

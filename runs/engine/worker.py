@@ -451,9 +451,11 @@ def _delete(statement: P.Fragment, *, by_tenant: bool) -> tuple[int, dict | None
                 raise
             cur.execute("ROLLBACK TO SAVEPOINT chunk_delete")
             raise _DeleteFailed(exc) from exc
-        if by_tenant:  # rows deleted per tenant
-            tenant_rows = {t: int(n) for t, n in delete.fetchall()}
-            return sum(tenant_rows.values()), tenant_rows, head.fetchone()
+        if by_tenant:  # rows deleted per tenant; rows without a tenant (null_tenant =
+            # "delete") are the rest of the total: a record's tenant_rows name tenants only
+            counts = [(t, int(n)) for t, n in delete.fetchall()]
+            tenant_rows = {t: n for t, n in counts if t is not None}
+            return sum(n for _t, n in counts), tenant_rows, head.fetchone()
         return delete.rowcount, None, head.fetchone()
 
 

@@ -45,7 +45,7 @@ from core.models import OperatorAction
 from retention.models import LegalHold, Policy
 from runs.evidence import anchors as evidence
 from runs.evidence import audit
-from runs.models import AuditRecord, Chunk, Run
+from runs.models import AuditRecord, Chunk, Run, show_bound
 from runs.progress import progress_for
 
 User = get_user_model()
@@ -604,7 +604,12 @@ CHUNK_FIELDS = [
 
 
 def manifest_chunks(run: Run) -> Iterator[dict]:
+    """One entry per chunk; with ``interval``, its bounds as people read them, when they are
+    on an epoch timestamp (``key_lo``/``key_hi`` keep the exact values the record hashes)."""
     names = [name for name, _ in CHUNK_FIELDS]
+    spec = run.policy_version.parsed
+    columns = run.bound_columns(spec)
+    reader = (spec, columns) if spec.timestamp_unit and spec.timestamp in columns else None
     rows = (
         Chunk.objects.filter(run=run)
         .annotate(outcome_text=reported_outcome("audit__"))
@@ -614,6 +619,11 @@ def manifest_chunks(run: Run) -> Iterator[dict]:
     for row in rows.iterator(chunk_size=BATCH):
         item = dict(zip(names, row, strict=True))
         item["committed_at"] = _iso(item["committed_at"])
+        if reader is not None and item["key_lo"] is not None:
+            lo, hi = tuple(item["key_lo"]), item["key_hi"] and tuple(item["key_hi"])
+            item["interval"] = (
+                f"[{show_bound(lo, reader=reader)}, {show_bound(hi, end=True, reader=reader)})"
+            )
         yield item
 
 

@@ -12,12 +12,15 @@ judged with the holds active now (or the ones a test states).
 
 The expectation is computed here, independently of the engine's predicate
 (``retention.predicate``): a row may go only when its timestamp is before the
-run's cutoff (a ``timestamp without time zone`` read in the policy's zone),
-every keep rule is definitely false for it, its key is not NULL, and no hold
-covers it, where a hold's tenant is compared with the row's tenant
-by the column type's own ``=`` (the hold's value cast to the column's type).
-The cutoff itself is recomputed by PostgreSQL from the run's tick: hours and
-minutes are elapsed time, days and weeks wall-clock time in the policy's zone.
+run's cutoff (a ``timestamp without time zone`` read in the policy's zone, a ``date``
+when the end of its day in that zone is not after the cutoff, an epoch number
+converted by PostgreSQL's own ``extract(epoch …)``), every keep rule is definitely
+false for it, its key is not NULL (nor its tenant, unless the policy says
+``null_tenant = "delete"``), and no hold covers it, where a hold's tenant is compared
+with the row's tenant by each column type's own ``=`` (the hold's value, or each part of
+it, cast to the column's type). The cutoff itself is recomputed by PostgreSQL from the
+run's tick: hours and minutes are elapsed time, days, weeks, months and years
+wall-clock time in the policy's zone.
 
 A partition the run took whole (``runs.engine.partitions``) must agree with its audit record and
 ledger row: a dropped one is gone; a detached one is no longer attached and still holds the
@@ -27,6 +30,7 @@ rows (count, md5 of the ordered keys) its record names. Its rows count among the
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -35,15 +39,18 @@ from django.db.models import Count, Max, Q, Sum
 from psycopg import sql
 
 from retention.models import LegalHold
-from retention.spec import _RETENTION
+from retention.spec import _RETENTION, months_before
 from runs.evidence.audit import verify_chain
 from runs.models import AuditRecord, Chunk, PartitionAction, Run
 
 ROW = sql.Identifier("r")
 
 # A row whose tenant (in a policy with a tenant) is NULL is never eligible, like a row
-# whose key or timestamp is NULL (docs/engine.md, "NULLs").
+# whose key or timestamp is NULL (docs/engine.md, "NULLs") — unless the policy says
+# null_tenant = "delete".
 NULL_TENANT_DELETABLE = False
+# Seconds per unit of an epoch timestamp column.
+PER_SECOND = {"s": 1, "ms": 1000, "us": 1_000_000}
 # A hold naming a tenant cannot be matched on a policy without a tenant column; it is
 # decided conservatively: it covers every row of that policy.
 TENANT_HOLD_COVERS_TENANTLESS_POLICY = True
@@ -133,11 +140,14 @@ def _is_wall_clock_edge(tick: datetime, retention: str, tz: str) -> bool:
     """Whether tick − retention falls on a local time that DST skips or repeats (a convention,
     not a fact: the engine and PostgreSQL may resolve it differently)."""
     number, unit = _retention_parts(retention)
-    if unit not in {"day", "week"}:
+    if unit not in {"day", "week", "month", "year"} or number == 0:
         return False
-    days = number * (7 if unit == "week" else 1)
     zone = ZoneInfo(tz)
-    local = tick.astimezone(zone).replace(tzinfo=None) - timedelta(days=days)
+    local = tick.astimezone(zone).replace(tzinfo=None)
+    if unit in {"month", "year"}:  # the day is clamped, the wall-clock time kept
+        local = months_before(local, number * (12 if unit == "year" else 1))
+    else:
+        local -= timedelta(days=number * (7 if unit == "week" else 1))
     return (
         local.replace(tzinfo=zone, fold=0).utcoffset()
         != local.replace(tzinfo=zone, fold=1).utcoffset()
@@ -145,17 +155,21 @@ def _is_wall_clock_edge(tick: datetime, retention: str, tz: str) -> bool:
 
 
 def expected_cutoff(run: Run) -> datetime | None:
-    """The cutoff as PostgreSQL computes it from the tick: the retention's days (and weeks) are
-    subtracted on the policy's wall clock, its hours and minutes as elapsed time. None when the
-    result falls on a skipped or repeated local time."""
+    """The cutoff as PostgreSQL computes it from the tick: the retention's years, months, weeks
+    and days are subtracted on the policy's wall clock, its hours and minutes as elapsed time.
+    None when the result falls on a skipped or repeated local time."""
     spec = run.policy_version.parsed
     if _is_wall_clock_edge(run.tick, spec.retention, spec.timezone):
         return None
+    # the calendar part of the interval (years, months, days) on the zone's wall clock,
+    # the rest (hours, minutes) as elapsed time
     (cutoff,) = _scalar(
         sql.SQL(
-            "SELECT (((%s::timestamptz AT TIME ZONE %s) - make_interval(days => extract(day FROM q.r)::int))"
-            " AT TIME ZONE %s) - (q.r - make_interval(days => extract(day FROM q.r)::int))"
-            " FROM (SELECT %s::interval AS r) AS q"
+            "SELECT (((%s::timestamptz AT TIME ZONE %s) - q.c)"
+            " AT TIME ZONE %s) - (q.r - q.c)"
+            " FROM (SELECT r, make_interval(months => extract(year FROM r)::int * 12"
+            "  + extract(month FROM r)::int, days => extract(day FROM r)::int) AS c"
+            "  FROM (SELECT %s::interval AS r) AS i) AS q"
         ),
         [
             run.tick,
@@ -191,6 +205,18 @@ class Oracle:
     def old(self) -> tuple[sql.Composable, list]:
         ts = self.col(self.spec.timestamp)
         fmt = self.types[self.spec.timestamp][2]
+        unit = getattr(self.spec, "timestamp_unit", None)
+        if unit:  # seconds since the epoch, exactly, as PostgreSQL counts them
+            return (
+                sql.SQL("{}::numeric < extract(epoch FROM %s::timestamptz) * %s").format(ts),
+                [self.cutoff, PER_SECOND[unit]],
+            )
+        if self.types[self.spec.timestamp][3] == "date":
+            # a day is past the cutoff when its end (the next midnight in the zone) is
+            return (
+                sql.SQL("({} + 1)::timestamp <= (%s::timestamptz AT TIME ZONE %s)").format(ts),
+                [self.cutoff, naive_timestamp_zone(self.spec)],
+            )
         if fmt == "timestamp with time zone":
             return sql.SQL("{} < %s").format(ts), [self.cutoff]
         # wall-clock time in the zone: older when it reads earlier than the cutoff's local
@@ -232,20 +258,30 @@ class Oracle:
         parts, params = [], []
         key = self.col(self.spec.key_columns[0])
         by_key = self.integer_key()
+        tenant_cols = self.tenant_columns()
         for hold in self.holds:
             conds, p = [], []
             if hold.tenant is not None:
-                if not self.spec.tenant:
+                if not tenant_cols:
                     if not TENANT_HOLD_COVERS_TENANTLESS_POLICY:
                         continue
                 else:
-                    tid = self.type_ident(self.spec.tenant)
-                    if not _casts(hold.tenant, tid):
+                    values = _hold_parts(hold.tenant, len(tenant_cols))
+                    if values is None:
+                        pass  # one value cannot name a tenant of several columns: all rows
+                    elif not all(
+                        _casts(v, self.type_ident(c))
+                        for v, c in zip(values, tenant_cols, strict=True)
+                    ):
                         continue  # no row's tenant equals a value the type cannot hold
-                    conds.append(
-                        sql.SQL("{} = CAST(%s AS {})").format(self.col(self.spec.tenant), tid)
-                    )
-                    p.append(hold.tenant)
+                    else:
+                        for v, c in zip(values, tenant_cols, strict=True):
+                            conds.append(
+                                sql.SQL("{} = CAST(%s AS {})").format(
+                                    self.col(c), self.type_ident(c)
+                                )
+                            )
+                            p.append(v)
             if hold.key_from is not None and by_key:
                 conds.append(sql.SQL("{} >= %s").format(key))
                 p.append(hold.key_from)
@@ -259,11 +295,21 @@ class Oracle:
         joined = sql.SQL(" OR ").join(sql.SQL("({})").format(x) for x in parts)
         return sql.SQL("(({}) IS TRUE)").format(joined), params
 
+    def tenant_columns(self) -> tuple[str, ...]:
+        tenant = self.spec.tenant
+        if not tenant:
+            return ()
+        return tuple(tenant) if isinstance(tenant, list | tuple) else (tenant,)
+
+    def null_tenant_deletable(self) -> bool:
+        return NULL_TENANT_DELETABLE or getattr(self.spec, "null_tenant", "keep") == "delete"
+
     def unplannable(self) -> tuple[sql.Composable, list]:
-        """Rows no chunk can name: a NULL key (and, by the chosen semantics, a NULL tenant)."""
+        """Rows no chunk can name: a NULL key (and, unless the policy deletes rows without a
+        tenant, a NULL tenant or part of one)."""
         parts = [sql.SQL("{} IS NULL").format(self.col(k)) for k in self.spec.key_columns]
-        if self.spec.tenant and not NULL_TENANT_DELETABLE:
-            parts.append(sql.SQL("{} IS NULL").format(self.col(self.spec.tenant)))
+        if not self.null_tenant_deletable():
+            parts += [sql.SQL("{} IS NULL").format(self.col(c)) for c in self.tenant_columns()]
         return sql.SQL("({})").format(sql.SQL(" OR ").join(parts)), []
 
     def deletable(self) -> tuple[sql.Composable, list]:
@@ -277,6 +323,19 @@ class Oracle:
             ),
             p1 + p2 + p3 + p4,
         )
+
+
+def _hold_parts(text: str, columns: int) -> list[str] | None:
+    """A hold's tenant as one value per tenant column; None when it names one value for a
+    tenant of several columns (such a hold covers every row of the policy)."""
+    if columns == 1:
+        return [text]
+    if text.startswith("["):
+        parts = json.loads(text)
+        if len(parts) != columns:
+            raise ValueError(f"hold tenant {text!r} does not name {columns} parts")
+        return [str(p) for p in parts]
+    return None
 
 
 def active_holds(run: Run, *, ids=None) -> list[HoldScope]:
@@ -518,6 +577,6 @@ def _shadow_problems(run: Run, spec, oracle: Oracle, shadow: Shadow) -> list[str
         problems.append(
             f"{outside} row(s) outside the run's scope (newer, kept or held) are gone:"
             f" {newer} not older than the cutoff, {n_kept} kept, {n_held} held,"
-            f" {n_unpl} with a NULL key{' or tenant' if not NULL_TENANT_DELETABLE else ''}"
+            f" {n_unpl} with a NULL key{' or tenant' if not oracle.null_tenant_deletable() else ''}"
         )
     return problems

@@ -20,7 +20,7 @@ from core import timeouts
 from core.filters import QueryFilters
 from core.formatting import natural_key
 from core.models import OperatorAction
-from retention import predicate
+from retention import partitions, predicate
 from retention.models import KillSwitch, LegalHold, Policy, PolicyVersion
 from retention.schedule_math import period_label
 from retention.spec import parse_retention
@@ -274,6 +274,21 @@ def held_by_tenant(run: Run, holds: list) -> dict:
     }
 
 
+def _partition_actions(run: Run, spec) -> list[dict]:
+    """The run's partition actions, their bounds as people read them (an epoch timestamp's as
+    instants: ``retention.partitions.shown_bounds_of``)."""
+    actions = list(
+        run.partition_actions.order_by("id").values(
+            "schema", "name", "bounds", "state", "rows", "digest", "note", "chunk_id",
+            "chunk__audit__chain_seq", "done_at",
+        )
+    )  # fmt: skip
+    shown = partitions.shown_bounds_of(spec, [a["bounds"] for a in actions])
+    for action, bounds in zip(actions, shown, strict=True):
+        action["bounds"] = bounds
+    return actions
+
+
 def run_page_context(run: Run) -> dict:
     now = timezone.now()
     p = progress_for([run], now=now)[run.pk]
@@ -291,11 +306,15 @@ def run_page_context(run: Run) -> dict:
             "key_to",
             "key_lo",
             "key_hi",
+            "bound_columns",
             "rows_deleted",
             "committed_at",
         )  # fmt: skip
         .first()
     )
+    spec = run.policy_version.parsed
+    if last is not None:
+        last.read_with(spec)  # an epoch timestamp's bounds read as instants
     troubled = list(
         Chunk.objects.filter(run=run)
         .troubled()
@@ -305,6 +324,7 @@ def run_page_context(run: Run) -> dict:
             "throttle_reason", "last_error", "last_sqlstate",
         )[:50]
     )  # fmt: skip
+    troubled = [c.read_with(run) for c in troubled]
     letters = list(
         DeadLetter.objects.filter(run=run, resolution=DeadLetter.Resolution.OPEN).order_by(
             "-created_at"
@@ -338,20 +358,7 @@ def run_page_context(run: Run) -> dict:
         "letters": letters,
         "leases": leases,
         # partitions taken whole (or left to the chunks), beside the chunks
-        "partition_actions": list(
-            run.partition_actions.order_by("id").values(
-                "schema",
-                "name",
-                "bounds",
-                "state",
-                "rows",
-                "digest",
-                "note",
-                "chunk_id",
-                "chunk__audit__chain_seq",
-                "done_at",
-            )
-        ),
+        "partition_actions": _partition_actions(run, spec),
         "tenants": p.tenants,
         "kill_switch": KillSwitch.objects.filter(name="global", on=True).first(),
         "holds": holds,

@@ -158,7 +158,9 @@ def trigger(request):
 def dead_letters(request):
     read = QueryFilters(request.GET)
     show = read.choice("show", ("open", "all"), default="open")
-    letters = DeadLetter.objects.select_related("run", "run__policy", "chunk")
+    letters = DeadLetter.objects.select_related(
+        "run", "run__policy", "run__policy_version", "chunk"
+    )
     if show != "all":
         letters = letters.filter(resolution=DeadLetter.Resolution.OPEN)
     run = read.text("run")
@@ -174,10 +176,14 @@ def dead_letters(request):
     status = _filter_errors(request, read)
     if status != 200:
         letters = letters.none()
+    letters = list(letters[:500])
+    for letter in letters:  # a chunk's bounds in its run's terms (an epoch timestamp's: instants)
+        if letter.chunk is not None:
+            letter.chunk.read_with(letter.run)
     return render(
         request,
         "runs/dead_letters.html",
-        {"letters": letters[:500], "show": show, "run_filter": run, "policy_filter": policy},
+        {"letters": letters, "show": show, "run_filter": run, "policy_filter": policy},
         status=status,
     )
 
@@ -245,7 +251,13 @@ def kill_switch(request):
 @require_role(AUDITOR, COMPLIANCE)
 def audit(request):
     filters = exports.AuditFilters.from_query(request.GET)
-    records = exports.audit_queryset(filters).select_related(None)[:200]
+    records = list(exports.audit_queryset(filters).select_related(None)[:200])
+    specs = {
+        v.pk: v.parsed
+        for v in PolicyVersion.objects.filter(pk__in={r.policy_version_id for r in records})
+    }
+    for record in records:  # bounds in each version's terms: an epoch timestamp's as instants
+        record.read_with(specs[record.policy_version_id])
     return render(
         request,
         "runs/audit.html",

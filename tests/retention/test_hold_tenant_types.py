@@ -263,12 +263,16 @@ def test_the_holds_page_says_what_a_hold_covers_in_each_policy(make_user, office
 
     hold = LegalHold.objects.get()
     assert (
-        f"hold #{hold.pk} placed — covers rr-ints: tenant 1 (integer); "
-        "rr-plain: every row: the policy has no tenant column"
+        f"hold #{hold.pk} placed — covers rr-ints: tenant 1 (integer) — 30 rows now; "
+        "rr-plain: every row: the policy has no tenant column — 30 rows now"
     ) in page
-    assert '<div data-covers="rr-ints">rr-ints: tenant 1 (integer)</div>' in page
     assert (
-        '<div data-covers="rr-plain">rr-plain: every row: the policy has no tenant column</div>'
+        '<div data-covers="rr-ints">rr-ints: tenant 1 (integer) — '
+        '<span data-rows="30">30 rows now</span></div>'
+    ) in page
+    assert (
+        '<div data-covers="rr-plain">rr-plain: every row: the policy has no tenant column — '
+        '<span data-rows="30">30 rows now</span></div>'
     ) in page
     refused = client.post(
         reverse("retention:hold_place"),

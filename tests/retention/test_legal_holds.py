@@ -225,7 +225,7 @@ def test_the_hold_commands_place_list_and_release(events_table, alice, bob):
     hold = LegalHold.objects.get()
     assert placed == (
         f"hold #{hold.pk} placed: policy events, tenant 3, keys [10, 20)\n"
-        "  events: tenant 3 (integer), keys [10, 20)"
+        "  events: tenant 3 (integer), keys [10, 20) — 2 rows now"
     )
     assert f"#{hold.pk}  policy events, tenant 3, keys [10, 20)  active" in cli("list")
 

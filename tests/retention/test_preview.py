@@ -151,3 +151,42 @@ def test_the_preview_command_prints_the_numbers_as_json(events_table, alice):
     data = json.loads(out.getvalue())
     assert data["version"] == 1 and data["version_state"] == "draft"
     assert data["eligible"] == preview(spec, policy_id=Policy.objects.get().pk)["eligible"]
+
+
+def _preview_cli(slug: str) -> str:
+    out = io.StringIO()
+    call_command("retention", "policy", "preview", slug, stdout=out)
+    return out.getvalue()
+
+
+def test_a_preview_with_nothing_eligible_quotes_no_rate_and_no_drain_time(events_table, alice):
+    applied(alice, retention='"900 days"')  # older than every row: nothing eligible
+    text = _preview_cli("events")
+    assert "None" not in text
+    assert "eligible 0, kept 0, held 0, nothing to drain" in text
+    result = preview(load_toml(policy_toml(retention='"900 days"')), policy_id=1)
+    assert result["rows_per_second"] is None and result["drain_seconds"] == 0.0
+
+
+def test_the_preview_says_what_becomes_of_rows_without_a_tenant(events_table, alice):
+    with connection.cursor() as cur:
+        cur.execute("ALTER TABLE public.t_events ALTER COLUMN tenant_id DROP NOT NULL")
+        cur.execute("UPDATE public.t_events SET tenant_id = NULL WHERE id % 10 = 0")
+    kept_spec, policy = applied(alice)
+    kept = preview(kept_spec, policy_id=policy.pk)
+    cutoff = datetime.fromisoformat(kept["cutoff"])
+    without = count_rows("tenant_id IS NULL AND occurred_at < %s", [cutoff])
+    assert without > 0
+    assert kept["without_tenant"] == {"rows": without, "null_tenant": "keep"}
+    assert kept["not_eligible_null"]["tenant"] == without
+    assert f'rows without a tenant: {without:,}, kept (null_tenant = "keep")' in _preview_cli(
+        "events"
+    )
+
+    deleted_spec, _ = applied(alice, null_tenant='"delete"', chunking='"key"')
+    deleted = preview(deleted_spec, policy_id=policy.pk)
+    assert deleted["without_tenant"] == {"rows": without, "null_tenant": "delete"}
+    assert "tenant" not in deleted["not_eligible_null"]
+    assert deleted["eligible"] == kept["eligible"] + without
+    # the DELETE agrees: the rows without a tenant go with the others
+    assert delete_everything_eligible(deleted_spec, policy, cutoff) == deleted["eligible"]

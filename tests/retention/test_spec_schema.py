@@ -53,6 +53,10 @@ def test_the_toml_writer_and_the_diff_cover_every_declared_key():
             pace_rows_per_s="100",
             partition_action='"detach"',
             detached_keep='"30 days"',
+            timestamp_unit='"ms"',
+            timestamp_is_expiry="true",
+            null_tenant='"delete"',
+            chunking='"key"',
             cascade_ack='["public.b", "public.a"]',
             tables='[slo]\nmax_backlog_age = "2 days"\n[[keep]]\ncolumn = "status"\nop = "is null"\n',
         )

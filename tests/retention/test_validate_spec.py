@@ -32,10 +32,14 @@ def test_a_valid_table_validates_with_its_supporting_index(events_table):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"key": '"status"'}, "no btree index on public.t_events (tenant_id, status): a key of type text is planned and deleted along such an index; create one first"),
+        ({"key": '"status"'}, "no btree index on public.t_events (tenant_id, status) or (status): a key of type text is planned and deleted along such an index; create one first, or create one leading with 'occurred_at' and set chunking = \"timestamp\""),
         ({"key": '["occurred_at", "id"]'}, "no btree index on public.t_events (tenant_id, occurred_at, id)"),
         ({"key": '["id", "id"]'}, "key lists a column twice: id, id"),
-        ({"timestamp": '"id"'}, "timestamp column 'id' of public.t_events must be timestamptz, timestamp or date, not bigint"),
+        ({"timestamp": '"id"'}, "timestamp column 'id' of public.t_events is bigint, not a timestamp: if it holds time since the Unix epoch, say so with timestamp_unit = \"s\", \"ms\" or \"us\""),
+        ({"timestamp": '"status"'}, "timestamp column 'status' of public.t_events must be timestamptz, timestamp or date, not text (or bigint, integer or numeric with timestamp_unit)"),
+        ({"timestamp_unit": '"ms"'}, "timestamp_unit applies to a bigint, integer or numeric timestamp column; 'occurred_at' of public.t_events is timestamp with time zone: leave timestamp_unit out"),
+        ({"timestamp": '"tenant_id"', "timestamp_unit": '"ms"'}, "timestamp column 'tenant_id' of public.t_events is integer, which cannot hold a present-day time in timestamp_unit = \"ms\" (it overflows within weeks of 1970); an integer column holds seconds (\"s\")"),
+        ({"timestamp": '"id"', "timestamp_unit": '"s"', "timestamp_zone": '"UTC"'}, "timestamp_zone applies to timestamp without time zone and date columns; 'id' of public.t_events counts from the Unix epoch, an instant in UTC"),
         ({"tenant": '"missing"'}, "tenant column 'missing' does not exist in table public.t_events"),
         ({"table": '"other.t_events"'}, "table other.t_events does not exist"),
         ({"tables": '[[keep]]\ncolumn = "occurred_at"\nop = "<"\nvalue = "yesterday-ish"\n'}, "column 'occurred_at'"),
@@ -49,15 +53,28 @@ def test_incompatible_columns_and_values_are_refused_by_name(events_table, overr
     assert "\n" not in str(excinfo.value)
 
 
-def test_a_table_without_a_tenant_key_index_gets_a_warning(events_table):
+def test_a_table_without_a_tenant_key_index_chunks_along_its_key_without_a_false_warning(
+    events_table,
+):
     sql("DROP INDEX public.t_events_tenant_id")
+    # a run takes key-range chunks on the primary key (retention explain shows them): no
+    # chunk scans the whole table, and validation no longer says one would
     result = validate()
-    assert result.supporting_index is None
-    assert result.warnings == [
+    assert result.supporting_index == "t_events_pkey"
+    assert result.warnings == []
+    assert validate(tenant=None).supporting_index == "t_events_pkey"
+    # per-tenant chunks pinned without their index do scan it
+    pinned = validate(chunking='"tenant"')
+    assert pinned.supporting_index is None
+    assert pinned.warnings == [
         "no btree index on public.t_events (tenant_id, id): every chunk would scan the whole "
         "table; create one before the first run"
     ]
-    assert validate(tenant=None).supporting_index == "t_events_pkey"
+    sql("ALTER TABLE public.t_events DROP CONSTRAINT t_events_pkey")
+    assert validate().warnings == [
+        "no btree index on public.t_events (tenant_id, id) or (id): every chunk would scan the "
+        "whole table; create one before the first run"
+    ]
 
 
 def test_a_key_without_a_btree_ordering_is_refused_with_one_error(events_table):
@@ -83,9 +100,11 @@ def test_keys_of_any_ordered_type_and_composite_keys_validate_on_their_index(eve
     assert validate(key='"code"').supporting_index == "t_events_code"
     # a composite key that holds the tenant column is ordered by it already
     assert validate(key='["tenant_id", "id"]').supporting_index == "t_events_tenant_id"
-    # a uuid key without an index leading with (tenant, key) has no order to plan in
-    with pytest.raises(SpecError, match=r"no btree index on public.t_events \(tenant_id, ref\)"):
-        validate(key='"ref"')
+    # a uuid key with an index of its own takes key-range chunks across tenants on it; pinned
+    # per-tenant chunks have no order to plan in without an index leading with (tenant, key)
+    assert validate(key='"ref"').supporting_index == "t_events_ref"
+    with pytest.raises(SpecError, match=r"no btree index on public.t_events \(tenant_id, ref\):"):
+        validate(key='"ref"', chunking='"tenant"')
 
 
 def test_a_cascading_reference_must_be_acknowledged(events_table, alice):

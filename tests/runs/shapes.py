@@ -15,10 +15,12 @@ the generator of the long mode leaves them out.
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from zoneinfo import ZoneInfo
 
 from django.db import DatabaseError, connection, transaction
@@ -111,12 +113,29 @@ DST_DAYS = {
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
+# Epoch timestamp columns: "<type>-<unit>" (``Shape.ts_type``), e.g. "bigint-ms".
+EPOCH_SQL = {"bigint": "bigint", "integer": "integer", "numeric": "numeric"}
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROS = {"s": 1_000_000, "ms": 1_000, "us": 1}
+# The first part of a tenant of two columns (``Shape.tenant_parts``): what kind of entity.
+TENANT_KINDS = ["group", "project", "user"]
+
+
+def epoch_of(ts_type: str) -> tuple[str, str] | None:
+    """(SQL type, unit) of an epoch timestamp column, or None."""
+    if "-" not in ts_type:
+        return None
+    kind, unit = ts_type.split("-")
+    return EPOCH_SQL[kind], unit
+
+
 @dataclasses.dataclass(frozen=True)
 class Hold:
     """A hold as an operator writes it. ``tenant`` is an index into the tenant pool plus a
-    written form, or a raw string; ``scope`` is the shape's policy or all policies."""
+    written form, or a raw string (a tuple: each part of a tenant of several columns);
+    ``scope`` is the shape's policy or all policies."""
 
-    tenant: str | None = None
+    tenant: str | tuple[str, ...] | None = None
     key_from: int | None = None
     key_to: int | None = None
     scope: str = "policy"  # policy | all
@@ -132,7 +151,9 @@ class Shape:
     composite: str = ""
     key_layout: str = "dense"  # dense | negative | sparse | top | bottom | dup | heavy
     correlated: bool = True  # keys ascend with time
-    ts_type: str = "timestamptz"  # timestamptz | timestamp | domain (over timestamptz)
+    # timestamptz | timestamp | domain (over timestamptz) | date | an epoch column "<type>-<unit>"
+    # (bigint-s, bigint-ms, bigint-us, integer-s, numeric-s, numeric-ms, numeric-us)
+    ts_type: str = "timestamptz"
     timezone: str = "UTC"
     retention: str = "20 days"
     tick: datetime = NOW
@@ -150,6 +171,8 @@ class Shape:
     ts_ties: bool = False  # timestamps on the half hour: many rows share one, across chunks
     # the geometry the run must take ("" : any); a shape made for one geometry says so
     expect_chunking: str = ""
+    tenant_parts: int = 1  # 2: a tenant of two columns, (tenant_kind text, tenant)
+    null_tenant_policy: str = "keep"  # the policy's null_tenant
 
     def describe(self) -> str:
         fields = dataclasses.asdict(self)
@@ -166,6 +189,14 @@ def _retention(text: str) -> tuple[int, str]:
 
 def true_cutoff(shape: Shape) -> datetime:
     number, unit = _retention(shape.retention)
+    if unit in {"month", "year"}:  # the same wall-clock time, the day clamped to the month's
+        zone = ZoneInfo(shape.timezone)
+        local = shape.tick.astimezone(zone).replace(tzinfo=None)
+        months = local.year * 12 + local.month - 1 - number * (12 if unit == "year" else 1)
+        year, month = divmod(months, 12)
+        last = (datetime(year + (month + 1) // 12, (month + 1) % 12 + 1, 1) - timedelta(days=1)).day
+        local = local.replace(year=year, month=month + 1, day=min(local.day, last))
+        return local.replace(tzinfo=zone).astimezone(UTC)
     if unit in {"day", "week"}:
         zone = ZoneInfo(shape.timezone)
         local = shape.tick.astimezone(zone).replace(tzinfo=None) - timedelta(
@@ -178,6 +209,8 @@ def true_cutoff(shape: Shape) -> datetime:
 def wall_clock_cutoff(shape: Shape) -> datetime:
     """What an engine that treats whole-day hours as days computes."""
     number, unit = _retention(shape.retention)
+    if unit in {"month", "year"}:
+        return true_cutoff(shape)
     seconds = number * {"minute": 60, "hour": 3600, "day": 86400, "week": 604800}[unit]
     if seconds % 86400:
         return true_cutoff(shape)
@@ -214,7 +247,7 @@ def _hold_defects(shape: Shape, hold: Hold, rows) -> set[int]:
     stripped value with ``tenant::text`` (the engine before the fix) decides differently from
     the column type's ``=``; 102 when comparing the stripped value in the column's type does."""
     found: set[int] = set()
-    if hold.tenant is None:
+    if hold.tenant is None or shape.tenant_parts > 1 or isinstance(hold.tenant, tuple):
         return found
     if shape.tenant_type is None:
         return {1} if any(r.old and not r.kept for r in rows) else found
@@ -410,10 +443,32 @@ def generate_rows(shape: Shape) -> list[Row]:
         top = max(rows, key=lambda r: r.key if r.key is not None else -(2**64))
         if top.at is not None and top.at < cutoff:
             top.status = "closed"
+    if shape.tenant_parts > 1:
+        for r in rows:
+            r.tenant = None if r.tenant is None else (rng.choice(TENANT_KINDS), r.tenant)
     for r in rows:
-        r.old = r.at is not None and r.at < cutoff
+        r.old = is_old(shape, _stored_ts(shape, r.at), cutoff)
         r.kept = shape.keep and r.status != "closed"
     return rows
+
+
+def is_old(shape: Shape, stored, cutoff: datetime) -> bool:
+    """Whether a stored timestamp is before the cutoff, as the column's type reads it: a date
+    when its whole day (in the policy's zone) is, an epoch number when the instant it counts
+    to is."""
+    if stored is None:
+        return False
+    epoch = epoch_of(shape.ts_type)
+    if epoch is not None:
+        micros = Decimal(stored) * MICROS[epoch[1]]
+        return micros < Decimal((cutoff - EPOCH) // timedelta(microseconds=1))
+    if shape.ts_type == "date":
+        zone = ZoneInfo(shape.timezone)
+        end = datetime.combine(stored + timedelta(days=1), datetime.min.time())
+        return end <= cutoff.astimezone(zone).replace(tzinfo=None)
+    if shape.ts_type == "timestamp":
+        return stored < cutoff.astimezone(ZoneInfo(shape.timezone)).replace(tzinfo=None)
+    return stored < cutoff
 
 
 # -- building and running ---------------------------------------------------------------
@@ -460,7 +515,20 @@ def prepare_database() -> None:
 def _stored_ts(shape: Shape, at: datetime | None):
     if at is None or shape.ts_type in ("timestamptz", "domain"):
         return at
-    return at.astimezone(ZoneInfo(shape.timezone)).replace(tzinfo=None)
+    epoch = epoch_of(shape.ts_type)
+    if epoch is not None:
+        micros = (at - EPOCH) // timedelta(microseconds=1)
+        if epoch[0] == "numeric":  # fractions of the unit kept
+            return Decimal(micros) / MICROS[epoch[1]]
+        return micros // MICROS[epoch[1]]
+    local = at.astimezone(ZoneInfo(shape.timezone)).replace(tzinfo=None)
+    return local.date() if shape.ts_type == "date" else local
+
+
+def tenant_columns(shape: Shape) -> list[str]:
+    if not shape.tenant_type:
+        return []
+    return ["tenant_kind", "tenant"] if shape.tenant_parts > 1 else ["tenant"]
 
 
 def key_columns(shape: Shape) -> list[str]:
@@ -469,20 +537,30 @@ def key_columns(shape: Shape) -> list[str]:
 
 def build_table(shape: Shape, rows: list[Row]) -> None:
     tenant_col = f", tenant {TENANT_SQL[shape.tenant_type]}" if shape.tenant_type else ""
+    if shape.tenant_type and shape.tenant_parts > 1:
+        tenant_col = ", tenant_kind text" + tenant_col
     key_null = "" if shape.null_key else " NOT NULL"
     key_sql = OTHER_KEY_SQL.get(shape.key_type, shape.key_type)
-    ts_sql = {"timestamptz": "timestamptz", "domain": "rr_shape_at"}.get(shape.ts_type, "timestamp")
+    epoch = epoch_of(shape.ts_type)
+    ts_sql = epoch[0] if epoch else {
+        "timestamptz": "timestamptz", "domain": "rr_shape_at", "date": "date"
+    }.get(shape.ts_type, "timestamp")  # fmt: skip
+    tenants = tenant_columns(shape)
     with connection.cursor() as cur:
         cur.execute(f"DROP TABLE IF EXISTS public.{TABLE}, public.{SHADOW}")
         cur.execute(
             f"CREATE TABLE public.{TABLE} (id {key_sql}{key_null}{tenant_col},"
             f" at {ts_sql}, status text, payload text)"
         )
-        cols = "id, tenant, at, status, payload" if shape.tenant_type else "id, at, status, payload"
-        marks = ", ".join(["%s"] * (5 if shape.tenant_type else 4))
+        cols = ", ".join(["id", *tenants, "at", "status", "payload"])
+        marks = ", ".join(["%s"] * (4 + len(tenants)))
         data = []
         for r in rows:
-            values = [r.key] + ([r.tenant] if shape.tenant_type else [])
+            values = [r.key]
+            if len(tenants) == 2:
+                values += list(r.tenant) if r.tenant is not None else [None, None]
+            elif tenants:
+                values.append(r.tenant)
             values += [_stored_ts(shape, r.at), r.status, "x" * 20]
             data.append(values)
         if data:
@@ -491,7 +569,7 @@ def build_table(shape: Shape, rows: list[Row]) -> None:
             shape.key_layout not in ("dup", "heavy") and shape.key_type not in NON_UNIQUE_KEYS
         )
         unique = "UNIQUE " if distinct and not shape.null_key else ""
-        cols = (["tenant"] if shape.tenant_type else []) + key_columns(shape)
+        cols = tenant_columns(shape) + key_columns(shape)
         index = f"({', '.join(dict.fromkeys(cols))})"
         cur.execute(f"CREATE {unique}INDEX ON public.{TABLE} {index}")
         if shape.ts_index == "at":
@@ -518,7 +596,12 @@ def policy_spec(shape: Shape, slug: str = "shape") -> dict:
     if shape.chunking != "auto":
         spec["chunking"] = shape.chunking
     if shape.tenant_type:
-        spec["tenant"] = "tenant"
+        spec["tenant"] = tenant_columns(shape) if shape.tenant_parts > 1 else "tenant"
+        if shape.null_tenant_policy != "keep":
+            spec["null_tenant"] = shape.null_tenant_policy
+    epoch = epoch_of(shape.ts_type)
+    if epoch is not None:
+        spec["timestamp_unit"] = epoch[1]
     if shape.keep:
         spec["keep"] = [{"column": "status", "op": "=", "value": "keep"}]
     return spec
@@ -539,25 +622,29 @@ def place_holds(shape: Shape, policy, actor) -> tuple[list[HoldScope], list[str]
     hold may be refused (one clear error, nothing placed); any other refusal is a problem."""
     scopes, problems = [], []
     for hold in shape.holds:
+        parts = list(hold.tenant) if isinstance(hold.tenant, tuple) else None
         try:
             retention_actions.place_hold(
                 actor=actor,
                 reason="shape matrix",
                 policy=policy if hold.scope == "policy" else None,
-                tenant=hold.tenant,
+                tenant=parts if parts is not None else hold.tenant,
                 key_from=hold.key_from,
                 key_to=hold.key_to,
             )
         except retention_actions.ActionError as exc:
             # Acceptable refusals: a tenant the column's type cannot hold, or a tenant on a
             # policy without a tenant column (decided conservatively by refusing).
+            values = parts[-1:] if parts is not None else [hold.tenant]
             if hold.tenant is not None and (
-                not shape.tenant_type or not _casts(hold.tenant, shape.tenant_type)
+                not shape.tenant_type or not all(_casts(v, shape.tenant_type) for v in values)
             ):
                 continue
             problems.append(f"{hold} refused: {exc}")
             continue
-        scopes.append(HoldScope(hold.tenant, hold.key_from, hold.key_to))
+        # as the checker reads a hold: one value, or the JSON array of a tenant's parts
+        written = json.dumps(parts) if parts is not None else hold.tenant
+        scopes.append(HoldScope(written, hold.key_from, hold.key_to))
     return scopes, problems
 
 

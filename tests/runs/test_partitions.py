@@ -433,6 +433,37 @@ def test_the_preview_and_the_run_page_show_each_partition_and_its_action(parts, 
     assert page.count(">dropped") >= 6
 
 
+def test_the_preview_says_when_a_held_tenant_in_every_partition_blocks_every_drop_and_the_cost(
+    parts, make_user, client
+):
+    """Tenant 1 has rows in every month: a hold on it leaves no expired partition to drop, and
+    the preview says so, with what it costs: the expired rows go row by row in chunks."""
+    policy = approved_policy(make_user, **parts_spec())
+    officer = make_user("hilda", "compliance")
+    retention_actions.place_hold(actor=officer, reason="case 1", policy=policy, tenant="1")
+    spec = policy.versions.get(state="approved").parsed
+    result = preview(spec, policy_id=policy.pk, now=NOW)
+    expired = [p for p in result["partitions"] if p["past_cutoff"]]
+    assert len(expired) == len(EXPIRED) and not result["rows_taken_whole"]
+    rows = sum(p["eligible"] for p in expired)
+    chunks = -(-rows // spec.chunk_size)
+    assert result["partition_note"] == (
+        f"No partition past the cutoff can be dropped whole: legal holds cover rows in all "
+        f"{len(EXPIRED)} of them (keep rules in 1). Their {rows:,} eligible rows are deleted "
+        f"row by row instead, in about {chunks:,} chunks, rather than with {len(EXPIRED)} "
+        f"partition drops."
+    )
+    out = io.StringIO()
+    call_command("retention", "policy", "preview", policy.slug, stdout=out)
+    assert result["partition_note"] in out.getvalue()
+    client.force_login(officer)
+    version = policy.approved_version
+    live = client.get(  # "preview as of now" on the version page
+        reverse("retention:version_preview", args=[policy.slug, version.number])
+    ).content.decode()
+    assert "No partition past the cutoff can be dropped whole" in live
+
+
 def _interrupted_after_detach(run: Run, month: str) -> None:
     """What a worker killed between the detach and the drop transaction leaves behind."""
     PartitionAction.objects.create(run=run, schema="public", name=f"rr_parts_{month}",

@@ -106,3 +106,30 @@ def test_a_run_within_its_preview_starts_at_once_and_knows_its_size(events_polic
     # rows whose keep rule is undecidable (status NULL) are kept too
     expected = count("rr_events", "occurred_at < %s AND status <> 'disputed'", [run.cutoff])
     assert run.expected_rows == expected
+
+
+def test_a_days_period_is_accepted_once_that_days_tick_has_passed():
+    """``--period 2026-12-01`` at 23:40 names that day's 03:00 tick, which has passed; before
+    03:00 no tick of the day has, and the refusal says when the first one comes."""
+    from zoneinfo import ZoneInfo
+
+    from retention.schedule_math import tick_for_period
+    from retention.spec import PolicySpec
+
+    berlin = ZoneInfo("Europe/Berlin")
+    spec = PolicySpec.parse(
+        {"slug": "p", "table": "t", "key": "id", "timestamp": "at", "retention": "30 days",
+         "schedule": "0 3 * * *", "timezone": "Europe/Berlin"}
+    )  # fmt: skip
+    late = datetime(2026, 12, 1, 23, 40, tzinfo=berlin)
+    assert tick_for_period(spec, "2026-12-01", late) == datetime(2026, 12, 1, 3, tzinfo=berlin)
+    assert tick_for_period(spec, "2026-11-30", late) == datetime(2026, 11, 30, 3, tzinfo=berlin)
+    early = datetime(2026, 12, 1, 2, 30, tzinfo=berlin)
+    with pytest.raises(ValueError) as refused:
+        tick_for_period(spec, "2026-12-01", early)
+    assert str(refused.value) == (
+        "no tick of 2026-12-01 has passed yet: the first is at 03:00 (Europe/Berlin); "
+        "give an earlier period or trigger after it"
+    )
+    with pytest.raises(ValueError, match="^the period is in the future"):
+        tick_for_period(spec, "2026-12-02", late)
