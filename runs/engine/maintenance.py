@@ -298,7 +298,7 @@ def reclaim_vacuums(policy, now) -> list[str]:
     out = []
     sent_deadline = timedelta(seconds=timeouts.task_deadline_s())
     run_deadline = timedelta(seconds=timeouts.task_timeout_s() + timeouts.HEADROOM_S)
-    waiting = Run.objects.select_for_update(skip_locked=True).filter(
+    waiting = Run.objects.select_for_update(skip_locked=True, of=("self",)).filter(
         policy=policy, state=Run.State.DRAINED, verification__vacuum_state__in=(SCHEDULED, RUNNING)
     )
     for run in waiting.select_related("policy_version"):

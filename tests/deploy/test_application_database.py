@@ -182,16 +182,22 @@ def test_an_installation_with_its_tables_in_public_is_moved_into_its_schema_by_m
                 conn,
                 "SELECT to_regprocedure('retention_runner.runs_try_slot(integer, integer[])') IS NOT NULL",
             )
-            # the audit trail's append-only triggers moved with their tables and function
-            assert (
-                scalar(
-                    conn,
-                    "SELECT count(*) FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid"
+            # the append-only triggers of the audit trail, the operator log and the
+            # checkpoints moved with their tables and function
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT c.relname FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid"
+                    " JOIN pg_class c ON c.oid = t.tgrelid"
                     " JOIN pg_namespace n ON n.oid = p.pronamespace"
+                    " JOIN pg_namespace tn ON tn.oid = c.relnamespace"
                     " WHERE NOT t.tgisinternal AND p.proname = 'runs_audit_append_only'"
-                    " AND n.nspname = 'retention_runner'",
+                    " AND n.nspname = 'retention_runner' AND tn.nspname = 'retention_runner'"
+                    " ORDER BY 1"
                 )
-                == 2
-            )
+                assert [r[0] for r in cur.fetchall()] == [
+                    "retention_operatoraction",
+                    "runs_auditrecord",
+                    "runs_checkpoint",
+                ]
         # the moved installation migrates again as a no-op
         assert "No migrations to apply" in manage(env, "migrate", "--no-input").stdout
