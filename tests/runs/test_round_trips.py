@@ -37,6 +37,7 @@ class TurnCounter:
         self.port = self.listener.getsockname()[1]
         self.turns = 0
         self.counting = False
+        self.last_from_client = False
         self._stop = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -59,7 +60,6 @@ class TurnCounter:
         sel = selectors.DefaultSelector()
         sel.register(client, selectors.EVENT_READ, server)
         sel.register(server, selectors.EVENT_READ, client)
-        last_from_client = False
         try:
             while True:
                 for key, _ in sel.select():
@@ -67,9 +67,9 @@ class TurnCounter:
                     if not data:
                         return
                     from_client = key.fileobj is client
-                    if from_client and not last_from_client and self.counting:
+                    if from_client and not self.last_from_client and self.counting:
                         self.turns += 1
-                    last_from_client = from_client
+                    self.last_from_client = from_client
                     key.data.sendall(data)
         finally:
             client.close()
@@ -123,6 +123,9 @@ def one_chunk(counter: TurnCounter, run: Run) -> tuple[worker.Outcome, int, list
         return execute(sql, params, many, context)
 
     counter.turns = 0
+    # the connection is idle: whatever the client sends next starts a round trip, even if
+    # its last message before counting (one the server does not answer) was the client's
+    counter.last_from_client = False
     counter.counting = True
     try:
         with connection.execute_wrapper(record):
