@@ -37,6 +37,12 @@ ROWS, DAYS = 3000, 40
 KINDS = {
     "timestamptz": ("timestamptz", "%(now)s::timestamptz - {age}", {}),
     "timestamp": ("timestamp", "(%(now)s::timestamptz - {age}) AT TIME ZONE 'UTC'", {}),
+    # wall-clock time in the policy's zone, Europe/Berlin (Rails-style schemas, local clocks)
+    "timestamp-berlin": (
+        "timestamp",
+        "(%(now)s::timestamptz - {age}) AT TIME ZONE 'Europe/Berlin'",
+        {"timezone": "Europe/Berlin"},
+    ),
     "date": ("date", "((%(now)s::timestamptz - {age}) AT TIME ZONE 'UTC')::date", {}),
     "bigint-ms": (
         "bigint",
@@ -198,7 +204,13 @@ def test_every_surface_renders_real_dates_for_every_timestamp_type(matrix, clien
 
     cutoff_day = f"{run.cutoff:%Y-%m-%d}"
     assert cutoff_day in rendered["runs:detail"]
-    assert "matrix" in rendered["home"]
+    # the version's preview names its oldest eligible row by its date (40 days before NOW),
+    # and the overview's backlog is that row's age in days
+    oldest = re.search(r"Oldest eligible</dt><dd>([^<]*)<", rendered["retention:version_detail"])
+    first_day = f"{NOW - timedelta(days=DAYS):%Y-%m-%d}"  # the first row's day
+    assert oldest and first_day in oldest.group(1), oldest and oldest.group(0)
+    backlog = re.search(r'data-testid="backlog-age">(\d+)d ', rendered["home"])
+    assert backlog and 20 <= int(backlog.group(1)) <= DAYS + 5, rendered["home"][:3000]
 
     # evidence: the manifest and the CSV say every time as a date
     manifest = json.loads(rendered["runs:manifest"])
