@@ -162,6 +162,29 @@ CASES = [
         holds=(Hold("discourse-visits", tenant="42"),),
     ),
     Case(
+        name="supabase", project="Supabase Realtime", ddl="supabase_realtime.sql",
+        fill=(
+            # a partition per day for the eight days before the tick (as realtime.send makes them)
+            "DO $$ DECLARE d date; BEGIN"
+            " FOR d IN SELECT generate_series(date '2026-11-22', date '2026-11-30', interval '1 day')::date"
+            " LOOP EXECUTE format('CREATE TABLE %I PARTITION OF messages FOR VALUES FROM (%L) TO (%L)',"
+            " 'messages_' || to_char(d, 'YYYY_MM_DD'), d, d + 1); END LOOP; END $$",
+            # 30,000 broadcasts over the last seven days, UTC wall-clock time
+            "INSERT INTO messages (topic, extension, payload, event, private, updated_at, inserted_at, id)"
+            " SELECT (ARRAY['room:lobby', 'room:support', 'room:compliance', 'room:' || (g % 50)])[1 + g % 4],"
+            " CASE WHEN g % 10 = 0 THEN 'presence' ELSE 'broadcast' END, '{{\"n\": 1}}', 'message', g % 3 = 0,"
+            " ({T} AT TIME ZONE 'UTC') - g * interval '20 seconds',"
+            " ({T} AT TIME ZONE 'UTC') - g * interval '20 seconds', md5('message' || g)::uuid"
+            " FROM generate_series(1, 30000) g",
+        ),
+        policies=(
+            dict(slug="realtime-messages", name="Realtime messages older than 72 hours",
+                 table="messages", key="id", timestamp="inserted_at", timestamp_zone="UTC",
+                 retention="72 hours", chunk_size=4000,
+                 keep=[{"column": "topic", "op": "=", "value": "room:compliance"}], **SCHEDULE),
+        ),
+    ),
+    Case(
         name="mastodon", project="Mastodon", ddl="mastodon.sql",
         fill=(
             "INSERT INTO accounts SELECT g, 'account' || g FROM generate_series(1, 200) g",
