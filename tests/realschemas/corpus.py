@@ -3,8 +3,8 @@
 Each ``Case`` names a DDL file in ``ddl/`` (taken from the project's repository; the file
 names the repository, the path and the commit), loads it as written into a scratch schema
 ``rs_<name>``, fills it with plausible rows (``INSERT … SELECT generate_series``, arithmetic
-only: the same rows every time), approves the policies a real administrator would write with
-the product's own actions, places the legal holds, drains each policy with the real engine
+only: the same rows every time), approves the policies a real administrator would write (policy
+files, read by the product's own parser) with the product's own actions, places the legal holds, drains each policy with the real engine
 and judges the outcome:
 
 - ``runs.evidence.invariants.check_run`` against a shadow copy of the policy's table (no
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from django.db.models import Sum
 from psycopg import sql
 
 from retention import actions as retention_actions
+from retention.spec import load_toml
 from runs.actions import trigger_run
 from runs.engine import worker
 from runs.evidence.invariants import Shadow, check_run
@@ -59,7 +61,7 @@ class Case:
     project: str
     ddl: str  # file in ddl/
     fill: tuple[str, ...]  # SQL run with search_path = the scratch schema; {T}, {T_MS}, {T_S}
-    policies: tuple[dict, ...]  # policy fields; "table" without a schema (the scratch one)
+    policies: tuple[str, ...]  # policy files (TOML); {schema} is the scratch schema
     holds: tuple[Hold, ...] = ()
     xfail: str | None = None  # an open engine defect this case exposes
 
@@ -183,10 +185,10 @@ def run_case(case: Case) -> Outcome:
     started = time.monotonic()
     load(case)
     policies = {}
-    for fields in case.policies:
-        spec = dict(fields, table=f"{case.schema}.{fields['table']}")
-        spec["cascade_ack"] = [f"{case.schema}.{t}" for t in fields.get("cascade_ack", [])]
-        policies[spec["slug"]] = approved_policy(fast_user, **spec)
+    for text in case.policies:
+        text = text.replace("{schema}", case.schema)
+        spec = load_toml(text)  # the file as the product reads one (retention policy apply)
+        policies[spec.slug] = approved_policy(fast_user, **tomllib.loads(text))
     for hold in case.holds:
         retention_actions.place_hold(
             actor=_keeper(),

@@ -8,8 +8,6 @@ import pytest
 
 from tests.realschemas.corpus import Case, Hold, run_case
 
-SCHEDULE = {"schedule": "0 3 * * *", "timezone": "UTC"}
-
 # fmt: off
 CASES = [
     Case(
@@ -33,13 +31,35 @@ CASES = [
             " {T} + ((g % 2880) - 1440) * interval '7 minutes' FROM generate_series(1, 30000) g",
         ),
         policies=(
-            dict(slug="django-sessions", name="Expired Django sessions", table="django_session",
-                 key="session_key", timestamp="expire_date", timestamp_is_expiry=True,
-                 retention="0 days", chunk_size=4000, **SCHEDULE),
-            dict(slug="django-admin-log", name="Admin log older than a year, deletions kept",
-                 table="django_admin_log", key="id", timestamp="action_time", tenant="user_id",
-                 retention="1 year", chunk_size=4000,
-                 keep=[{"column": "action_flag", "op": "=", "value": 3}], **SCHEDULE),
+            """
+slug = "django-sessions"
+name = "Expired Django sessions"
+table = "{schema}.django_session"
+key = "session_key"
+timestamp = "expire_date"
+timestamp_is_expiry = true
+retention = "0 days"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+""",
+            """
+slug = "django-admin-log"
+name = "Admin log older than a year, deletions kept"
+table = "{schema}.django_admin_log"
+key = "id"
+timestamp = "action_time"
+tenant = "user_id"
+retention = "1 year"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+
+[[keep]]
+column = "action_flag"
+op = "="
+value = 3
+""",
         ),
         holds=(Hold("django-admin-log", tenant="7"),),
     ),
@@ -58,11 +78,22 @@ CASES = [
             " FROM generate_series(1, 40000) g",
         ),
         policies=(
-            dict(slug="celery-results", name="Task results older than 7 days",
-                 table="django_celery_results_taskresult", key="id", timestamp="date_done",
-                 retention="7 days", chunk_size=5000,
-                 keep=[{"column": "status", "op": "in", "values": ["PENDING", "STARTED", "RETRY"]}],
-                 **SCHEDULE),
+            """
+slug = "celery-results"
+name = "Task results older than 7 days"
+table = "{schema}.django_celery_results_taskresult"
+key = "id"
+timestamp = "date_done"
+retention = "7 days"
+chunk_size = 5000
+schedule = "0 3 * * *"
+timezone = "UTC"
+
+[[keep]]
+column = "status"
+op = "in"
+values = ["PENDING", "STARTED", "RETRY"]
+""",
         ),
         holds=(Hold("celery-results", key_from=1000, key_to=3000),),
     ),
@@ -78,10 +109,19 @@ CASES = [
             " 'files', 'changed_self', '[]', 'files', g % 5000 FROM generate_series(1, 30000) g",
         ),
         policies=(
-            dict(slug="nextcloud-activity", name="Activity older than a year",
-                 table="oc_activity", key="activity_id", timestamp="timestamp",
-                 timestamp_unit="s", tenant="affecteduser", retention="365 days",
-                 chunk_size=4000, **SCHEDULE),
+            """
+slug = "nextcloud-activity"
+name = "Activity older than a year"
+table = "{schema}.oc_activity"
+key = "activity_id"
+timestamp = "timestamp"
+timestamp_unit = "s"
+tenant = "affecteduser"
+retention = "365 days"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+""",
         ),
         holds=(Hold("nextcloud-activity", tenant="carol"),),
     ),
@@ -95,10 +135,19 @@ CASES = [
             " {T_MS} - (g::bigint * 172800) FROM generate_series(1, 30000) g",
         ),
         policies=(
-            dict(slug="synapse-user-ips", name="Client IPs not seen for 28 days",
-                 table="user_ips", key=["user_id", "access_token", "ip"], timestamp="last_seen",
-                 timestamp_unit="ms", tenant="user_id", retention="28 days", chunk_size=4000,
-                 **SCHEDULE),
+            """
+slug = "synapse-user-ips"
+name = "Client IPs not seen for 28 days"
+table = "{schema}.user_ips"
+key = ["user_id", "access_token", "ip"]
+timestamp = "last_seen"
+timestamp_unit = "ms"
+tenant = "user_id"
+retention = "28 days"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+""",
         ),
         holds=(Hold("synapse-user-ips", tenant="@user7:example.org"),),
     ),
@@ -119,11 +168,25 @@ CASES = [
             " FROM generate_series(1, 10000) g",
         ),
         policies=(
-            dict(slug="mattermost-posts", name="Messages older than 180 days, pinned kept",
-                 table="posts", key="id", timestamp="createat", timestamp_unit="ms",
-                 tenant="channelid", chunking="timestamp", retention="180 days",
-                 chunk_size=4000, keep=[{"column": "ispinned", "op": "=", "value": True}],
-                 **SCHEDULE),
+            """
+slug = "mattermost-posts"
+name = "Messages older than 180 days, pinned kept"
+table = "{schema}.posts"
+key = "id"
+timestamp = "createat"
+timestamp_unit = "ms"
+tenant = "channelid"
+chunking = "timestamp"
+retention = "180 days"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+
+[[keep]]
+column = "ispinned"
+op = "="
+value = true
+""",
         ),
         holds=(Hold("mattermost-posts", tenant="0a578e37c6b34f50e9341b88de"),),  # md5("channel3")[:26]
     ),
@@ -140,9 +203,19 @@ CASES = [
             " 'scheduled__' || (g / 100), 'airflow', NULL, 1 FROM generate_series(1, 30000) g",
         ),
         policies=(
-            dict(slug="airflow-log", name="Airflow event log older than 90 days",
-                 table="log", key="id", timestamp="dttm", tenant="dag_id", null_tenant="delete",
-                 retention="90 days", chunk_size=4000, **SCHEDULE),
+            """
+slug = "airflow-log"
+name = "Airflow event log older than 90 days"
+table = "{schema}.log"
+key = "id"
+timestamp = "dttm"
+tenant = "dag_id"
+null_tenant = "delete"
+retention = "90 days"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+""",
         ),
         holds=(Hold("airflow-log", tenant="billing_close"),),
     ),
@@ -155,9 +228,18 @@ CASES = [
             " FROM generate_series(0, 39999) g",
         ),
         policies=(
-            dict(slug="discourse-visits", name="Daily visits older than a year",
-                 table="user_visits", key="id", timestamp="visited_at", tenant="user_id",
-                 retention="365 days", chunk_size=4000, **SCHEDULE),
+            """
+slug = "discourse-visits"
+name = "Daily visits older than a year"
+table = "{schema}.user_visits"
+key = "id"
+timestamp = "visited_at"
+tenant = "user_id"
+retention = "365 days"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+""",
         ),
         holds=(Hold("discourse-visits", tenant="42"),),
     ),
@@ -178,10 +260,23 @@ CASES = [
             " FROM generate_series(1, 30000) g",
         ),
         policies=(
-            dict(slug="realtime-messages", name="Realtime messages older than 72 hours",
-                 table="messages", key="id", timestamp="inserted_at", timestamp_zone="UTC",
-                 retention="72 hours", chunk_size=4000,
-                 keep=[{"column": "topic", "op": "=", "value": "room:compliance"}], **SCHEDULE),
+            """
+slug = "realtime-messages"
+name = "Realtime messages older than 72 hours"
+table = "{schema}.messages"
+key = "id"
+timestamp = "inserted_at"
+timestamp_zone = "UTC"
+retention = "72 hours"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+
+[[keep]]
+column = "topic"
+op = "="
+value = "room:compliance"
+""",
         ),
     ),
     Case(
@@ -200,9 +295,19 @@ CASES = [
             " FROM generate_series(1, 30000) g",
         ),
         policies=(
-            dict(slug="mastodon-statuses", name="Statuses older than a year",
-                 table="statuses", key="id", timestamp="created_at", tenant="account_id",
-                 retention="1 year", chunk_size=4000, cascade_ack=["statuses"], **SCHEDULE),
+            """
+slug = "mastodon-statuses"
+name = "Statuses older than a year"
+table = "{schema}.statuses"
+key = "id"
+timestamp = "created_at"
+tenant = "account_id"
+retention = "1 year"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+cascade_ack = ["{schema}.statuses"]
+""",
         ),
         holds=(Hold("mastodon-statuses", tenant="11"),),
         xfail="cascades into held and young rows (#24.1)",
