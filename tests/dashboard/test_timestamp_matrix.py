@@ -253,3 +253,10 @@ def test_every_surface_renders_real_dates_for_every_timestamp_type(matrix, clien
     _cli("check", run.run_key)
     _no_raw_times(_cli("hold", "list"), "retention hold list")
     _cli("audit", "verify")
+    # and the commands that change state but read the table's times: a hold says what it covers
+    # now, a reconciler pass plans and verifies
+    placed = _cli("hold", "place", "--reason", "case 8", "--policy", policy.slug, "--tenant", "2",
+                  "--by", "carla")  # fmt: skip
+    assert re.search(r"[\d,]+ rows now", placed), placed
+    _no_raw_times(placed, "retention hold place")
+    _cli("reconcile")
