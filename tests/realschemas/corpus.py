@@ -106,11 +106,15 @@ def load(case: Case) -> None:
                 .format(sql.Identifier(schema))
                 .as_string(cur.connection),
             )
+        # the DDL and the fill as written, unqualified, in the scratch schema; then the
+        # connection's own search path again (a test's transaction outlives this block)
+        cur.execute("SELECT current_setting('search_path')")
+        (previous,) = cur.fetchone()
         _exec(cur, "SELECT set_config('search_path', %s, true)", [case.schema])
         cur.execute(text)
         for statement in case.fill:
             cur.execute(statement.format(T=T, T_MS=T_MS, T_S=T_S))
-        _exec(cur, "SELECT set_config('search_path', %s, true)", ["retention_runner,public"])
+        _exec(cur, "SELECT set_config('search_path', %s, true)", [previous])
     with connection.cursor() as cur:
         for table in tables(case.schema):
             cur.execute(
