@@ -30,6 +30,7 @@ from runs.actions import (
     trigger_run,
 )
 from runs.engine.explain import chunking as explain_chunking
+from runs.engine.explain import cutoff as explain_cutoff
 from runs.engine.explain import explain as explain_policy
 from runs.engine.reconciler import reconcile as run_reconciler
 from runs.engine.schedules import ensure_system_schedules
@@ -257,6 +258,7 @@ def audit_checkpoint(cmd, o):
 def explain(cmd, o):
     policy = _policy(o["slug"])
     cmd.stdout.write(f"== {explain_chunking(policy)}")
+    cmd.stdout.write(f"== {explain_cutoff(policy)}")
     for title, lines in explain_policy(policy):
         cmd.stdout.write(f"== {title}")
         for line in lines:

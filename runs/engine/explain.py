@@ -5,6 +5,8 @@ that is rolled back, so nothing is deleted."""
 from __future__ import annotations
 
 from contextlib import nullcontext
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -54,7 +56,7 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
     width = len(P.chunk_columns(spec, columns))
     types = P.column_types(spec)
     integer = P.integer_bounds(spec, columns, types)
-    cutoff = spec.cutoff_for(latest_tick(policy, timezone.now()))
+    cutoff = _cutoff(policy)
     bounds = bounds_query(policy.id, cutoff, spec, columns=columns)
     with connection.cursor() as cur:
         cur.execute(bounds.sql.as_string(cur.connection), bounds.params)
@@ -103,6 +105,32 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
         (VERIFICATION, verify),
     ]
     return out
+
+
+def _cutoff(policy) -> datetime:
+    """The cutoff a run created now would use: the latest tick at or before now, minus the
+    retention."""
+    return policy.approved_version.parsed.cutoff_for(latest_tick(policy, timezone.now()))
+
+
+UNIT_NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds"}
+
+
+def cutoff(policy) -> str:
+    """The cutoff of the plans below and the bound their statements compare the timestamp
+    column with, as PostgreSQL shows it in the plans — for an epoch column a number, said here
+    as the instant it counts to."""
+    spec = policy.approved_version.parsed
+    at = _cutoff(policy)
+    local = at.astimezone(ZoneInfo(spec.timezone))
+    bound = P.cutoff_value(spec, at)
+    line = f"cutoff {local:%Y-%m-%d %H:%M %Z}: the statements compare {spec.timestamp} < {bound}"
+    if spec.timestamp_unit:
+        line += (
+            f" ({bound} {UNIT_NAMES[spec.timestamp_unit]} since 1970-01-01 00:00 UTC"
+            f" = {at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC)"
+        )
+    return line
 
 
 def chunking(policy) -> str:

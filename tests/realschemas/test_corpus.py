@@ -1,0 +1,351 @@
+"""The real-schema corpus: public projects' tables as they ship, each with the policy a real
+administrator would write, drained by the real engine and judged table by table
+(``tests.realschemas.corpus``). Times are relative to the tick, 2026-11-30 03:00 UTC."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.realschemas.corpus import Case, Hold, run_case
+
+# fmt: off
+CASES = [
+    Case(
+        name="django", project="Django", ddl="django.sql",
+        fill=(
+            "INSERT INTO django_content_type (app_label, model)"
+            " SELECT 'app' || (g / 10), 'model' || (g % 10) FROM generate_series(0, 39) g",
+            "INSERT INTO auth_user (password, is_superuser, username, first_name, last_name, email,"
+            " is_staff, is_active, date_joined)"
+            " SELECT '!', false, 'user' || g, '', '', 'user' || g || '@example.org', true, true,"
+            " {T} - interval '3 years' FROM generate_series(1, 300) g",
+            # 25,000 admin actions over two years; every 9th a deletion (flag 3)
+            "INSERT INTO django_admin_log (action_time, object_id, object_repr, action_flag,"
+            " change_message, content_type_id, user_id)"
+            " SELECT {T} - (g * interval '41 minutes'), (g % 977)::text, 'Object ' || (g % 977),"
+            " CASE WHEN g % 9 = 0 THEN 3 ELSE 1 + g % 2 END, '[]', 1 + g % 40, 1 + (g * 7) % 300"
+            " FROM generate_series(1, 25000) g",
+            # 30,000 sessions: expiry two weeks either side of the tick
+            "INSERT INTO django_session (session_key, session_data, expire_date)"
+            " SELECT left(md5('session' || g), 32), repeat('x', 120),"
+            " {T} + ((g % 2880) - 1440) * interval '7 minutes' FROM generate_series(1, 30000) g",
+        ),
+        policies=(
+            """
+slug = "django-sessions"
+name = "Expired Django sessions"
+table = "{schema}.django_session"
+key = "session_key"
+timestamp = "expire_date"
+timestamp_is_expiry = true
+retention = "0 days"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+""",
+            """
+slug = "django-admin-log"
+name = "Admin log older than a year, deletions kept"
+table = "{schema}.django_admin_log"
+key = "id"
+timestamp = "action_time"
+tenant = "user_id"
+retention = "1 year"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+
+[[keep]]
+column = "action_flag"
+op = "="
+value = 3
+""",
+        ),
+        holds=(Hold("django-admin-log", tenant="7"),),
+    ),
+    Case(
+        name="celery", project="django-celery-results", ddl="django_celery_results.sql",
+        fill=(
+            # 40,000 task results over 14 days; a few still pending, started or retrying
+            "INSERT INTO django_celery_results_taskresult (task_id, status, content_type,"
+            " content_encoding, result, date_done, task_name, worker, date_created)"
+            " SELECT md5('task' || g)::uuid::text,"
+            " CASE WHEN g % 97 = 0 THEN 'PENDING' WHEN g % 89 = 0 THEN 'RETRY'"
+            " WHEN g % 13 = 0 THEN 'FAILURE' ELSE 'SUCCESS' END,"
+            " 'application/json', 'utf-8', '{{\"ok\": true}}', {T} - (40000 - g) * interval '30 seconds',"
+            " 'billing.tasks.' || (ARRAY['charge', 'refund', 'invoice'])[1 + g % 3],"
+            " 'celery@worker' || (g % 4), {T} - (40000 - g) * interval '30 seconds' - interval '2 seconds'"
+            " FROM generate_series(1, 40000) g",
+        ),
+        policies=(
+            """
+slug = "celery-results"
+name = "Task results older than 7 days"
+table = "{schema}.django_celery_results_taskresult"
+key = "id"
+timestamp = "date_done"
+retention = "7 days"
+chunk_size = 5000
+schedule = "0 3 * * *"
+timezone = "UTC"
+
+[[keep]]
+column = "status"
+op = "in"
+values = ["PENDING", "STARTED", "RETRY"]
+""",
+        ),
+        holds=(Hold("celery-results", key_from=1000, key_to=3000),),
+    ),
+    Case(
+        name="nextcloud", project="Nextcloud Activity", ddl="nextcloud_activity.sql",
+        fill=(
+            # 30,000 activities over 500 days, integer seconds since the epoch
+            "INSERT INTO oc_activity (\"timestamp\", type, \"user\", affecteduser, app, subject,"
+            " subjectparams, object_type, object_id)"
+            " SELECT ({T_S} - (30000 - g) * 1440)::int, 'file_changed',"
+            " (ARRAY['alice', 'bob', 'carol', 'dave', 'Erin'])[1 + g % 5],"
+            " (ARRAY['alice', 'bob', 'carol', 'dave', 'Erin', 'frank'])[1 + (g * 7) % 6],"
+            " 'files', 'changed_self', '[]', 'files', g % 5000 FROM generate_series(1, 30000) g",
+        ),
+        policies=(
+            """
+slug = "nextcloud-activity"
+name = "Activity older than a year"
+table = "{schema}.oc_activity"
+key = "activity_id"
+timestamp = "timestamp"
+timestamp_unit = "s"
+tenant = "affecteduser"
+retention = "365 days"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+""",
+        ),
+        holds=(Hold("nextcloud-activity", tenant="carol"),),
+    ),
+    Case(
+        name="synapse", project="Synapse", ddl="synapse.sql",
+        fill=(
+            # 30,000 (user, token, ip) rows last seen over 60 days, milliseconds since the epoch
+            "INSERT INTO user_ips (user_id, access_token, device_id, ip, user_agent, last_seen)"
+            " SELECT '@user' || (g % 400) || ':example.org', 'syt_' || md5('tok' || g),"
+            " 'DEV' || (g % 900), '10.' || (g % 200) || '.' || (g % 250) || '.1', 'Element/1.11',"
+            " {T_MS} - (g::bigint * 172800) FROM generate_series(1, 30000) g",
+        ),
+        policies=(
+            """
+slug = "synapse-user-ips"
+name = "Client IPs not seen for 28 days"
+table = "{schema}.user_ips"
+key = ["user_id", "access_token", "ip"]
+timestamp = "last_seen"
+timestamp_unit = "ms"
+tenant = "user_id"
+retention = "28 days"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+""",
+        ),
+        holds=(Hold("synapse-user-ips", tenant="@user7:example.org"),),
+    ),
+    Case(
+        name="mattermost", project="Mattermost", ddl="mattermost.sql",
+        fill=(
+            # 30,000 posts over a year in 40 channels, ids of 26 characters, pinned now and then
+            "INSERT INTO posts (id, createat, updateat, deleteat, userid, channelid, rootid,"
+            " message, type, props, hashtags, filenames, ispinned)"
+            " SELECT left(md5('post' || g), 26), {T_MS} - (30000 - g)::bigint * 1051200,"
+            " {T_MS} - (30000 - g)::bigint * 1051200, 0, left(md5('user' || (g % 150)), 26),"
+            " left(md5('channel' || (g % 40)), 26), '', 'message ' || g, '', '{{}}', '', '[]',"
+            " g % 101 = 0 FROM generate_series(1, 30000) g",
+            # each user's reactions: no foreign key, so they stay when their post goes
+            "INSERT INTO reactions (userid, postid, emojiname, createat, updateat, deleteat)"
+            " SELECT left(md5('user' || (g % 150)), 26), left(md5('post' || (g * 3)), 26),"
+            " (ARRAY['+1', 'smile', 'tada'])[1 + g % 3], {T_MS}, {T_MS}, 0"
+            " FROM generate_series(1, 10000) g",
+        ),
+        policies=(
+            """
+slug = "mattermost-posts"
+name = "Messages older than 180 days, pinned kept"
+table = "{schema}.posts"
+key = "id"
+timestamp = "createat"
+timestamp_unit = "ms"
+tenant = "channelid"
+chunking = "timestamp"
+retention = "180 days"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+
+[[keep]]
+column = "ispinned"
+op = "="
+value = true
+""",
+        ),
+        holds=(Hold("mattermost-posts", tenant="0a578e37c6b34f50e9341b88de"),),  # md5("channel3")[:26]
+    ),
+    Case(
+        name="airflow", project="Apache Airflow", ddl="airflow.sql",
+        fill=(
+            # 30,000 log events over 180 days; 9% outside any DAG (dag_id NULL)
+            "INSERT INTO log (dttm, dag_id, task_id, event, run_id, owner, extra, try_number)"
+            " SELECT {T} - g * interval '517 seconds',"
+            " CASE WHEN g % 11 = 0 THEN NULL"
+            " ELSE (ARRAY['billing_close', 'etl_daily', 'ml_train', 'reports'])[1 + g % 4] END,"
+            " CASE WHEN g % 11 = 0 THEN NULL ELSE 'task_' || (g % 7) END,"
+            " (ARRAY['running', 'success', 'failed', 'cli_task_run', 'trigger'])[1 + g % 5],"
+            " 'scheduled__' || (g / 100), 'airflow', NULL, 1 FROM generate_series(1, 30000) g",
+        ),
+        policies=(
+            """
+slug = "airflow-log"
+name = "Airflow event log older than 90 days"
+table = "{schema}.log"
+key = "id"
+timestamp = "dttm"
+tenant = "dag_id"
+null_tenant = "delete"
+retention = "90 days"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+""",
+        ),
+        holds=(Hold("airflow-log", tenant="billing_close"),),
+    ),
+    Case(
+        name="discourse", project="Discourse", ddl="discourse.sql",
+        fill=(
+            # 500 users, each visiting every ninth day for two years (one row per user and day)
+            "INSERT INTO user_visits (user_id, visited_at, posts_read)"
+            " SELECT 1 + g % 500, ({T} AT TIME ZONE 'UTC')::date - (g / 500) * 9 - (g % 9), g % 40"
+            " FROM generate_series(0, 39999) g",
+        ),
+        policies=(
+            """
+slug = "discourse-visits"
+name = "Daily visits older than a year"
+table = "{schema}.user_visits"
+key = "id"
+timestamp = "visited_at"
+tenant = "user_id"
+retention = "365 days"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+""",
+        ),
+        holds=(Hold("discourse-visits", tenant="42"),),
+    ),
+    Case(
+        name="supabase", project="Supabase Realtime", ddl="supabase_realtime.sql",
+        fill=(
+            # a partition per day for the eight days before the tick (as realtime.send makes them)
+            "DO $$ DECLARE d date; BEGIN"
+            " FOR d IN SELECT generate_series(date '2026-11-22', date '2026-11-30', interval '1 day')::date"
+            " LOOP EXECUTE format('CREATE TABLE %I PARTITION OF messages FOR VALUES FROM (%L) TO (%L)',"
+            " 'messages_' || to_char(d, 'YYYY_MM_DD'), d, d + 1); END LOOP; END $$",
+            # 30,000 broadcasts over the last seven days, UTC wall-clock time
+            "INSERT INTO messages (topic, extension, payload, event, private, updated_at, inserted_at, id)"
+            " SELECT (ARRAY['room:lobby', 'room:support', 'room:compliance', 'room:' || (g % 50)])[1 + g % 4],"
+            " CASE WHEN g % 10 = 0 THEN 'presence' ELSE 'broadcast' END, '{{\"n\": 1}}', 'message', g % 3 = 0,"
+            " ({T} AT TIME ZONE 'UTC') - g * interval '20 seconds',"
+            " ({T} AT TIME ZONE 'UTC') - g * interval '20 seconds', md5('message' || g)::uuid"
+            " FROM generate_series(1, 30000) g",
+        ),
+        policies=(
+            """
+slug = "realtime-messages"
+name = "Realtime messages older than 72 hours"
+table = "{schema}.messages"
+key = "id"
+timestamp = "inserted_at"
+timestamp_zone = "UTC"
+retention = "72 hours"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+
+[[keep]]
+column = "topic"
+op = "="
+value = "room:compliance"
+""",
+        ),
+    ),
+    Case(
+        name="mastodon", project="Mastodon", ddl="mastodon.sql",
+        fill=(
+            "INSERT INTO accounts SELECT g, 'account' || g FROM generate_series(1, 200) g",
+            # 30,000 statuses, one an hour for 3.4 years (ids follow time); every fifth is a
+            # reblog of a status up to 500 days older, by another account
+            "INSERT INTO statuses (id, text, created_at, updated_at, reblog_of_id, visibility,"
+            " account_id, local)"
+            " SELECT g, CASE WHEN g % 5 = 0 THEN '' ELSE 'toot ' || g END,"
+            " ({T} AT TIME ZONE 'UTC') - (30000 - g) * interval '1 hour',"
+            " ({T} AT TIME ZONE 'UTC') - (30000 - g) * interval '1 hour',"
+            " CASE WHEN g % 5 = 0 AND g - 1 - (g * 7919) % 12000 > 0"
+            " THEN g - 1 - (g * 7919) % 12000 END, 0, 1 + (g * 13) % 200, true"
+            " FROM generate_series(1, 30000) g",
+        ),
+        policies=(
+            """
+slug = "mastodon-statuses"
+name = "Statuses older than a year"
+table = "{schema}.statuses"
+key = "id"
+timestamp = "created_at"
+tenant = "account_id"
+retention = "1 year"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+cascade_ack = ["{schema}.statuses"]
+""",
+        ),
+        holds=(Hold("mastodon-statuses", tenant="11"),),
+        xfail="cascades into held and young rows (#24.1)",
+    ),
+]
+# fmt: on
+
+
+def _param(case: Case):
+    marks = [pytest.mark.xfail(strict=True, reason=case.xfail)] if case.xfail else []
+    return pytest.param(case, id=case.name, marks=marks)
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in CASES])
+def test_a_real_schema_drains_exactly_what_its_policy_allows(db, settings, case):
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    outcome = run_case(case)
+    deleted = sum(outcome.audited.values())
+    print(
+        f"\n{case.project}: {sum(outcome.rows.values())} rows in {len(outcome.rows)} table(s),"
+        f" {deleted} deleted in {outcome.chunks} chunk(s), {outcome.seconds:.1f} s;"
+        f" gone per table {outcome.gone}"
+    )
+    for run in outcome.runs:
+        print(f"  {run.policy.slug}: {run.chunking} chunks; verification {run.verification}")
+    for problem in outcome.problems:
+        print(f"  problem: {problem}")
+    assert outcome.problems == []
+    assert deleted > 0  # every case has old rows: a case that deletes nothing proves nothing
+    if case.holds:  # each case's holds protect old rows that would otherwise go
+        assert sum(r.verification.get("deferred_by_holds", 0) for r in outcome.runs) > 0
+
+
+def test_the_corpus_names_at_least_eight_projects_each_with_its_source():
+    from tests.realschemas.corpus import DDL
+
+    assert len({c.project for c in CASES}) >= 8
+    for case in CASES:
+        head = (DDL / case.ddl).read_text()[:2000]
+        assert "Repository: https://github.com/" in head, case.ddl
+        assert "Commit: " in head or "(commit " in head, case.ddl
