@@ -323,6 +323,42 @@ timezone = "UTC"
         partitions=(("dropped", 4),),
     ),
     Case(
+        name="keycloak", project="Keycloak", ddl="keycloak.sql",
+        fill=(
+            # 30,000 admin events over 360 days in five realms, milliseconds since the epoch
+            "INSERT INTO admin_event_entity (id, admin_event_time, realm_id, operation_type,"
+            " auth_realm_id, auth_client_id, auth_user_id, ip_address, resource_path, resource_type)"
+            " SELECT md5('admin-event' || g)::uuid::text, {T_MS} - g::bigint * 1036800,"
+            " md5('realm' || (g % 5))::uuid::text, (ARRAY['CREATE', 'UPDATE', 'DELETE', 'ACTION'])[1 + g % 4],"
+            " md5('realm0')::uuid::text, md5('admin-cli')::uuid::text, md5('admin' || (g % 12))::uuid::text,"
+            " '10.0.' || (g % 200) || '.7', 'users/' || md5('user' || (g % 3000))::uuid,"
+            " (ARRAY['USER', 'CLIENT', 'REALM_ROLE', 'GROUP'])[1 + (g / 4) % 4]"
+            " FROM generate_series(1, 30000) g",
+        ),
+        policies=(
+            """
+slug = "keycloak-admin-events"
+name = "Admin events older than 180 days, deletions kept"
+table = "{schema}.admin_event_entity"
+key = "id"
+timestamp = "admin_event_time"
+timestamp_unit = "ms"
+tenant = "realm_id"
+chunking = "key"
+retention = "180 days"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+
+[[keep]]
+column = "operation_type"
+op = "="
+value = "DELETE"
+""",
+        ),
+        holds=(Hold("keycloak-admin-events", tenant="060241cc-e47e-c57c-3278-d9f0e2acd6b8"),),  # md5("realm3")
+    ),
+    Case(
         name="mastodon", project="Mastodon", ddl="mastodon.sql",
         fill=(
             "INSERT INTO accounts SELECT g, 'account' || g FROM generate_series(1, 200) g",
