@@ -334,6 +334,16 @@ timezone = "UTC"
             " '10.0.' || (g % 200) || '.7', 'users/' || md5('user' || (g % 3000))::uuid,"
             " (ARRAY['USER', 'CLIENT', 'REALM_ROLE', 'GROUP'])[1 + (g / 4) % 4]"
             " FROM generate_series(1, 30000) g",
+            # 20,000 user events over 60 days in the same realms; every 9th a failed login
+            "INSERT INTO event_entity (id, client_id, details_json, error, ip_address, realm_id,"
+            " session_id, event_time, type, user_id)"
+            " SELECT md5('event' || g)::uuid::text, 'account-console', '{{\"auth_method\": \"openid-connect\"}}',"
+            " CASE WHEN g % 9 = 0 THEN 'invalid_user_credentials' END, '10.1.' || (g % 200) || '.9',"
+            " md5('realm' || (g % 5))::uuid::text, md5('session' || (g / 3))::uuid::text,"
+            " {T_MS} - g::bigint * 259200,"
+            " CASE WHEN g % 9 = 0 THEN 'LOGIN_ERROR' ELSE (ARRAY['LOGIN', 'CODE_TO_TOKEN', 'REFRESH_TOKEN',"
+            " 'LOGOUT'])[1 + g % 4] END, md5('user' || (g % 3000))::uuid::text"
+            " FROM generate_series(1, 20000) g",
         ),
         policies=(
             """
@@ -355,8 +365,30 @@ column = "operation_type"
 op = "="
 value = "DELETE"
 """,
+            """
+slug = "keycloak-events"
+name = "User events older than 30 days, failed logins kept"
+table = "{schema}.event_entity"
+key = "id"
+timestamp = "event_time"
+timestamp_unit = "ms"
+tenant = "realm_id"
+chunking = "key"
+retention = "30 days"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+
+[[keep]]
+column = "type"
+op = "="
+value = "LOGIN_ERROR"
+""",
         ),
-        holds=(Hold("keycloak-admin-events", tenant="060241cc-e47e-c57c-3278-d9f0e2acd6b8"),),  # md5("realm3")
+        holds=(  # md5("realm3")
+            Hold("keycloak-admin-events", tenant="060241cc-e47e-c57c-3278-d9f0e2acd6b8"),
+            Hold("keycloak-events", tenant="060241cc-e47e-c57c-3278-d9f0e2acd6b8"),
+        ),
     ),
     Case(
         name="mastodon", project="Mastodon", ddl="mastodon.sql",
