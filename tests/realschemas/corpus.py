@@ -12,7 +12,10 @@ and judges the outcome:
 - every table of the schema, policy target or not, compared as a multiset of whole rows with
   its own shadow copy: a table no policy targets loses and changes nothing, a target loses
   exactly the rows its audit records count and changes none (a cascade, a ``SET NULL`` or a
-  trigger anywhere shows up here).
+  trigger anywhere shows up here);
+- for a partitioned table, what the runs did with whole partitions (``PartitionAction`` states
+  counted; a partition may live in a schema of its own, ``Case.schemas``, as GitLab keeps
+  them): the rows alone cannot tell a partition dropped whole from one deleted in chunks.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from django.contrib.auth.models import User
 from django.db import connection, transaction
-from django.db.models import Sum
+from django.db.models import Count, Sum
 from psycopg import sql
 
 from retention import actions as retention_actions
@@ -33,7 +36,7 @@ from retention.spec import load_toml
 from runs.actions import trigger_run
 from runs.engine import worker
 from runs.evidence.invariants import Shadow, check_run
-from runs.models import AuditRecord, Run
+from runs.models import AuditRecord, PartitionAction, Run
 from tests.factories import approved_policy
 from tests.runs.shapes import fast_user
 
@@ -60,10 +63,15 @@ class Case:
     name: str  # the scratch schema is rs_<name>
     project: str
     ddl: str  # file in ddl/
-    fill: tuple[str, ...]  # SQL run with search_path = the scratch schema; {T}, {T_MS}, {T_S}
+    fill: tuple[str, ...]  # SQL run with search_path = the scratch schema; {T}, {T_MS}, {T_S}, {S}
     policies: tuple[str, ...]  # policy files (TOML); {schema} is the scratch schema
     holds: tuple[Hold, ...] = ()
     xfail: str | None = None  # an open engine defect this case exposes
+    # other scratch schemas the fill writes to, each rs_<name>_<suffix> ({S} in fill SQL is
+    # the scratch schema): a partitioned table's partitions where the project keeps them
+    schemas: tuple[str, ...] = ()
+    # what the runs must have done with whole partitions: PartitionAction state -> count
+    partitions: tuple[tuple[str, int], ...] = ()
 
     @property
     def schema(self) -> str:
@@ -72,6 +80,12 @@ class Case:
     @property
     def shadow_schema(self) -> str:
         return f"rs_{self.name}_shadow"
+
+    @property
+    def scratch_schemas(self) -> list[str]:
+        """Every schema the case makes, the table's own first (dropping it drops the
+        partitions kept elsewhere with their parent)."""
+        return [self.schema, self.shadow_schema] + [f"{self.schema}_{s}" for s in self.schemas]
 
 
 @dataclasses.dataclass
@@ -83,6 +97,7 @@ class Outcome:
     chunks: int
     seconds: float
     runs: list[Run]
+    partitions: dict[str, int]  # PartitionAction state -> count
 
 
 def _exec(cur, statement: str, params=None) -> None:
@@ -93,7 +108,7 @@ def load(case: Case) -> None:
     """The scratch schema with the case's DDL as written, filled, analyzed."""
     text = (DDL / case.ddl).read_text()
     with transaction.atomic(), connection.cursor() as cur:
-        for schema in (case.schema, case.shadow_schema):
+        for schema in case.scratch_schemas:
             _exec(
                 cur,
                 sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE")
@@ -113,7 +128,7 @@ def load(case: Case) -> None:
         _exec(cur, "SELECT set_config('search_path', %s, true)", [case.schema])
         cur.execute(text)
         for statement in case.fill:
-            cur.execute(statement.format(T=T, T_MS=T_MS, T_S=T_S))
+            cur.execute(statement.format(T=T, T_MS=T_MS, T_S=T_S, S=case.schema))
         _exec(cur, "SELECT set_config('search_path', %s, true)", [previous])
     with connection.cursor() as cur:
         for table in tables(case.schema):
@@ -234,4 +249,12 @@ def run_case(case: Case) -> Outcome:
         if changed:
             problems.append(f"{table}: {changed} row(s) changed by the runs")
     chunks = AuditRecord.objects.filter(run__in=runs).count()
-    return Outcome(problems, rows, gone, audited, chunks, time.monotonic() - started, runs)
+    partitions = {
+        row["state"]: row["n"]
+        for row in PartitionAction.objects.filter(run__in=runs)
+        .values("state")
+        .annotate(n=Count("id"))
+    }
+    return Outcome(
+        problems, rows, gone, audited, chunks, time.monotonic() - started, runs, partitions
+    )
