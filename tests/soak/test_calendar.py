@@ -3,7 +3,7 @@ York, Dublin and Lord Howe and Apia's skipped day, daily crons in a skipped and 
 hour, on a fake clock, with outages, lost and crashed triggers, pauses, approvals and spells
 of guard refusals.
 
-Short by default (4 fake hours around each of eight edges); set ``RETENTION_CALENDAR_HOURS``
+Short by default (3 fake hours around each of eight edges); set ``RETENTION_CALENDAR_HOURS``
 (e.g. 48) and ``RETENTION_CALENDAR_SEED`` for a long run."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_every_allowed_tick_runs_once_with_its_cutoff_and_nothing_stays_stuck(
     make_user, monkeypatch
 ):
-    hours = float(os.environ.get("RETENTION_CALENDAR_HOURS", "4"))
+    hours = float(os.environ.get("RETENTION_CALENDAR_HOURS", "3"))
     seed = int(os.environ.get("RETENTION_CALENDAR_SEED", "18"))
     report = simulate(make_user, monkeypatch, hours=hours, seed=seed)
     print(report.table())
