@@ -443,6 +443,11 @@ def _delete(statement: P.Fragment, *, by_tenant: bool) -> tuple[int, dict | None
         try:
             with one_round_trip():
                 cur.execute("SAVEPOINT chunk_delete")
+                # a deferred foreign key (Django creates every one DEFERRABLE INITIALLY
+                # DEFERRED) would fail only at COMMIT, after the audit row; checked at the end of
+                # the DELETE instead, its violation is the statement's own failure, with its
+                # SQLSTATE, and the chunk is bisected to the referenced rows like any other
+                cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
                 delete.execute(statement.sql.as_string(delete.connection), statement.params)
                 cur.execute("RELEASE SAVEPOINT chunk_delete")
                 audit.lock_and_read_head(head)
