@@ -23,6 +23,7 @@ from django.utils import timezone
 from psycopg import sql
 
 from core import locks, timeouts
+from retention import cascades
 from retention import predicate as P
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import latest_tick
@@ -69,6 +70,9 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
     by after a hold's release: ``runs.evidence.invariants``)."""
     spec = run.policy_version.parsed
     types = P.column_types(spec)
+    _graph, cascade = cascades.for_run(
+        spec, policy_id=run.policy_id, cutoff=run.cutoff, tick=run.tick
+    )
     counts = P.verification_counts(
         spec,
         policy_id=run.policy_id,
@@ -76,13 +80,16 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
         outside=discarded_scopes(run),
         limit=limit,
         types=types,
+        cascade=cascade,
     )
     with transaction.atomic(), bitmap_scan(spec), connection.cursor() as cur:
         cur.execute(counts.sql.as_string(cur.connection), counts.params)
-        remaining, deferred, nulls, hold_ids = cur.fetchone()
+        remaining, deferred, nulls, hold_ids, blocked = cur.fetchone()
+    found = {"deferred_by_cascades": blocked} if cascade is not None else {}
     return {
         "remaining": remaining,
         "deferred_by_holds": deferred,
+        **found,
         "holds": list(hold_ids or []),
         "discarded": discarded_report(run, spec, types=types),
         "not_eligible_null": nulls,

@@ -33,6 +33,7 @@ from psycopg import sql
 
 from core import locks
 from core.pipeline import one_round_trip
+from retention import cascades
 from retention import predicate as P
 from retention.models import PolicyVersion
 from runs import actions
@@ -373,6 +374,10 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
 
         started = timezone.now()
         t0 = time.monotonic()
+        # read after the fences: a version approved since is respected by this chunk
+        graph, cascade = cascades.for_run(
+            spec, policy_id=run.policy_id, cutoff=run.cutoff, tick=run.tick
+        )
         statement = P.delete_chunk(
             spec,
             policy_id=run.policy_id,
@@ -383,10 +388,13 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
             outside=admitted.outside,
             by_tenant=bool(spec.tenant) and not per_tenant,
             columns=run.bound_columns(spec),
+            cascade=cascade,
         )
         try:
-            deleted, tenant_rows, head = _delete(
-                statement, by_tenant=bool(spec.tenant) and not per_tenant
+            deleted, tenant_rows, head, table_rows = _delete(
+                statement,
+                by_tenant=bool(spec.tenant) and not per_tenant,
+                counted=graph if cascade is not None else None,
             )
         except _DeleteFailed as failed:
             # If the connection itself is gone, recording fails too and the error reaches
@@ -415,6 +423,7 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
                 "worker_pid": os.getpid(),
                 "rows_deleted": deleted,
                 "tenant_rows": tenant_rows,
+                "table_rows": table_rows,
                 "started_at": started,
                 "outcome": "deleted",
                 "run_key": run.run_key,
@@ -427,18 +436,25 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
     return Outcome(DONE, chunk_id, rows=deleted, seconds=seconds)
 
 
-def _delete(statement: P.Fragment, *, by_tenant: bool) -> tuple[int, dict | None, tuple]:
+def _delete(
+    statement: P.Fragment, *, by_tenant: bool, counted: cascades.Graph | None = None
+) -> tuple[int, dict | None, tuple, dict | None]:
     """The chunk's DELETE in a savepoint, then the chain lock and the chain head, in one round
     trip: (rows deleted, rows per tenant of a chunk across tenants, the head for
-    ``audit.link``). The chain lock comes after the DELETE, so the DELETEs of two workers
+    ``audit.link``, rows removed per table of ``counted``: the tables its cascades reach,
+    from PostgreSQL's per-transaction statistics read just before and just after the DELETE).
+    The chain lock comes after the DELETE, so the DELETEs of two workers
     overlap and only their audit rows queue; it is held until commit, so records chain in
     commit order. A DELETE that fails raises ``_DeleteFailed`` with the transaction back at
     the savepoint, still holding the chunk's lock, so the failure is recorded in it; a failure
     after the DELETE (the chain lock's timeout, a lost connection) loses the transaction."""
+    stats = cascades.deleted_rows(counted) if counted is not None else None
     with (
         connection.cursor() as cur,
         connection.cursor() as delete,
         connection.cursor() as head,
+        connection.cursor() as before,
+        connection.cursor() as after,
     ):
         try:
             with one_round_trip():
@@ -448,7 +464,11 @@ def _delete(statement: P.Fragment, *, by_tenant: bool) -> tuple[int, dict | None
                 # the DELETE instead, its violation is the statement's own failure, with its
                 # SQLSTATE, and the chunk is bisected to the referenced rows like any other
                 cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
+                if stats is not None:
+                    before.execute(stats.sql.as_string(before.connection), stats.params)
                 delete.execute(statement.sql.as_string(delete.connection), statement.params)
+                if stats is not None:
+                    after.execute(stats.sql.as_string(after.connection), stats.params)
                 cur.execute("RELEASE SAVEPOINT chunk_delete")
                 audit.lock_and_read_head(head)
         except DatabaseError as exc:
@@ -456,12 +476,18 @@ def _delete(statement: P.Fragment, *, by_tenant: bool) -> tuple[int, dict | None
                 raise
             cur.execute("ROLLBACK TO SAVEPOINT chunk_delete")
             raise _DeleteFailed(exc) from exc
+        table_rows = None
+        if stats is not None:
+            was = dict(before.fetchall())
+            table_rows = {
+                counted.names[oid]: int(n) - int(was.get(oid) or 0) for oid, n in after.fetchall()
+            }
         if by_tenant:  # rows deleted per tenant; rows without a tenant (null_tenant =
             # "delete") are the rest of the total: a record's tenant_rows name tenants only
             counts = [(t, int(n)) for t, n in delete.fetchall()]
             tenant_rows = {t: n for t, n in counts if t is not None}
-            return sum(n for _t, n in counts), tenant_rows, head.fetchone()
-        return delete.rowcount, None, head.fetchone()
+            return sum(n for _t, n in counts), tenant_rows, head.fetchone(), table_rows
+        return delete.rowcount, None, head.fetchone(), table_rows
 
 
 def _finish(record: dict, chunk_id: int, attempts: int, *, commit: bool) -> None:
