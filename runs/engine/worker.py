@@ -338,8 +338,34 @@ class _DeleteFailed(Exception):
         self.error = error
 
 
+class _CommitFailed(_DeleteFailed):
+    """The audit row, the chunk's state or COMMIT failed: the transaction is gone."""
+
+
 def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
-    """The chunk transaction of one claimed chunk."""
+    """The chunk transaction of one claimed chunk. A failure while committing it (after its
+    DELETE: the audit row, the chunk's state, COMMIT itself) rolls everything back; it is then
+    recorded like a failed DELETE — retried, split or dead-lettered by its SQLSTATE — in a
+    transaction of its own that locks the chunk again, rather than left for the drain loop to
+    take for a lost connection. A lost connection still goes there."""
+    try:
+        return _chunk_transaction(run, spec, claim, verdict)
+    except _CommitFailed as failed:
+        exc = failed.error
+        with transaction.atomic():
+            mine = Chunk.objects.select_for_update().filter(
+                pk=claim.chunk_id, state=Chunk.State.PENDING, claimed_at=claim.claimed_at
+            )
+            if mine.exists():  # still this claim's: no other attempt took it over meanwhile
+                _record_failure(run, claim.chunk_id, claim.attempts, exc)
+        return Outcome(
+            FAILED,
+            claim.chunk_id,
+            reason=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+        )
+
+
+def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
     chunk_id, tenant, attempts = claim.chunk_id, claim.tenant, claim.attempts
     per_tenant = run.per_tenant(spec)
     # Our own transaction (not a savepoint in a caller's): COMMIT goes with the last statements.
@@ -431,7 +457,12 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
             },
             head,
         )
-        _finish(record, chunk_id, attempts + 1, commit=own)
+        try:
+            _finish(record, chunk_id, attempts + 1, commit=own)
+        except DatabaseError as exc:
+            if not own or _connection_lost(exc):
+                raise
+            raise _CommitFailed(exc) from exc
         seconds = time.monotonic() - t0
     return Outcome(DONE, chunk_id, rows=deleted, seconds=seconds)
 

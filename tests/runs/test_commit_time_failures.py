@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 
 from runs.actions import trigger_run
+from runs.engine import worker
 from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, Chunk, DeadLetter, Run
 from tests.factories import approved_policy, events_spec
@@ -77,3 +78,42 @@ def test_a_restricting_foreign_key_dead_letters_its_rows_with_their_sqlstate_and
         == Chunk.objects.filter(run=run, state=Chunk.State.DONE).count()
     )
     assert check_run(run, shadow=SHADOW, expect_drained=False) == []
+
+
+def test_a_failure_while_committing_the_chunk_is_recorded_with_its_sqlstate_not_as_a_lost_connection(
+    events, make_user
+):
+    """What still fails after the DELETE (the audit row, the chunk's state, COMMIT): a deferred
+    constraint trigger on the audit table that refuses the record (as a missing grant would)
+    stands for any of them. The transaction is gone, so the failure is recorded in one of its own: the chunk keeps
+    its rows, gets the SQLSTATE and is dead-lettered (permanent) — the drain loop does not take
+    it for a lost connection, nor the next attempt for a killed one."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "CREATE FUNCTION public.rr_refuse_audit() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$BEGIN RAISE EXCEPTION 'audit refused' USING ERRCODE = 'insufficient_privilege'; END$$"
+        )
+        cur.execute(
+            "CREATE CONSTRAINT TRIGGER rr_refuse_audit AFTER INSERT ON runs_auditrecord"
+            " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.rr_refuse_audit()"
+        )
+    try:
+        policy = approved_policy(make_user, **events_spec(chunk_size=200))
+        run, _ = trigger_run(policy, tick=NOW)
+        before = count("public.rr_events")
+
+        stats = worker.drain(run.pk, budget_s=30, until_idle=True)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TRIGGER rr_refuse_audit ON runs_auditrecord")
+            cur.execute("DROP FUNCTION public.rr_refuse_audit()")
+
+    assert count("public.rr_events") == before
+    assert not AuditRecord.objects.filter(run=run).exists()
+    letters = list(DeadLetter.objects.filter(run=run))
+    assert letters and all(
+        (x.error_class, x.sqlstate) == ("permanent", "42501") for x in letters
+    ), [(x.error_class, x.sqlstate, x.message) for x in letters]
+    assert all("audit refused" in x.message for x in letters)
+    assert not any("killed" in x.message for x in letters)
+    assert stats["failed"] == len(letters), stats
