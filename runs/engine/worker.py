@@ -36,6 +36,7 @@ from core.pipeline import one_round_trip
 from retention import cascades
 from retention import predicate as P
 from retention.models import PolicyVersion
+from retention.spec import SpecError
 from runs import actions
 from runs.engine import guard, partitions, planner, reconciler, stopping
 from runs.engine.errors import PERMANENT, backoff, classify, dead_letter, sqlstate_of
@@ -401,9 +402,13 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
         started = timezone.now()
         t0 = time.monotonic()
         # read after the fences: a version approved since is respected by this chunk
-        graph, cascade = cascades.for_run(
-            spec, policy_id=run.policy_id, cutoff=run.cutoff, tick=run.tick
-        )
+        try:
+            graph, cascade = cascades.for_run(
+                spec, policy_id=run.policy_id, cutoff=run.cutoff, tick=run.tick
+            )
+        except SpecError as exc:  # the table's cascades changed into ones no guard can follow
+            _record_failure(run, chunk_id, attempts, exc)
+            return Outcome(FAILED, chunk_id, reason=str(exc))
         statement = P.delete_chunk(
             spec,
             policy_id=run.policy_id,

@@ -18,7 +18,7 @@ from runs.engine import worker
 from runs.evidence import exports
 from runs.evidence.audit import TABLE_ROWS_CHAIN_VERSION, verify_chain
 from runs.evidence.invariants import check_run
-from runs.models import AuditRecord, Run
+from runs.models import AuditRecord, DeadLetter, Run
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW, count
 from tests.security.test_audit_append_only import behind_the_trigger
@@ -255,3 +255,28 @@ def test_the_checker_reports_protected_rows_a_cascade_removed_and_rows_it_did_no
         "public.rr_order_lines: 1 row(s) that policy lines protects (newer than its cutoff, "
         "kept or held) are gone",
     ]
+
+
+def test_a_cascade_cycle_created_after_approval_dead_letters_the_chunks_and_deletes_nothing(
+    orders, make_user
+):
+    policy = approved_policy(
+        make_user, slug="orders", table="public.rr_orders", key="id", timestamp="placed_at",
+        retention="20 days", schedule="0 3 * * *", timezone="UTC", chunk_size=500,
+        chunking="key", cascade_ack=["public.rr_order_lines"],
+    )  # fmt: skip
+    sql(
+        "ALTER TABLE public.rr_orders ADD COLUMN line_id bigint"
+        " REFERENCES public.rr_order_lines (id) ON DELETE CASCADE"
+    )
+    before = count("public.rr_orders"), count("public.rr_order_lines")
+    run, _ = trigger_run(policy, tick=NOW)
+
+    worker.drain(run.pk, budget_s=30, until_idle=True)
+
+    assert (count("public.rr_orders"), count("public.rr_order_lines")) == before
+    run.refresh_from_db()
+    assert run.state == Run.State.ATTENTION, run.state_reason
+    letters = list(DeadLetter.objects.filter(run=run))
+    assert letters and all(x.error_class == "permanent" for x in letters)
+    assert all("rr_orders_line_id_fkey on public.rr_orders (line_id)" in x.message for x in letters)
