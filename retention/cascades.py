@@ -105,6 +105,19 @@ def cascading_keys(oid: int) -> list[Edge]:
     ]
 
 
+def reached_by_cascades(spec: PolicySpec) -> bool:
+    """A foreign key of the policy's table cascades from another table (or from itself): a
+    DELETE there may remove this table's rows, so other policies' chunks judge them by this
+    policy (``protectors``)."""
+    return bool(
+        _fetch(
+            "SELECT 1 FROM pg_catalog.pg_constraint WHERE contype = 'f' AND confdeltype = 'c'"
+            " AND conrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) LIMIT 1",
+            [spec.schema, spec.table],
+        )
+    )
+
+
 def graph_of(spec: PolicySpec) -> Graph:
     """Every table a DELETE on the policy's table reaches by cascades. SpecError naming the
     foreign key when a cascade cannot be followed: a cycle through two or more tables (a table

@@ -8,11 +8,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.db import connection
 
+from core import locks
 from retention import actions as retention_actions
+from retention.models import Policy
 from runs.actions import trigger_run
 from runs.engine import worker
 from runs.evidence import exports
@@ -21,6 +24,8 @@ from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, DeadLetter, Run
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW, count
+from tests.runs.processes import pg_connect, wait_for
+from tests.runs.test_decision_fence import advisory_waiters, in_thread
 from tests.security.test_audit_append_only import behind_the_trigger
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -280,3 +285,39 @@ def test_a_cascade_cycle_created_after_approval_dead_letters_the_chunks_and_dele
     letters = list(DeadLetter.objects.filter(run=run))
     assert letters and all(x.error_class == "permanent" for x in letters)
     assert all("rr_orders_line_id_fkey on public.rr_orders (line_id)" in x.message for x in letters)
+
+
+def test_approving_a_version_of_a_table_that_cascades_reach_waits_for_every_chunk_in_flight(
+    orders, make_user
+):
+    """Another policy's chunk judges this table's rows by its approved version: the approval is
+    ordered against every chunk in flight (each holds the global fence shared until it
+    commits), as a legal hold is. A table no cascade reaches keeps its policy's own fence."""
+    spec = dict(
+        slug="lines", table="public.rr_order_lines", key="id", timestamp="updated_at",
+        retention="10 days", schedule="0 4 * * *", timezone="UTC",
+    )  # fmt: skip
+    approved_policy(make_user, **spec)
+    chunk_in_flight = pg_connect(autocommit=False)
+    chunk_in_flight.execute("SELECT pg_advisory_xact_lock_shared(%s, 0)", [locks.HOLDS])
+    observer = pg_connect()
+    try:
+        # a table no cascade reaches: approved at once
+        approved_policy(
+            make_user, slug="orders", table="public.rr_orders", key="id",
+            timestamp="placed_at", retention="20 days", schedule="0 3 * * *",
+            cascade_ack=["public.rr_order_lines"],
+        )  # fmt: skip
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            approval = pool.submit(
+                in_thread(lambda: approved_policy(make_user, **{**spec, "retention": "5 days"}))
+            )
+            wait_for(lambda: advisory_waiters(observer), what="the approval to wait")
+            assert not approval.done()
+            chunk_in_flight.commit()
+            approval.result(timeout=60)
+    finally:
+        chunk_in_flight.close()
+        observer.close()
+    lines = Policy.objects.get(slug="lines")
+    assert lines.approved_version.parsed.retention == "5 days"
