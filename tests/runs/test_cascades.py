@@ -9,8 +9,10 @@ import csv
 import io
 import json
 from concurrent.futures import ThreadPoolExecutor
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 
 from core import locks
@@ -117,6 +119,12 @@ def test_a_self_referencing_cascade_spares_held_and_young_reposts_and_the_audit_
     assert gone > 0
     assert gone_by_table(run) == {"public.rr_posts": gone}
     assert check_run(run, shadow=("public", "rr_posts_shadow")) == []
+    # retention explain shows the chunk's DELETE with its guard, on the repost_of index
+    out = StringIO()
+    call_command("retention", "explain", "posts", stdout=out)
+    delete = out.getvalue().split("== worker: chunk DELETE")[1].split("\n== ")[0]
+    assert "Index Scan using rr_posts_repost_of_idx" in delete, delete
+    assert "Index Cond: (repost_of = t.id)" in delete, delete
 
 
 @pytest.fixture
