@@ -18,7 +18,7 @@ from django.utils import timezone
 from core.locks import decision_fence, hold_fence
 from core.oplog import ActionError, check_decision, record_action, require_reason
 from core.roles import COMPLIANCE, ONCALL, check_role, check_role_or_system
-from retention import holds, introspect
+from retention import cascades, holds, introspect
 from retention.models import LegalHold, Policy, PolicyVersion
 from retention.preview import preview as take_preview
 from retention.signals import policy_decided
@@ -134,6 +134,11 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
     Copies name, schedule and timezone to the policy and syncs its schedule."""
     check_role(actor, COMPLIANCE)
     reason = require_reason(reason, "approving a version")
+    if cascades.reached_by_cascades(version.parsed):
+        # other policies' chunks whose DELETE cascades into this table judge its rows by the
+        # approved version: every chunk in flight commits first (the global fence, taken
+        # before the policy's, in the order chunks take them)
+        decision_fence()
     decision_fence(version.policy_id)  # chunks of the old version in flight commit first
     version = _locked_version(version)
     if version.state != State.SUBMITTED:

@@ -21,7 +21,7 @@ from psycopg import sql
 
 from core import timeouts
 from database.schema import product_table_names
-from retention import holds, partitions, predicate
+from retention import cascades, holds, partitions, predicate
 from retention.spec import PolicySpec, SpecError
 
 KEY_TYPES = ("int2", "int4", "int8")
@@ -58,6 +58,7 @@ class ForeignKey:
     columns: list[str]
     on_delete: str
     acknowledged: bool = False
+    deferred: bool = False  # DEFERRABLE INITIALLY DEFERRED: PostgreSQL checks it at COMMIT
 
     @property
     def blocks_deletion(self) -> bool:
@@ -189,17 +190,32 @@ def _foreign_keys(oid: int) -> list[ForeignKey]:
         "SELECT con.conname, n.nspname, c.relname, con.confdeltype,"
         " ARRAY(SELECT a.attname FROM unnest(con.conkey) WITH ORDINALITY AS k(attnum, ord)"
         "       JOIN pg_catalog.pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.attnum"
-        "       ORDER BY k.ord)::text[]"
+        "       ORDER BY k.ord)::text[], con.condeferred"
         " FROM pg_catalog.pg_constraint con"
         " JOIN pg_catalog.pg_class c ON c.oid = con.conrelid"
         " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE con.contype = 'f' AND con.confrelid = %s ORDER BY n.nspname, c.relname, con.conname",
+        " WHERE con.contype = 'f' AND con.confrelid = %s AND con.conparentid = 0"
+        " ORDER BY n.nspname, c.relname, con.conname",
         [oid],
     )
     return [
-        ForeignKey(conname, f"{schema}.{rel}", list(cols), ON_DELETE.get(action, action))
-        for conname, schema, rel, action, cols in rows
+        ForeignKey(
+            conname,
+            f"{schema}.{rel}",
+            list(cols),
+            ON_DELETE.get(action, action),
+            deferred=bool(deferred),
+        )  # fmt: skip
+        for conname, schema, rel, action, cols, deferred in rows
     ]
+
+
+def _unindexed(edge: cascades.Edge) -> bool:
+    """No valid, non-partial btree index on the referencing table leads with the foreign key's
+    columns (in any order): each check of a deleted row's referencing rows scans the table."""
+    attnums = {c.name: c.attnum for c in table_columns(edge.child).values()}
+    wanted = {attnums.get(c) for c in edge.columns}
+    return not any(set(keys[: len(wanted)]) == wanted for _name, keys in _indexes(edge.child))
 
 
 def _published_without_identity(oid: int) -> list[tuple[str, str]]:
@@ -431,17 +447,42 @@ def validate(spec: PolicySpec) -> Validation:
             fk.acknowledged = True
             result.warnings.append(
                 f"{ref} cascades: its rows referencing deleted rows are deleted too (acknowledged)"
+                f"; a row is deleted only when no row its cascade reaches is protected by a "
+                f"policy of that table (its cutoff, keep rules, legal holds)"
             )
         elif fk.blocks_deletion:
             result.warnings.append(
                 f"{ref} references {where} with ON DELETE {fk.on_delete.upper()}: "
                 f"chunks fail while referencing rows exist"
             )
+            if fk.deferred:
+                result.warnings.append(
+                    f"foreign key {fk.constraint} on {ref} is DEFERRABLE INITIALLY DEFERRED: "
+                    f"PostgreSQL would report its violations only at COMMIT; each chunk checks "
+                    f"it at the end of its DELETE instead (SET CONSTRAINTS ALL IMMEDIATE), so "
+                    f"a chunk whose rows it references fails with SQLSTATE 23503 and is split "
+                    f"down to them"
+                )
         else:
             result.warnings.append(
                 f"{ref} references {where} with ON DELETE {fk.on_delete.upper()}: "
                 f"deleting updates those rows"
             )
+    graph = cascades.graph_of(spec)  # SpecError: a cascade that cannot be followed
+    for edges in graph.edges.values():
+        for edge in edges:
+            if edge.parent != oid and edge.child_name not in acknowledged:
+                raise SpecError(
+                    f"foreign key {edge} cascades from {graph.names[edge.parent]}, which "
+                    f"deleting here cascades to: deleting here deletes there too; list "
+                    f"{edge.child_name!r} in cascade_ack to accept it"
+                )
+            if _unindexed(edge):
+                result.warnings.append(
+                    f"foreign key {edge} has no index leading with its columns: every row a "
+                    f"chunk deletes scans {edge.child_name} for the rows its cascade reaches; "
+                    f"create one on {edge.child_name} ({', '.join(edge.columns)})"
+                )
     unidentified = _published_without_identity(oid)
     if unidentified:
         raise SpecError(
@@ -468,7 +509,9 @@ def validate(spec: PolicySpec) -> Validation:
         result.warnings.append(
             f"partition_action = {spec.partition_action!r} has no effect: {where} is not partitioned"
         )
-    stray = sorted(acknowledged - {fk.table for fk in result.foreign_keys if fk.acknowledged})
+    reached = {fk.table for fk in result.foreign_keys if fk.acknowledged}
+    reached |= {e.child_name for edges in graph.edges.values() for e in edges}
+    stray = sorted(acknowledged - reached)
     if stray:
         result.warnings.append(
             f"cascade_ack lists {', '.join(stray)}, which has no cascading reference to {where}"

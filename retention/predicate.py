@@ -25,6 +25,30 @@ from retention.models import LegalHold
 from retention.spec import LIST_OPERATORS, KeepRule, PolicySpec
 
 ROW = sql.Identifier("t")
+_ALIASES: list[sql.Identifier] = []  # the open ``aliased`` scopes, innermost last
+
+
+def row_alias() -> sql.Identifier:
+    """The alias the row is read under: ``t``, or inside ``aliased`` that scope's."""
+    return _ALIASES[-1] if _ALIASES else ROW
+
+
+class aliased:
+    """Within this scope the fragments built here read the row under ``name`` instead of ``t``:
+    a statement that judges rows of a second table (or a second row of the same one) beside the
+    target's, such as ``retention.cascades``'s guard, builds their predicates in one."""
+
+    def __init__(self, name: str) -> None:
+        self.alias = sql.Identifier(name)
+
+    def __enter__(self) -> sql.Identifier:
+        _ALIASES.append(self.alias)
+        return self.alias
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        _ALIASES.pop()
+        return False
+
 
 _COMPARISONS = {
     "=": sql.SQL("="),
@@ -51,12 +75,12 @@ class Fragment:
 
 
 def col(name: str) -> sql.Composed:
-    return sql.SQL("{}.{}").format(ROW, sql.Identifier(name))
+    return sql.SQL("{}.{}").format(row_alias(), sql.Identifier(name))
 
 
 def table(spec: PolicySpec) -> sql.Composed:
     return sql.SQL("{}.{} AS {}").format(
-        sql.Identifier(spec.schema), sql.Identifier(spec.table), ROW
+        sql.Identifier(spec.schema), sql.Identifier(spec.table), row_alias()
     )
 
 
@@ -101,8 +125,9 @@ def kept(spec: PolicySpec) -> Fragment:
 # writes it). Statements compare it with the row in each column's own type and collation.
 
 
-def tenant_text(spec: PolicySpec, alias: sql.Identifier = ROW) -> sql.Composable:
+def tenant_text(spec: PolicySpec, alias: sql.Identifier | None = None) -> sql.Composable:
     """The row's tenant as text (NULL when the tenant, or any part of it, is NULL)."""
+    alias = alias or row_alias()
     cols = [sql.SQL("{}.{}").format(alias, sql.Identifier(c)) for c in spec.tenant_columns]
     if not cols:
         return sql.SQL("NULL::text")
@@ -275,6 +300,19 @@ def column_types(spec: PolicySpec) -> dict:
     return found
 
 
+def scoped(name: tuple, compute):
+    """``compute()``, once per ``cached_types`` scope and ``name`` (each call without a scope):
+    catalog facts other than column types kept like them (``retention.cascades.graph_of``)."""
+    if not _SCOPE:
+        return compute()
+    key = (_SCOPE[-1], *name)
+    if key not in _TYPES:
+        if len(_TYPES) >= _MAX_CACHED:
+            _TYPES.clear()
+        _TYPES[key] = compute()
+    return _TYPES[key]
+
+
 class cached_types:
     """Within this scope, ``column_types`` asks the catalog once per table and columns.
 
@@ -393,8 +431,11 @@ def bound(value) -> Bound | None:
 # The helpers below take the chunk columns (``columns``; default: the key's columns).
 
 
-def key_expr(spec: PolicySpec, alias: sql.Identifier = ROW, *, columns=None) -> sql.Composable:
+def key_expr(
+    spec: PolicySpec, alias: sql.Identifier | None = None, *, columns=None
+) -> sql.Composable:
     """The row's key: ``t.id`` or the row ``(t.a, t.b)``."""
+    alias = alias or row_alias()
     names = chunk_columns(spec, columns)
     cols = [sql.SQL("{}.{}").format(alias, sql.Identifier(c)) for c in names]
     return cols[0] if len(cols) == 1 else sql.SQL("({})").format(sql.SQL(", ").join(cols))
@@ -721,17 +762,22 @@ def delete_chunk(
     outside: Sequence[Scope] = (),
     by_tenant: bool = False,
     columns=None,
+    cascade: Fragment | None = None,
 ) -> Fragment:
     """The chunk's DELETE: its immutable scope plus the full eligibility predicate (the run's
     discarded scopes excluded, when a chunk of a later pass spans one). ``by_tenant``: a chunk
     across tenants — the statement returns (tenant as text, rows deleted) per tenant.
     ``columns``: the chunk columns its bounds are on (default: the key's); holds, keep rules
-    and the key's NULL check are the eligibility predicate's, on the real key."""
+    and the key's NULL check are the eligibility predicate's, on the real key. ``cascade``:
+    ``retention.cascades.guard`` of a table that cascading foreign keys reference — a row goes
+    only when its cascade reaches no protected row."""
     types = column_types(spec)
     scope = in_scope(
         spec, tenant=tenant, key_from=key_from, key_to=key_to, types=types, columns=columns
     )
     cond = eligible(spec, policy_id=policy_id, cutoff=cutoff, outside=outside)
+    if cascade is not None:
+        cond = Fragment.join([cond, cascade], " AND ")
     delete = sql.SQL("DELETE FROM {} WHERE {} AND {}").format(table(spec), scope.sql, cond.sql)
     if by_tenant and spec.tenant:
         delete = sql.SQL(
@@ -785,13 +831,16 @@ def verification_counts(
     outside: Sequence[Scope] = (),
     limit: int,
     types: dict | None = None,
+    cascade: Fragment | None = None,
 ) -> Fragment:
     """A run's verification in one statement and one scan of the rows older than the cutoff:
-    ``(remaining, deferred_by_holds, null_rows, hold_ids)``.
+    ``(remaining, deferred_by_holds, null_rows, hold_ids, deferred_by_cascades)``.
 
-    - remaining: ``eligible`` (holds applied, ``outside`` left out) — what a later pass would
-      delete;
+    - remaining: ``eligible`` (holds applied, ``outside`` left out) and, with ``cascade``
+      (``retention.cascades.guard``), its cascade reaching no protected row — what a later pass
+      would delete;
     - deferred_by_holds: eligible but for the holds (``eligible`` without them) and ``held``;
+    - deferred_by_cascades: eligible, not held, but its cascade would reach a protected row;
     - null_rows: the rows ``null_rows`` counts (older than the cutoff with a NULL key or tenant,
       and rows with a NULL timestamp), for the planned columns the catalog does not declare
       NOT NULL.
@@ -825,24 +874,37 @@ def verification_counts(
     known_not_null = {name for name, t in types.items() if t.not_null}
     nullable = [c for c in required_columns(spec) if c not in known_not_null]
     null = null_rows(spec, cutoff=cutoff, nullable=nullable) or Fragment(sql.SQL("FALSE"), [])
+    # blocked by its cascade: eligible, not held, and the guard is not TRUE
+    g = (
+        Fragment(
+            sql.SQL("({} AND NOT {} AND ({}) IS NOT TRUE)").format(
+                not_held.sql, h.sql, cascade.sql
+            ),
+            [*not_held.params, *h.params, *cascade.params],
+        )
+        if cascade is not None
+        else Fragment(sql.SQL("FALSE"), [])
+    )
     rows = sql.SQL(
-        "SELECT {e} AS e, {e} AND {h} AS h, {n} AS n FROM {table} WHERE {older} AND ({e} OR {n})"
-    ).format(e=not_held.sql, h=h.sql, n=null.sql, table=table(spec), older=older.sql)
+        "SELECT {e} AS e, {e} AND {h} AS h, {n} AS n, {g} AS g FROM {table}"
+        " WHERE {older} AND ({e} OR {n})"
+    ).format(e=not_held.sql, h=h.sql, n=null.sql, g=g.sql, table=table(spec), older=older.sql)
     params = [
-        *not_held.params, *not_held.params, *h.params, *null.params,
+        *not_held.params, *not_held.params, *h.params, *null.params, *g.params,
         *older.params, *not_held.params, *null.params,
     ]  # fmt: skip
     if spec.timestamp in nullable:
         # ``null_rows`` is TRUE for every row with a NULL timestamp, and no other figure is
-        rows = sql.SQL("{} UNION ALL SELECT FALSE, FALSE, TRUE FROM {} WHERE {} IS NULL").format(
-            rows, table(spec), col(spec.timestamp)
-        )
+        rows = sql.SQL(
+            "{} UNION ALL SELECT FALSE, FALSE, TRUE, FALSE FROM {} WHERE {} IS NULL"
+        ).format(rows, table(spec), col(spec.timestamp))
     text = sql.SQL(
         "WITH {holds} AS MATERIALIZED (SELECT * FROM {hold_table} WHERE released_at IS NULL"
         " AND (policy_id IS NULL OR policy_id = %s))"
-        " SELECT least(count(*) FILTER (WHERE s.e AND NOT s.h), %s),"
+        " SELECT least(count(*) FILTER (WHERE s.e AND NOT s.h AND NOT s.g), %s),"
         " least(count(*) FILTER (WHERE s.h), %s), least(count(*) FILTER (WHERE s.n), %s),"
-        " (SELECT array_agg(a.id ORDER BY a.id) FROM {holds} AS a)"
+        " (SELECT array_agg(a.id ORDER BY a.id) FROM {holds} AS a),"
+        " least(count(*) FILTER (WHERE s.g), %s)"
         " FROM ({rows} OFFSET 0) AS s"
     ).format(holds=holds, hold_table=sql.Identifier(LegalHold._meta.db_table), rows=rows)
-    return Fragment(text, [policy_id, limit, limit, limit, *params])
+    return Fragment(text, [policy_id, limit, limit, limit, limit, *params])

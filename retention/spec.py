@@ -399,7 +399,9 @@ FIELDS: tuple[Field, ...] = (
           "a tick while the previous run is open waits for it or is skipped",
           choices=OVERLAP_MODES),
     Field("cascade_ack", "cascade_ack", "special", (), 'list of `"schema.table"`',
-          "referencing tables whose `ON DELETE CASCADE` you accept", shown_default="`[]`"),
+          "every table the `ON DELETE CASCADE` of its rows reaches, at any depth, that you "
+          "accept: its rows go with theirs, counted, except where a policy of that table "
+          "protects a row (see \"Cascades\" below)", shown_default="`[]`"),
     Field("blast_radius", "blast_radius", "number", 3.0, "",
           "the run engine holds a run for confirmation when it plans more than this × the "
           "preview's eligible rows", lo=1.0, hi=1000.0, shown_default="3.0"),

@@ -362,6 +362,9 @@ def conclude_pass(run: Run, result: dict, *, open_letters: int, actor="reconcile
         run.state = Run.State.DRAINED
         held, nulls = result["deferred_by_holds"], result.get("not_eligible_null", 0)
         notes = [f"{held} row(s) deferred by legal holds"] if held else []
+        blocked = result.get("deferred_by_cascades", 0)
+        if blocked:
+            notes.append(f"{blocked} row(s) deferred: their cascade would reach protected rows")
         if nulls:
             notes.append(f"{nulls} row(s) not eligible: NULL timestamp, key or tenant")
         for d in result.get("discarded", []):

@@ -335,6 +335,9 @@ class AuditRecord(models.Model):
     # Chain version 6: the columns key_lo/key_hi are on when they are not the key's
     # (timestamp chunks: ["occurred_at", "id"] or ["occurred_at"]); NULL: the key's.
     bound_columns = models.JSONField(null=True, blank=True)
+    # Chain version 7: a chunk of a table that cascading foreign keys reference — the rows it
+    # removed in each table its DELETE reaches ({"schema.table": rows}, its own table included).
+    table_rows = models.JSONField(null=True, blank=True)
     attempt = models.PositiveIntegerField()
     worker_host = models.CharField(max_length=200)
     worker_pid = models.IntegerField()

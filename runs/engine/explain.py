@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg import sql
 
-from retention import geometry
+from retention import cascades, geometry
 from retention import predicate as P
 from retention.schedule_math import latest_tick
 from runs.engine.planner import boundaries, bounds_query, tenants_query, walk_filter, window_query
@@ -56,7 +56,10 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
     width = len(P.chunk_columns(spec, columns))
     types = P.column_types(spec)
     integer = P.integer_bounds(spec, columns, types)
-    cutoff = _cutoff(policy)
+    tick = latest_tick(policy, timezone.now())
+    cutoff = spec.cutoff_for(tick)
+    # the cascade guard, on a table that cascading foreign keys reference (else None)
+    _graph, cascade = cascades.for_run(spec, policy_id=policy.id, cutoff=cutoff, tick=tick)
     bounds = bounds_query(policy.id, cutoff, spec, columns=columns)
     with connection.cursor() as cur:
         cur.execute(bounds.sql.as_string(cur.connection), bounds.params)
@@ -91,11 +94,12 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
     chunk_to = planned[0][1] if planned and lo is not None else None
     delete = P.delete_chunk(
         spec, policy_id=policy.id, cutoff=cutoff, tenant=tenant, key_from=lo,
-        key_to=chunk_to, by_tenant=not per_tenant, columns=columns,
+        key_to=chunk_to, by_tenant=not per_tenant, columns=columns, cascade=cascade,
     )  # fmt: skip
     verify = P.verification_counts(
-        spec, policy_id=policy.id, cutoff=cutoff, outside=(), limit=100_000, types=types
-    )
+        spec, policy_id=policy.id, cutoff=cutoff, outside=(), limit=100_000, types=types,
+        cascade=cascade,
+    )  # fmt: skip
     out = [("planner: eligible key bounds", bounds)]
     if per_tenant:
         out.append(("planner: distinct tenants (loose index scan)", tenants_query(spec)))

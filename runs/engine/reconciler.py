@@ -23,9 +23,11 @@ from django.utils import timezone
 from psycopg import sql
 
 from core import locks, timeouts
+from retention import cascades
 from retention import predicate as P
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import latest_tick
+from retention.spec import SpecError
 from runs.actions import (
     conclude_pass,
     expire_confirm_holds,
@@ -69,6 +71,9 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
     by after a hold's release: ``runs.evidence.invariants``)."""
     spec = run.policy_version.parsed
     types = P.column_types(spec)
+    _graph, cascade = cascades.for_run(
+        spec, policy_id=run.policy_id, cutoff=run.cutoff, tick=run.tick
+    )
     counts = P.verification_counts(
         spec,
         policy_id=run.policy_id,
@@ -76,13 +81,16 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
         outside=discarded_scopes(run),
         limit=limit,
         types=types,
+        cascade=cascade,
     )
     with transaction.atomic(), bitmap_scan(spec), connection.cursor() as cur:
         cur.execute(counts.sql.as_string(cur.connection), counts.params)
-        remaining, deferred, nulls, hold_ids = cur.fetchone()
+        remaining, deferred, nulls, hold_ids, blocked = cur.fetchone()
+    found = {"deferred_by_cascades": blocked} if cascade is not None else {}
     return {
         "remaining": remaining,
         "deferred_by_holds": deferred,
+        **found,
         "holds": list(hold_ids or []),
         "discarded": discarded_report(run, spec, types=types),
         "not_eligible_null": nulls,
@@ -204,6 +212,9 @@ def finish_run(run: Run) -> str:
                 ),
             ):
                 result = verify(run)
+        except SpecError as exc:  # the table's cascades changed into ones no guard can follow
+            result = {"error": str(exc), "checked_at": timezone.now().isoformat(),
+                      "pass": run.pass_no}  # fmt: skip
         except DatabaseError as exc:
             reason = _first_line(exc)
             sqlstate = getattr(getattr(exc, "__cause__", None), "sqlstate", None)

@@ -33,8 +33,10 @@ from psycopg import sql
 
 from core import locks
 from core.pipeline import one_round_trip
+from retention import cascades
 from retention import predicate as P
 from retention.models import PolicyVersion
+from retention.spec import SpecError
 from runs import actions
 from runs.engine import guard, partitions, planner, reconciler, stopping
 from runs.engine.errors import PERMANENT, backoff, classify, dead_letter, sqlstate_of
@@ -337,8 +339,34 @@ class _DeleteFailed(Exception):
         self.error = error
 
 
+class _CommitFailed(_DeleteFailed):
+    """The audit row, the chunk's state or COMMIT failed: the transaction is gone."""
+
+
 def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
-    """The chunk transaction of one claimed chunk."""
+    """The chunk transaction of one claimed chunk. A failure while committing it (after its
+    DELETE: the audit row, the chunk's state, COMMIT itself) rolls everything back; it is then
+    recorded like a failed DELETE — retried, split or dead-lettered by its SQLSTATE — in a
+    transaction of its own that locks the chunk again, rather than left for the drain loop to
+    take for a lost connection. A lost connection still goes there."""
+    try:
+        return _chunk_transaction(run, spec, claim, verdict)
+    except _CommitFailed as failed:
+        exc = failed.error
+        with transaction.atomic():
+            mine = Chunk.objects.select_for_update().filter(
+                pk=claim.chunk_id, state=Chunk.State.PENDING, claimed_at=claim.claimed_at
+            )
+            if mine.exists():  # still this claim's: no other attempt took it over meanwhile
+                _record_failure(run, claim.chunk_id, claim.attempts, exc)
+        return Outcome(
+            FAILED,
+            claim.chunk_id,
+            reason=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+        )
+
+
+def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
     chunk_id, tenant, attempts = claim.chunk_id, claim.tenant, claim.attempts
     per_tenant = run.per_tenant(spec)
     # Our own transaction (not a savepoint in a caller's): COMMIT goes with the last statements.
@@ -373,6 +401,14 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
 
         started = timezone.now()
         t0 = time.monotonic()
+        # read after the fences: a version approved since is respected by this chunk
+        try:
+            graph, cascade = cascades.for_run(
+                spec, policy_id=run.policy_id, cutoff=run.cutoff, tick=run.tick
+            )
+        except SpecError as exc:  # the table's cascades changed into ones no guard can follow
+            _record_failure(run, chunk_id, attempts, exc)
+            return Outcome(FAILED, chunk_id, reason=str(exc))
         statement = P.delete_chunk(
             spec,
             policy_id=run.policy_id,
@@ -383,10 +419,13 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
             outside=admitted.outside,
             by_tenant=bool(spec.tenant) and not per_tenant,
             columns=run.bound_columns(spec),
+            cascade=cascade,
         )
         try:
-            deleted, tenant_rows, head = _delete(
-                statement, by_tenant=bool(spec.tenant) and not per_tenant
+            deleted, tenant_rows, head, table_rows = _delete(
+                statement,
+                by_tenant=bool(spec.tenant) and not per_tenant,
+                counted=graph if cascade is not None else None,
             )
         except _DeleteFailed as failed:
             # If the connection itself is gone, recording fails too and the error reaches
@@ -415,6 +454,7 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
                 "worker_pid": os.getpid(),
                 "rows_deleted": deleted,
                 "tenant_rows": tenant_rows,
+                "table_rows": table_rows,
                 "started_at": started,
                 "outcome": "deleted",
                 "run_key": run.run_key,
@@ -422,28 +462,49 @@ def _attempt(run: Run, spec, claim: Claim, verdict) -> Outcome:
             },
             head,
         )
-        _finish(record, chunk_id, attempts + 1, commit=own)
+        try:
+            _finish(record, chunk_id, attempts + 1, commit=own)
+        except DatabaseError as exc:
+            if not own or _connection_lost(exc):
+                raise
+            raise _CommitFailed(exc) from exc
         seconds = time.monotonic() - t0
     return Outcome(DONE, chunk_id, rows=deleted, seconds=seconds)
 
 
-def _delete(statement: P.Fragment, *, by_tenant: bool) -> tuple[int, dict | None, tuple]:
+def _delete(
+    statement: P.Fragment, *, by_tenant: bool, counted: cascades.Graph | None = None
+) -> tuple[int, dict | None, tuple, dict | None]:
     """The chunk's DELETE in a savepoint, then the chain lock and the chain head, in one round
     trip: (rows deleted, rows per tenant of a chunk across tenants, the head for
-    ``audit.link``). The chain lock comes after the DELETE, so the DELETEs of two workers
+    ``audit.link``, rows removed per table of ``counted``: the tables its cascades reach,
+    from PostgreSQL's per-transaction statistics read just before and just after the DELETE).
+    The chain lock comes after the DELETE, so the DELETEs of two workers
     overlap and only their audit rows queue; it is held until commit, so records chain in
     commit order. A DELETE that fails raises ``_DeleteFailed`` with the transaction back at
     the savepoint, still holding the chunk's lock, so the failure is recorded in it; a failure
     after the DELETE (the chain lock's timeout, a lost connection) loses the transaction."""
+    stats = cascades.deleted_rows(counted) if counted is not None else None
     with (
         connection.cursor() as cur,
         connection.cursor() as delete,
         connection.cursor() as head,
+        connection.cursor() as before,
+        connection.cursor() as after,
     ):
         try:
             with one_round_trip():
                 cur.execute("SAVEPOINT chunk_delete")
+                # a deferred foreign key (Django creates every one DEFERRABLE INITIALLY
+                # DEFERRED) would fail only at COMMIT, after the audit row; checked at the end of
+                # the DELETE instead, its violation is the statement's own failure, with its
+                # SQLSTATE, and the chunk is bisected to the referenced rows like any other
+                cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
+                if stats is not None:
+                    before.execute(stats.sql.as_string(before.connection), stats.params)
                 delete.execute(statement.sql.as_string(delete.connection), statement.params)
+                if stats is not None:
+                    after.execute(stats.sql.as_string(after.connection), stats.params)
                 cur.execute("RELEASE SAVEPOINT chunk_delete")
                 audit.lock_and_read_head(head)
         except DatabaseError as exc:
@@ -451,12 +512,18 @@ def _delete(statement: P.Fragment, *, by_tenant: bool) -> tuple[int, dict | None
                 raise
             cur.execute("ROLLBACK TO SAVEPOINT chunk_delete")
             raise _DeleteFailed(exc) from exc
+        table_rows = None
+        if stats is not None:
+            was = dict(before.fetchall())
+            table_rows = {
+                counted.names[oid]: int(n) - int(was.get(oid) or 0) for oid, n in after.fetchall()
+            }
         if by_tenant:  # rows deleted per tenant; rows without a tenant (null_tenant =
             # "delete") are the rest of the total: a record's tenant_rows name tenants only
             counts = [(t, int(n)) for t, n in delete.fetchall()]
             tenant_rows = {t: n for t, n in counts if t is not None}
-            return sum(n for _t, n in counts), tenant_rows, head.fetchone()
-        return delete.rowcount, None, head.fetchone()
+            return sum(n for _t, n in counts), tenant_rows, head.fetchone(), table_rows
+        return delete.rowcount, None, head.fetchone(), table_rows
 
 
 def _finish(record: dict, chunk_id: int, attempts: int, *, commit: bool) -> None:

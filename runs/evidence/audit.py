@@ -11,7 +11,9 @@ any key type (``key_lo``, ``key_hi``: one text per key column), written for chun
 that is not one integer column (an integer key's chunk is still version 2: its bigint bounds
 are the whole payload); version 5, a chunk across tenants, also covers ``tenant_rows``;
 version 6, a chunk whose bounds are not on the key (timestamp chunks), also covers
-``bound_columns``: the columns ``key_lo``/``key_hi`` are on, in order.
+``bound_columns``: the columns ``key_lo``/``key_hi`` are on, in order; version 7, a chunk of a
+table that cascading foreign keys reference, also covers ``table_rows``: the rows it removed in
+each table its DELETE reaches, the policy's own included.
 Each record is verified by the fields of its own version, so older records keep verifying."""
 
 from __future__ import annotations
@@ -51,7 +53,11 @@ V5_FIELDS = (*V4_FIELDS, "tenant_rows")
 # version 5's fields and those columns (its tenant_rows NULL when the policy has no tenant).
 BOUND_COLUMNS_CHAIN_VERSION = 6
 V6_FIELDS = (*V5_FIELDS, "bound_columns")
-HASHED_COLUMNS = [*dict.fromkeys([*V3_FIELDS, *V6_FIELDS]), "prev_hash", "hash"]
+# Version 7: a chunk of a table that cascading foreign keys reference — version 6's fields and
+# the rows it removed in each table ({"schema.table": rows}, cascades included).
+TABLE_ROWS_CHAIN_VERSION = 7
+V7_FIELDS = (*V6_FIELDS, "table_rows")
+HASHED_COLUMNS = [*dict.fromkeys([*V3_FIELDS, *V7_FIELDS]), "prev_hash", "hash"]
 FIELDS_BY_VERSION = {
     1: V1_FIELDS,
     CHAIN_VERSION: V2_FIELDS,
@@ -59,6 +65,7 @@ FIELDS_BY_VERSION = {
     BOUNDS_CHAIN_VERSION: V4_FIELDS,
     TENANT_ROWS_CHAIN_VERSION: V5_FIELDS,
     BOUND_COLUMNS_CHAIN_VERSION: V6_FIELDS,
+    TABLE_ROWS_CHAIN_VERSION: V7_FIELDS,
 }
 # Columns a record of an older version leaves empty: what its hash does not cover must stay
 # empty, or an edit there (a v2 record given key_lo, which the pages then show) would pass.
@@ -141,9 +148,14 @@ def link(values: dict, head: tuple) -> dict:
     committed_at, last_seq, last_hash = head
     seq = (last_seq + 1) if last_seq else 1
     prev = last_hash or GENESIS
-    values = {"key_lo": None, "key_hi": None, "tenant_rows": None, "bound_columns": None, **values}
+    values = {
+        "key_lo": None, "key_hi": None, "tenant_rows": None, "bound_columns": None,
+        "table_rows": None, **values,
+    }  # fmt: skip
     values.update(chain_seq=seq, committed_at=committed_at)
-    if values.get("partition"):
+    if values.get("table_rows") is not None:
+        values["chain_version"] = TABLE_ROWS_CHAIN_VERSION
+    elif values.get("partition"):
         values["chain_version"] = PARTITION_CHAIN_VERSION
     elif values.get("bound_columns") is not None:
         values["chain_version"] = BOUND_COLUMNS_CHAIN_VERSION
@@ -234,6 +246,20 @@ def verify_chain(batch: int = 5000) -> ChainReport:
             f"{orphans} finished chunk(s) have no audit record: records were removed"
         )
     return report
+
+
+def rows_by_table(run_id: int) -> dict[str, int]:
+    """Rows a run's chunks removed in each table their DELETEs reached through cascading
+    foreign keys, its own table included, from the records' ``table_rows`` (chain version 7);
+    empty when no record has them (no cascading foreign key references the table)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT e.key, sum(e.value::bigint) FROM runs_auditrecord a,"
+            " jsonb_each_text(a.table_rows) AS e WHERE a.run_id = %s AND a.table_rows IS NOT NULL"
+            " GROUP BY e.key ORDER BY e.key",
+            [run_id],
+        )
+        return {name: int(rows) for name, rows in cur.fetchall()}
 
 
 def measured_rate(slug: str) -> float | None:

@@ -78,6 +78,9 @@ CSV_COLUMNS = [
     ("cutoff", "cutoff_text"),
     ("attempt", "attempt"),
     ("rows_deleted", "rows_deleted"),
+    # rows removed in each table the chunk's DELETE reached through cascading foreign keys, its
+    # own included (chain version 7): {"schema.table": rows}; empty: no cascading key
+    ("table_rows", "table_rows_text"),
     # what happened, read from the record: deleted, held, nothing eligible, dropped, detached
     ("outcome", "outcome_text"),
     ("recorded_outcome", "outcome"),  # the record's own outcome field, as the chain hashes it
@@ -313,6 +316,7 @@ def csv_rows(filters: AuditFilters) -> Iterator[bytes]:
         "key_lo_text": Cast("key_lo", TextField()),
         "key_hi_text": Cast("key_hi", TextField()),
         "bounds_on_text": ColumnList("bound_columns"),
+        "table_rows_text": Cast("table_rows", TextField()),
         "outcome_text": reported_outcome(),
         "version_hash_text": Coalesce(
             NullIf("version_hash", Value("")),
@@ -530,6 +534,9 @@ def manifest_header(run: Run) -> dict:
             # keys in the chunks' ranges when planned: what they could delete at most
             "planned_rows_up_to": progress.rows_planned,
             "rows_deleted": progress.rows_deleted,
+            # every table the chunks' cascades reached, the policy's own included ({} without
+            # cascading foreign keys): each record's table_rows summed
+            "rows_removed_by_table": audit.rows_by_table(run.pk),
             "rows_expected": progress.rows_expected,
             "rows_expected_bound": progress.expected_bound,  # "~", "at least" or "up to"
             "percent": progress.percent,
@@ -595,6 +602,7 @@ CHUNK_FIELDS = [
     # keys in the chunk's range when planned: an upper bound of its rows deleted
     ("planned_rows_up_to", "planned_rows"),
     ("rows_deleted", "audit__rows_deleted"),
+    ("table_rows", "audit__table_rows"),  # rows removed per table, cascades included
     ("outcome", "outcome_text"),  # deleted, held, nothing eligible (as the CSV); None: pending
     ("audit_seq", "audit__chain_seq"),
     ("audit_hash", "audit__hash"),

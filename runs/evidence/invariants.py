@@ -35,10 +35,10 @@ from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from django.db import DatabaseError, connection, transaction
-from django.db.models import Count, Max, Q, Sum
+from django.db.models import Count, Max, Q
 from psycopg import sql
 
-from retention.models import LegalHold
+from retention.models import LegalHold, PolicyVersion
 from retention.spec import _RETENTION, months_before
 from runs.evidence.audit import verify_chain
 from runs.models import AuditRecord, Chunk, PartitionAction, Run
@@ -195,6 +195,17 @@ class Oracle:
         self.types = _column_types(spec.schema, spec.table)
         self.holds = holds if holds is not None else active_holds(run)
 
+    @classmethod
+    def of_policy(cls, version, *, tick: datetime) -> Oracle:
+        """The oracle of another approved policy version: its cutoff for ``tick``, the holds
+        active now that apply to it."""
+        oracle = cls.__new__(cls)
+        oracle.spec = spec = version.parsed
+        oracle.cutoff = spec.cutoff_for(tick)
+        oracle.types = _column_types(spec.schema, spec.table)
+        oracle.holds = _holds_of(version.policy_id)
+        return oracle
+
     def col(self, name: str) -> sql.Composable:
         return sql.SQL("{}.{}").format(ROW, sql.Identifier(name))
 
@@ -339,8 +350,12 @@ def _hold_parts(text: str, columns: int) -> list[str] | None:
 
 
 def active_holds(run: Run, *, ids=None) -> list[HoldScope]:
+    return _holds_of(run.policy_id, ids=ids)
+
+
+def _holds_of(policy_id: int, *, ids=None) -> list[HoldScope]:
     qs = LegalHold.objects.filter(released_at__isnull=True).filter(
-        Q(policy__isnull=True) | Q(policy_id=run.policy_id)
+        Q(policy__isnull=True) | Q(policy_id=policy_id)
     )
     if ids is not None:
         qs = qs.filter(pk__in=list(ids))
@@ -476,13 +491,17 @@ def check_run(
     shadow: tuple[str, str] | Shadow | None = None,
     expect_drained: bool = True,
     holds: list[HoldScope] | None = None,
+    cascaded: dict[str, tuple[str, str] | Shadow] | None = None,
 ) -> list[str]:
     """Return the list of broken invariants (empty when all hold).
 
     ``holds`` overrides the holds read from the ledger (a test states what it placed, as it
     wrote it); by default every active hold that applies to the run's policy counts — except
     for the rows a drained run left, which are judged by the holds in force at its
-    verification (``verified_holds``)."""
+    verification (``verified_holds``). ``cascaded``: shadow copies of tables that reference
+    the run's table through cascading foreign keys, by ``"schema.table"`` — their rows gone
+    must equal the audited rows of that table, and none of them may be one an approved
+    policy of that table protects (``cascade_problems``)."""
     run = Run.objects.select_related("policy_version").get(pk=run.pk)
     spec = run.policy_version.parsed
     problems = _ledger_problems(run)
@@ -506,7 +525,12 @@ def check_run(
             problems += hold_problems
             judge = Oracle(run, at_verification, cutoff=expected)
         cond, params = judge.deletable()
-        (left,) = _scalar(sql.SQL("SELECT count(*) FROM {} WHERE {}").format(target, cond), params)
+        (left,) = _scalar(
+            sql.SQL("SELECT count(*) FROM {} WHERE {} AND {}").format(
+                target, cond, _unreferenced(spec)
+            ),
+            params,
+        )
         if left:
             problems.append(f"{left} eligible row(s) still present under the cutoff")
 
@@ -514,6 +538,116 @@ def check_run(
         if not isinstance(shadow, Shadow):
             shadow = Shadow(*shadow)
         problems += _shadow_problems(run, spec, oracle, shadow)
+    for name, copy in (cascaded or {}).items():
+        if not isinstance(copy, Shadow):
+            copy = Shadow(*copy)
+        problems += cascade_problems(run, name, copy)
+    return problems
+
+
+def _cascading_keys(schema: str, table: str) -> list[tuple[str, str, list[str], list[str]]]:
+    """The ``ON DELETE CASCADE`` foreign keys referencing ``schema.table``, from the catalog:
+    (referencing schema, table, its columns, the referenced columns)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT n.nspname, c.relname,"
+            " ARRAY(SELECT a.attname FROM unnest(con.conkey) WITH ORDINALITY AS k(n, o)"
+            "  JOIN pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.n ORDER BY k.o),"
+            " ARRAY(SELECT a.attname FROM unnest(con.confkey) WITH ORDINALITY AS k(n, o)"
+            "  JOIN pg_attribute a ON a.attrelid = con.confrelid AND a.attnum = k.n ORDER BY k.o)"
+            " FROM pg_constraint con JOIN pg_class c ON c.oid = con.conrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE con.contype = 'f' AND con.confdeltype = 'c' AND con.conparentid = 0"
+            " AND con.confrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s))",
+            [schema, table],
+        )
+        return [(n, t, list(cols), list(refs)) for n, t, cols, refs in cur.fetchall()]
+
+
+def _unreferenced(spec) -> sql.Composable:
+    """No row still present references row ``r`` through a cascading foreign key. An eligible
+    row that one does reference may stay: deleting it would delete that row too, which may be
+    protected (docs/policies.md, "Cascades"), so it is not counted as left behind."""
+    parts = []
+    for schema, table, cols, refs in _cascading_keys(spec.schema, spec.table):
+        y = sql.Identifier("y")
+        match = sql.SQL(" AND ").join(
+            sql.SQL("{}.{} = {}.{}").format(y, sql.Identifier(c), ROW, sql.Identifier(r))
+            for c, r in zip(cols, refs, strict=True)
+        )
+        parts.append(
+            sql.SQL("NOT EXISTS (SELECT 1 FROM {} AS {} WHERE {})").format(
+                sql.Identifier(schema, table), y, match
+            )
+        )
+    return sql.SQL(" AND ").join(parts) if parts else sql.SQL("TRUE")
+
+
+def audited_rows(name: str, *, after_seq: int | None = None, slug: str | None = None) -> int:
+    """Rows the audit trail says left table ``name``: a record's ``table_rows`` entry for it
+    (its own DELETE and every cascade), or, for a record without them, its ``rows_deleted``
+    when it is the record's own table. ``slug``: only that policy's records of its own table
+    and the cascades of any policy's records into it."""
+    records = AuditRecord.objects.filter(Q(table_name=name) | Q(table_rows__has_key=name))
+    if slug is not None:
+        records = records.filter(Q(policy_slug=slug) | Q(table_rows__has_key=name))
+    if after_seq is not None:
+        records = records.filter(chain_seq__gt=after_seq)
+    total = 0
+    for table_name, rows, by_table in records.values_list(
+        "table_name", "rows_deleted", "table_rows"
+    ).iterator():
+        if by_table is not None:
+            total += int(by_table.get(name, 0))
+        elif table_name == name:
+            total += rows
+    return total
+
+
+def _gone(shadow: Shadow, schema: str, table: str, present=()) -> sql.Composable:
+    """The shadow's rows that are no longer in ``schema.table`` (nor in ``present``), as a
+    multiset of whole rows turned back into rows of the shadow's type, under alias ``r``."""
+    shadow_table = sql.Identifier(shadow.schema, shadow.table)
+    tables = [sql.Identifier(schema, table), *present]
+    return sql.SQL(
+        "(SELECT (g.k::{rowtype}).* FROM (SELECT x::text AS k FROM {shadow} AS x"
+        " EXCEPT ALL ({present})) AS g) AS {r}"
+    ).format(
+        rowtype=shadow_table,
+        shadow=shadow_table,
+        present=sql.SQL(" UNION ALL ").join(
+            sql.SQL("SELECT y::text FROM {} AS y").format(t) for t in tables
+        ),
+        r=ROW,
+    )
+
+
+def cascade_problems(run: Run, name: str, shadow: Shadow) -> list[str]:
+    """A table that the run's table's cascades reach, against its shadow copy: the rows gone
+    equal the rows audited for it, and none of them is one that an approved policy of that
+    table protects (younger than its cutoff for the run's tick, kept by its keep rules, held
+    by a hold applying to it, or without a key or tenant)."""
+    schema, table = name.split(".", 1)
+    gone = _gone(shadow, schema, table)
+    (gone_count,) = _scalar(sql.SQL("SELECT count(*) FROM {}").format(gone), [])
+    problems = []
+    audited = audited_rows(name, after_seq=shadow.after_seq)
+    if gone_count != audited:
+        problems.append(f"{name}: {gone_count} row(s) gone but {audited} audited")
+    for version in PolicyVersion.objects.filter(state=PolicyVersion.State.APPROVED):
+        spec = version.parsed
+        if spec.qualified_table != name or version.policy_id == run.policy_id:
+            continue
+        oracle = Oracle.of_policy(version, tick=run.tick)
+        deletable, params = oracle.deletable()
+        (protected,) = _scalar(
+            sql.SQL("SELECT count(*) FROM {} WHERE NOT {}").format(gone, deletable), params
+        )
+        if protected:
+            problems.append(
+                f"{name}: {protected} row(s) that policy {spec.slug} protects (newer than its "
+                f"cutoff, kept or held) are gone"
+            )
     return problems
 
 
@@ -534,24 +668,15 @@ def _kept_detached(run: Run) -> list[tuple[str, str]]:
 
 def _shadow_problems(run: Run, spec, oracle: Oracle, shadow: Shadow) -> list[str]:
     problems: list[str] = []
-    shadow_table = sql.Identifier(shadow.schema, shadow.table)
     # Rows gone: the shadow's rows minus the table's, as a multiset of whole rows (NULL keys
     # and duplicate keys included), turned back into rows of the shadow's type.
     # A partition an operator kept detached (it could not be put back) still holds its rows:
     # they are not gone (and not audited).
-    present = [sql.Identifier(spec.schema, spec.table)] + [
-        sql.Identifier(schema, name) for schema, name in _kept_detached(run)
-    ]
-    gone = sql.SQL(
-        "(SELECT (g.k::{rowtype}).* FROM (SELECT x::text AS k FROM {shadow} AS x"
-        " EXCEPT ALL ({present})) AS g) AS {r}"
-    ).format(
-        rowtype=shadow_table,
-        shadow=shadow_table,
-        present=sql.SQL(" UNION ALL ").join(
-            sql.SQL("SELECT y::text FROM {} AS y").format(table) for table in present
-        ),
-        r=ROW,
+    gone = _gone(
+        shadow,
+        spec.schema,
+        spec.table,
+        [sql.Identifier(schema, name) for schema, name in _kept_detached(run)],
     )
     old, p_old = oracle.old()
     kept, p_kept = oracle.kept()
@@ -567,12 +692,11 @@ def _shadow_problems(run: Run, spec, oracle: Oracle, shadow: Shadow) -> list[str
         p_del + p_old + p_kept + p_held + p_unpl,
     )
     gone_count, outside, newer, n_kept, n_held, n_unpl = row
-    records = AuditRecord.objects.filter(policy_slug=spec.slug, table_name=spec.qualified_table)
-    if shadow.after_seq is not None:
-        records = records.filter(chain_seq__gt=shadow.after_seq)
-    audited_rows = records.aggregate(s=Sum("rows_deleted"))["s"] or 0
-    if gone_count != audited_rows:
-        problems.append(f"{gone_count} row(s) gone but {audited_rows} audited")
+    # the policy's own records of its table, each with every row its cascades removed there,
+    # and any other policy's cascades into it
+    audited = audited_rows(spec.qualified_table, after_seq=shadow.after_seq, slug=spec.slug)
+    if gone_count != audited:
+        problems.append(f"{gone_count} row(s) gone but {audited} audited")
     if outside:
         problems.append(
             f"{outside} row(s) outside the run's scope (newer, kept or held) are gone:"

@@ -27,6 +27,7 @@ from retention.spec import parse_retention
 from runs import forecast
 from runs.engine import guard
 from runs.engine.schedules import schedule_name
+from runs.evidence import audit
 from runs.models import AuditRecord, Chunk, DeadLetter, Lease, Run, discarded_scopes
 from runs.pages import charts
 from runs.progress import broker_backlog, progress_for
@@ -190,6 +191,7 @@ VERIFICATION_LABELS = {
     "error": "Verification failed",
     "remaining": "Eligible rows left",
     "deferred_by_holds": "Deferred by legal holds",
+    "deferred_by_cascades": "Deferred: their cascade would reach protected rows",
     "holds": "Legal holds in force",
     "not_eligible_null": "Not eligible (NULL timestamp, key or tenant)",
     "limit": "Counts stop at",
@@ -359,6 +361,8 @@ def run_page_context(run: Run) -> dict:
         "leases": leases,
         # partitions taken whole (or left to the chunks), beside the chunks
         "partition_actions": _partition_actions(run, spec),
+        # rows removed in each table the chunks' cascades reached (empty without cascades)
+        "rows_by_table": audit.rows_by_table(run.pk),
         "tenants": p.tenants,
         "kill_switch": KillSwitch.objects.filter(name="global", on=True).first(),
         "holds": holds,

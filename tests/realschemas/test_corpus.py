@@ -421,7 +421,6 @@ cascade_ack = ["{schema}.statuses"]
 """,
         ),
         holds=(Hold("mastodon-statuses", tenant="11"),),
-        xfail="cascades into held and young rows (#24.1)",
     ),
 ]
 # fmt: on

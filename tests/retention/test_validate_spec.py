@@ -136,6 +136,67 @@ def test_a_restricting_reference_is_a_warning_that_chunks_will_fail(events_table
     assert result.to_json()["foreign_keys"][0]["on_delete"] == "no action"
 
 
+def test_a_deferred_foreign_key_is_named_and_said_to_be_checked_at_the_end_of_each_delete(
+    events_table,
+):
+    sql(
+        "CREATE TABLE public.t_event_refs (id int PRIMARY KEY, event_id bigint"
+        " REFERENCES public.t_events (id) DEFERRABLE INITIALLY DEFERRED)"
+    )
+    result = validate()
+    assert result.warnings[1] == (
+        "foreign key t_event_refs_event_id_fkey on public.t_event_refs (event_id) is DEFERRABLE "
+        "INITIALLY DEFERRED: PostgreSQL would report its violations only at COMMIT; each chunk "
+        "checks it at the end of its DELETE instead (SET CONSTRAINTS ALL IMMEDIATE), so a chunk "
+        "whose rows it references fails with SQLSTATE 23503 and is split down to them"
+    )
+    assert result.to_json()["foreign_keys"][0]["deferred"] is True
+
+
+def test_a_cascade_without_an_index_on_its_columns_is_warned_about(events_table):
+    sql(
+        "CREATE TABLE public.t_event_notes (id int PRIMARY KEY,"
+        " event_id bigint REFERENCES public.t_events (id) ON DELETE CASCADE)"
+    )
+    warning = (
+        "foreign key t_event_notes_event_id_fkey on public.t_event_notes (event_id) has no "
+        "index leading with its columns: every row a chunk deletes scans public.t_event_notes "
+        "for the rows its cascade reaches; create one on public.t_event_notes (event_id)"
+    )
+    assert warning in validate(cascade_ack='["public.t_event_notes"]').warnings
+    sql("CREATE INDEX ON public.t_event_notes (event_id, id)")
+    assert warning not in validate(cascade_ack='["public.t_event_notes"]').warnings
+
+
+def test_cascades_deeper_down_must_be_acknowledged_and_a_cycle_of_them_is_refused(events_table):
+    sql(
+        "CREATE TABLE public.t_event_notes (id int PRIMARY KEY, back_id int,"
+        " event_id bigint REFERENCES public.t_events (id) ON DELETE CASCADE)"
+    )
+    sql(
+        "CREATE TABLE public.t_note_tags (id int PRIMARY KEY,"
+        " note_id int REFERENCES public.t_event_notes (id) ON DELETE CASCADE)"
+    )
+    with pytest.raises(
+        SpecError,
+        match="foreign key t_note_tags_note_id_fkey on "
+        "public.t_note_tags \\(note_id\\) cascades from public.t_event_notes",
+    ):
+        validate(cascade_ack='["public.t_event_notes"]')
+    validate(cascade_ack='["public.t_event_notes", "public.t_note_tags"]')
+
+    sql(
+        "ALTER TABLE public.t_event_notes ADD FOREIGN KEY (back_id)"
+        " REFERENCES public.t_note_tags (id) ON DELETE CASCADE"
+    )
+    with pytest.raises(
+        SpecError,
+        match="foreign key t_event_notes_back_id_fkey on "
+        "public.t_event_notes \\(back_id\\) cascades back to",
+    ):
+        validate(cascade_ack='["public.t_event_notes", "public.t_note_tags"]')
+
+
 def test_a_view_is_not_a_table(events_table):
     sql("CREATE VIEW public.t_events_view AS SELECT * FROM public.t_events")
     with pytest.raises(SpecError, match="public.t_events_view is not a table"):

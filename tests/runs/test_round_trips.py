@@ -157,7 +157,7 @@ def test_a_chunk_commits_in_five_round_trips_and_the_guard_adds_one_read(
     assert turns == (6 if guard else 5), statements
     # statements: the claim; the fences and admission; savepoint, DELETE, release, chain lock,
     # chain head; audit row, chunk done, COMMIT (and the guard's one read)
-    assert len(statements) == (12 if guard else 11), statements
+    assert len(statements) == (13 if guard else 12), statements
     assert AuditRecord.objects.filter(chunk_id=outcome.chunk_id).count() == 1
     assert Chunk.objects.get(pk=outcome.chunk_id).state == Chunk.State.DONE
     if guard:
@@ -225,7 +225,7 @@ def test_without_pipeline_mode_the_same_statements_go_one_by_one_and_a_failed_de
 
     outcome, turns, statements = one_chunk(proxied, run)
     assert outcome.kind == worker.DONE, outcome
-    assert len(statements) == 11, statements
+    assert len(statements) == 12, statements
     assert turns == len(statements) + 1, statements  # and psycopg's BEGIN
 
     chunk = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).order_by("seq", "id").first()

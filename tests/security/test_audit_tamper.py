@@ -42,6 +42,7 @@ COVERED = {
     4: V2 | {"key_lo", "key_hi"},
     5: V2 | {"key_lo", "key_hi", "tenant_rows"},
     6: V2 | {"key_lo", "key_hi", "tenant_rows", "bound_columns"},
+    7: V2 | {"key_lo", "key_hi", "tenant_rows", "bound_columns", "table_rows"},
 }
 # Not evidence: the surrogate key (nothing refers to it; evidence names chain_seq) and the
 # hash itself (an edited hash no longer matches the content: covered by every version).
@@ -82,6 +83,8 @@ VERSION_EXTRAS = {
         "tenant_rows": {"1": 3, "2": 4},
         "bound_columns": ["occurred_at", "id"],
     },
+    # a chunk of a table that cascading foreign keys reference: rows removed per table
+    7: {"key_from": 7, "key_to": 9, "table_rows": {"public.rr_events": 3, "public.rr_notes": 5}},
 }
 
 
@@ -128,6 +131,8 @@ def other_value(column: str, value):
             return 1 if column == "version_number" else ["x"]
     if column == "bound_columns" and value is None:
         return ["occurred_at"]
+    if column == "table_rows" and value is None:
+        return {"public.rr_events": 1}
     if isinstance(value, str):
         return "x" if not value else value[:-1] + ("0" if value[-1] != "0" else "1")
     if hasattr(value, "isoformat"):

@@ -1,0 +1,326 @@
+"""``ON DELETE CASCADE`` under a policy: which tables a chunk's DELETE reaches, and the guard
+that keeps a cascade away from every row a legal hold, a keep rule or a cutoff protects.
+
+The rule (docs/policies.md, "Cascades"):
+
+- a row of a table that no approved policy targets is not protected: listing the table in
+  ``cascade_ack`` accepts that its rows referencing a deleted row go with it (and they are
+  counted in the chunk's audit record);
+- a row of a table that an approved policy targets — another table, or the policy's own table
+  (a posts table whose reposts reference their original) — is protected unless every such
+  policy would delete it: older than that policy's cutoff (for the run's own policy, the run's
+  cutoff; for another, ``cutoff_for`` the run's tick), no keep rule of it protects the row, no
+  active legal hold applying to it covers the row, its key, timestamp and tenant not NULL;
+- a row may go only when nothing its cascade reaches, at any depth, is protected: a parent
+  whose cascade would reach a protected row is left in place by the chunk's DELETE (one
+  ``NOT EXISTS`` per cascading foreign key, following its columns on the referencing table's
+  index; a table that references itself is followed with a recursive query to every
+  descendant).
+
+Cascades through a cycle of two or more tables, or deeper than ``MAX_DEPTH`` tables, cannot be
+followed here: validation refuses such a policy, naming the foreign key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import connection
+from psycopg import sql
+
+from retention import predicate as P
+from retention.models import PolicyVersion
+from retention.spec import PolicySpec, SpecError
+
+MAX_DEPTH = 4  # tables in a chain of cascades below the target
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One cascading foreign key: rows of ``child`` whose ``columns`` equal a deleted
+    ``parent`` row's ``referenced`` columns are deleted with it."""
+
+    constraint: str
+    parent: int  # oid
+    child: int  # oid
+    child_name: str  # "schema.table"
+    columns: tuple[str, ...]
+    referenced: tuple[str, ...]
+    deferrable: bool = False
+
+    @property
+    def schema(self) -> str:
+        return self.child_name.split(".", 1)[0]
+
+    @property
+    def table(self) -> str:
+        return self.child_name.split(".", 1)[1]
+
+    def __str__(self) -> str:
+        return f"{self.constraint} on {self.child_name} ({', '.join(self.columns)})"
+
+
+@dataclass
+class Graph:
+    """The tables a DELETE on ``root`` reaches by cascades: ``names`` by oid (the root's
+    first), ``edges`` by parent oid."""
+
+    root: int
+    names: dict[int, str] = field(default_factory=dict)
+    edges: dict[int, list[Edge]] = field(default_factory=dict)
+
+    @property
+    def cascades(self) -> bool:
+        return any(self.edges.values())
+
+
+def _fetch(query: str, params: list) -> list[tuple]:
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        return cur.fetchall()
+
+
+def cascading_keys(oid: int) -> list[Edge]:
+    """The ``ON DELETE CASCADE`` foreign keys that reference table ``oid`` (a partitioned
+    table's own, not their copies on its partitions)."""
+    rows = _fetch(
+        "SELECT con.conname, con.conrelid, n.nspname || '.' || c.relname, con.condeferrable,"
+        " ARRAY(SELECT a.attname FROM unnest(con.conkey) WITH ORDINALITY AS k(attnum, ord)"
+        "  JOIN pg_catalog.pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.attnum"
+        "  ORDER BY k.ord)::text[],"
+        " ARRAY(SELECT a.attname FROM unnest(con.confkey) WITH ORDINALITY AS k(attnum, ord)"
+        "  JOIN pg_catalog.pg_attribute a ON a.attrelid = con.confrelid AND a.attnum = k.attnum"
+        "  ORDER BY k.ord)::text[]"
+        " FROM pg_catalog.pg_constraint con"
+        " JOIN pg_catalog.pg_class c ON c.oid = con.conrelid"
+        " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE con.contype = 'f' AND con.confrelid = %s AND con.confdeltype = 'c'"
+        " AND con.conparentid = 0 ORDER BY 3, 1",
+        [oid],
+    )
+    return [
+        Edge(name, oid, child, child_name, tuple(cols), tuple(refs), bool(deferrable))
+        for name, child, child_name, deferrable, cols, refs in rows
+    ]
+
+
+def reached_by_cascades(spec: PolicySpec) -> bool:
+    """A foreign key of the policy's table cascades from another table (or from itself): a
+    DELETE there may remove this table's rows, so other policies' chunks judge them by this
+    policy (``protectors``)."""
+    return bool(
+        _fetch(
+            "SELECT 1 FROM pg_catalog.pg_constraint WHERE contype = 'f' AND confdeltype = 'c'"
+            " AND conrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) LIMIT 1",
+            [spec.schema, spec.table],
+        )
+    )
+
+
+def graph_of(spec: PolicySpec) -> Graph:
+    """Every table a DELETE on the policy's table reaches by cascades. SpecError naming the
+    foreign key when a cascade cannot be followed: a cycle through two or more tables (a table
+    referencing itself is followed), or a chain deeper than ``MAX_DEPTH`` tables."""
+    (root,) = _fetch(
+        "SELECT to_regclass(quote_ident(%s) || '.' || quote_ident(%s))::oid",
+        [spec.schema, spec.table],
+    )[0]
+    graph = Graph(root, {root: spec.qualified_table})
+    if root is None:
+        return graph
+
+    def visit(oid: int, path: tuple[int, ...]) -> None:
+        edges = graph.edges.setdefault(oid, cascading_keys(oid))
+        for edge in edges:
+            graph.names.setdefault(edge.child, edge.child_name)
+            if edge.child == oid:
+                continue  # a table referencing itself: followed recursively by the guard
+            if edge.child in path:
+                raise SpecError(
+                    f"foreign key {edge} cascades back to {graph.names[edge.child]}: a cycle of "
+                    f"cascades through several tables cannot be checked for protected rows; "
+                    f"change its ON DELETE action"
+                )
+            if len(path) > MAX_DEPTH:
+                raise SpecError(
+                    f"foreign key {edge} is more than {MAX_DEPTH} cascades below "
+                    f"{spec.qualified_table}: so deep a cascade cannot be checked for "
+                    f"protected rows; change its ON DELETE action"
+                )
+            visit(edge.child, (*path, edge.child))
+
+    visit(root, (root,))
+    return graph
+
+
+@dataclass(frozen=True)
+class Protector:
+    """An approved policy whose table a cascade reaches, with the cutoff it judges by."""
+
+    spec: PolicySpec
+    policy_id: int
+    cutoff: datetime
+
+
+def protectors(
+    graph: Graph, *, spec: PolicySpec, policy_id: int, cutoff: datetime, tick: datetime
+) -> dict[str, list[Protector]]:
+    """The approved policies of the tables in ``graph``, by table: the run's own policy with
+    the run's cutoff, every other with its cutoff for the run's tick."""
+    found: dict[str, list[Protector]] = {spec.qualified_table: [Protector(spec, policy_id, cutoff)]}
+    tables = set(graph.names.values())
+    approved = PolicyVersion.objects.filter(state=PolicyVersion.State.APPROVED).exclude(
+        policy_id=policy_id
+    )
+    for version in approved.select_related("policy"):
+        other = version.parsed
+        if other.qualified_table in tables:
+            found.setdefault(other.qualified_table, []).append(
+                Protector(other, version.policy_id, other.cutoff_for(tick))
+            )
+    return found
+
+
+def guard(graph: Graph, by_table: dict[str, list[Protector]]) -> P.Fragment:
+    """TRUE for a row of the root table (``t``) whose cascade reaches no protected row: one
+    ``NOT EXISTS`` per cascading foreign key, recursively (TRUE without cascades)."""
+    if not graph.cascades:
+        return P.Fragment(sql.SQL("TRUE"), [])
+    return _Builder(graph, by_table).children_ok(graph.root, "t", depth=0)
+
+
+class _Builder:
+    def __init__(self, graph: Graph, by_table: dict[str, list[Protector]]) -> None:
+        self.graph = graph
+        self.by_table = by_table
+        self.aliases = 0
+
+    def alias(self, prefix: str) -> str:
+        self.aliases += 1
+        return f"{prefix}{self.aliases}"
+
+    # aliases are passed as names (``P.aliased`` takes one) and quoted where they are written
+
+    def unprotected(self, oid: int, alias: str) -> P.Fragment:
+        """Every approved policy of table ``oid`` would delete row ``alias``."""
+        parts = []
+        with P.aliased(alias):
+            for p in self.by_table.get(self.graph.names[oid], []):
+                parts.append(P.eligible(p.spec, policy_id=p.policy_id, cutoff=p.cutoff))
+        return P.Fragment.join(parts, " AND ") if parts else P.Fragment(sql.SQL("TRUE"), [])
+
+    def deletable(self, oid: int, alias: str, depth: int, *, own: bool) -> P.Fragment:
+        """Row ``alias`` of table ``oid`` may go with everything its cascade reaches (``own``:
+        its descendants in its own table are checked already, by the caller's recursion)."""
+        parts = [self.unprotected(oid, alias), self.children_ok(oid, alias, depth, own=own)]
+        return P.Fragment.join(parts, " AND ")
+
+    def children_ok(self, oid: int, alias: str, depth: int, *, own: bool = False) -> P.Fragment:
+        edges = self.graph.edges.get(oid, [])
+        parts = []
+        selfs = [e for e in edges if e.child == oid]
+        if selfs and not own:
+            parts.append(self.descendants_ok(oid, selfs, alias, depth))
+        for edge in edges:
+            if edge.child == oid:
+                continue
+            c = self.alias("c")
+            ok = self.deletable(edge.child, c, depth + 1, own=False)
+            text = sql.SQL("NOT EXISTS (SELECT 1 FROM {} AS {} WHERE {} AND ({}) IS NOT TRUE)")
+            parts.append(
+                P.Fragment(
+                    text.format(
+                        sql.Identifier(edge.schema, edge.table),
+                        sql.Identifier(c),
+                        _match(edge, c, alias),
+                        ok.sql,
+                    ),
+                    ok.params,
+                )
+            )
+        return P.Fragment.join(parts, " AND ") if parts else P.Fragment(sql.SQL("TRUE"), [])
+
+    def descendants_ok(self, oid: int, selfs: list[Edge], alias: str, depth: int) -> P.Fragment:
+        """Every row of table ``oid`` that references row ``alias`` through its own cascading
+        keys, at any depth, may go: a recursive walk on the referencing columns' index, whose
+        rows (by ``ctid``) are then judged like any other."""
+        edge0 = selfs[0]
+        carried = list(dict.fromkeys(c for e in selfs for c in e.referenced))
+        reach_name, c_name, d_name = self.alias("reach"), self.alias("c"), self.alias("c")
+        reach, c, d = sql.Identifier(reach_name), sql.Identifier(c_name), sql.Identifier(d_name)
+        names = [f"r{i}" for i in range(len(carried))]
+        target = sql.Identifier(edge0.schema, edge0.table)
+        carry = sql.SQL(", ").join(sql.SQL("{}.{}").format(c, sql.Identifier(x)) for x in carried)
+        # the rows referencing the row, then the rows referencing those, …; UNION, so a cycle
+        # of references ends; one recursive step for all the table's own keys (a recursive
+        # query may read itself once)
+        seeds = sql.SQL(" UNION ").join(
+            sql.SQL("SELECT {c}.ctid, {carry} FROM {t} AS {c} WHERE {m}").format(
+                c=c, carry=carry, t=target, m=_match(e, c_name, alias)
+            )
+            for e in selfs
+        )
+        step = sql.SQL("SELECT {c}.ctid, {carry} FROM {r} JOIN {t} AS {c} ON {m}").format(
+            c=c, carry=carry, r=reach, t=target,
+            m=sql.SQL(" OR ").join(
+                sql.SQL("({})").format(
+                    _match(e, c_name, reach_name, [names[carried.index(x)] for x in e.referenced])
+                )
+                for e in selfs
+            ),
+        )  # fmt: skip
+        ok = self.deletable(oid, d_name, depth, own=True)
+        text = sql.SQL(
+            "NOT EXISTS (WITH RECURSIVE {reach} (tid, {names}) AS ({seeds} UNION {step})"
+            " SELECT 1 FROM {reach} JOIN {t} AS {d} ON {d}.ctid = {reach}.tid"
+            " WHERE ({ok}) IS NOT TRUE)"
+        ).format(
+            reach=reach, names=sql.SQL(", ").join(map(sql.Identifier, names)), seeds=seeds,
+            step=step, t=target,
+            d=d, ok=ok.sql,
+        )  # fmt: skip
+        return P.Fragment(text, ok.params)
+
+
+def for_run(
+    spec: PolicySpec, *, policy_id: int, cutoff: datetime, tick: datetime
+) -> tuple[Graph, P.Fragment | None]:
+    """The cascades of a run's table and the guard its DELETE and verification carry (None
+    when no cascading foreign key references the table). The graph is read once per
+    ``predicate.cached_types`` scope; the approved policies it protects, every time (a version
+    approved since must be respected by the next chunk)."""
+    graph = P.scoped(("cascades", spec.schema, spec.table), lambda: graph_of(spec))
+    if not graph.cascades:
+        return graph, None
+    by_table = protectors(graph, spec=spec, policy_id=policy_id, cutoff=cutoff, tick=tick)
+    return graph, guard(graph, by_table)
+
+
+def _match(edge: Edge, child: str, parent: str, parent_cols=None) -> sql.Composable:
+    """Row ``child`` references row ``parent`` by ``edge``'s columns (``parent_cols``: the
+    names the parent's referenced columns go by, when not their own)."""
+    parent_cols = parent_cols or list(edge.referenced)
+    return sql.SQL(" AND ").join(
+        sql.SQL("{}.{} = {}.{}").format(
+            sql.Identifier(child), sql.Identifier(x), sql.Identifier(parent), sql.Identifier(y)
+        )
+        for x, y in zip(edge.columns, parent_cols, strict=True)
+    )
+
+
+def deleted_rows(graph: Graph) -> P.Fragment:
+    """Rows deleted in the current transaction so far, per table of ``graph`` (every leaf of a
+    partitioned one summed): ``(table, rows)``, from PostgreSQL's per-transaction statistics.
+    Read before and after a chunk's DELETE, the difference is what it removed in each table,
+    cascades included."""
+    oids = list(graph.names)
+    return P.Fragment(
+        sql.SQL(
+            "SELECT r.oid, coalesce((SELECT sum(pg_catalog.pg_stat_get_xact_tuples_deleted(p.relid))"
+            "  FROM pg_catalog.pg_partition_tree(r.oid) AS p WHERE p.isleaf),"
+            "  pg_catalog.pg_stat_get_xact_tuples_deleted(r.oid))::bigint"
+            " FROM unnest(%s::oid[]) AS r(oid)"
+        ),
+        [oids],
+    )

@@ -1,0 +1,119 @@
+"""A foreign key that restricts the DELETE, checked at once (``NO ACTION``) or at COMMIT
+(``DEFERRABLE INITIALLY DEFERRED``, as Django creates every foreign key): either way the chunk's
+failure is a statement failure with its SQLSTATE — permanent 23503, bisected down to the pinned
+rows, dead-lettered with the SQLSTATE and the message — and every other row drains. Real worker
+processes (``retention drain``)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from runs.actions import trigger_run
+from runs.engine import worker
+from runs.evidence.invariants import check_run
+from runs.models import AuditRecord, Chunk, DeadLetter, Run
+from tests.factories import approved_policy, events_spec
+from tests.runs.conftest import NOW, count, create_events, manage
+
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
+
+SHADOW = ("public", "rr_events_shadow")
+PINNED = 5
+ELIGIBLE = "occurred_at < %s AND status <> 'disputed'"  # a NULL status is kept
+
+
+@pytest.fixture
+def events(transactional_db):
+    create_events(3000)
+    yield
+    with connection.cursor() as cur:
+        cur.execute(
+            "DROP TABLE IF EXISTS public.rr_refs, public.rr_events, public.rr_events_shadow"
+        )
+
+
+@pytest.mark.parametrize(
+    "timing", ["", "DEFERRABLE INITIALLY DEFERRED"], ids=["immediate", "deferred"]
+)
+def test_a_restricting_foreign_key_dead_letters_its_rows_with_their_sqlstate_and_the_rest_drains(
+    events, make_user, timing
+):
+    with connection.cursor() as cur:
+        cur.execute(
+            "CREATE TABLE public.rr_refs (id serial PRIMARY KEY, event_id bigint NOT NULL"
+            f" REFERENCES public.rr_events (id) ON DELETE NO ACTION {timing})"
+        )
+        # five eligible rows of different tenants and key ranges are referenced
+        cur.execute(
+            "INSERT INTO public.rr_refs (event_id) SELECT id FROM public.rr_events"
+            " WHERE status = 'closed' AND occurred_at < %s ORDER BY id LIMIT %s",
+            [NOW.replace(day=1), PINNED * 97],
+        )
+        cur.execute("DELETE FROM public.rr_refs WHERE id % 97 <> 1")
+    policy = approved_policy(make_user, **events_spec(chunk_size=200))
+    run, _ = trigger_run(policy, tick=NOW)
+
+    result = manage(
+        "retention", "drain", run.run_key, "--until-idle", "--budget", "90", timeout=300
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "lost the database connection" not in result.stderr
+    run.refresh_from_db()
+    assert run.state == Run.State.ATTENTION, run.state_reason
+    letters = list(DeadLetter.objects.filter(run=run))
+    assert letters and all(
+        (letter.error_class, letter.sqlstate) == ("permanent", "23503") for letter in letters
+    ), [(x.error_class, x.sqlstate, x.message) for x in letters]
+    assert all("violates foreign key constraint" in letter.message for letter in letters)
+    assert not any("killed" in letter.message for letter in letters)
+    # bisected down to the pinned rows: exactly they are left of the eligible rows
+    assert count("public.rr_events", ELIGIBLE, [run.cutoff]) == PINNED
+    assert count("public.rr_refs") == PINNED
+    dead = Chunk.objects.filter(run=run, state=Chunk.State.DEAD)
+    assert all(chunk.last_sqlstate == "23503" for chunk in dead)
+    assert (
+        AuditRecord.objects.filter(run=run).count()
+        == Chunk.objects.filter(run=run, state=Chunk.State.DONE).count()
+    )
+    assert check_run(run, shadow=SHADOW, expect_drained=False) == []
+
+
+def test_a_failure_while_committing_the_chunk_is_recorded_with_its_sqlstate_not_as_a_lost_connection(
+    events, make_user
+):
+    """What still fails after the DELETE (the audit row, the chunk's state, COMMIT): a deferred
+    constraint trigger on the audit table that refuses the record (as a missing grant would)
+    stands for any of them. The transaction is gone, so the failure is recorded in one of its own: the chunk keeps
+    its rows, gets the SQLSTATE and is dead-lettered (permanent) — the drain loop does not take
+    it for a lost connection, nor the next attempt for a killed one."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "CREATE FUNCTION public.rr_refuse_audit() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$BEGIN RAISE EXCEPTION 'audit refused' USING ERRCODE = 'insufficient_privilege'; END$$"
+        )
+        cur.execute(
+            "CREATE CONSTRAINT TRIGGER rr_refuse_audit AFTER INSERT ON runs_auditrecord"
+            " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.rr_refuse_audit()"
+        )
+    try:
+        policy = approved_policy(make_user, **events_spec(chunk_size=200))
+        run, _ = trigger_run(policy, tick=NOW)
+        before = count("public.rr_events")
+
+        stats = worker.drain(run.pk, budget_s=30, until_idle=True)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TRIGGER rr_refuse_audit ON runs_auditrecord")
+            cur.execute("DROP FUNCTION public.rr_refuse_audit()")
+
+    assert count("public.rr_events") == before
+    assert not AuditRecord.objects.filter(run=run).exists()
+    letters = list(DeadLetter.objects.filter(run=run))
+    assert letters and all(
+        (x.error_class, x.sqlstate) == ("permanent", "42501") for x in letters
+    ), [(x.error_class, x.sqlstate, x.message) for x in letters]
+    assert all("audit refused" in x.message for x in letters)
+    assert not any("killed" in x.message for x in letters)
+    assert stats["failed"] == len(letters), stats
