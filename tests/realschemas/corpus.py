@@ -28,7 +28,7 @@ from pathlib import Path
 
 from django.contrib.auth.models import User
 from django.db import connection, transaction
-from django.db.models import Count, Sum
+from django.db.models import Count
 from psycopg import sql
 
 from retention import actions as retention_actions
@@ -233,12 +233,14 @@ def run_case(case: Case) -> Outcome:
             f"{slug}: {p}" for p in check_run(run, shadow=Shadow(case.shadow_schema, table, None))
         ]
 
-    audited = {
-        row["table_name"]: row["n"]
-        for row in AuditRecord.objects.filter(run__in=runs)
-        .values("table_name")
-        .annotate(n=Sum("rows_deleted"))
-    }
+    # a chunk's record counts per table what it removed where cascades reach (table_rows),
+    # else its own table's rows
+    audited: dict[str, int] = {}
+    for table_name, rows_deleted, table_rows in AuditRecord.objects.filter(
+        run__in=runs
+    ).values_list("table_name", "rows_deleted", "table_rows"):
+        for name, n in (table_rows or {table_name: rows_deleted}).items():
+            audited[name] = audited.get(name, 0) + n
     gone = {}
     for table in tables(case.schema):
         lost, changed = rows_gone_or_changed(case, table)
