@@ -16,7 +16,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.locks import decision_fence, hold_fence
-from core.oplog import ActionError, check_decision, record_action, require_reason
+from core.oplog import (
+    ActionError,
+    NeedsAnotherPerson,
+    StaleDecision,
+    check_decision,
+    record_action,
+    require_reason,
+)
 from core.roles import COMPLIANCE, ONCALL, check_role, check_role_or_system
 from retention import holds, introspect
 from retention.models import LegalHold, Policy, PolicyVersion
@@ -41,7 +48,7 @@ def _locked_version(version: PolicyVersion) -> PolicyVersion:
 def _check_four_eyes(version: PolicyVersion, actor, verb: str) -> None:
     hand = version.hand_of(actor)
     if hand is not None:
-        raise ActionError(
+        raise NeedsAnotherPerson(
             f"{actor.username} {hand} {version} and cannot {verb} it; "
             f"another member of compliance must"
         )
@@ -282,8 +289,8 @@ def _locked_hold(hold: LegalHold, expected: str | None) -> LegalHold:
     )
     try:
         check_decision(hold, expected, now_is=hold.describe())
-    except ActionError as exc:
-        raise ActionError(f"hold #{hold.pk} {exc}") from None
+    except StaleDecision as exc:
+        raise StaleDecision(f"hold #{hold.pk} {exc}") from None
     if hold.released_at is not None:
         raise ActionError(f"hold #{hold.pk} was already released by {hold.released_by}")
     return hold
@@ -352,7 +359,7 @@ def approve_hold_release(
     hold = _locked_hold(hold, expected)
     _pending_request(hold)
     if hold.release_requested_by == actor.username:
-        raise ActionError(
+        raise NeedsAnotherPerson(
             f"{actor.username} requested the release of hold #{hold.pk} and cannot approve "
             "it; another member of compliance must"
         )
