@@ -148,3 +148,10 @@ def test_the_served_schema_is_the_checked_in_one(api):
     assert served == checked_in, (
         "the API changed: regenerate api/openapi.json (api/main.py says how) and review the diff"
     )
+
+
+def test_the_browsable_docs_are_served_from_the_product_itself(api):
+    status, _ = api.get("/docs")
+    html = api.body.decode()
+    assert status == 200 and "swagger" in html.lower()
+    assert "/static/ninja/" in html and "cdn." not in html  # no third-party script
