@@ -26,10 +26,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def gunicorn():
-    """``http://127.0.0.1:PORT`` served by gunicorn (two workers) until the block ends."""
+def gunicorn(database_url: str | None = None):
+    """``http://127.0.0.1:PORT`` served by gunicorn (two workers) until the block ends
+    (``database_url``: connecting with another login than the test database's owner)."""
     port = free_port()
     env = dict(os.environ, **worker_env(), DB_CONN_MAX_AGE="0")
+    if database_url:
+        env["DATABASE_URL"] = database_url
     process = subprocess.Popen(
         [str(GUNICORN), "config.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "2",
          "--timeout", "120"],
