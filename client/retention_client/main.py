@@ -291,7 +291,11 @@ def run(argv: list[str] | None = None, *, stdout=None, stderr=None) -> int:
             options.handler(None, options)
         url = os.environ.get(URL_ENV, "")
         if not url:
-            raise Failed(f"set {URL_ENV} to the Retention Runner's address (https://…)")
+            raise Failed(
+                f"set {URL_ENV} to the Retention Runner's address (https://…) and {TOKEN_ENV} "
+                "to your personal API token; on the server, manage.py retention runs the same "
+                "commands with the database"
+            )
         api = Api(url, os.environ.get(TOKEN_ENV, ""))
         _claim(api, options)
         answer = options.handler(api, options)
