@@ -409,7 +409,7 @@ def refuse_hold_release(
     hold = _locked_hold(hold, expected)
     _pending_request(hold)
     if hold.release_requested_by == actor.username:
-        raise ActionError(
+        raise NeedsAnotherPerson(
             f"{actor.username} requested the release of hold #{hold.pk} and cannot refuse "
             "it; withdraw it instead"
         )

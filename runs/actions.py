@@ -517,8 +517,8 @@ def set_kill_switch(on: bool, *, actor, reason: str, expected: str | None = None
     switch, _ = KillSwitch.objects.select_for_update().get_or_create(name="global")
     try:
         check_decision(switch, expected, now_is=switch.describe())
-    except ActionError as exc:
-        raise ActionError(f"the kill switch {exc}") from None
+    except StaleDecision as exc:
+        raise StaleDecision(f"the kill switch {exc}") from None
     switch.on, switch.reason, switch.changed_by, switch.changed_at = (
         on,
         reason,

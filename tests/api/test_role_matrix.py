@@ -1,7 +1,8 @@
 """Every endpoint × every role: allowed (whatever the action then says, never 401/403),
 403 ``forbidden`` for a role it does not serve, 401 without a token and with a revoked one.
 The list below is checked against the served schema, so a new endpoint without a line here
-fails."""
+fails. Then every endpoint that takes ``If-Match`` refuses a decision on a state that moved on
+(412), and every four-eyes decision refuses the person who wrote or asked for it (403)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from core.models import OperatorAction
 from core.tokens import create_token, revoke_token
+from retention import actions as release
+from runs import actions as run_actions
 from tests.dashboard.conftest import make_dead_letter
 
 pytestmark = pytest.mark.django_db
@@ -155,3 +159,86 @@ def test_the_browsable_docs_are_served_from_the_product_itself(api):
     html = api.body.decode()
     assert status == 200 and "swagger" in html.lower()
     assert "/static/ninja/" in html and "cdn." not in html  # no third-party script
+
+
+def _move_run(world, other):
+    run_actions.pause_run(world["run"], actor=other["oncall"], reason="meanwhile")
+    run_actions.resume_run(world["run"], actor=other["oncall"], reason="meanwhile")
+
+
+def _move_hold(world, other):
+    release.request_hold_release(world["hold"], actor=other["compliance"], reason="meanwhile")
+    release.withdraw_hold_release(world["hold"], actor=other["compliance"], reason="meanwhile")
+
+
+def _move_switch(world, other):
+    run_actions.set_kill_switch(True, actor=other["oncall"], reason="meanwhile")
+    run_actions.set_kill_switch(False, actor=other["oncall"], reason="meanwhile")
+
+
+def _move_version(world, other):
+    release.reject_version(world["v2"], actor=other["compliance"], reason="meanwhile")
+
+
+# every endpoint that takes If-Match: (the GET that gives the ETag, the POST, its body, who
+# acts, how the target moves on meanwhile)
+FENCED = [
+    ("/runs/{run}", "/runs/{run}/pause", R, "oncall", _move_run),
+    ("/runs/{run}", "/runs/{run}/resume", R, "oncall", _move_run),
+    ("/runs/{run}", "/runs/{run}/cancel", R, "oncall", _move_run),
+    ("/runs/{run}", "/runs/{run}/confirm", R, "oncall", _move_run),
+    ("/holds/{hold}", "/holds/{hold}/release", R, "compliance", _move_hold),
+    ("/holds/{hold}", "/holds/{hold}/approve-release", R, "compliance", _move_hold),
+    ("/holds/{hold}", "/holds/{hold}/withdraw-release", R, "compliance", _move_hold),
+    ("/holds/{hold}", "/holds/{hold}/refuse-release", R, "compliance", _move_hold),
+    ("/kill-switch", "/kill-switch", {"state": "on", **R}, "oncall", _move_switch),
+    ("/policies/events/versions/2", "/policies/events/versions/2/approve",
+     {**R, "password": "carla-pw"}, "compliance", _move_version),
+    ("/policies/events/versions/2", "/policies/events/versions/2/reject", R, "compliance",
+     _move_version),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("read,path,body,role,move", FENCED, ids=[f[1] for f in FENCED])
+def test_a_decision_on_a_state_that_moved_on_is_refused_and_changes_nothing(
+    api, world, make_user, read, path, body, role, move
+):
+    def url(p: str) -> str:
+        return p.replace("{run}", world["run"].run_key).replace("{hold}", str(world["hold"].pk))
+
+    status, _ = api.get(url(read), as_=role)
+    stale = api.last["ETag"]
+    assert status == 200 and stale
+    move(
+        world,
+        {"oncall": make_user("olga", "oncall"), "compliance": make_user("cora", "compliance")},
+    )
+    before = OperatorAction.objects.count()
+
+    status, error = api.post(url(path), body, as_=role, headers={"If-Match": stale})
+
+    assert (status, error["code"]) == (412, "stale_state"), error
+    assert OperatorAction.objects.count() == before
+
+
+# four eyes: (the POST, its body, who acts as the person who wrote or asked for it)
+FOUR_EYES = [
+    ("/policies/events/versions/2/approve", {**R, "password": "author-events-pw"}),
+    ("/policies/events/versions/2/reject", R),
+    ("/holds/{hold}/approve-release", R),
+    ("/holds/{hold}/refuse-release", R),
+]
+
+
+@pytest.mark.parametrize("path,body", FOUR_EYES, ids=[f[0] for f in FOUR_EYES])
+def test_the_person_who_wrote_or_asked_cannot_decide(api, world, path, body):
+    author = world["author"]  # wrote and submitted v2; asks for the hold's release here
+    release.request_hold_release(world["hold"], actor=author, reason="settled")
+    _, secret = create_token(author, name="own decision")
+    before = OperatorAction.objects.count()
+
+    status, error = api.post(path.replace("{hold}", str(world["hold"].pk)), body, token=secret)
+
+    assert (status, error["code"]) == (403, "four_eyes"), error
+    assert "cannot" in error["message"]
+    assert OperatorAction.objects.count() == before
