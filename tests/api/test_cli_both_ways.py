@@ -184,3 +184,22 @@ def test_the_client_refuses_what_needs_the_database_and_plain_http_elsewhere(ser
         url = server.replace("127.0.0.1", loopback)
         result = with_api(("policy", "list"), url=url, token=token)
         assert "plain HTTP" not in result.stderr
+
+
+def test_approving_as_a_client_asks_for_the_password_again(server, setting):
+    token = setting["tokens"]["compliance"]
+    args = ("policy", "approve", "events", "--version", "2", "--reason", "reviewed")
+
+    no_terminal = with_api(args, url=server, token=token)
+    wrong = with_api((*args, "--password-stdin"), url=server, token=token, stdin="nope\n")
+    right = with_api((*args, "--password-stdin"), url=server, token=token, stdin="carla-pw\n")
+
+    assert no_terminal.returncode == 1
+    assert "asks for your password again: run at a terminal or use --password-stdin" in (
+        no_terminal.stderr
+    )
+    assert (wrong.returncode, wrong.stderr) == (
+        1, "CommandError: wrong password: the approval of events v2 was not done\n",
+    )  # fmt: skip
+    assert right.returncode == 0, right.stderr
+    assert right.stdout.startswith("events v2 approved by carla ")
