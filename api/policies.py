@@ -15,7 +15,7 @@ from retention.models import Policy, PolicyVersion
 from . import commands, schemas
 from .auth import Token, caller
 from .errors import ApiError, not_found
-from .fences import if_match, tag
+from .fences import etag_of, if_match, tag
 from .schemas import ERRORS as ERRORS_DOC
 
 router = Router(tags=["policies"])
@@ -59,6 +59,7 @@ def policy_out(policy: Policy) -> dict:
         "approved_version": approved.number if approved else None,
         "latest_version": latest.number if latest else None,
         "latest_state": latest.state if latest else None,
+        "etag": etag_of(policy),
     }  # fmt: skip
 
 
@@ -125,8 +126,11 @@ def submit(request, body: schemas.PolicyText):
 
 
 @router.get("/policies/{slug}", response={200: schemas.PolicyOut, **ERRORS_DOC}, auth=Token())
-def show_policy(request, slug: str):
-    return policy_out(policy_or_404(slug))
+def show_policy(request, response: HttpResponse, slug: str):
+    """A policy and the state of its versions, with its ETag."""
+    policy = policy_or_404(slug)
+    tag(response, etag_of(policy))
+    return policy_out(policy)
 
 
 @router.get("/policies/{slug}/preview", response={200: schemas.PreviewOut, **ERRORS_DOC},
@@ -212,9 +216,13 @@ def _switch(name: str, handler):
                  auth=Token(ONCALL), operation_id=f"policy_{name}")  # fmt: skip
     def endpoint(request, slug: str, body: schemas.Switch):
         policy_or_404(slug)
-        return {"output": commands.run(handler, slug=slug, reason=body.reason)}
+        output = commands.run(handler, slug=slug, reason=body.reason, expected=if_match(request))
+        return {"output": output, "etag": etag_of(policy_or_404(slug))}
 
-    endpoint.__doc__ = f"{name.capitalize()} a policy (``retention policy {name}``)."
+    endpoint.__doc__ = (
+        f"{name.capitalize()} a policy (``retention policy {name}``). ``If-Match``: the "
+        "policy's ETag the decision was made on; 412 ``stale_state`` when it moved on."
+    )
     return endpoint
 
 

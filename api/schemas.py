@@ -47,6 +47,7 @@ class PolicyOut(Schema):
     approved_version: int | None
     latest_version: int | None
     latest_state: str | None
+    etag: str
 
 
 class PolicyList(Schema):

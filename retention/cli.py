@@ -261,7 +261,11 @@ def policy_approve(command, options) -> None:
 @one_line
 def policy_enable(command, options) -> None:
     policy = actions.set_policy_enabled(
-        _policy(options["slug"]), True, actor=acting_user(options), reason=options["reason"]
+        _policy(options["slug"]),
+        True,
+        actor=acting_user(options),
+        reason=options["reason"],
+        expected=options.get("expected"),
     )
     command.stdout.write(f"policy {policy.slug} enabled")
 
@@ -269,7 +273,11 @@ def policy_enable(command, options) -> None:
 @one_line
 def policy_disable(command, options) -> None:
     policy = actions.set_policy_enabled(
-        _policy(options["slug"]), False, actor=acting_user(options), reason=options["reason"]
+        _policy(options["slug"]),
+        False,
+        actor=acting_user(options),
+        reason=options["reason"],
+        expected=options.get("expected"),
     )
     command.stdout.write(f"policy {policy.slug} disabled")
 
@@ -277,7 +285,10 @@ def policy_disable(command, options) -> None:
 @one_line
 def policy_pause(command, options) -> None:
     policy = actions.pause_policy(
-        _policy(options["slug"]), actor=acting_user(options), reason=options["reason"]
+        _policy(options["slug"]),
+        actor=acting_user(options),
+        reason=options["reason"],
+        expected=options.get("expected"),
     )
     command.stdout.write(f"policy {policy.slug} paused: {policy.paused_reason}")
 
@@ -285,7 +296,10 @@ def policy_pause(command, options) -> None:
 @one_line
 def policy_resume(command, options) -> None:
     policy = actions.resume_policy(
-        _policy(options["slug"]), actor=acting_user(options), reason=options["reason"]
+        _policy(options["slug"]),
+        actor=acting_user(options),
+        reason=options["reason"],
+        expected=options.get("expected"),
     )
     command.stdout.write(f"policy {policy.slug} resumed")
 

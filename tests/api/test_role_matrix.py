@@ -176,6 +176,11 @@ def _move_switch(world, other):
     run_actions.set_kill_switch(False, actor=other["oncall"], reason="meanwhile")
 
 
+def _move_policy(world, other):
+    release.pause_policy(world["policy"], actor=other["oncall"], reason="meanwhile")
+    release.resume_policy(world["policy"], actor=other["oncall"], reason="meanwhile")
+
+
 def _move_version(world, other):
     release.reject_version(world["v2"], actor=other["compliance"], reason="meanwhile")
 
@@ -192,6 +197,10 @@ FENCED = [
     ("/holds/{hold}", "/holds/{hold}/withdraw-release", R, "compliance", _move_hold),
     ("/holds/{hold}", "/holds/{hold}/refuse-release", R, "compliance", _move_hold),
     ("/kill-switch", "/kill-switch", {"state": "on", **R}, "oncall", _move_switch),
+    ("/policies/events", "/policies/events/pause", R, "oncall", _move_policy),
+    ("/policies/events", "/policies/events/resume", R, "oncall", _move_policy),
+    ("/policies/events", "/policies/events/disable", R, "oncall", _move_policy),
+    ("/policies/events", "/policies/events/enable", R, "oncall", _move_policy),
     ("/policies/events/versions/2", "/policies/events/versions/2/approve",
      {**R, "password": "carla-pw"}, "compliance", _move_version),
     ("/policies/events/versions/2", "/policies/events/versions/2/reject", R, "compliance",
