@@ -34,6 +34,8 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 # The audit CSV export's statement timeout (a longer export is cut, and says so).
 AUDIT_EXPORT_TIMEOUT_S = env_int("AUDIT_EXPORT_TIMEOUT_S", 300, minimum=1)
+# the HTTP API's budget per token (django-ninja's throttle: N/s, N/m, N/h or N/d)
+API_THROTTLE_RATE = env_str("API_THROTTLE_RATE", "600/m")
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")  # bearer token for /metrics; empty: sign-in only
 # Signs the chain anchors in manifests and checkpoints (runs.evidence.anchors); never stored in the
 # database. RETENTION_EVIDENCE_KEY_FILE names a file holding it (e.g. a mounted secret).
@@ -125,6 +127,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django_htmx",
+    "ninja",
     "django_q",
     "axes",
     "core",

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from api.urls import urls as api_urls
 from core import views as core_views
 from runs.pages.views import home, metrics_view
 
@@ -17,4 +18,5 @@ urlpatterns = [
     path("policies/", include("retention.urls")),
     path("runs/", include("runs.urls")),
     path("admin/", admin.site.urls),
+    path("api/v1/", api_urls),
 ]

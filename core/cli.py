@@ -12,6 +12,7 @@ from django.core.management.base import CommandError
 
 from core import accounts, tokens
 from core.cli_identity import acting_user, one_line, password_user
+from core.oplog import channel
 from core.roles import ALL_ROLES, ROLE_DESCRIPTIONS
 
 
@@ -57,6 +58,11 @@ def register(areas) -> None:
     p.set_defaults(handler=token_create)
 
 
+def _via() -> str:
+    """``cli``, or ``api`` when the API runs this handler for a request."""
+    return channel().get("via") or "cli"
+
+
 def _subject(username: str):
     user = get_user_model().objects.filter(username=username).first()
     if user is None:
@@ -68,7 +74,9 @@ def _subject(username: str):
 def role_grant(command, options) -> None:
     actor = acting_user(options)
     user = _subject(options["username"])
-    changed = accounts.grant_role(user, options["role"], actor=actor, reason=options["reason"])
+    changed = accounts.grant_role(
+        user, options["role"], actor=actor, reason=options["reason"], via=_via()
+    )
     verb = "granted to" if changed else "already held by"
     command.stdout.write(f"{options['role']} {verb} {user.username}")
 
@@ -77,7 +85,9 @@ def role_grant(command, options) -> None:
 def role_revoke(command, options) -> None:
     actor = acting_user(options)
     user = _subject(options["username"])
-    changed = accounts.revoke_role(user, options["role"], actor=actor, reason=options["reason"])
+    changed = accounts.revoke_role(
+        user, options["role"], actor=actor, reason=options["reason"], via=_via()
+    )
     verb = "revoked from" if changed else "not held by"
     command.stdout.write(f"{options['role']} {verb} {user.username}")
 

@@ -7,6 +7,9 @@
 - else, at a terminal, a username and password prompt (the bootstrap of a new
   installation: ``manage.py createsuperuser``, then act as that superuser).
 
+- within an API request (``api``): the owner of the request's bearer token, authenticated
+  by the API before any handler runs (``acting_as``); the rows then say ``via: api``.
+
 Nothing else: a ``--by``/``--author``/``--approver`` flag only double-checks the
 identity (a mismatch is refused), it never chooses it. The command's operator-action rows
 say ``via: cli`` and which token (``core.oplog.record_action`` reads ``channel()``), and the actions
@@ -19,6 +22,7 @@ import getpass
 import os
 import sys
 from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import wraps
 
 from django.core.exceptions import PermissionDenied
@@ -31,6 +35,8 @@ from core.tokens import TokenError, user_for_token
 TOKEN_ENV = "RETENTION_TOKEN"
 CLAIM_FLAGS = ("by", "author", "approver")
 
+_acting: ContextVar[tuple | None] = ContextVar("retention_acting", default=None)
+
 
 @contextmanager
 def cli_command():
@@ -42,11 +48,21 @@ def cli_command():
         reset_channel(reset)
 
 
+def act_for_request(user, via: dict) -> None:
+    """Within one API request: the person its token authenticated acts in every handler
+    and action the request runs, and their operator-log rows carry ``via`` (``via: api``).
+    The API runs each request in a context of its own (``api.urls``), so this ends with it."""
+    _acting.set((user, via))
+    set_channel(via)
+
+
 def acting_user(options: dict | None = None):
     """The authenticated user a CLI command acts as; one clear ``CommandError`` otherwise."""
     options = options or {}
     secret = os.environ.get(TOKEN_ENV, "").strip()
-    if secret:
+    if _acting.get() is not None:
+        user, via = _acting.get()
+    elif secret:
         try:
             user, token = user_for_token(secret)
         except TokenError as exc:

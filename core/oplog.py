@@ -24,6 +24,16 @@ class ActionError(ValueError):
     The one class for every action (``retention.actions`` and ``runs.actions`` raise it)."""
 
 
+class StaleDecision(ActionError):
+    """The target moved on since the caller looked at it (``check_decision``): a page
+    rendered for an older state, or an API call whose ``If-Match`` names an older ETag."""
+
+
+class NeedsAnotherPerson(ActionError):
+    """Four eyes: the actor had a hand in what they try to decide (their own version, their
+    own release request); another member of the role must decide."""
+
+
 def require_reason(reason: str, what: str) -> str:
     """The reason stripped, or ActionError "<what> needs a reason"; every action that the
     design says needs a reason calls this, so the CLI and the pages get the same refusal."""
@@ -68,7 +78,7 @@ def check_decision(target, expected: str | None, *, now_is: str) -> None:
     no longer matches it; call with the target's row locked. ``now_is`` describes the current
     state for the message."""
     if expected is not None and expected != decision_token(target):
-        raise ActionError(
+        raise StaleDecision(
             f"it changed since the page was loaded; it is now {now_is}. Nothing was changed: "
             "reload and decide again"
         )

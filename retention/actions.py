@@ -16,7 +16,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.locks import decision_fence, hold_fence
-from core.oplog import ActionError, check_decision, record_action, require_reason
+from core.oplog import (
+    ActionError,
+    NeedsAnotherPerson,
+    StaleDecision,
+    check_decision,
+    record_action,
+    require_reason,
+)
 from core.roles import COMPLIANCE, ONCALL, check_role, check_role_or_system
 from retention import cascades, holds, introspect
 from retention.models import LegalHold, Policy, PolicyVersion
@@ -41,7 +48,7 @@ def _locked_version(version: PolicyVersion) -> PolicyVersion:
 def _check_four_eyes(version: PolicyVersion, actor, verb: str) -> None:
     hand = version.hand_of(actor)
     if hand is not None:
-        raise ActionError(
+        raise NeedsAnotherPerson(
             f"{actor.username} {hand} {version} and cannot {verb} it; "
             f"another member of compliance must"
         )
@@ -287,8 +294,8 @@ def _locked_hold(hold: LegalHold, expected: str | None) -> LegalHold:
     )
     try:
         check_decision(hold, expected, now_is=hold.describe())
-    except ActionError as exc:
-        raise ActionError(f"hold #{hold.pk} {exc}") from None
+    except StaleDecision as exc:
+        raise StaleDecision(f"hold #{hold.pk} {exc}") from None
     if hold.released_at is not None:
         raise ActionError(f"hold #{hold.pk} was already released by {hold.released_by}")
     return hold
@@ -357,7 +364,7 @@ def approve_hold_release(
     hold = _locked_hold(hold, expected)
     _pending_request(hold)
     if hold.release_requested_by == actor.username:
-        raise ActionError(
+        raise NeedsAnotherPerson(
             f"{actor.username} requested the release of hold #{hold.pk} and cannot approve "
             "it; another member of compliance must"
         )
@@ -407,7 +414,7 @@ def refuse_hold_release(
     hold = _locked_hold(hold, expected)
     _pending_request(hold)
     if hold.release_requested_by == actor.username:
-        raise ActionError(
+        raise NeedsAnotherPerson(
             f"{actor.username} requested the release of hold #{hold.pk} and cannot refuse "
             "it; withdraw it instead"
         )
@@ -416,15 +423,28 @@ def refuse_hold_release(
     return hold
 
 
+def _locked_policy(policy: Policy, expected: str | None) -> Policy:
+    """The policy re-read under a row lock, refused when the caller decided on an older state
+    (``expected``: an API call's ``If-Match``; ``core.oplog.check_decision``)."""
+    policy = Policy.objects.select_for_update().get(pk=policy.pk)
+    try:
+        check_decision(policy, expected, now_is=policy.describe())
+    except StaleDecision as exc:
+        raise StaleDecision(f"policy {policy.slug} {exc}") from None
+    return policy
+
+
 @transaction.atomic
-def pause_policy(policy: Policy, *, actor, reason: str, alert: bool = False) -> Policy:
+def pause_policy(
+    policy: Policy, *, actor, reason: str, alert: bool = False, expected: str | None = None
+) -> Policy:
     """Stop new chunks of this policy from being admitted until resumed. A person needs the
     on-call role; the guard pauses in its own name (``actor="guard"``, ``alert=True``: its
     operator-log row is an alert)."""
     check_role_or_system(actor, ONCALL)
     reason = require_reason(reason, "pausing a policy")
     decision_fence(policy.pk)  # chunks in flight commit first; none starts after the pause
-    policy = Policy.objects.select_for_update().get(pk=policy.pk)
+    policy = _locked_policy(policy, expected)
     if policy.paused:
         raise ActionError(f"policy {policy.slug} is already paused")
     policy.paused = True
@@ -438,11 +458,11 @@ def pause_policy(policy: Policy, *, actor, reason: str, alert: bool = False) -> 
 
 
 @transaction.atomic
-def resume_policy(policy: Policy, *, actor, reason: str) -> Policy:
+def resume_policy(policy: Policy, *, actor, reason: str, expected: str | None = None) -> Policy:
     """Undo ``pause_policy``."""
     check_role(actor, ONCALL)
     reason = require_reason(reason, "resuming a policy")
-    policy = Policy.objects.select_for_update().get(pk=policy.pk)
+    policy = _locked_policy(policy, expected)
     if not policy.paused:
         raise ActionError(f"policy {policy.slug} is not paused")
     policy.paused = False
@@ -454,13 +474,15 @@ def resume_policy(policy: Policy, *, actor, reason: str) -> Policy:
 
 
 @transaction.atomic
-def set_policy_enabled(policy: Policy, enabled: bool, *, actor, reason: str) -> Policy:
+def set_policy_enabled(
+    policy: Policy, enabled: bool, *, actor, reason: str, expected: str | None = None
+) -> Policy:
     """Enable or disable a policy: disabled, its schedule is removed and no run is triggered
     (open runs stop at their next chunk); enabled, its schedule is armed for the next tick."""
     check_role(actor, ONCALL)
     reason = require_reason(reason, "enabling a policy" if enabled else "disabling a policy")
     decision_fence(policy.pk)  # chunks in flight commit first; none starts after a disable
-    policy = Policy.objects.select_for_update().get(pk=policy.pk)
+    policy = _locked_policy(policy, expected)
     if policy.enabled == enabled:
         raise ActionError(f"policy {policy.slug} is already {'enabled' if enabled else 'disabled'}")
     policy.enabled = enabled

@@ -8,12 +8,14 @@ through ``retention.actions``, so the CLI and the pages obey the same rules.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from django.core.management.base import CommandError
 from django.db import transaction
 
 from core.cli_identity import acting_user, one_line
 from retention import actions
+from retention import plan as policies_as_code
 from retention.holds import coverage as hold_coverage
 from retention.models import LegalHold, Policy, PolicyVersion
 from retention.preview import preview, without_tenant_text
@@ -27,11 +29,24 @@ def register(areas) -> None:
     policy = areas.add_parser("policy", help="write, preview, approve and list policies")
     sub = policy.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("apply", help="create a draft from a TOML file and submit it")
-    p.add_argument("file", metavar="FILE.toml")
+    p = sub.add_parser(
+        "apply",
+        help="create a draft from a TOML file and submit it; given a directory, submit every "
+        "policy file that differs from its approved version (exit 0 nothing to do, 2 changes "
+        "submitted, 1 error)",
+    )
+    p.add_argument("file", metavar="FILE.toml|DIR")
     p.add_argument("--author", metavar="USERNAME", help=CLAIM_HELP)
     p.add_argument("--reason", default="", help="why this version is submitted (required)")
     p.set_defaults(handler=policy_apply)
+
+    p = sub.add_parser(
+        "plan",
+        help="compare a directory of policy files with what is approved: per policy the "
+        "difference and the preview (exit 0 nothing to do, 2 changes, 1 error)",
+    )
+    p.add_argument("dir", metavar="DIR")
+    p.set_defaults(handler=policy_plan)
 
     p = sub.add_parser("approve", help="approve a submitted version")
     p.add_argument("slug")
@@ -61,6 +76,16 @@ def register(areas) -> None:
         p.add_argument("--by", metavar="USERNAME", help=CLAIM_HELP)
         p.add_argument("--reason", required=True)
         p.set_defaults(handler=policy_enable if name == "enable" else policy_disable)
+
+    for name, help_text in (
+        ("pause", "stop admitting chunks of every run of a policy until resumed"),
+        ("resume", "resume a paused policy"),
+    ):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("slug")
+        p.add_argument("--by", metavar="USERNAME", help=CLAIM_HELP)
+        p.add_argument("--reason", required=True)
+        p.set_defaults(handler=policy_pause if name == "pause" else policy_resume)
 
     hold = areas.add_parser("hold", help="place, release and list legal holds")
     sub = hold.add_subparsers(dest="hold_command", required=True, metavar="COMMAND")
@@ -110,14 +135,30 @@ def _version(slug: str, number: int) -> PolicyVersion:
     return version
 
 
-@one_line
-def policy_apply(command, options) -> None:
-    path = options["file"]
+def _read(path: Path) -> str:
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CommandError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def read_policy_dir(path: str) -> list[tuple[str, str]]:
+    """The ``*.toml`` files of a directory (not its subdirectories), by name."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CommandError(f"{path} is not a directory")
+    return [(p.name, _read(p)) for p in sorted(folder.glob("*.toml")) if p.is_file()]
+
+
+@one_line
+def policy_apply(command, options) -> int | None:
+    if Path(options["file"]).is_dir():
+        return apply_files(command, read_policy_dir(options["file"]), options)
+    return apply_text(command, _read(Path(options["file"])), options)
+
+
+def apply_text(command, text: str, options) -> None:
+    """``policy apply FILE`` with the file's text (the API receives the text itself)."""
     spec = load_toml(text)
     author = acting_user(options)
     # One transaction: a draft that fails submission is not left behind.
@@ -135,6 +176,78 @@ def policy_apply(command, options) -> None:
 
 
 @one_line
+def policy_plan(command, options) -> int:
+    return plan_files(command, read_policy_dir(options["dir"]), options)
+
+
+def plan_files(command, files: list[tuple[str, str]], options) -> int:
+    """``policy plan DIR`` with the directory's files; returns the exit code."""
+    planned = policies_as_code.plan(files)
+    write = command.stdout.write
+    for item in planned:
+        if item.error:
+            write(f"{item.file}: error: {item.error}")
+            continue
+        if not item.changed:
+            write(f"{item.slug}: no change (approved v{item.approved.number}, {item.file})")
+            continue
+        was = f"approved v{item.approved.number}" if item.approved else "new policy"
+        pending = (
+            f"; v{item.pending.number} {item.pending.state}, awaiting approval"
+            if item.pending
+            else ""
+        )
+        write(f"{item.slug}: change ({was} -> {item.file}{pending})")
+        for row in item.diff:
+            if item.approved is None:
+                write(f"  + {row['field']} = {row['new']}")
+            elif row["changed"]:
+                write(f"  ~ {row['field']}: {row['old'] or '-'} -> {row['new'] or '-'}")
+        if item.preview:
+            write(f"  preview: {_preview_summary(item.preview)}")
+    changes = sum(1 for item in planned if item.changed)
+    errors = sum(1 for item in planned if item.error)
+    write(
+        f"plan: {changes} change(s), {len(planned) - changes - errors} unchanged"
+        + (f", {errors} error(s)" if errors else "")
+    )
+    return policies_as_code.exit_code(planned)
+
+
+def apply_files(command, files: list[tuple[str, str]], options) -> int:
+    """``policy apply DIR`` with the directory's files: the changed policies submitted for a
+    second person's approval, all or none; returns the exit code (2 when any was submitted
+    now, 0 when there was nothing to submit)."""
+    author = acting_user(options)
+    planned = policies_as_code.plan(files, with_preview=False)
+    write = command.stdout.write
+    for item in planned:
+        if item.error:
+            write(f"{item.file}: error: {item.error}")
+    if any(item.error for item in planned):
+        raise CommandError("nothing was submitted: fix the file(s) above")
+    submitted = policies_as_code.apply(planned, actor=author, reason=options["reason"])
+    for item in planned:
+        if not item.changed:
+            write(f"{item.slug}: no change (approved v{item.approved.number})")
+        elif item.pending in submitted:
+            version = item.pending
+            write(f"{item.slug} v{version.number} submitted {version.content_hash}")
+            for warning in (version.validation or {}).get("warnings", []):
+                write(f"warning: {warning}")
+            if version.preview:
+                write(f"  preview: {_preview_summary(version.preview)}")
+        else:
+            write(f"{item.slug} v{item.pending.number} already {item.pending.state}")
+    write(
+        f"apply: {len(submitted)} submitted for approval by another member of compliance, "
+        f"{sum(1 for item in planned if item.changed) - len(submitted)} already submitted, "
+        f"{sum(1 for item in planned if not item.changed)} unchanged"
+    )
+    return policies_as_code.EXIT_CHANGES if submitted else policies_as_code.EXIT_NOTHING
+
+
+@one_line
 def policy_approve(command, options) -> None:
     approver = acting_user(options)
     version = _version(options["slug"], options["number"])
@@ -148,7 +261,11 @@ def policy_approve(command, options) -> None:
 @one_line
 def policy_enable(command, options) -> None:
     policy = actions.set_policy_enabled(
-        _policy(options["slug"]), True, actor=acting_user(options), reason=options["reason"]
+        _policy(options["slug"]),
+        True,
+        actor=acting_user(options),
+        reason=options["reason"],
+        expected=options.get("expected"),
     )
     command.stdout.write(f"policy {policy.slug} enabled")
 
@@ -156,9 +273,35 @@ def policy_enable(command, options) -> None:
 @one_line
 def policy_disable(command, options) -> None:
     policy = actions.set_policy_enabled(
-        _policy(options["slug"]), False, actor=acting_user(options), reason=options["reason"]
+        _policy(options["slug"]),
+        False,
+        actor=acting_user(options),
+        reason=options["reason"],
+        expected=options.get("expected"),
     )
     command.stdout.write(f"policy {policy.slug} disabled")
+
+
+@one_line
+def policy_pause(command, options) -> None:
+    policy = actions.pause_policy(
+        _policy(options["slug"]),
+        actor=acting_user(options),
+        reason=options["reason"],
+        expected=options.get("expected"),
+    )
+    command.stdout.write(f"policy {policy.slug} paused: {policy.paused_reason}")
+
+
+@one_line
+def policy_resume(command, options) -> None:
+    policy = actions.resume_policy(
+        _policy(options["slug"]),
+        actor=acting_user(options),
+        reason=options["reason"],
+        expected=options.get("expected"),
+    )
+    command.stdout.write(f"policy {policy.slug} resumed")
 
 
 @one_line
@@ -169,20 +312,29 @@ def policy_reject(command, options) -> None:
     command.stdout.write(f"{version.policy.slug} v{version.number} rejected by {approver.username}")
 
 
-@one_line
-def policy_preview(command, options) -> None:
-    policy = _policy(options["slug"])
+def preview_of(policy: Policy) -> dict:
+    """The dry run of the policy's approved (else latest) version now, with its number."""
     version = policy.approved_version or policy.versions.order_by("-number").first()
     if version is None:
         raise CommandError(f"policy {policy.slug!r} has no version")
     result = preview(version.parsed, policy_id=policy.pk)
     result["version"] = version.number
     result["version_state"] = version.state
-    if options["json"]:
+    return result
+
+
+@one_line
+def policy_preview(command, options) -> None:
+    policy = _policy(options["slug"])
+    write_preview(command, policy.slug, preview_of(policy), as_json=options["json"])
+
+
+def write_preview(command, slug: str, result: dict, *, as_json: bool) -> None:
+    if as_json:
         command.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=str))
         return
     write = command.stdout.write
-    write(f"{policy.slug} v{version.number} ({version.state}) on {result['table']}")
+    write(f"{slug} v{result['version']} ({result['version_state']}) on {result['table']}")
     write(f"tick {result['tick']}  cutoff {result['cutoff']}")
     write(_preview_summary(result))
     if result.get("without_tenant"):
@@ -252,6 +404,7 @@ def hold_place(command, options) -> None:
         key_from=options.get("key_from"),
         key_to=options.get("key_to"),
     )
+    options["hold_id"] = hold.pk  # what was placed, for a caller that runs this handler
     command.stdout.write(f"hold #{hold.pk} placed: {_scope(hold)}")
     _write_coverage(command, hold.coverage, hold)
 
@@ -271,7 +424,9 @@ def _write_impact(command, impact) -> None:
 @one_line
 def hold_release(command, options) -> None:
     actor = acting_user(options)
-    hold = actions.request_hold_release(_hold(options), actor=actor, reason=options["reason"])
+    hold = actions.request_hold_release(
+        _hold(options), actor=actor, reason=options["reason"], expected=options.get("expected")
+    )
     command.stdout.write(
         f"hold #{hold.pk}: release requested by {actor.username}; it stays in force until "
         f"another member of compliance approves (retention hold approve-release {hold.pk}). "
@@ -283,7 +438,9 @@ def hold_release(command, options) -> None:
 @one_line
 def hold_approve_release(command, options) -> None:
     actor = acting_user(options)
-    hold = actions.approve_hold_release(_hold(options), actor=actor, reason=options["reason"])
+    hold = actions.approve_hold_release(
+        _hold(options), actor=actor, reason=options["reason"], expected=options.get("expected")
+    )
     command.stdout.write(
         f"hold #{hold.pk} released by {hold.released_by} "
         f"(requested by {hold.release_requested_by}):"
@@ -294,7 +451,9 @@ def hold_approve_release(command, options) -> None:
 @one_line
 def hold_withdraw_release(command, options) -> None:
     actor = acting_user(options)
-    hold = actions.withdraw_hold_release(_hold(options), actor=actor, reason=options["reason"])
+    hold = actions.withdraw_hold_release(
+        _hold(options), actor=actor, reason=options["reason"], expected=options.get("expected")
+    )
     command.stdout.write(
         f"hold #{hold.pk}: release request withdrawn by {actor.username}; the hold stays in force"
     )
@@ -305,7 +464,9 @@ def hold_refuse_release(command, options) -> None:
     actor = acting_user(options)
     hold = _hold(options)
     requester = hold.release_requested_by
-    hold = actions.refuse_hold_release(hold, actor=actor, reason=options["reason"])
+    hold = actions.refuse_hold_release(
+        hold, actor=actor, reason=options["reason"], expected=options.get("expected")
+    )
     command.stdout.write(
         f"hold #{hold.pk}: release request{f' of {requester}' if requester else ''} refused by "
         f"{actor.username}; the hold stays in force"

@@ -38,6 +38,18 @@ class Policy(models.Model):
     def approved_version(self) -> PolicyVersion | None:
         return self.versions.filter(state=PolicyVersion.State.APPROVED).order_by("-number").first()
 
+    @property
+    def decision_state(self) -> str:
+        """What a pause, resume, enable or disable decides on (``core.oplog.decision_token``)."""
+        return (
+            f"{'enabled' if self.enabled else 'disabled'}-{'paused' if self.paused else 'running'}"
+        )
+
+    def describe(self) -> str:
+        """The policy's state in words, for a refusal of a decision on an older state."""
+        state = "enabled" if self.enabled else "disabled"
+        return f"{state}, paused: {self.paused_reason}" if self.paused else f"{state}, not paused"
+
 
 class PolicyVersion(models.Model):
     """One immutable description of what a policy deletes.

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from core import timeouts
 from core.locks import decision_fence
-from core.oplog import ActionError, check_decision, record_action, require_reason
+from core.oplog import ActionError, StaleDecision, check_decision, record_action, require_reason
 from core.roles import ONCALL, check_role, check_role_or_system
 from retention import geometry
 from retention import predicate as P
@@ -224,8 +224,8 @@ def _check_run_decision(run: Run, expected: str | None) -> None:
     """A control posted from a page rendered for an older state of the run is refused."""
     try:
         check_decision(run, expected, now_is=run.describe())
-    except ActionError as exc:
-        raise ActionError(f"run {run.run_key} {exc}") from None
+    except StaleDecision as exc:
+        raise StaleDecision(f"run {run.run_key} {exc}") from None
 
 
 def _set_state(run: Run, state: str, reason: str) -> None:
@@ -520,8 +520,8 @@ def set_kill_switch(on: bool, *, actor, reason: str, expected: str | None = None
     switch, _ = KillSwitch.objects.select_for_update().get_or_create(name="global")
     try:
         check_decision(switch, expected, now_is=switch.describe())
-    except ActionError as exc:
-        raise ActionError(f"the kill switch {exc}") from None
+    except StaleDecision as exc:
+        raise StaleDecision(f"the kill switch {exc}") from None
     switch.on, switch.reason, switch.changed_by, switch.changed_at = (
         on,
         reason,

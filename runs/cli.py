@@ -81,8 +81,11 @@ def trigger(cmd, o):
 
 
 def status(cmd, o):
-    data = run_status(_run(o["run_key"]))
-    if o["json"]:
+    write_status(cmd, run_status(_run(o["run_key"])), as_json=o["json"])
+
+
+def write_status(cmd, data: dict, *, as_json: bool) -> None:
+    if as_json:
         cmd.stdout.write(json.dumps(data, indent=2, default=str))
         return
     for key, value in data.items():
@@ -160,7 +163,9 @@ def _drain_here(cmd, o, Run, drain_run) -> None:
 def _control(action_name):
     def handler(cmd, o):
         run = _run(o["run_key"])
-        getattr(actions, action_name)(run, actor=_actor(o), reason=o["reason"])
+        getattr(actions, action_name)(
+            run, actor=_actor(o), reason=o["reason"], expected=o.get("expected")
+        )
         run.refresh_from_db()
         cmd.stdout.write(f"{run.run_key}: {run.state}")
 
@@ -187,7 +192,9 @@ def discard(cmd, o):
 
 
 def kill_switch(cmd, o):
-    switch = set_kill_switch(o["state"] == "on", actor=_actor(o), reason=o["reason"])
+    switch = set_kill_switch(
+        o["state"] == "on", actor=_actor(o), reason=o["reason"], expected=o.get("expected")
+    )
     cmd.stdout.write(f"kill switch {'on' if switch.on else 'off'}")
 
 

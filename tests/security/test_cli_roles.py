@@ -110,6 +110,12 @@ def disabled_policy(world: World) -> list[str]:
     return ["events", "--reason", "back on"]
 
 
+def paused_policy(world: World) -> list[str]:
+    oncall = world.make_user("olga", "oncall")
+    policy_actions.pause_policy(world.policy, actor=oncall, reason="before")
+    return ["events", "--reason", "over"]
+
+
 def active_hold(world: World) -> list[str]:
     officer = world.make_user("cora", "compliance")
     hold = policy_actions.place_hold(actor=officer, reason="case 9", tenant="3")
@@ -159,6 +165,8 @@ MATRIX = {
     ),
     "policy enable": (disabled_policy, ONCALL, "policy.enable"),
     "policy disable": (lambda w: ["events", "--reason", "off"], ONCALL, "policy.disable"),
+    "policy pause": (lambda w: ["events", "--reason", "INC-3"], ONCALL, "policy.pause"),
+    "policy resume": (paused_policy, ONCALL, "policy.resume"),
     "hold place": (lambda w: ["--reason", "subpoena", "--tenant", "3"], COMPLIANCE, "hold.place"),
     "hold release": (active_hold, COMPLIANCE, "hold.release_request"),
     "hold approve-release": (lambda w: requested_hold(w, "cora"), COMPLIANCE, "hold.release"),
@@ -206,7 +214,7 @@ NOT_THE_ROLE = {
 # Commands that act as the system, as the clusters do, or only read (docs/security.md).
 SYSTEM_OR_READ = {
     "status", "drain", "reconcile", "explain", "startup", "audit verify", "audit checkpoint",
-    "check", "policy preview", "policy list", "hold list", "role list",
+    "check", "policy preview", "policy list", "policy plan", "hold list", "role list",
     # the database's logins and grants: run with the owner's login, not as a person
     "grants apply", "grants check", "grants sql",
 }  # fmt: skip

@@ -36,10 +36,13 @@ class Command(BaseCommand):
             raise CommandError("missing sub-command; see --help")
         try:
             with cli_command():
-                handler(self, options)
+                code = handler(self, options)
         except CommandError:
             raise
         except PermissionDenied as exc:  # the acting person lacks the role
             raise CommandError(str(exc) or "permission denied") from None
         except ValueError as exc:  # SpecError, validation errors: the user's input
             raise CommandError(str(exc)) from None
+        if code:  # a handler's own exit status (``policy plan``: 2 when there are changes)
+            self.stdout.flush()
+            raise SystemExit(code)

@@ -1,0 +1,53 @@
+"""Evidence: verify the chains (against anchors kept outside the database), the latest
+signed checkpoint, the audit CSV."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from ninja import Router
+
+from core.roles import AUDITOR, COMPLIANCE
+from runs import cli as run_cli
+from runs.evidence import anchors, exports
+
+from . import commands, schemas
+from .auth import Token
+from .errors import not_found
+from .schemas import ERRORS
+
+router = Router(tags=["audit"])
+EVIDENCE = (AUDITOR, COMPLIANCE)
+
+
+@router.post("/audit/verify", response={200: commands.Output, **ERRORS},
+             auth=Token(*EVIDENCE))  # fmt: skip
+def verify(request, body: schemas.Anchors):
+    """Walk the audit chain and the operator log, check every account's seal, and each anchor
+    sent (``retention audit verify --against``); 400 ``command_failed`` lists the problems."""
+    with tempfile.TemporaryDirectory() as folder:
+        paths = []
+        for i, document in enumerate(body.anchors, 1):
+            path = Path(folder) / f"anchor-{i}.json"
+            path.write_text(json.dumps(document))
+            paths.append(str(path))
+        return commands.run(run_cli.audit_verify, against=paths)
+
+
+@router.get("/audit/checkpoint", response={200: dict, **ERRORS}, auth=Token(*EVIDENCE))
+def latest_checkpoint(request):
+    """The latest signed checkpoint (what ``retention audit checkpoint`` stores), to keep
+    outside the database."""
+    checkpoint = anchors.latest_checkpoint()
+    if checkpoint is None:
+        raise not_found("no signed checkpoint yet (the checkpoint job takes them)")
+    return anchors.document(checkpoint)
+
+
+@router.get("/audit/export.csv", auth=Token(*EVIDENCE), response={200: str, **ERRORS})
+def export(request):
+    """The audit records as CSV (the audit page's export; filters ``policy``, ``run``,
+    ``tenant``, ``from``, ``to``)."""
+    return exports.csv_response(exports.AuditFilters.from_query(request.GET))

@@ -1,0 +1,57 @@
+"""Who calls: a personal API token (``Authorization: Bearer rrt_…``, ``core.tokens``), checked on
+every request, and the roles an endpoint needs (``core.roles``, as the pages' ``require_role``).
+
+The token's owner then acts in every action the request runs (``core.cli_identity.acting_as``),
+so each operator-log row says ``via: api`` and which token. The actions check the roles again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ninja.security import HttpBearer
+
+from core.cli_identity import act_for_request
+from core.models import ApiToken
+from core.roles import ALL_ROLES, check_role
+from core.tokens import TokenError, user_for_token
+
+from .errors import ApiError
+
+
+@dataclass(frozen=True)
+class Caller:
+    user: object
+    token: ApiToken
+
+    def __str__(self) -> str:  # the throttle's key: one budget per token
+        return f"token:{self.token.pk}"
+
+
+class Token(HttpBearer):
+    """A bearer token whose owner holds one of ``roles`` (any role when none are given)."""
+
+    def __init__(self, *roles: str):
+        super().__init__()
+        self.roles = roles or ALL_ROLES
+
+    def __call__(self, request):
+        if not request.headers.get(self.header):
+            raise ApiError(
+                401, "unauthenticated", "send a personal API token: Authorization: Bearer rrt_..."
+            )
+        return super().__call__(request)
+
+    def authenticate(self, request, token: str):
+        try:
+            user, api_token = user_for_token(token)
+        except TokenError as exc:
+            raise ApiError(
+                401, "token_refused", str(exc).replace("RETENTION_TOKEN", "the token")
+            ) from None
+        check_role(user, *self.roles)  # PermissionDenied: 403 forbidden
+        act_for_request(user, {"via": "api", "token": api_token.prefix})
+        return Caller(user, api_token)
+
+
+def caller(request) -> Caller:
+    return request.auth

@@ -1,0 +1,250 @@
+"""The API's typed shapes (pydantic, through django-ninja): what scripts read and send."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from ninja import Schema
+from pydantic import Field
+
+from .commands import Output
+
+
+class Error(Schema):
+    code: str = Field(description="stable: unauthenticated, token_refused, forbidden, four_eyes, "
+                      "not_found, stale_state, refused, invalid, invalid_request, command_failed, "
+                      "password_required, throttled")  # fmt: skip
+    message: str
+    stdout: str | None = None
+    stderr: str | None = None
+
+
+ERRORS = {400: Error, 401: Error, 403: Error, 404: Error, 409: Error, 412: Error, 422: Error,
+          429: Error}  # fmt: skip
+
+
+class Reason(Schema):
+    reason: str = Field("", description="why (kept in the operator log; most actions require it)")
+
+
+class Done(Schema):
+    """The outcome of a state change: the command line's text and the target's new ETag."""
+
+    output: Output
+    etag: str | None = None
+
+
+class PolicyOut(Schema):
+    slug: str
+    name: str
+    owner: str
+    enabled: bool
+    paused: bool
+    paused_reason: str
+    schedule: str
+    timezone: str
+    approved_version: int | None
+    latest_version: int | None
+    latest_state: str | None
+    etag: str
+
+
+class PolicyList(Schema):
+    policies: list[PolicyOut]
+    output: Output
+
+
+class VersionOut(Schema):
+    slug: str
+    number: int
+    state: str
+    content_hash: str
+    approved_hash: str
+    author: str | None
+    submitted_by: str | None
+    submitted_at: datetime | None
+    decided_by: str | None
+    decided_at: datetime | None
+    decision_reason: str
+    spec: dict[str, Any]
+    validation: dict[str, Any] | None
+    preview: dict[str, Any] | None
+    etag: str
+
+
+class DiffRow(Schema):
+    field: str
+    old: str | None
+    new: str | None
+    changed: bool
+
+
+class VersionDiff(Schema):
+    slug: str
+    number: int
+    against: int | None = Field(description="the approved version compared with (none: new)")
+    rows: list[DiffRow]
+
+
+class PolicyText(Schema):
+    toml: str = Field(description="a policy file's text (docs/policies.md)")
+    reason: str = ""
+
+
+class PolicyFile(Schema):
+    name: str = Field(description="the file's name, e.g. events.toml")
+    toml: str
+
+
+class PolicyFiles(Schema):
+    files: list[PolicyFile]
+    reason: str = ""
+
+
+class Approval(Schema):
+    reason: str = ""
+    password: str = Field(
+        "", description="the approver's password, asked again (sudo): a token alone cannot approve"
+    )
+
+
+class Switch(Schema):
+    reason: str
+
+
+class PreviewOut(Schema):
+    version: int
+    version_state: str
+    preview: dict[str, Any]
+    output: Output
+
+
+class HoldOut(Schema):
+    id: int
+    policy: str | None
+    tenant: str | None
+    key_from: int | None
+    key_to: int | None
+    reason: str
+    placed_by: str
+    placed_at: datetime
+    release_requested_by: str
+    release_requested_at: datetime | None
+    released_by: str
+    released_at: datetime | None
+    etag: str
+
+
+class HoldList(Schema):
+    holds: list[HoldOut]
+    output: Output
+
+
+class HoldIn(Schema):
+    reason: str
+    policy: str | None = Field(None, description="a policy's slug; none: every policy")
+    tenant: list[str] | None = Field(
+        None, description="none: every tenant; several parts for a tenant of several columns"
+    )
+    key_from: int | None = None
+    key_to: int | None = None
+
+
+class Placed(Done):
+    id: int
+
+
+class RunOut(Schema):
+    run_key: str
+    id: int
+    policy: str
+    version: int
+    state: str
+    state_reason: str
+    tick: datetime
+    cutoff: datetime
+    created_by: str
+    created_at: datetime
+    finished_at: datetime | None
+    etag: str
+
+
+class RunStatus(Schema):
+    run: RunOut
+    status: dict[str, Any]
+    output: Output
+
+
+class TriggerIn(Schema):
+    policy: str = Field(description="the policy's slug")
+    period: str | None = Field(None, description="YYYY-MM-DD or YYYY-MM-DDTHH:MM, policy's zone")
+
+
+class Triggered(Done):
+    run_key: str
+
+
+class DeadLetterOut(Schema):
+    id: int
+    run_key: str | None
+    error_class: str
+    sqlstate: str
+    message: str
+    attempts: int
+    created_at: datetime
+    resolution: str
+    resolved_by: str
+    resolved_at: datetime | None
+
+
+class KillSwitchOut(Schema):
+    on: bool
+    reason: str
+    changed_by: str
+    changed_at: datetime | None
+    etag: str
+
+
+class KillSwitchIn(Schema):
+    state: Literal["on", "off"]
+    reason: str
+
+
+class Anchors(Schema):
+    anchors: list[dict[str, Any]] = Field(
+        default_factory=list, description="run manifests or checkpoints kept outside the database"
+    )
+
+
+class RoleChange(Schema):
+    username: str
+    role: Literal["compliance", "oncall", "auditor", "viewer"]
+    reason: str = ""
+
+
+class RolesOut(Schema):
+    roles: dict[str, list[str]]
+    superusers: list[str]
+    output: Output
+
+
+class UserIn(Schema):
+    username: str
+    password: str = Field(description="the new person's password")
+    email: str = ""
+
+
+class TokenOut(Schema):
+    id: int
+    name: str
+    prefix: str
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class Me(Schema):
+    username: str
+    roles: list[str]
+    token: str

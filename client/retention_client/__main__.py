@@ -1,0 +1,3 @@
+from retention_client.main import main
+
+raise SystemExit(main())
