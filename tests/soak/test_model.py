@@ -13,6 +13,7 @@ chunk transaction (DELETE, audit row, chunk done) that is rolled back.
 from __future__ import annotations
 
 import itertools
+import os
 from collections import Counter
 
 import pytest
@@ -351,8 +352,12 @@ def test_random_interleavings_keep_every_invariant_and_converge(settings):
 
 
 def settings_for_model():
+    # derandomized: the same fifteen interleavings every run (so the coverage the test asserts
+    # of its own rules cannot come and go); RETENTION_MODEL_EXAMPLES=N for a longer random search
+    examples = int(os.environ.get("RETENTION_MODEL_EXAMPLES", "0"))
     return settings(
-        max_examples=15,
+        derandomize=not examples,
+        max_examples=examples or 15,
         stateful_step_count=20,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
