@@ -771,11 +771,7 @@ def delete_chunk(
     and the key's NULL check are the eligibility predicate's, on the real key. ``cascade``:
     ``retention.cascades.guard`` of a table that cascading foreign keys reference — a row goes
     only when its cascade reaches no protected row."""
-    types = column_types(spec)
-    scope = in_scope(
-        spec, tenant=tenant, key_from=key_from, key_to=key_to, types=types, columns=columns
-    )
-    cond = eligible(spec, policy_id=policy_id, cutoff=cutoff, outside=outside)
+    scope, cond = _chunk_rows(spec, policy_id, cutoff, tenant, key_from, key_to, outside, columns)
     if cascade is not None:
         cond = Fragment.join([cond, cascade], " AND ")
     delete = sql.SQL("DELETE FROM {} WHERE {} AND {}").format(table(spec), scope.sql, cond.sql)
@@ -784,6 +780,43 @@ def delete_chunk(
             "WITH d AS ({} RETURNING {} AS tenant) SELECT tenant, count(*) FROM d GROUP BY 1"
         ).format(delete, tenant_text(spec))
     return Fragment(delete, scope.params + cond.params)
+
+
+def lock_chunk(
+    spec: PolicySpec,
+    *,
+    policy_id: int,
+    cutoff: datetime,
+    tenant: str | None,
+    key_from,
+    key_to,
+    outside: Sequence[Scope] = (),
+    columns=None,
+) -> Fragment:
+    """``SELECT … FOR UPDATE`` of the rows ``delete_chunk`` (same arguments) may delete, before
+    it judges their cascades: a reference an application is inserting to one of them holds the
+    row's key-share lock, so this waits for it to commit (or roll back), and the DELETE's own
+    snapshot, taken after, sees every reference that can still be made to those rows."""
+    scope, cond = _chunk_rows(spec, policy_id, cutoff, tenant, key_from, key_to, outside, columns)
+    return Fragment(
+        sql.SQL("SELECT 1 FROM {} WHERE {} AND {} FOR UPDATE").format(
+            table(spec), scope.sql, cond.sql
+        ),
+        scope.params + cond.params,
+    )
+
+
+def _chunk_rows(spec, policy_id, cutoff, tenant, key_from, key_to, outside, columns):
+    """A chunk's scope and its eligibility predicate (``delete_chunk``, ``lock_chunk``)."""
+    scope = in_scope(
+        spec,
+        tenant=tenant,
+        key_from=key_from,
+        key_to=key_to,
+        types=column_types(spec),
+        columns=columns,
+    )
+    return scope, eligible(spec, policy_id=policy_id, cutoff=cutoff, outside=outside)
 
 
 def count_where(spec: PolicySpec, where: Fragment, *, limit: int | None = None) -> Fragment:

@@ -409,23 +409,23 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
         except SpecError as exc:  # the table's cascades changed into ones no guard can follow
             _record_failure(run, chunk_id, attempts, exc)
             return Outcome(FAILED, chunk_id, reason=str(exc))
-        statement = P.delete_chunk(
-            spec,
+        rows = dict(
             policy_id=run.policy_id,
             cutoff=run.cutoff,
             tenant=tenant if per_tenant else None,
             key_from=claim.lo,
             key_to=claim.hi,
             outside=admitted.outside,
-            by_tenant=bool(spec.tenant) and not per_tenant,
             columns=run.bound_columns(spec),
-            cascade=cascade,
         )
+        by_tenant = bool(spec.tenant) and not per_tenant
+        statement = P.delete_chunk(spec, **rows, by_tenant=by_tenant, cascade=cascade)
         try:
             deleted, tenant_rows, head, table_rows = _delete(
                 statement,
-                by_tenant=bool(spec.tenant) and not per_tenant,
+                by_tenant=by_tenant,
                 counted=graph if cascade is not None else None,
+                lock=P.lock_chunk(spec, **rows) if cascade is not None else None,
             )
         except _DeleteFailed as failed:
             # If the connection itself is gone, recording fails too and the error reaches
@@ -473,12 +473,17 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
 
 
 def _delete(
-    statement: P.Fragment, *, by_tenant: bool, counted: cascades.Graph | None = None
+    statement: P.Fragment,
+    *,
+    by_tenant: bool,
+    counted: cascades.Graph | None = None,
+    lock: P.Fragment | None = None,
 ) -> tuple[int, dict | None, tuple, dict | None]:
     """The chunk's DELETE in a savepoint, then the chain lock and the chain head, in one round
     trip: (rows deleted, rows per tenant of a chunk across tenants, the head for
     ``audit.link``, rows removed per table of ``counted``: the tables its cascades reach,
-    from PostgreSQL's per-transaction statistics read just before and just after the DELETE).
+    from PostgreSQL's per-transaction statistics read just before and just after the DELETE;
+    ``lock``: ``predicate.lock_chunk``, sent first where cascades are judged).
     The chain lock comes after the DELETE, so the DELETEs of two workers
     overlap and only their audit rows queue; it is held until commit, so records chain in
     commit order. A DELETE that fails raises ``_DeleteFailed`` with the transaction back at
@@ -500,6 +505,8 @@ def _delete(
                 # the DELETE instead, its violation is the statement's own failure, with its
                 # SQLSTATE, and the chunk is bisected to the referenced rows like any other
                 cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
+                if lock is not None:
+                    cur.execute(lock.sql.as_string(cur.connection), lock.params)
                 if stats is not None:
                     before.execute(stats.sql.as_string(before.connection), stats.params)
                 delete.execute(statement.sql.as_string(delete.connection), statement.params)

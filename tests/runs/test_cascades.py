@@ -329,3 +329,45 @@ def test_approving_a_version_of_a_table_that_cascades_reach_waits_for_every_chun
         observer.close()
     lines = Policy.objects.get(slug="lines")
     assert lines.approved_version.parsed.retention == "5 days"
+
+
+def test_a_repost_committed_while_a_chunk_deletes_its_original_is_not_cascaded_away(
+    posts, make_user
+):
+    """A young repost of an expired original, inserted by the application while the chunk that
+    deletes the original runs (its insert holds the original's key-share lock until it commits),
+    stays, and so does its original: the chunk locks its rows before it judges their cascades,
+    so what it judges includes every reference committed before it could delete."""
+    policy = approved_policy(
+        make_user, slug="posts", table="public.rr_posts", key="id", timestamp="created_at",
+        tenant="tenant_id", retention="20 days", schedule="0 3 * * *", timezone="UTC",
+        chunk_size=5000, chunking="key", cascade_ack=["public.rr_posts"],
+    )  # fmt: skip
+    assert count("public.rr_posts", "repost_of = 950") == 0  # an expired original, no repost
+    run, _ = trigger_run(policy, tick=NOW)
+    application, observer = pg_connect(autocommit=False), pg_connect()
+    try:
+        application.execute(
+            "INSERT INTO public.rr_posts (id, tenant_id, created_at, repost_of)"
+            " VALUES (99999, 1, %s, 950)",
+            [NOW],
+        )
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            drain = pool.submit(in_thread(lambda: worker.drain(run.pk, budget_s=120)))
+            wait_for(
+                lambda: observer.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND wait_event IN ('tuple', 'transactionid')"
+                ).fetchone()[0],
+                what="the chunk to wait on the application's insert",
+            )
+            application.commit()
+            drain.result(timeout=120)
+    finally:
+        application.close()
+        observer.close()
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert count("public.rr_posts", "id IN (950, 99999)") == 2
+    gone = count("public.rr_posts_shadow") + 1 - count("public.rr_posts")
+    assert gone_by_table(run) == {"public.rr_posts": gone}
