@@ -1,0 +1,14 @@
+// Conditions for the pages' hx-trigger filters. htmx compiles a filter by prefixing each
+// name with "event." (an arrow function's parameter included), so a filter only calls a
+// function named here.
+
+// True while someone is writing a reason in the run page's controls: a reason is typed, or
+// focus is in a control. The live part's refresh (which holds the controls) waits for it.
+window.reasonBeingTyped = function () {
+  const controls = document.getElementById("run-controls");
+  if (!controls) return false;
+  if (controls.contains(document.activeElement)) return true;
+  return Array.from(controls.querySelectorAll("input[name=reason]")).some(function (field) {
+    return field.value !== "";
+  });
+};
