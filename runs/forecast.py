@@ -21,7 +21,7 @@ from retention import predicate as P
 from retention.models import KillSwitch
 from runs.engine.schedules import schedule_name
 from runs.models import AuditRecord, Chunk, Run
-from runs.progress import progress_for
+from runs.progress import progress_for, stopped_by
 
 RATE_WINDOW = timedelta(minutes=10)
 
@@ -152,19 +152,14 @@ def _judge(policy, measured: dict, now, progress: dict) -> dict:
         if pending
         else f"~{backlog or 0:,} rows eligible"
     )
-    stopped = None
-    if run is not None and run.state == Run.State.PAUSED:
-        out["verdict"], stopped = "paused", f"run {run.run_key} is paused"
-    elif policy.paused:
-        out["verdict"], stopped = "paused", f"policy {policy.slug} is paused"
-    elif KillSwitch.is_on() and (pending or backlog):
-        out["verdict"], stopped = "stopped", "the kill switch is on"
-    elif run is not None and run.state == Run.State.CONFIRM:
-        out["verdict"], stopped = "stopped", f"run {run.run_key} is held for confirmation"
-    elif run is not None and run.state == Run.State.ATTENTION:
-        out["verdict"], stopped = "stopped", f"run {run.run_key} needs attention"
+    switch = KillSwitch.objects.filter(name="global").first()
+    if not (pending or backlog):
+        switch = None  # with nothing waiting, the switch holds nothing back
+    open_run = run if run is not None and not run.is_terminal else None
+    stopped = stopped_by(open_run, policy, switch)
     if stopped:
-        out["explanation"] = f"{stopped} with {waiting}; nothing is deleted until it goes on"
+        out["verdict"] = stopped[0]
+        out["explanation"] = f"{stopped[1]}; {waiting}"
         return out
     if upcoming is None:
         window_s = None

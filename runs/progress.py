@@ -303,6 +303,35 @@ def progress_for(
     return out
 
 
+def stopped_by(run: Run | None, policy, switch) -> tuple[str, str] | None:
+    """What operator decision stops ``run`` (of ``policy``; ``run`` None: the policy's next
+    run) from deleting, as (verdict, sentence), or None. ``switch`` is the global
+    ``KillSwitch`` row (or None). The one diagnosis every surface shows: ``retention
+    status``, the run page's health, the drain-window line and the overview card."""
+    if run is not None and run.state == Run.State.PAUSED:
+        return "paused", f"run {run.run_key} is paused: no chunk is admitted until it is resumed"
+    if policy.paused:
+        return "paused", (
+            f"policy {policy.slug} is paused: no chunk is admitted until it is resumed"
+        )
+    if switch is not None and switch.on:
+        return "stopped", (
+            f"the global kill switch is on (turned on by {switch.changed_by}: "
+            f"“{switch.reason}”): no chunk is admitted until it is turned off"
+        )
+    if run is not None and run.state == Run.State.CONFIRM:
+        return "stopped", (
+            f"run {run.run_key} is held for confirmation: nothing is deleted until on-call "
+            "confirms it"
+        )
+    if run is not None and run.state == Run.State.ATTENTION:
+        return "stopped", (
+            f"run {run.run_key} needs attention: nothing is deleted until its dead letters are "
+            "replayed or discarded or it is resumed"
+        )
+    return None
+
+
 def _derive(p: RunProgress, admitted: int | None, started: datetime | None, now: datetime) -> None:
     """Expected rows, percent, rate and ETA from the counted figures."""
     planning = not p.planner_done and p.state not in Run.TERMINAL

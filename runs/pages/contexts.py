@@ -29,7 +29,7 @@ from runs.engine import guard
 from runs.engine.schedules import schedule_name
 from runs.models import AuditRecord, Chunk, DeadLetter, Lease, Run, discarded_scopes
 from runs.pages import charts
-from runs.progress import broker_backlog, progress_for
+from runs.progress import broker_backlog, progress_for, stopped_by
 from runs.status import health_of
 
 # Policy states as the overview names them (and colours them: see app.css .state-*).
@@ -122,10 +122,18 @@ def overview_context(request) -> dict:
             "name", "next_run"
         )
     )
+    switch = KillSwitch.objects.filter(name="global").first()
     rows = []
     for policy in policies:
         run = current.get(policy.id)
         p = progress.get(run.pk) if run else None
+        # what stops an active run, in the words of its page and ``retention status``
+        # (``health_of`` says this first; its other readings cost queries per run)
+        health = (
+            stopped_by(run, policy, switch)
+            if run is not None and run.state == Run.State.ACTIVE
+            else None
+        )
         window = forecast.drain_window(policy, progress=progress)
         guard_state = guard.current_state(policy)
         dead_n = dead.get(policy.id, 0)
@@ -138,6 +146,7 @@ def overview_context(request) -> dict:
                 "run": run,
                 "last_run": latest.get(policy.id),
                 "progress": p,
+                "health": health,
                 "eta_s": eta,
                 "next_run": next_runs.get(schedule_name(policy)),
                 "window": window,
@@ -148,7 +157,6 @@ def overview_context(request) -> dict:
                 "dead_letters": dead_n,
             }
         )
-    switch = KillSwitch.objects.filter(name="global").first()
     known = []
     closest = []
     if slug and not rows:  # an unknown slug: the closest ones, and every policy
