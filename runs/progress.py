@@ -303,6 +303,71 @@ def progress_for(
     return out
 
 
+TOP_TENANTS = 10
+
+
+@dataclass
+class TenantRow:
+    """One line of a run's per-tenant table: what was deleted and what a hold defers, and
+    the tenant's chunks only when chunks are a tenant's (``chunks`` is None otherwise)."""
+
+    tenant: str
+    rows_deleted: int = 0
+    deferred: int = 0
+    chunks: TenantProgress | None = None
+    tenants: int = 1  # the "others" line stands for this many tenants
+
+
+@dataclass
+class TenantTable:
+    rows: list[TenantRow]
+    others: TenantRow | None  # the tenants past the top ones, summed (None: all are shown)
+    per_tenant_chunks: bool
+    untenanted: int = 0  # deleted rows without a tenant (null_tenant = "delete")
+
+
+def tenant_table(
+    p: RunProgress,
+    *,
+    per_tenant_chunks: bool,
+    held: dict[str, int] | None = None,
+    top: int = TOP_TENANTS,
+) -> TenantTable:
+    """A run's per-tenant lines, right for every chunk geometry. Deleted rows come from the
+    audit trail (a chunk across tenants records its rows per tenant, ``tenant_rows``);
+    ``held`` is the rows each tenant's holds defer (tenant as text, counted by the caller);
+    the chunks of ``p.tenants`` are a tenant's only when ``per_tenant_chunks`` (otherwise
+    they are the run's, tenant ""). At most ``top`` tenants are listed — the most deleted
+    and deferred — and the rest summed in ``others``."""
+    held = held or {}
+    lines: dict[str, TenantRow] = {}
+    untenanted = 0
+    for t in p.tenants:
+        if t.tenant == "" and not per_tenant_chunks:
+            untenanted += t.rows_deleted  # what no tenant column value names
+            continue
+        line = lines.setdefault(t.tenant, TenantRow(t.tenant))
+        line.rows_deleted += t.rows_deleted
+        if per_tenant_chunks:
+            line.chunks = t
+    for tenant, rows in held.items():
+        lines.setdefault(tenant, TenantRow(tenant)).deferred += rows
+    ranked = sorted(
+        lines.values(), key=lambda r: (-(r.rows_deleted + r.deferred), natural_key(r.tenant))
+    )
+    shown, rest = ranked[:top], ranked[top:]
+    others = None
+    if rest:
+        others = TenantRow(
+            "",
+            rows_deleted=sum(r.rows_deleted for r in rest),
+            deferred=sum(r.deferred for r in rest),
+            tenants=len(rest),
+        )
+    shown.sort(key=lambda r: natural_key(r.tenant))
+    return TenantTable(shown, others, per_tenant_chunks, untenanted)
+
+
 def stopped_by(run: Run | None, policy, switch) -> tuple[str, str] | None:
     """What operator decision stops ``run`` (of ``policy``; ``run`` None: the policy's next
     run) from deleting, as (verdict, sentence), or None. ``switch`` is the global

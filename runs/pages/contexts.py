@@ -29,7 +29,7 @@ from runs.engine import guard
 from runs.engine.schedules import schedule_name
 from runs.models import AuditRecord, Chunk, DeadLetter, Lease, Run, discarded_scopes
 from runs.pages import charts
-from runs.progress import broker_backlog, progress_for, stopped_by
+from runs.progress import broker_backlog, progress_for, stopped_by, tenant_table
 from runs.status import health_of
 
 # Policy states as the overview names them (and colours them: see app.css .state-*).
@@ -344,6 +344,7 @@ def run_page_context(run: Run) -> dict:
             Q(policy_id=run.policy_id) | Q(policy__isnull=True), released_at__isnull=True
         ).order_by("placed_at")[:50]
     )
+    held = held_by_tenant(run, holds)
     for lease in leases:
         lease.enqueued_age_s = _age(now, lease.enqueued_at)
         lease.heartbeat_age_s = _age(now, lease.heartbeat_at)
@@ -367,10 +368,14 @@ def run_page_context(run: Run) -> dict:
         "leases": leases,
         # partitions taken whole (or left to the chunks), beside the chunks
         "partition_actions": _partition_actions(run, spec),
-        "tenants": p.tenants,
+        "tenants": tenant_table(
+            p,
+            per_tenant_chunks=run.per_tenant(spec) or not spec.tenant,
+            held={r["tenant"] or "": r["rows"] for r in held["rows"]},
+        ),
         "kill_switch": KillSwitch.objects.filter(name="global", on=True).first(),
         "holds": holds,
-        "held": held_by_tenant(run, holds),
+        "held": held,
         "history": list(
             OperatorAction.objects.filter(target_type="run", target_id=str(run.pk)).order_by(
                 "-chain_seq"
