@@ -41,6 +41,7 @@ from django.db import connection
 from django.db.models import Count, F, Max, Min, Q, Sum
 
 from core.formatting import natural_key
+from retention.models import KillSwitch
 from runs.models import AuditRecord, Chunk, Run
 
 RATE_WINDOW = timedelta(minutes=10)
@@ -81,7 +82,8 @@ class RunProgress:
     planner_done: bool
     chunks: dict[str, int] = field(default_factory=lambda: {s: 0 for s in Chunk.State.values})
     retries: int = 0
-    admissible: int = 0  # pending chunks whose not_before has passed
+    admissible: int = 0  # pending chunks whose not_before has passed, unless the run is stopped
+    stopped: bool = False  # not active, its policy paused or the kill switch on: none admitted
     oldest_pending: datetime | None = None
     queue_age_s: float | None = None
     rows_planned: int = 0  # up to: keys in the run's chunks when planned (not split ones)
@@ -126,6 +128,7 @@ class RunProgress:
             "chunks_done": self.chunks_done,
             "chunks_total": self.chunks_total,
             "retries": self.retries,
+            "admissible": self.admissible,
             "rows_deleted": self.rows_deleted,
             "rows_planned_up_to": self.rows_planned,
             "rows_expected": self.rows_expected,
@@ -157,13 +160,22 @@ def broker_backlog(now: datetime) -> BrokerBacklog:
     return BrokerBacklog(waiting=_int(row["n"]), oldest_age_s=_age(now, row["oldest"]))
 
 
+UNREAD = object()
+
+
 def progress_for(
-    runs: Iterable[int | Run], *, now: datetime, broker: BrokerBacklog | None = None
+    runs: Iterable[int | Run],
+    *,
+    now: datetime,
+    broker: BrokerBacklog | None = None,
+    kill_switch=UNREAD,
 ) -> dict[int, RunProgress]:
     """Progress of each run in ``runs`` (ids or loaded ``Run`` rows with their policy; unknown
-    ids are left out), from at most five grouped queries: the runs (only when given ids),
-    chunks, audit records, throttle reasons and the broker backlog (unless ``broker`` is
-    passed by a caller that read it already)."""
+    ids are left out), from at most six grouped queries: the runs (only when given ids),
+    chunks, audit records, throttle reasons, the broker backlog (unless ``broker`` is
+    passed by a caller that read it already) and the kill switch (unless ``kill_switch``,
+    the global ``KillSwitch`` row or None, is passed). A stopped run (not active, its policy
+    paused, the kill switch on) has no admissible chunk, whatever their ``not_before``."""
     given = list(runs)
     broker = broker if broker is not None else broker_backlog(now)
     out: dict[int, RunProgress] = {}
@@ -175,15 +187,18 @@ def progress_for(
         {
             "id": r.pk, "run_key": r.run_key, "policy__slug": r.policy.slug, "state": r.state,
             "planner_done": r.planner_done, "expected_rows": r.expected_rows,
-            "started_at": r.started_at, "held_at": r.held_at,
+            "started_at": r.started_at, "held_at": r.held_at, "policy__paused": r.policy.paused,
         }
         for r in loaded
     ]  # fmt: skip
     if ids_only:
         rows += Run.objects.filter(pk__in=ids_only).values(
             "id", "run_key", "policy__slug", "state", "planner_done", "expected_rows", "started_at",
-            "held_at",
+            "held_at", "policy__paused",
         )  # fmt: skip
+    if kill_switch is UNREAD:
+        kill_switch = KillSwitch.objects.filter(name="global").first()
+    switch_on = kill_switch is not None and kill_switch.on
     admitted: dict[int, int | None] = {}
     started: dict[int, datetime | None] = {}
     for row in rows:
@@ -193,6 +208,7 @@ def progress_for(
             policy_slug=row["policy__slug"],
             state=row["state"],
             planner_done=row["planner_done"],
+            stopped=row["state"] != Run.State.ACTIVE or row["policy__paused"] or switch_on,
             admission_count=row["expected_rows"],
             # held for confirmation: the count stopped at the blast-radius cap (runs.actions.admit)
             admission_capped=row["held_at"] is not None and row["expected_rows"] is not None,
@@ -220,7 +236,7 @@ def progress_for(
         p.chunks[state] += n
         p.retries += _int(row["retries"])
         if state == Chunk.State.PENDING:
-            p.admissible += _int(row["ready"])
+            p.admissible += 0 if p.stopped else _int(row["ready"])
             p.rows_pending += planned
             if p.oldest_pending is None or row["oldest"] < p.oldest_pending:
                 p.oldest_pending = row["oldest"]

@@ -104,7 +104,8 @@ def overview_context(request) -> dict:
     ids = [p.id for p in policies]
     current, latest = _current_and_latest_runs(ids)
     broker = broker_backlog(now)
-    progress = progress_for(current.values(), now=now, broker=broker)
+    switch = KillSwitch.objects.filter(name="global").first()
+    progress = progress_for(current.values(), now=now, broker=broker, kill_switch=switch)
     dead = dict(
         DeadLetter.objects.filter(resolution=DeadLetter.Resolution.OPEN, run__policy_id__in=ids)
         .values_list("run__policy_id")
@@ -122,7 +123,6 @@ def overview_context(request) -> dict:
             "name", "next_run"
         )
     )
-    switch = KillSwitch.objects.filter(name="global").first()
     rows = []
     for policy in policies:
         run = current.get(policy.id)
@@ -299,7 +299,8 @@ def _partition_actions(run: Run, spec) -> list[dict]:
 
 def run_page_context(run: Run) -> dict:
     now = timezone.now()
-    p = progress_for([run], now=now)[run.pk]
+    switch = KillSwitch.objects.filter(name="global").first()
+    p = progress_for([run], now=now, kill_switch=switch)[run.pk]
     rates = charts.rate_series(run, span=(p.first_commit, p.last_commit))
     window = forecast.drain_window(run.policy, progress={run.pk: p})
     guard_state = guard.current_state(run.policy)
@@ -352,7 +353,7 @@ def run_page_context(run: Run) -> dict:
         "run": run,
         "period": period_label(run.policy, run.tick),
         # progressing, or why not (the same words as retention status: runs.status)
-        "health": health_of(run, p, now),
+        "health": health_of(run, p, now, switch=switch),
         "progress": p,
         "window": window,
         "guard": guard_state,
@@ -373,7 +374,7 @@ def run_page_context(run: Run) -> dict:
             per_tenant_chunks=run.per_tenant(spec) or not spec.tenant,
             held={r["tenant"] or "": r["rows"] for r in held["rows"]},
         ),
-        "kill_switch": KillSwitch.objects.filter(name="global", on=True).first(),
+        "kill_switch": switch if switch is not None and switch.on else None,
         "holds": holds,
         "held": held,
         "history": list(
