@@ -170,6 +170,11 @@ def overview_context(request) -> dict:
         "filter_errors": read.errors,
         "kill_switch": switch,
         "kill_switch_on": bool(switch and switch.on),
+        # what turning the switch on stops (its confirmation says so)
+        # (every policy's: a filtered overview counts them with one query)
+        "active_runs": Run.objects.filter(state=Run.State.ACTIVE).count()
+        if slug
+        else sum(1 for r in rows if r["run"] and r["run"].state == Run.State.ACTIVE),
         "kill_switch_token": switch.decision_token if switch else "off:0",
         "broker": broker,
         "now": now,

@@ -12,3 +12,13 @@ window.reasonBeingTyped = function () {
     return field.value !== "";
   });
 };
+
+// A destructive action asks first, saying what it will do: the form (or the button that
+// submits it) carries the question in data-confirm. Declining sends nothing.
+document.addEventListener("submit", function (event) {
+  const question =
+    (event.submitter && event.submitter.dataset.confirm) || event.target.dataset.confirm;
+  if (question && !window.confirm(question)) {
+    event.preventDefault();
+  }
+});
