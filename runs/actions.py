@@ -347,6 +347,18 @@ def run_needs_attention(run: Run, *, actor, reason: str) -> bool:
     return bool(moved)
 
 
+def verification_reason(result: dict) -> str:
+    """A drained run's state reason from its verification: what it left and why, counts
+    with thousands separators."""
+    held, nulls = result["deferred_by_holds"], result.get("not_eligible_null", 0)
+    notes = [f"{held:,} row(s) deferred by legal holds"] if held else []
+    if nulls:
+        notes.append(f"{nulls:,} row(s) not eligible: NULL timestamp, key or tenant")
+    for d in result.get("discarded", []):
+        notes.append(f"{d['rows']:,} row(s) discarded by {d['by']} ({d['why']})")
+    return "; ".join(["verified: no eligible row left", *notes])
+
+
 def conclude_pass(run: Run, result: dict, *, open_letters: int, actor="reconciler") -> str:
     """After a pass's verification (``result``; the run row locked by the caller): drained,
     another pass, or attention — with one operator-log row saying which (``run.drained``,
@@ -360,22 +372,16 @@ def conclude_pass(run: Run, result: dict, *, open_letters: int, actor="reconcile
         run.state_reason = f"verification failed: {result['error']}"
     elif result["remaining"] == 0:
         run.state = Run.State.DRAINED
-        held, nulls = result["deferred_by_holds"], result.get("not_eligible_null", 0)
-        notes = [f"{held} row(s) deferred by legal holds"] if held else []
-        if nulls:
-            notes.append(f"{nulls} row(s) not eligible: NULL timestamp, key or tenant")
-        for d in result.get("discarded", []):
-            notes.append(f"{d['rows']} row(s) discarded by {d['by']} ({d['why']})")
-        run.state_reason = "; ".join(["verified: no eligible row left", *notes])
+        run.state_reason = verification_reason(result)
         run.finished_at = timezone.now()
     elif run.pass_no < run.policy_version.parsed.max_passes:
         run.pass_no += 1
         run.planner_done = False
-        run.state_reason = f"pass {run.pass_no}: {result['remaining']} eligible row(s) remained after pass {run.pass_no - 1}"
+        run.state_reason = f"pass {run.pass_no}: {result['remaining']:,} eligible row(s) remained after pass {run.pass_no - 1}"
     else:
         run.state = Run.State.ATTENTION
         run.state_reason = (
-            f"{result['remaining']} eligible row(s) remain after {run.pass_no} passes"
+            f"{result['remaining']:,} eligible row(s) remain after {run.pass_no} passes"
         )
     run.save(
         update_fields=[
