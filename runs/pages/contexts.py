@@ -118,6 +118,13 @@ def overview_context(request) -> dict:
         .values_list("policy_id", "spec__max_backlog_age")
     )  # one query for every policy's backlog SLO
 
+    approved = {
+        v.policy_id: v
+        for v in PolicyVersion.objects.filter(policy_id__in=ids, state=PolicyVersion.State.APPROVED)
+        .order_by("policy_id", "-number")
+        .distinct("policy_id")
+    }  # one query for every policy's approved version (the guard's thresholds)
+    sample = guard.latest_sample()
     next_runs = dict(
         Schedule.objects.filter(name__in=[schedule_name(p) for p in policies]).values_list(
             "name", "next_run"
@@ -134,8 +141,14 @@ def overview_context(request) -> dict:
             if run is not None and run.state == Run.State.ACTIVE
             else None
         )
-        window = forecast.drain_window(policy, progress=progress)
-        guard_state = guard.current_state(policy)
+        window = forecast.drain_window(
+            policy,
+            progress=progress,
+            latest_run=latest.get(policy.id),
+            next_tick=next_runs.get(schedule_name(policy)),
+            kill_switch=switch,
+        )
+        guard_state = guard.current_state(policy, version=approved.get(policy.id), latest=sample)
         dead_n = dead.get(policy.id, 0)
         eta = p.eta_s if p else window.get("eta_s")
         throttle = (p.throttle_reason if p else "") or "; ".join(guard_state.get("reasons") or [])
