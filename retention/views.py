@@ -13,6 +13,7 @@ from django.db.models import Count, Prefetch, Q
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
@@ -24,7 +25,7 @@ from retention import actions
 from retention.diff import spec_diff
 from retention.holds import coverage, release_impact
 from retention.models import LegalHold, Policy, PolicyVersion
-from retention.preview import live_preview
+from retention.preview import eligible_now, live_preview
 from retention.spec import (
     FORM_FIELDS,
     FORM_KEEP_ROWS,
@@ -345,16 +346,22 @@ def approvals(request):
         .values_list("target_id", "reason")
     )  # the latest submit reason per version (a version is submitted once)
     mine, others = [], []
+    now = timezone.now()
     for version in submitted:
         base = approved.get(version.policy_id)
         diff = spec_diff(base.parsed if base else None, version.parsed)
+        # what each version would delete today, counted now on the same table: like with
+        # like (the base's preview dates from before its own runs deleted its rows)
+        eligible = eligible_now(version.parsed, version.policy_id, now)
+        base_now = eligible_now(base.parsed, base.policy_id, now) if base else None
         row = {
             "version": version,
             "base": base,
             "changed": [r for r in diff if r["changed"]] if base else [],
             "reason": reasons.get(str(version.pk), ""),
             "eligible": (version.preview or {}).get("eligible"),
-            "base_eligible": ((base.preview or {}).get("eligible") if base else None),
+            "eligible_now": eligible,
+            "base_eligible_now": base_now,
             "hand": version.hand_of(request.user),
         }
         (others if row["hand"] else mine).append(row)
