@@ -22,3 +22,10 @@ document.addEventListener("submit", function (event) {
     event.preventDefault();
   }
 });
+
+// True while the page is in view. A hidden tab's timers are throttled by the browser (down
+// to once a minute), so a page coming back into view refreshes its live parts at once
+// rather than showing what it read one or more polls ago.
+window.pageVisible = function () {
+  return document.visibilityState === "visible";
+};
