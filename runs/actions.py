@@ -221,11 +221,9 @@ def _rows_deleted(run: Run) -> int:
 
 
 def _check_run_decision(run: Run, expected: str | None) -> None:
-    """A control posted from a page rendered for an older state of the run is refused."""
-    try:
-        check_decision(run, expected, now_is=run.describe())
-    except ActionError as exc:
-        raise ActionError(f"run {run.run_key} {exc}") from None
+    """A control posted from a page rendered for an older state of the run is refused (the
+    message does not repeat the run: the surface names it, "Resume run … refused: …")."""
+    check_decision(run, expected, now_is=run.describe())
 
 
 def _set_state(run: Run, state: str, reason: str) -> None:

@@ -319,7 +319,7 @@ def progress_for(
     return out
 
 
-TOP_TENANTS = 10
+TOP_TENANTS = 10  # with more than TOP_TENANTS + 2 tenants, the rest share one line
 
 
 @dataclass
@@ -354,7 +354,8 @@ def tenant_table(
     ``held`` is the rows each tenant's holds defer (tenant as text, counted by the caller);
     the chunks of ``p.tenants`` are a tenant's only when ``per_tenant_chunks`` (otherwise
     they are the run's, tenant ""). At most ``top`` tenants are listed — the most deleted
-    and deferred — and the rest summed in ``others``."""
+    and deferred — and the rest summed in ``others``, when there are more than ``top`` + 2
+    (an "others" line for one or two tenants would save nothing)."""
     held = held or {}
     lines: dict[str, TenantRow] = {}
     untenanted = 0
@@ -371,7 +372,7 @@ def tenant_table(
     ranked = sorted(
         lines.values(), key=lambda r: (-(r.rows_deleted + r.deferred), natural_key(r.tenant))
     )
-    shown, rest = ranked[:top], ranked[top:]
+    shown, rest = (ranked[:top], ranked[top:]) if len(ranked) > top + 2 else (ranked, [])
     others = None
     if rest:
         others = TenantRow(
