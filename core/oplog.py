@@ -79,7 +79,7 @@ def check_decision(target, expected: str | None, *, now_is: str) -> None:
     state for the message."""
     if expected is not None and expected != decision_token(target):
         raise StaleDecision(
-            f"it changed since the page was loaded; it is now {now_is}. Nothing was changed: "
+            f"changed since the page was loaded; now {now_is}. Nothing was changed: "
             "reload and decide again"
         )
 

@@ -361,6 +361,26 @@ def without_tenant_text(without: dict) -> str:
     )
 
 
+ELIGIBLE_NOW_TIMEOUT_MS = 2_000
+ELIGIBLE_NOW_LIMIT = 10_000_000
+
+
+def eligible_now(spec: PolicySpec, policy_id: int, now: datetime) -> int | None:
+    """Rows a run of ``spec`` started at ``now`` would delete (its cutoff, keep rules and
+    the active holds): what an approver compares between two versions, both counted on the
+    table as it is now. None when the count does not finish within its statement timeout
+    (or the table cannot be read); it stops at ``ELIGIBLE_NOW_LIMIT``."""
+    where = predicate.eligible(spec, policy_id=policy_id, cutoff=spec.cutoff_for(now))
+    frag = predicate.count_where(spec, where, limit=ELIGIBLE_NOW_LIMIT)
+    try:
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute("SET LOCAL statement_timeout = %s", [ELIGIBLE_NOW_TIMEOUT_MS])
+            cur.execute(frag.sql.as_string(cur.connection), frag.params)
+            return int(cur.fetchone()[0])
+    except DatabaseError:
+        return None
+
+
 def live_preview(version) -> dict:
     """``preview`` of a version as of now, for the version page: computed at most once per
     version and minute across every web process (a transaction-level advisory lock per

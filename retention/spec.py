@@ -800,7 +800,7 @@ def load_toml(text: str) -> PolicySpec:
 
 # -- the form editor: the common fields of a version, edited and written back as a policy file --
 
-FORM_FIELDS = ("retention", "schedule", "chunk_size")  # and the keep rules
+FORM_FIELDS = ("name", "retention", "schedule", "chunk_size")  # and the keep rules
 FORM_KEEP_ROWS = 3  # empty keep-rule rows the form offers beyond the version's own
 _FORM_INT = re.compile(r"^\s*[+-]?\d+\s*$")
 
@@ -846,12 +846,23 @@ def form_keep_rule(n: int, column: str, op: str, value: str) -> dict | None:
 def edited_toml(base: PolicySpec, fields: dict, keep: list[dict]) -> str:
     """The policy file of ``base`` with the form's fields (``FORM_FIELDS``) and keep rules
     written over it, by the writer ``to_toml`` uses. Not validated here: the result goes
-    through ``load_toml`` like any uploaded file."""
+    through ``load_toml`` like any uploaded file.
+
+    A name left as it was that spells out the old retention ("… older than 90 days") follows
+    a changed retention ("… older than 60 days"), so the title never contradicts the version
+    it belongs to; a name the form changed is taken as written."""
     doc = tomllib.loads(base.to_toml())
     for path, text in fields.items():
         if path not in FORM_FIELDS:
             raise SpecError(f"the form does not edit {path!r}")
         doc[path] = form_value(path, text)
+    retention = str(doc.get("retention", base.retention)).strip()
+    if (
+        doc.get("name", base.name) == base.name
+        and retention != base.retention
+        and base.retention in base.name
+    ):
+        doc["name"] = base.name.replace(base.retention, retention)
     doc.pop("keep", None)
     if keep:
         doc["keep"] = keep

@@ -13,6 +13,7 @@ from django.db.models import Count, Prefetch, Q
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
@@ -24,7 +25,7 @@ from retention import actions
 from retention.diff import spec_diff
 from retention.holds import coverage, release_impact
 from retention.models import LegalHold, Policy, PolicyVersion
-from retention.preview import live_preview
+from retention.preview import eligible_now, live_preview
 from retention.spec import (
     FORM_FIELDS,
     FORM_KEEP_ROWS,
@@ -115,7 +116,10 @@ def policy_list(request):
 @require_GET
 @require_role()
 def policy_detail(request, slug: str):
-    policy = get_object_or_404(Policy, slug=slug)
+    return _policy_page(request, get_object_or_404(Policy, slug=slug))
+
+
+def _policy_page(request, policy: Policy, *, form: dict | None = None, status: int = 200):
     versions = policy.versions.select_related("author", "decided_by").order_by("-number")
     approved = next((v for v in versions if v.state == PolicyVersion.State.APPROVED), None)
     base = approved or versions.first()
@@ -130,8 +134,9 @@ def policy_detail(request, slug: str):
                 Q(policy=policy) | Q(policy__isnull=True), released_at__isnull=True
             ),
             "draft_toml": base.parsed.to_toml() if base else "",
-            "form": form_editor(base),
+            "form": form or form_editor(base),
         },
+        status=status,
     )
 
 
@@ -163,15 +168,30 @@ def _form_toml(data) -> str:
         )
         if rule is not None:
             keep.append(rule)
-    fields = {name: data.get(name, "") for name in FORM_FIELDS}
+    fields = {name: data[name] for name in FORM_FIELDS if name in data}
     return edited_toml(base.parsed, fields, keep)
 
 
-def form_editor(version: PolicyVersion | None) -> dict | None:
+def form_editor(version: PolicyVersion | None, data=None, error: str = "") -> dict | None:
     """What the form editor shows, filled from ``version``: the common fields and one row per
-    keep rule (its value as a policy file writes it), plus empty rows."""
+    keep rule (its value as a policy file writes it), plus empty rows. With ``data`` (a
+    refused form's POST) it shows what was typed, and ``error`` beside the field it names."""
     if version is None:
         return None
+    if data is not None:
+        rows = []
+        for n in range(MAX_KEEP_RULES + FORM_KEEP_ROWS):
+            if f"keep-{n}-column" not in data:
+                break
+            rows.append({k: data.get(f"keep-{n}-{k}", "") for k in ("column", "op", "value")})
+        return {
+            "base": version,
+            **{name: data.get(name, "") for name in FORM_FIELDS},
+            "keep": rows,
+            "operators": KEEP_OPERATORS,
+            "error": error,
+            "error_field": _error_field(error),
+        }
     spec = version.parsed
     rows = [
         {
@@ -186,12 +206,40 @@ def form_editor(version: PolicyVersion | None) -> dict | None:
     rows += [{"column": "", "op": "", "value": ""}] * FORM_KEEP_ROWS
     return {
         "base": version,
+        "name": spec.name,
         "retention": spec.retention,
         "schedule": spec.schedule,
         "chunk_size": spec.chunk_size,
         "keep": rows,
         "operators": KEEP_OPERATORS,
     }
+
+
+def _error_field(error: str) -> str:
+    """The form field a refusal names first ("retention must look like …": ``retention``;
+    "keep rule 2: …": ``keep``), or "" when it names none of them."""
+    head = error.split(":", 1)[0].split(" ", 1)[0]
+    if head in FORM_FIELDS:
+        return head
+    return "keep" if error.startswith("keep") else ""
+
+
+def _refused_form(request, exc: Exception):
+    """The policy page again, its form editor holding what was typed and the error beside
+    its field (400): a bad value never takes the form away."""
+    policy = Policy.objects.filter(slug=request.POST.get("slug", "")).first()
+    try:
+        number = int(request.POST.get("base", ""))
+    except ValueError:
+        number = None
+    base = policy.versions.filter(number=number).first() if policy and number else None
+    if base is None:
+        _refused(request, exc)
+        return render(request, "retention/policy_new.html", {"toml": ""}, status=400)
+    return _policy_page(
+        request, policy, form=form_editor(base, request.POST, str(exc) or "not allowed"),
+        status=400,
+    )  # fmt: skip
 
 
 @require_POST
@@ -210,10 +258,11 @@ def version_create(request):
             return render(request, "retention/policy_new.html", {"toml": ""}, status=400)
     elif request.POST.get("editor") == "form":
         try:
-            text = _form_toml(request.POST)
+            version = actions.apply_spec(load_toml(_form_toml(request.POST)), author=request.user)
         except REFUSALS as exc:
-            _refused(request, exc)
-            return render(request, "retention/policy_new.html", {"toml": ""}, status=400)
+            return _refused_form(request, exc)
+        messages.success(request, f"{version} is {version.state}")
+        return redirect("retention:version_detail", slug=version.policy.slug, number=version.number)
     else:
         text = request.POST.get("toml", "")
     try:
@@ -297,16 +346,22 @@ def approvals(request):
         .values_list("target_id", "reason")
     )  # the latest submit reason per version (a version is submitted once)
     mine, others = [], []
+    now = timezone.now()
     for version in submitted:
         base = approved.get(version.policy_id)
         diff = spec_diff(base.parsed if base else None, version.parsed)
+        # what each version would delete today, counted now on the same table: like with
+        # like (the base's preview dates from before its own runs deleted its rows)
+        eligible = eligible_now(version.parsed, version.policy_id, now)
+        base_now = eligible_now(base.parsed, base.policy_id, now) if base else None
         row = {
             "version": version,
             "base": base,
             "changed": [r for r in diff if r["changed"]] if base else [],
             "reason": reasons.get(str(version.pk), ""),
             "eligible": (version.preview or {}).get("eligible"),
-            "base_eligible": ((base.preview or {}).get("eligible") if base else None),
+            "eligible_now": eligible,
+            "base_eligible_now": base_now,
             "hand": version.hand_of(request.user),
         }
         (others if row["hand"] else mine).append(row)

@@ -221,11 +221,9 @@ def _rows_deleted(run: Run) -> int:
 
 
 def _check_run_decision(run: Run, expected: str | None) -> None:
-    """A control posted from a page rendered for an older state of the run is refused."""
-    try:
-        check_decision(run, expected, now_is=run.describe())
-    except StaleDecision as exc:
-        raise StaleDecision(f"run {run.run_key} {exc}") from None
+    """A control posted from a page rendered for an older state of the run is refused (the
+    message does not repeat the run: the surface names it, "Resume run … refused: …")."""
+    check_decision(run, expected, now_is=run.describe())
 
 
 def _set_state(run: Run, state: str, reason: str) -> None:
@@ -347,6 +345,21 @@ def run_needs_attention(run: Run, *, actor, reason: str) -> bool:
     return bool(moved)
 
 
+def verification_reason(result: dict) -> str:
+    """A drained run's state reason from its verification: what it left and why, counts
+    with thousands separators."""
+    held, nulls = result["deferred_by_holds"], result.get("not_eligible_null", 0)
+    notes = [f"{held:,} row(s) deferred by legal holds"] if held else []
+    blocked = result.get("deferred_by_cascades", 0)
+    if blocked:
+        notes.append(f"{blocked:,} row(s) deferred: their cascade would reach protected rows")
+    if nulls:
+        notes.append(f"{nulls:,} row(s) not eligible: NULL timestamp, key or tenant")
+    for d in result.get("discarded", []):
+        notes.append(f"{d['rows']:,} row(s) discarded by {d['by']} ({d['why']})")
+    return "; ".join(["verified: no eligible row left", *notes])
+
+
 def conclude_pass(run: Run, result: dict, *, open_letters: int, actor="reconciler") -> str:
     """After a pass's verification (``result``; the run row locked by the caller): drained,
     another pass, or attention — with one operator-log row saying which (``run.drained``,
@@ -360,25 +373,16 @@ def conclude_pass(run: Run, result: dict, *, open_letters: int, actor="reconcile
         run.state_reason = f"verification failed: {result['error']}"
     elif result["remaining"] == 0:
         run.state = Run.State.DRAINED
-        held, nulls = result["deferred_by_holds"], result.get("not_eligible_null", 0)
-        notes = [f"{held} row(s) deferred by legal holds"] if held else []
-        blocked = result.get("deferred_by_cascades", 0)
-        if blocked:
-            notes.append(f"{blocked} row(s) deferred: their cascade would reach protected rows")
-        if nulls:
-            notes.append(f"{nulls} row(s) not eligible: NULL timestamp, key or tenant")
-        for d in result.get("discarded", []):
-            notes.append(f"{d['rows']} row(s) discarded by {d['by']} ({d['why']})")
-        run.state_reason = "; ".join(["verified: no eligible row left", *notes])
+        run.state_reason = verification_reason(result)
         run.finished_at = timezone.now()
     elif run.pass_no < run.policy_version.parsed.max_passes:
         run.pass_no += 1
         run.planner_done = False
-        run.state_reason = f"pass {run.pass_no}: {result['remaining']} eligible row(s) remained after pass {run.pass_no - 1}"
+        run.state_reason = f"pass {run.pass_no}: {result['remaining']:,} eligible row(s) remained after pass {run.pass_no - 1}"
     else:
         run.state = Run.State.ATTENTION
         run.state_reason = (
-            f"{result['remaining']} eligible row(s) remain after {run.pass_no} passes"
+            f"{result['remaining']:,} eligible row(s) remain after {run.pass_no} passes"
         )
     run.save(
         update_fields=[

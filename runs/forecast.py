@@ -21,7 +21,7 @@ from retention import predicate as P
 from retention.models import KillSwitch
 from runs.engine.schedules import schedule_name
 from runs.models import AuditRecord, Chunk, Run
-from runs.progress import progress_for
+from runs.progress import progress_for, stopped_by
 
 RATE_WINDOW = timedelta(minutes=10)
 
@@ -50,19 +50,33 @@ def observed_rate(policy, now=None) -> float | None:
 CACHE_SECONDS = 15
 
 
-def drain_window(policy, *, fresh: bool = False, progress: dict | None = None) -> dict:
+UNREAD = object()
+
+
+def drain_window(
+    policy,
+    *,
+    fresh: bool = False,
+    progress: dict | None = None,
+    latest_run=UNREAD,
+    next_tick=UNREAD,
+    kill_switch=UNREAD,
+) -> dict:
     """The policy's drain window. The counts behind it read the target table, so they are
     measured at most every CACHE_SECONDS (the overview polls; ``fresh`` bypasses the cache);
     the verdict and its sentence are judged on every call, as of now, from the run's current
     state and chunks and the tick the schedule is armed for — the same tick the page shows.
     ``progress`` (run id → ``RunProgress``, from the caller's own ``progress_for``) saves
-    reading the policy's latest run's progress a second time."""
+    reading the policy's latest run's progress a second time; a page showing several
+    policies passes what it read for all of them at once: the policy's latest run (None: no
+    run), the tick its schedule is armed for and the global ``KillSwitch`` row."""
     key = f"retention:drain-window:{policy.pk}:{policy.created_at.timestamp()}"
     measured = None if fresh else cache.get(key)
     if measured is None:
         measured = _measure(policy)
         cache.set(key, measured, CACHE_SECONDS)
-    return _judge(policy, measured, timezone.now(), progress or {})
+    known = {"run": latest_run, "next_tick": next_tick, "kill_switch": kill_switch}
+    return _judge(policy, measured, timezone.now(), progress or {}, known)
 
 
 def _measure(policy) -> dict:
@@ -122,7 +136,7 @@ def _armed_tick(policy):
     )
 
 
-def _judge(policy, measured: dict, now, progress: dict) -> dict:
+def _judge(policy, measured: dict, now, progress: dict, known: dict) -> dict:
     """``{"backlog_rows", "pending_chunks", "oldest_eligible_age_s", "overdue_s",
     "inflow_per_day", "rows_per_s", "eta_s", "next_tick", "verdict":
     "converges"|"at risk"|"idle"|"paused"|"stopped"|"unknown", "explanation"}``."""
@@ -134,7 +148,9 @@ def _judge(policy, measured: dict, now, progress: dict) -> dict:
     if measured["version"] is None:
         out["explanation"] = "no approved version"
         return out
-    run = Run.objects.filter(policy=policy).order_by("-tick", "-id").first()
+    run = known["run"]
+    if run is UNREAD:
+        run = Run.objects.filter(policy=policy).order_by("-tick", "-id").first()
     if run is not None and not run.is_terminal:
         p = progress.get(run.pk) or progress_for([run.pk], now=now)[run.pk]
         out["pending_chunks"] = p.chunks[Chunk.State.PENDING]
@@ -144,7 +160,7 @@ def _judge(policy, measured: dict, now, progress: dict) -> dict:
             out["backlog_rows"] = p.rows_pending or measured["table_backlog"]
     else:
         out["backlog_rows"] = measured["table_backlog"]
-    upcoming = _armed_tick(policy)
+    upcoming = _armed_tick(policy) if known["next_tick"] is UNREAD else known["next_tick"]
     out["next_tick"] = upcoming
     backlog, pending, rate = out["backlog_rows"], out["pending_chunks"], measured["rows_per_s"]
     waiting = (
@@ -152,19 +168,16 @@ def _judge(policy, measured: dict, now, progress: dict) -> dict:
         if pending
         else f"~{backlog or 0:,} rows eligible"
     )
-    stopped = None
-    if run is not None and run.state == Run.State.PAUSED:
-        out["verdict"], stopped = "paused", f"run {run.run_key} is paused"
-    elif policy.paused:
-        out["verdict"], stopped = "paused", f"policy {policy.slug} is paused"
-    elif KillSwitch.is_on() and (pending or backlog):
-        out["verdict"], stopped = "stopped", "the kill switch is on"
-    elif run is not None and run.state == Run.State.CONFIRM:
-        out["verdict"], stopped = "stopped", f"run {run.run_key} is held for confirmation"
-    elif run is not None and run.state == Run.State.ATTENTION:
-        out["verdict"], stopped = "stopped", f"run {run.run_key} needs attention"
+    switch = known["kill_switch"]
+    if switch is UNREAD:
+        switch = KillSwitch.objects.filter(name="global").first()
+    if not (pending or backlog):
+        switch = None  # with nothing waiting, the switch holds nothing back
+    open_run = run if run is not None and not run.is_terminal else None
+    stopped = stopped_by(open_run, policy, switch)
     if stopped:
-        out["explanation"] = f"{stopped} with {waiting}; nothing is deleted until it goes on"
+        out["verdict"] = stopped[0]
+        out["explanation"] = f"{stopped[1]}; {waiting}"
         return out
     if upcoming is None:
         window_s = None

@@ -41,6 +41,7 @@ from django.db import connection
 from django.db.models import Count, F, Max, Min, Q, Sum
 
 from core.formatting import natural_key
+from retention.models import KillSwitch
 from runs.models import AuditRecord, Chunk, Run
 
 RATE_WINDOW = timedelta(minutes=10)
@@ -81,7 +82,8 @@ class RunProgress:
     planner_done: bool
     chunks: dict[str, int] = field(default_factory=lambda: {s: 0 for s in Chunk.State.values})
     retries: int = 0
-    admissible: int = 0  # pending chunks whose not_before has passed
+    admissible: int = 0  # pending chunks whose not_before has passed, unless the run is stopped
+    stopped: bool = False  # not active, its policy paused or the kill switch on: none admitted
     oldest_pending: datetime | None = None
     queue_age_s: float | None = None
     rows_planned: int = 0  # up to: keys in the run's chunks when planned (not split ones)
@@ -126,6 +128,7 @@ class RunProgress:
             "chunks_done": self.chunks_done,
             "chunks_total": self.chunks_total,
             "retries": self.retries,
+            "admissible": self.admissible,
             "rows_deleted": self.rows_deleted,
             "rows_planned_up_to": self.rows_planned,
             "rows_expected": self.rows_expected,
@@ -157,13 +160,22 @@ def broker_backlog(now: datetime) -> BrokerBacklog:
     return BrokerBacklog(waiting=_int(row["n"]), oldest_age_s=_age(now, row["oldest"]))
 
 
+UNREAD = object()
+
+
 def progress_for(
-    runs: Iterable[int | Run], *, now: datetime, broker: BrokerBacklog | None = None
+    runs: Iterable[int | Run],
+    *,
+    now: datetime,
+    broker: BrokerBacklog | None = None,
+    kill_switch=UNREAD,
 ) -> dict[int, RunProgress]:
     """Progress of each run in ``runs`` (ids or loaded ``Run`` rows with their policy; unknown
-    ids are left out), from at most five grouped queries: the runs (only when given ids),
-    chunks, audit records, throttle reasons and the broker backlog (unless ``broker`` is
-    passed by a caller that read it already)."""
+    ids are left out), from at most six grouped queries: the runs (only when given ids),
+    chunks, audit records, throttle reasons, the broker backlog (unless ``broker`` is
+    passed by a caller that read it already) and the kill switch (unless ``kill_switch``,
+    the global ``KillSwitch`` row or None, is passed). A stopped run (not active, its policy
+    paused, the kill switch on) has no admissible chunk, whatever their ``not_before``."""
     given = list(runs)
     broker = broker if broker is not None else broker_backlog(now)
     out: dict[int, RunProgress] = {}
@@ -175,15 +187,18 @@ def progress_for(
         {
             "id": r.pk, "run_key": r.run_key, "policy__slug": r.policy.slug, "state": r.state,
             "planner_done": r.planner_done, "expected_rows": r.expected_rows,
-            "started_at": r.started_at, "held_at": r.held_at,
+            "started_at": r.started_at, "held_at": r.held_at, "policy__paused": r.policy.paused,
         }
         for r in loaded
     ]  # fmt: skip
     if ids_only:
         rows += Run.objects.filter(pk__in=ids_only).values(
             "id", "run_key", "policy__slug", "state", "planner_done", "expected_rows", "started_at",
-            "held_at",
+            "held_at", "policy__paused",
         )  # fmt: skip
+    if kill_switch is UNREAD:
+        kill_switch = KillSwitch.objects.filter(name="global").first()
+    switch_on = kill_switch is not None and kill_switch.on
     admitted: dict[int, int | None] = {}
     started: dict[int, datetime | None] = {}
     for row in rows:
@@ -193,6 +208,7 @@ def progress_for(
             policy_slug=row["policy__slug"],
             state=row["state"],
             planner_done=row["planner_done"],
+            stopped=row["state"] != Run.State.ACTIVE or row["policy__paused"] or switch_on,
             admission_count=row["expected_rows"],
             # held for confirmation: the count stopped at the blast-radius cap (runs.actions.admit)
             admission_capped=row["held_at"] is not None and row["expected_rows"] is not None,
@@ -220,7 +236,7 @@ def progress_for(
         p.chunks[state] += n
         p.retries += _int(row["retries"])
         if state == Chunk.State.PENDING:
-            p.admissible += _int(row["ready"])
+            p.admissible += 0 if p.stopped else _int(row["ready"])
             p.rows_pending += planned
             if p.oldest_pending is None or row["oldest"] < p.oldest_pending:
                 p.oldest_pending = row["oldest"]
@@ -301,6 +317,101 @@ def progress_for(
         p.last_commit_age_s = _age(now, p.last_commit)
         _derive(p, admitted[p.run_id], started[p.run_id], now)
     return out
+
+
+TOP_TENANTS = 10  # with more than TOP_TENANTS + 2 tenants, the rest share one line
+
+
+@dataclass
+class TenantRow:
+    """One line of a run's per-tenant table: what was deleted and what a hold defers, and
+    the tenant's chunks only when chunks are a tenant's (``chunks`` is None otherwise)."""
+
+    tenant: str
+    rows_deleted: int = 0
+    deferred: int = 0
+    chunks: TenantProgress | None = None
+    tenants: int = 1  # the "others" line stands for this many tenants
+
+
+@dataclass
+class TenantTable:
+    rows: list[TenantRow]
+    others: TenantRow | None  # the tenants past the top ones, summed (None: all are shown)
+    per_tenant_chunks: bool
+    untenanted: int = 0  # deleted rows without a tenant (null_tenant = "delete")
+
+
+def tenant_table(
+    p: RunProgress,
+    *,
+    per_tenant_chunks: bool,
+    held: dict[str, int] | None = None,
+    top: int = TOP_TENANTS,
+) -> TenantTable:
+    """A run's per-tenant lines, right for every chunk geometry. Deleted rows come from the
+    audit trail (a chunk across tenants records its rows per tenant, ``tenant_rows``);
+    ``held`` is the rows each tenant's holds defer (tenant as text, counted by the caller);
+    the chunks of ``p.tenants`` are a tenant's only when ``per_tenant_chunks`` (otherwise
+    they are the run's, tenant ""). At most ``top`` tenants are listed — the most deleted
+    and deferred — and the rest summed in ``others``, when there are more than ``top`` + 2
+    (an "others" line for one or two tenants would save nothing)."""
+    held = held or {}
+    lines: dict[str, TenantRow] = {}
+    untenanted = 0
+    for t in p.tenants:
+        if t.tenant == "" and not per_tenant_chunks:
+            untenanted += t.rows_deleted  # what no tenant column value names
+            continue
+        line = lines.setdefault(t.tenant, TenantRow(t.tenant))
+        line.rows_deleted += t.rows_deleted
+        if per_tenant_chunks:
+            line.chunks = t
+    for tenant, rows in held.items():
+        lines.setdefault(tenant, TenantRow(tenant)).deferred += rows
+    ranked = sorted(
+        lines.values(), key=lambda r: (-(r.rows_deleted + r.deferred), natural_key(r.tenant))
+    )
+    shown, rest = (ranked[:top], ranked[top:]) if len(ranked) > top + 2 else (ranked, [])
+    others = None
+    if rest:
+        others = TenantRow(
+            "",
+            rows_deleted=sum(r.rows_deleted for r in rest),
+            deferred=sum(r.deferred for r in rest),
+            tenants=len(rest),
+        )
+    shown.sort(key=lambda r: natural_key(r.tenant))
+    return TenantTable(shown, others, per_tenant_chunks, untenanted)
+
+
+def stopped_by(run: Run | None, policy, switch) -> tuple[str, str] | None:
+    """What operator decision stops ``run`` (of ``policy``; ``run`` None: the policy's next
+    run) from deleting, as (verdict, sentence), or None. ``switch`` is the global
+    ``KillSwitch`` row (or None). The one diagnosis every surface shows: ``retention
+    status``, the run page's health, the drain-window line and the overview card."""
+    if run is not None and run.state == Run.State.PAUSED:
+        return "paused", f"run {run.run_key} is paused: no chunk is admitted until it is resumed"
+    if policy.paused:
+        return "paused", (
+            f"policy {policy.slug} is paused: no chunk is admitted until it is resumed"
+        )
+    if switch is not None and switch.on:
+        return "stopped", (
+            f"the global kill switch is on (turned on by {switch.changed_by}: "
+            f"“{switch.reason}”): no chunk is admitted until it is turned off"
+        )
+    if run is not None and run.state == Run.State.CONFIRM:
+        return "stopped", (
+            f"run {run.run_key} is held for confirmation: nothing is deleted until on-call "
+            "confirms it"
+        )
+    if run is not None and run.state == Run.State.ATTENTION:
+        return "stopped", (
+            f"run {run.run_key} needs attention: nothing is deleted until its dead letters are "
+            "replayed or discarded or it is resumed"
+        )
+    return None
 
 
 def _derive(p: RunProgress, admitted: int | None, started: datetime | None, now: datetime) -> None:

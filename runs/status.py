@@ -9,9 +9,12 @@ from django.db.models import Max
 from django.utils import timezone
 
 from core import timeouts
+from retention.models import KillSwitch
 from runs.forecast import drain_window
 from runs.models import Chunk, DeadLetter, Run
-from runs.progress import RunProgress, progress_for
+from runs.progress import RunProgress, progress_for, stopped_by
+
+UNREAD = object()
 
 
 def run_status(run: Run) -> dict:
@@ -47,8 +50,11 @@ def run_status(run: Run) -> dict:
     }
 
 
-def health_of(run: Run, p: RunProgress, now) -> tuple[str, str, str]:
-    """(health, why it is not progressing, throttle reason). "progressing" means a chunk
+def health_of(run: Run, p: RunProgress, now, *, switch=UNREAD) -> tuple[str, str, str]:
+    """(health, why it is not progressing, throttle reason). An active run that an operator
+    decision stops (its policy paused, the global kill switch on: ``progress.stopped_by``)
+    says so first, whatever else is true ("paused" or "stopped"); ``switch`` is the caller's
+    reading of the kill switch row (read here when not given). "progressing" means a chunk
     committed within the guard window (``RETENTION_GUARD_DUTY_WINDOW_S``) or one is in flight
     (claimed, its outcome not recorded yet, within the longest a chunk may take). An active
     run with no admitted chunk for longer always says why: throttled by the guard (the
@@ -66,6 +72,11 @@ def health_of(run: Run, p: RunProgress, now) -> tuple[str, str, str]:
     throttled = p.throttle_reason
     if run.state != Run.State.ACTIVE:
         return run.state, run.state_reason, throttled
+    if switch is UNREAD:
+        switch = KillSwitch.objects.filter(name="global").first()
+    stopped = stopped_by(run, run.policy, switch)
+    if stopped:
+        return stopped[0], stopped[1], throttled
     pending = p.chunks[Chunk.State.PENDING]
     if last is not None and now - last <= window:
         return "progressing", "", throttled

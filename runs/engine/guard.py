@@ -459,12 +459,22 @@ def _pause_for_critical(run, verdict: Verdict) -> None:
     log.error("ALERT policy %s paused by the guard: %s", run.policy.slug, verdict.reason)
 
 
-def current_state(policy) -> dict:
+UNREAD = object()
+
+
+def latest_sample():
+    return GuardSample.objects.order_by("-taken_at").first()
+
+
+def current_state(policy, *, version=UNREAD, latest=UNREAD) -> dict:
     """The guard as the dashboard shows it for ``policy``:
     ``{"level": "ok"|"throttled"|"critical", "reasons": [str], "signals": {name: {"value", "threshold", "unit"}},
-    "sampled_at": datetime|None}``."""
-    version = policy.approved_version
-    latest = GuardSample.objects.order_by("-taken_at").first()
+    "sampled_at": datetime|None}``. A page showing several policies passes the latest sample
+    (``latest_sample``) and each policy's approved version, read once for all of them."""
+    if version is UNREAD:
+        version = policy.approved_version
+    if latest is UNREAD:
+        latest = latest_sample()
     if version is None or latest is None:
         return {
             "level": "ok",

@@ -18,6 +18,7 @@ from datetime import date, datetime, time, timedelta
 import psycopg
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.postgres.expressions import ArraySubquery
 from django.db import DatabaseError, connection, transaction
 from django.db.models import (
     BigIntegerField,
@@ -26,6 +27,7 @@ from django.db.models import (
     Exists,
     F,
     Func,
+    JSONField,
     Max,
     Min,
     OuterRef,
@@ -89,6 +91,10 @@ CSV_COLUMNS = [
     ("partition_bounds", "partition_bounds"),
     ("partition_rows", "partition_rows"),
     ("partition_digest", "partition_digest"),
+    # the legal holds in force over the chunk when it committed (ids, space-separated), and its
+    # rows per tenant as JSON (a chunk across tenants: as its record counts them)
+    ("holds", "holds_text"),
+    ("tenant_rows", "tenant_rows_text"),
     ("worker_host", "worker_host"),
     ("worker_pid", "worker_pid"),
     ("prev_hash", "prev_hash"),
@@ -262,7 +268,18 @@ NOTHING_ELIGIBLE = "nothing eligible"
 
 
 def hold_applied(via: str = ""):
-    """An ``Exists`` over legal holds that covered the record's chunk when it committed: on
+    """An ``Exists`` over ``covering_holds``."""
+    return Exists(covering_holds(via))
+
+
+def holds_in_force(via: str = ""):
+    """The ids of ``covering_holds``, space-separated ('' when none)."""
+    ids = ArraySubquery(covering_holds(via).order_by("id").values("id"))
+    return Func(ids, Value(" "), function="array_to_string", output_field=TextField())
+
+
+def covering_holds(via: str = ""):
+    """The legal holds that covered the record's chunk when it committed: on
     its policy or all policies, its tenant or all tenants, a key interval that overlaps the
     chunk's (a chunk of another key type: any interval, as the DELETE decides it), placed
     before the commit and not released before it. ``via``: the path from the outer query's
@@ -284,7 +301,7 @@ def hold_applied(via: str = ""):
         overlaps,
         placed_at__lte=OuterRef(f"{via}committed_at"),
     )
-    return Exists(holds)
+    return holds
 
 
 def reported_outcome(via: str = ""):
@@ -318,6 +335,19 @@ def csv_rows(filters: AuditFilters) -> Iterator[bytes]:
         "bounds_on_text": ColumnList("bound_columns"),
         "table_rows_text": Cast("table_rows", TextField()),
         "outcome_text": reported_outcome(),
+        "holds_text": holds_in_force(),
+        "tenant_rows_text": Cast(
+            Coalesce(
+                "tenant_rows",
+                Func(
+                    Coalesce("tenant", Value("")),
+                    "rows_deleted",
+                    function="jsonb_build_object",
+                    output_field=JSONField(),
+                ),
+            ),
+            TextField(),
+        ),  # fmt: skip
         "version_hash_text": Coalesce(
             NullIf("version_hash", Value("")),
             NullIf("policy_version__approved_hash", Value("")),

@@ -30,7 +30,7 @@ from runs.engine.schedules import schedule_name
 from runs.evidence import audit
 from runs.models import AuditRecord, Chunk, DeadLetter, Lease, Run, discarded_scopes
 from runs.pages import charts
-from runs.progress import broker_backlog, progress_for
+from runs.progress import broker_backlog, progress_for, stopped_by, tenant_table
 from runs.status import health_of
 
 # Policy states as the overview names them (and colours them: see app.css .state-*).
@@ -105,7 +105,8 @@ def overview_context(request) -> dict:
     ids = [p.id for p in policies]
     current, latest = _current_and_latest_runs(ids)
     broker = broker_backlog(now)
-    progress = progress_for(current.values(), now=now, broker=broker)
+    switch = KillSwitch.objects.filter(name="global").first()
+    progress = progress_for(current.values(), now=now, broker=broker, kill_switch=switch)
     dead = dict(
         DeadLetter.objects.filter(resolution=DeadLetter.Resolution.OPEN, run__policy_id__in=ids)
         .values_list("run__policy_id")
@@ -118,6 +119,13 @@ def overview_context(request) -> dict:
         .values_list("policy_id", "spec__max_backlog_age")
     )  # one query for every policy's backlog SLO
 
+    approved = {
+        v.policy_id: v
+        for v in PolicyVersion.objects.filter(policy_id__in=ids, state=PolicyVersion.State.APPROVED)
+        .order_by("policy_id", "-number")
+        .distinct("policy_id")
+    }  # one query for every policy's approved version (the guard's thresholds)
+    sample = guard.latest_sample()
     next_runs = dict(
         Schedule.objects.filter(name__in=[schedule_name(p) for p in policies]).values_list(
             "name", "next_run"
@@ -127,8 +135,21 @@ def overview_context(request) -> dict:
     for policy in policies:
         run = current.get(policy.id)
         p = progress.get(run.pk) if run else None
-        window = forecast.drain_window(policy, progress=progress)
-        guard_state = guard.current_state(policy)
+        # what stops an active run, in the words of its page and ``retention status``
+        # (``health_of`` says this first; its other readings cost queries per run)
+        health = (
+            stopped_by(run, policy, switch)
+            if run is not None and run.state == Run.State.ACTIVE
+            else None
+        )
+        window = forecast.drain_window(
+            policy,
+            progress=progress,
+            latest_run=latest.get(policy.id),
+            next_tick=next_runs.get(schedule_name(policy)),
+            kill_switch=switch,
+        )
+        guard_state = guard.current_state(policy, version=approved.get(policy.id), latest=sample)
         dead_n = dead.get(policy.id, 0)
         eta = p.eta_s if p else window.get("eta_s")
         throttle = (p.throttle_reason if p else "") or "; ".join(guard_state.get("reasons") or [])
@@ -139,6 +160,7 @@ def overview_context(request) -> dict:
                 "run": run,
                 "last_run": latest.get(policy.id),
                 "progress": p,
+                "health": health,
                 "eta_s": eta,
                 "next_run": next_runs.get(schedule_name(policy)),
                 "window": window,
@@ -149,7 +171,6 @@ def overview_context(request) -> dict:
                 "dead_letters": dead_n,
             }
         )
-    switch = KillSwitch.objects.filter(name="global").first()
     known = []
     closest = []
     if slug and not rows:  # an unknown slug: the closest ones, and every policy
@@ -163,6 +184,11 @@ def overview_context(request) -> dict:
         "filter_errors": read.errors,
         "kill_switch": switch,
         "kill_switch_on": bool(switch and switch.on),
+        # what turning the switch on stops (its confirmation says so)
+        # (every policy's: a filtered overview counts them with one query)
+        "active_runs": Run.objects.filter(state=Run.State.ACTIVE).count()
+        if slug
+        else sum(1 for r in rows if r["run"] and r["run"].state == Run.State.ACTIVE),
         "kill_switch_token": switch.decision_token if switch else "off:0",
         "broker": broker,
         "now": now,
@@ -293,7 +319,8 @@ def _partition_actions(run: Run, spec) -> list[dict]:
 
 def run_page_context(run: Run) -> dict:
     now = timezone.now()
-    p = progress_for([run], now=now)[run.pk]
+    switch = KillSwitch.objects.filter(name="global").first()
+    p = progress_for([run], now=now, kill_switch=switch)[run.pk]
     rates = charts.rate_series(run, span=(p.first_commit, p.last_commit))
     window = forecast.drain_window(run.policy, progress={run.pk: p})
     guard_state = guard.current_state(run.policy)
@@ -338,6 +365,7 @@ def run_page_context(run: Run) -> dict:
             Q(policy_id=run.policy_id) | Q(policy__isnull=True), released_at__isnull=True
         ).order_by("placed_at")[:50]
     )
+    held = held_by_tenant(run, holds)
     for lease in leases:
         lease.enqueued_age_s = _age(now, lease.enqueued_at)
         lease.heartbeat_age_s = _age(now, lease.heartbeat_at)
@@ -345,7 +373,7 @@ def run_page_context(run: Run) -> dict:
         "run": run,
         "period": period_label(run.policy, run.tick),
         # progressing, or why not (the same words as retention status: runs.status)
-        "health": health_of(run, p, now),
+        "health": health_of(run, p, now, switch=switch),
         "progress": p,
         "window": window,
         "guard": guard_state,
@@ -363,10 +391,14 @@ def run_page_context(run: Run) -> dict:
         "partition_actions": _partition_actions(run, spec),
         # rows removed in each table the chunks' cascades reached (empty without cascades)
         "rows_by_table": audit.rows_by_table(run.pk),
-        "tenants": p.tenants,
-        "kill_switch": KillSwitch.objects.filter(name="global", on=True).first(),
+        "tenants": tenant_table(
+            p,
+            per_tenant_chunks=run.per_tenant(spec) or not spec.tenant,
+            held={r["tenant"] or "": r["rows"] for r in held["rows"]},
+        ),
+        "kill_switch": switch if switch is not None and switch.on else None,
         "holds": holds,
-        "held": held_by_tenant(run, holds),
+        "held": held,
         "history": list(
             OperatorAction.objects.filter(target_type="run", target_id=str(run.pk)).order_by(
                 "-chain_seq"

@@ -110,3 +110,36 @@ def test_the_version_page_shows_the_submit_reason_beside_the_diff(client_for, su
         .content.decode()
     )
     assert 'data-testid="submit-reason"' in html and "legal asked for 30 days" in html
+
+
+def test_the_card_shows_each_changed_value_and_what_each_version_would_delete_today(
+    client_for, make_user, users
+):
+    """A shorter retention deletes more: both counts are taken now, on the same table, so
+    the second person compares like with like (not v1's preview from before v1's run)."""
+    from django.db import connection
+
+    create_events(600)
+    approved_policy(make_user, **events_spec())
+    carla = users["compliance"]
+    draft = retention_actions.apply_spec(
+        PolicySpec.parse(events_spec(retention="10 days")), author=carla
+    )
+    v2 = retention_actions.submit_version(draft, actor=carla, reason="legal asked for 10 days")
+    with connection.cursor() as cur:  # v1's run happened since: its rows are gone
+        cur.execute(
+            "DELETE FROM public.rr_events WHERE occurred_at < now() - interval '20 days'"
+            " AND status IS DISTINCT FROM 'disputed'"
+        )
+    cora = make_user("cora", "compliance")
+    client = client_for("compliance")
+    client.force_login(cora)
+    html = client.get(reverse("retention:approvals")).content.decode()
+    card = html.split(f'data-approval="events-v{v2.number}"')[1].split("</section>")[0]
+
+    assert "<code>retention</code>: 20 days → 10 days" in card
+    now = card.split('data-testid="eligible-now"')[1].split("</dd>")[0]
+    v2_now = int(now.split('data-count="new">')[1].split("<")[0].replace(",", ""))
+    v1_now = int(now.split('data-count="base">')[1].split("<")[0].replace(",", ""))
+    assert v2_now > v1_now  # the shorter retention deletes more, today
+    assert "v1's preview" not in card

@@ -322,3 +322,40 @@ def test_a_chunk_across_tenants_held_by_a_tenant_hold_is_reported_held(client_fo
 
     assert rows and {r["tenant"] for r in rows} == {""}  # chunks across tenants
     assert {(r["outcome"], r["rows_deleted"]) for r in rows} == {("held", "0")}
+
+
+def test_the_csv_names_the_holds_in_force_and_counts_a_key_range_chunks_rows_per_tenant(
+    client_for, make_user
+):
+    """What the manifest says per run, the CSV says per record: the holds in force when it
+    committed, and for a chunk across tenants its rows per tenant."""
+    from retention.actions import place_hold
+    from runs.actions import trigger_run
+    from runs.engine import planner
+    from tests.factories import approved_policy, events_spec
+    from tests.runs.conftest import NOW, create_events
+
+    create_events(3000)
+    policy = approved_policy(make_user, **events_spec(chunking="key"))
+    hold = place_hold(
+        policy=policy, tenant="3", actor=make_user("hilda", "compliance"), reason="case 7"
+    )
+    created, _ = trigger_run(policy, tick=NOW)
+    planner.plan(created)
+    worker.drain(created.pk, budget_s=60)
+
+    rows = read_csv(client_for("auditor").get(reverse("runs:audit_export") + f"?run={created.pk}"))
+
+    assert rows and all(r["holds"] == str(hold.pk) for r in rows)
+    per_tenant: dict[str, int] = {}
+    for r in rows:
+        counts = json.loads(r["tenant_rows"])
+        assert sum(counts.values()) == int(r["rows_deleted"])
+        for tenant, n in counts.items():
+            per_tenant[tenant] = per_tenant.get(tenant, 0) + n
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT s.tenant_id::text, count(*) FROM public.rr_events_shadow s WHERE NOT EXISTS"
+            " (SELECT 1 FROM public.rr_events e WHERE e.id = s.id) GROUP BY 1"
+        )
+        assert per_tenant == dict(cur.fetchall())

@@ -262,6 +262,7 @@ def test_oncall_flips_the_global_kill_switch_with_a_reason(login, live_server, a
     from retention.models import KillSwitch
 
     page = login("oncall")
+    page.on("dialog", lambda dialog: dialog.accept())  # turning it on asks first
     page.goto(f"{live_server.url}/")
     page.click("#kill-switch-form summary")
     page.fill('#kill-switch-form input[name="reason"]', "INC-52 primary at 95% CPU")

@@ -16,6 +16,7 @@ from .helpers import post
 pytestmark = pytest.mark.django_db
 
 EDITED = dict(
+    name="Events older than 10 days",  # the name follows the retention the form changed
     retention="10 days",
     schedule="30 2 * * *",
     chunk_size=500,
@@ -109,8 +110,11 @@ def test_a_bad_value_in_the_form_gives_the_toml_paths_error_and_changes_nothing(
     )
 
     assert by_toml.status_code == by_form.status_code == 400
-    errors = [[str(m) for m in r.context["messages"]] for r in (by_toml, by_form)]
-    assert errors[0] == errors[1] and len(errors[0]) == 1 and field in errors[0][0]
+    errors = [str(m) for m in by_toml.context["messages"]]
+    # the form stays on the policy page, the same error beside its field
+    assert errors == [by_form.context["form"]["error"]] and field in errors[0]
+    assert by_form.context["form"]["error_field"] == field
+    assert by_form.context["form"][field] == form_value
     assert (PolicyVersion.objects.count(), OperatorAction.objects.count()) == before
 
 
@@ -124,7 +128,28 @@ def test_a_keep_value_that_is_not_a_toml_value_is_one_clear_error(events_policy,
     )
 
     assert page.status_code == 400
-    assert [str(m) for m in page.context["messages"]] == [
+    assert page.context["form"]["error"] == (
         'keep rule 1: value disputed is not a TOML value (text goes in quotes: "disputed")'
-    ]
+    )
+    assert page.context["form"]["error_field"] == "keep"
+    assert 'data-field-error="keep"' in page.content.decode()
     assert PolicyVersion.objects.count() == before
+
+
+def test_the_name_follows_a_changed_retention_unless_it_was_edited(events_policy, client_for):
+    client = client_for("compliance")
+    page = "/policies/events/"
+    html = client.get(page).content.decode()
+    assert 'name="name" value="Events older than 20 days"' in html
+
+    post(client, reverse("retention:version_create"), _form(name="Events older than 20 days"))
+    assert PolicyVersion.objects.get(number=2).parsed.name == "Events older than 10 days"
+
+    post(
+        client,
+        reverse("retention:version_create"),
+        _form(retention="15 days", name="Marketplace events (legal review 2026)"),
+    )
+    assert (
+        PolicyVersion.objects.get(number=3).parsed.name == "Marketplace events (legal review 2026)"
+    )

@@ -213,3 +213,23 @@ def test_the_per_tenant_held_count_says_not_counted_when_it_runs_out_of_time(
     assert page.status_code == 200
     assert "Deferred rows per tenant: not counted (timeout)." in html
     assert "data-held-tenant=" not in html
+
+
+@pytest.mark.parametrize("stop", ["run", "policy", "kill switch"])
+def test_a_stopped_run_has_no_admissible_chunk(client_for, run, users, stop):
+    from retention.actions import pause_policy
+    from runs.actions import pause_run, set_kill_switch
+    from runs.status import run_status
+
+    if stop == "run":
+        pause_run(run, actor=users["oncall"], reason="INC-5 replica lag")
+    elif stop == "policy":
+        pause_policy(run.policy, actor=users["oncall"], reason="INC-5 replica lag")
+    else:
+        set_kill_switch(True, actor=users["oncall"], reason="INC-5 replica lag")
+    pending = run.chunks.filter(state="pending").count()
+    assert pending > 0
+
+    html = client_for("viewer").get(reverse("runs:detail", args=[run.pk])).content.decode()
+    assert f"{pending} pending chunk(s), none admissible now" in html
+    assert run_status(Run.objects.get(pk=run.pk))["admissible"] == 0

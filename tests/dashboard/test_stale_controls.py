@@ -49,6 +49,8 @@ def test_a_stale_resume_does_not_undo_a_newer_pause(client_for, run, users, make
     html = response.content.decode()
     assert "changed since the page was loaded" in html
     assert "paused by olga: INC-2 primary CPU" in html
+    # the message names the run once: "Resume run … refused: changed since …", not "… it …"
+    assert f"Resume run {run.run_key} refused: changed since the page was loaded" in html
     assert not OperatorAction.objects.filter(action="run.resume", actor="oscar").exists()
 
 
@@ -76,7 +78,7 @@ def test_resume_from_a_tab_loaded_while_paused_is_refused_after_the_run_drained(
     assert run.state == Run.State.DRAINED
     html = response.content.decode()
     assert "changed since the page was loaded" in html
-    assert "it is now Drained" in html or "it is now drained" in html
+    assert "now Drained" in html or "now drained" in html
 
 
 def test_a_stale_kill_switch_form_does_not_replace_the_recorded_reason(client_for, run, make_user):
