@@ -45,6 +45,9 @@ MATRIX = {
     "login": ("GET", {}, every_role(302, anonymous=200)),
     "logout": ("POST", {}, every_role(302, anonymous=302)),
     "admin": ("GET", {}, every_role(302)),  # the whole admin site: staff only
+    # the JSON API answers bearer tokens only, never a session (its own matrix, endpoint by
+    # endpoint and role by role: tests/api/test_role_matrix.py)
+    "api": ("GET", {}, every_role(401, anonymous=401)),
     "tokens": ("GET", {}, READ),
     "doc": ("GET", {"name": "doc"}, READ),
     # one's own token only: compliance owns the world's token, the others see no such token
@@ -93,8 +96,8 @@ MATRIX = {
     "retention:hold_release_withdraw": ("POST", {"hold_id": "hold"}, COMPLIANCE_POST),
     "retention:hold_release_refuse": ("POST", {"hold_id": "hold"}, COMPLIANCE_POST),
 }
-# Namespaces checked as one entry (every pattern inside answers alike).
-WHOLE_NAMESPACES = {"admin"}
+# Namespaces checked as one entry (every pattern inside answers alike), by the URL named.
+WHOLE_NAMESPACES = {"admin": "admin:index", "api": "api:me"}
 
 
 def named_patterns(patterns=None, prefix: str = "") -> list[str]:
@@ -140,7 +143,7 @@ def world(users, make_user):
 
 def url_of(name: str, world: dict) -> str:
     if name in WHOLE_NAMESPACES:
-        return reverse(f"{name}:index")
+        return reverse(WHOLE_NAMESPACES[name])
     _, kwargs, _ = MATRIX[name]
     return reverse(name, kwargs={k: world[v] for k, v in kwargs.items()})
 

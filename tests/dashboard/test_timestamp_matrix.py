@@ -28,7 +28,7 @@ from runs.engine import planner, worker
 from runs.models import DeadLetter, Run
 from tests.conftest import token_for_claim
 from tests.factories import approved_policy, events_spec
-from tests.runs.conftest import NOW
+from tests.runs.conftest import NOW, ROOT
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ROWS, DAYS = 3000, 40
@@ -119,11 +119,11 @@ def matrix(request, db, make_user, settings):
 
 
 def _patterns(resolvers=None, prefix="", namespace=""):
-    """Every (URL name, route, default kwargs) of the URLconf, Django's admin left out (its own
-    tests: tests/retention/test_admin.py)."""
+    """Every (URL name, route, default kwargs) of the URLconf's pages, Django's admin left out
+    (its own tests: tests/retention/test_admin.py) and the JSON API read by its schema."""
     for entry in resolvers if resolvers is not None else get_resolver().url_patterns:
         if isinstance(entry, URLResolver):
-            if entry.app_name == "admin" or entry.namespace == "admin":
+            if entry.namespace in ("admin", "api"):  # the API: _api_reads below
                 continue
             ns = f"{namespace}{entry.namespace}:" if entry.namespace else namespace
             yield from _patterns(entry.url_patterns, prefix + str(entry.pattern), ns)
@@ -149,6 +149,22 @@ def _urls(policy, run, hold, letter, token) -> dict[str, str]:
     return urls
 
 
+def _api_reads(client, secret: str, values: dict) -> dict[str, str]:
+    """Every GET of the API's checked-in schema (api/openapi.json), with a bearer token:
+    {path: body} of those that answered 200; none may fail with a server error."""
+    schema = json.loads((ROOT / "api" / "openapi.json").read_text())
+    bodies = {}
+    for path, operations in schema["paths"].items():
+        if "get" not in operations:
+            continue
+        url = re.sub(r"\{(\w+)\}", lambda m: str(values[m.group(1)]), path)
+        response = client.get(url, HTTP_AUTHORIZATION=f"Bearer {secret}")
+        assert response.status_code < 500, (path, response.status_code)
+        if response.status_code == 200:
+            bodies[path] = _body(response)
+    return bodies
+
+
 def _no_raw_times(text: str, where: str) -> None:
     found = RAW_EPOCH.findall(text)
     assert not found, f"{where} shows raw epoch numbers {found[:3]}"
@@ -169,7 +185,7 @@ def _body(response) -> str:
 
 def test_every_surface_renders_real_dates_for_every_timestamp_type(matrix, client_for, users):
     kind, policy, run, hold, letter = matrix
-    token, _ = create_token(users["auditor"], name="matrix")
+    token, secret = create_token(users["auditor"], name="matrix")
     urls = _urls(policy, run, hold, letter, token)
     # a reader for every page: the first role it renders for (most are every role's)
     # (the sign-in page: signed out)
@@ -204,6 +220,23 @@ def test_every_surface_renders_real_dates_for_every_timestamp_type(matrix, clien
 
     cutoff_day = f"{run.cutoff:%Y-%m-%d}"
     assert cutoff_day in rendered["runs:detail"]
+
+    # the JSON API, as an auditor's token reads it: the run, the policy, its preview and
+    # version, the holds and the evidence answer, and say times as dates
+    api = _api_reads(
+        client_for(None),
+        secret,
+        {"key": run.run_key, "slug": policy.slug, "number": policy.approved_version.number,
+         "hold_id": hold.pk},
+    )  # fmt: skip
+    for path in ("/api/v1/runs/{key}", "/api/v1/policies/{slug}", "/api/v1/holds",
+                 "/api/v1/policies/{slug}/preview", "/api/v1/runs/{key}/manifest.json",
+                 "/api/v1/audit/export.csv"):  # fmt: skip
+        assert path in api, (path, sorted(api))
+    assert cutoff_day in api["/api/v1/runs/{key}"]
+    for path, body in api.items():
+        if path not in {"/api/v1/audit/export.csv", "/api/v1/runs/{key}/manifest.json"}:
+            _no_raw_times(body, f"{path} ({kind})")
     # the version's preview names its oldest eligible row by its date (40 days before NOW),
     # and the overview's backlog is that row's age in days
     oldest = re.search(r"Oldest eligible</dt><dd>([^<]*)<", rendered["retention:version_detail"])
