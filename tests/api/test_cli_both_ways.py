@@ -203,3 +203,74 @@ def test_approving_as_a_client_asks_for_the_password_again(server, setting):
     )  # fmt: skip
     assert right.returncode == 0, right.stderr
     assert right.stdout.startswith("events v2 approved by carla ")
+
+
+def test_the_other_deciding_commands_print_the_same_both_ways(server, setting, make_user):
+    """The commands that decide once per target — a release's second person, dead letters, a
+    held run's confirmation, people and roles — each run with the database on one target and
+    as a client on a twin: the same text but for the target's name."""
+    from django.contrib.auth.models import Group
+    from django.db import connection
+
+    from runs.models import Run
+    from tests.dashboard.conftest import make_dead_letter
+
+    tokens = dict(setting["tokens"])
+    root = User.objects.create_superuser("rooty", "rooty@example.com", "rooty-pw")
+    root.groups.add(Group.objects.get_or_create(name="compliance")[0])
+    tokens["root"] = create_token(root, name="both ways")[1]
+    author = User.objects.get(username="author-events")
+    holds = [setting["hold"]]
+    events = Run.objects.get(run_key=setting["run"]).policy  # the first hold's policy
+    holds.append(
+        str(actions.place_hold(actor=author, reason="LIT-3", policy=events, tenant="4").pk)
+    )
+    letters = [str(make_dead_letter(make_user, slug=f"gone{i}", rows=200).pk) for i in range(4)]
+    confirmed = []
+    for i in range(2):
+        create_events(200, name=f"rr_held{i}")
+        policy = approved_policy(make_user, **events_spec(slug=f"held{i}", table=f"rr_held{i}"))
+        run, _ = trigger_run(policy, tick=NOW)
+        Run.objects.filter(pk=run.pk).update(state=Run.State.CONFIRM, state_reason="blast radius")
+        confirmed.append(run.run_key)
+    connection.close()  # the commands' own processes write from here on
+    compared = []
+
+    def twins(role: str, make_args, targets, mask: str, stdin=(None, None)) -> str:
+        """``make_args(target)`` with the database on the first target, as a client on the
+        second; the outputs equal once ``mask`` hides what names the target."""
+        a = with_database(make_args(targets[0]), token=tokens[role], stdin=stdin[0])
+        b = with_api(make_args(targets[1]), url=server, token=tokens[role], stdin=stdin[1])
+        seen = [(r.returncode, *(re.sub(mask, "…", t) for t in output(r))) for r in (a, b)]
+        assert seen[0] == seen[1], (make_args(targets[0]), seen)
+        assert a.returncode == 0, a.stderr
+        compared.append(make_args(targets[0])[:2])
+        return a.stdout
+
+    hold_id = r"#?\b\d+\b"
+    for h in holds:  # one compliance officer asks, the other refuses, asks again, approves
+        assert with_database(("hold", "release", h, "--reason", "settled"),
+                             token=tokens["author"]).returncode == 0  # fmt: skip
+    twins("compliance", lambda h: ("hold", "refuse-release", h, "--reason", "not yet"),
+          holds, hold_id)  # fmt: skip
+    twins("author", lambda h: ("hold", "release", h, "--reason", "settled now"), holds, hold_id)
+    assert "released" in twins(
+        "compliance", lambda h: ("hold", "approve-release", h, "--reason", "agreed"),
+        holds, hold_id,
+    )  # fmt: skip
+    letter = r"#\d+"
+    assert "replayed" in twins("oncall", lambda d: ("replay", d, "--reason", "table back"),
+                               letters[:2], letter)  # fmt: skip
+    assert "discarded" in twins("oncall", lambda d: ("discard", d, "--reason", "gone for good"),
+                                letters[2:], letter)  # fmt: skip
+    twins("oncall", lambda k: ("confirm", k, "--reason", "expected size"), confirmed,
+          r"held\d")  # fmt: skip
+    twins("root", lambda u: ("user", "add", u, "--password-stdin"), ["newbie1", "newbie2"],
+          r"newbie\d", stdin=("a-long-password-1234\n", "a-long-password-1234\n"))  # fmt: skip
+    twins("root", lambda u: ("role", "grant", u, "auditor", "--reason", "audit week"),
+          ["newbie1", "newbie2"], r"newbie\d")  # fmt: skip
+    twins("root", lambda u: ("role", "revoke", u, "auditor", "--reason", "audit over"),
+          ["newbie1", "newbie2"], r"newbie\d")  # fmt: skip
+    assert Run.objects.filter(run_key__in=confirmed, state=Run.State.CONFIRM).count() == 0
+    assert User.objects.filter(username__in=["newbie1", "newbie2"]).count() == 2
+    assert len(compared) == 9
