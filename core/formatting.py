@@ -27,6 +27,16 @@ def duration(seconds: float | Decimal | int | None) -> str:
     return f"{days}d {h}h"
 
 
+def eta(progress) -> str:
+    """A run's ETA as the range it is known to (``progress.eta_range_s``): ``40s – 1m 10s``;
+    ``—`` without one."""
+    span = getattr(progress, "eta_range_s", None)
+    if span is None:
+        return duration(getattr(progress, "eta_s", None))
+    soonest, latest = (duration(x) for x in span)
+    return soonest if soonest == latest else f"{soonest} – {latest}"
+
+
 def number(value) -> str:
     """A count with thousands separators: ``499970`` → ``499,970``; ``12.5`` → ``12.5``;
     ``None`` or ``""`` → ``—``. Text that is not a number comes back unchanged."""

@@ -23,8 +23,9 @@ The numbers are honest about being estimates:
   count is out of their reach). Without an admission count there is no total while the
   planner is still walking, and ``rows_expected`` is 0.
 - ``percent`` is ``rows_deleted / rows_expected`` (100 only when drained, 0 when there is no
-  total); ``eta_s`` is the rows still to go at the run's own rate over the last ten minutes,
-  and only for an active run.
+  total); ``eta_range_s`` is when the rows still to go are done, as a range: at the run's
+  pace over the last ten minutes and at its pace over the whole run, at least ±12% wide;
+  ``eta_s`` its geometric middle; both only for an active run.
 
 Every number is an ``int`` or a ``float``: database sums (``numeric`` in PostgreSQL, a
 ``Decimal`` in Python) are converted here, so no caller mixes the two.
@@ -32,6 +33,7 @@ Every number is an ``int`` or a ``float``: database sums (``numeric`` in Postgre
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -100,7 +102,8 @@ class RunProgress:
     last_commit_age_s: float | None = None
     rate_per_s: float | None = None
     percent: int = 0
-    eta_s: float | None = None
+    eta_s: float | None = None  # the middle of the range below (for /metrics and --json)
+    eta_range_s: tuple[float, float] | None = None  # (soonest, latest): what the page shows
     throttle_reason: str = ""
     tenants: list[TenantProgress] = field(default_factory=list)
     broker: BrokerBacklog | None = None
@@ -135,6 +138,9 @@ class RunProgress:
             "expected_bound": self.expected_bound,
             "percent": self.percent,
             "eta_s": None if self.eta_s is None else round(self.eta_s),
+            "eta_range_s": None
+            if self.eta_range_s is None
+            else [round(x) for x in self.eta_range_s],
             "rate_per_s": None if self.rate_per_s is None else round(self.rate_per_s, 1),
         }
 
@@ -414,6 +420,33 @@ def stopped_by(run: Run | None, policy, switch) -> tuple[str, str] | None:
     return None
 
 
+WHOLE_RUN_MIN_S = 10.0  # the whole run's pace counts once its commits span this long
+ETA_SPREAD = 1.25  # the range is never narrower than this factor: no false precision
+
+
+def _rates(p: RunProgress) -> list[float]:
+    """The paces an ETA may assume (rows/s): the last ten minutes', and the whole run's from
+    its first commit to its last once they are ``WHOLE_RUN_MIN_S`` apart with three commits.
+    Rows per second change as a run moves through its table (a key range where fewer rows are
+    old deletes fewer per chunk; the guard slows it for a while), so neither alone is right."""
+    rates = [p.rate_per_s]
+    if p.audit_records >= 3 and p.first_commit is not None and p.last_commit is not None:
+        span = (p.last_commit - p.first_commit).total_seconds()
+        if span >= WHOLE_RUN_MIN_S and p.rows_deleted:
+            rates.append(p.rows_deleted / span)
+    return rates
+
+
+def eta_range(to_go: float, rates: list[float]) -> tuple[float, float]:
+    """(soonest, latest) for ``to_go`` rows at the fastest and the slowest of ``rates``,
+    widened about their geometric middle to at least ``ETA_SPREAD``."""
+    soonest, latest = to_go / max(rates), to_go / min(rates)
+    if latest < soonest * ETA_SPREAD:
+        middle, half = math.sqrt(soonest * latest), math.sqrt(ETA_SPREAD)
+        soonest, latest = middle / half, middle * half
+    return soonest, latest
+
+
 def _derive(p: RunProgress, admitted: int | None, started: datetime | None, now: datetime) -> None:
     """Expected rows, percent, rate and ETA from the counted figures."""
     planning = not p.planner_done and p.state not in Run.TERMINAL
@@ -447,6 +480,7 @@ def _derive(p: RunProgress, admitted: int | None, started: datetime | None, now:
         p.rate_per_s = recent_rows / span
     to_go = p.rows_expected - p.rows_deleted - (p.rows_outstanding - p.rows_pending)
     if p.state == Run.State.ACTIVE and p.rate_per_s and to_go > 0:
-        p.eta_s = to_go / p.rate_per_s
+        p.eta_range_s = eta_range(to_go, _rates(p))
+        p.eta_s = math.sqrt(p.eta_range_s[0] * p.eta_range_s[1])
     elif p.state == Run.State.ACTIVE and to_go <= 0 and p.planner_done and not p.chunks["pending"]:
         p.eta_s = 0.0

@@ -1,10 +1,11 @@
 from django import template
 
-from core.formatting import detail_items, duration, number, state_label, when
+from core.formatting import detail_items, duration, eta, number, state_label, when
 
 register = template.Library()
 
 register.filter("duration", duration)
+register.filter("eta", eta)
 register.filter("detail_items", detail_items)
 register.filter("num", number)
 register.filter("when", when)

@@ -5,6 +5,7 @@ run that is not moving) and type-safe (database sums are Decimals; no page mixes
 from __future__ import annotations
 
 import json
+import math
 from datetime import timedelta
 
 import pytest
@@ -12,12 +13,13 @@ from django.urls import reverse
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.formatting import number
+from core.formatting import duration, number
 from retention.actions import place_hold
 from runs import actions
 from runs.actions import trigger_run
 from runs.engine import planner, worker
 from runs.models import Chunk, Run
+from runs.progress import ETA_SPREAD
 from tests.runs.conftest import NOW
 
 pytestmark = pytest.mark.django_db
@@ -295,8 +297,42 @@ def test_an_active_run_has_an_eta_from_its_own_recent_pace_that_moves_with_progr
     assert before.eta_s is not None and after.eta_s is not None
     assert after.rows_deleted > before.rows_deleted
     to_go = after.rows_expected - after.rows_deleted - (after.rows_outstanding - after.rows_pending)
+    # the commits span under ten seconds: only the recent pace counts, shown as a range
+    soonest, latest = after.eta_range_s
+    assert soonest < to_go / after.rate_per_s < latest
+    assert latest == pytest.approx(soonest * ETA_SPREAD)
     assert after.eta_s == pytest.approx(to_go / after.rate_per_s)
     assert after.eta_s != before.eta_s
+
+
+def test_the_eta_is_the_range_between_the_recent_and_the_whole_runs_pace(run, client_for):
+    """A run whose first chunk committed twenty minutes ago and the others in the last minute:
+    its pace over the whole run and over the last ten minutes differ, and the ETA is the range
+    between them — the page shows both ends, and the middle moves with neither alone."""
+    from runs.models import AuditRecord
+    from runs.progress import progress_for
+    from tests.security.test_audit_append_only import behind_the_trigger
+
+    now = timezone.now()
+    first = AuditRecord.objects.filter(run=run).order_by("chain_seq").first()
+    behind_the_trigger(
+        "UPDATE runs_auditrecord SET committed_at = %s WHERE id = %s",
+        [now - timedelta(minutes=20), first.pk],
+    )
+    Run.objects.filter(pk=run.pk).update(started_at=now - timedelta(minutes=21))
+    p = progress_for([run.pk], now=now)[run.pk]
+    to_go = p.rows_expected - p.rows_deleted - (p.rows_outstanding - p.rows_pending)
+    assert to_go > 0
+    whole = p.rows_deleted / (p.last_commit - p.first_commit).total_seconds()
+    fast, slow = max(whole, p.rate_per_s), min(whole, p.rate_per_s)
+    assert fast > slow * ETA_SPREAD  # the paces differ more than the least spread
+    assert p.eta_range_s == (pytest.approx(to_go / fast), pytest.approx(to_go / slow))
+    assert p.eta_s == pytest.approx(math.sqrt((to_go / fast) * (to_go / slow)))
+
+    html = client_for("viewer").get(reverse("runs:detail", args=[run.pk])).content.decode()
+    shown = f"{duration(to_go / fast)} – {duration(to_go / slow)}"
+    assert f'ETA <span data-testid="eta">{shown}</span>' in html
+    assert p.as_dict()["eta_range_s"] == [round(to_go / fast), round(to_go / slow)]
 
 
 def test_every_figure_is_an_int_or_a_float(run):
