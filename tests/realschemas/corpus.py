@@ -66,7 +66,6 @@ class Case:
     fill: tuple[str, ...]  # SQL run with search_path = the scratch schema; {T}, {T_MS}, {T_S}, {S}
     policies: tuple[str, ...]  # policy files (TOML); {schema} is the scratch schema
     holds: tuple[Hold, ...] = ()
-    xfail: str | None = None  # an open engine defect this case exposes
     # other scratch schemas the fill writes to, each rs_<name>_<suffix> ({S} in fill SQL is
     # the scratch schema): a partitioned table's partitions where the project keeps them
     schemas: tuple[str, ...] = ()
