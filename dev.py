@@ -141,9 +141,22 @@ def up(argv: list[str]) -> None:
         print(f"» stopped in {time.monotonic() - stop_started:.1f} s", flush=True)
 
 
+def test_processes() -> int:
+    """Test processes side by side: one more than the cores (many tests wait on worker
+    processes, sockets and timeouts), at most four; ``RETENTION_TEST_PROCESSES`` overrides."""
+    chosen = os.environ.get("RETENTION_TEST_PROCESSES")
+    if chosen:
+        return int(chosen)
+    return min(4, (os.cpu_count() or 1) + 1)
+
+
 def test(argv: list[str]) -> None:
     env = dict(os.environ)
     env.setdefault("RETENTION_DEMO", "1")
+    # each test file runs whole in one process (its module fixtures built once), each process
+    # on its own test database of the same server; `-n 0` runs everything in this process
+    if not any(arg == "-n" or arg.startswith(("-n", "--numprocesses")) for arg in argv):
+        argv = ["-n", str(test_processes()), "--dist", "loadfile", *argv]
     result = subprocess.run([str(PY), "-m", "pytest", *argv], cwd=ROOT, env=env)
     sys.exit(result.returncode)
 

@@ -203,3 +203,13 @@ def test_a_new_installations_superuser_gets_a_token_with_their_password(root):
     assert "compliance granted to alice" in out.getvalue()
     created = OperatorAction.objects.get(action="token.create")
     assert (created.actor, created.details["via"]) == ("root", "cli")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_role_groups_come_back_after_the_tables_are_flushed():
+    from django.core.management import call_command
+
+    call_command("flush", interactive=False, verbosity=0)
+    assert set(Group.objects.filter(name__in=ALL_ROLES).values_list("name", flat=True)) == set(
+        ALL_ROLES
+    )

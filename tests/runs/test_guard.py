@@ -126,3 +126,74 @@ def test_chunk_size_halves_under_pressure_and_grows_slowly(policy):
     for _ in range(200):
         worker.adapt_chunk_size(run, 0.001)
     assert Run.objects.get(pk=run.pk).chunk_size == 800  # the ceiling: 4 × the policy's size
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lock_waits_count_in_this_database_only():
+    """Sessions waiting on locks in another database of the same server are not a sign of
+    harm done here; those of this database are."""
+    import secrets
+
+    import psycopg
+
+    params = dict(connection.get_connection_params())
+    for key in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(key, None)
+    params["application_name"] = "test-foreground"  # not one of the product's own sessions
+    other = f"rr_other_{secrets.token_hex(4)}"
+    admin = psycopg.connect(**params, autocommit=True)
+    admin.execute(f'CREATE DATABASE "{other}"')
+    try:
+        in_other = {**params, "dbname": other}
+        holder = psycopg.connect(**in_other)
+        holder.execute("CREATE TABLE held (id int)")
+        holder.commit()
+        holder.execute("LOCK TABLE held IN ACCESS EXCLUSIVE MODE")
+        waiter = psycopg.connect(**in_other, autocommit=True)
+        thread = threading.Thread(target=lambda: waiter.execute("SELECT * FROM held").fetchall())
+        thread.start()
+        try:
+            assert _waiting(admin, other) == 1
+            with connection.cursor() as cur:
+                cur.execute("SELECT lock_waits FROM guard_instance_signals()")
+                assert cur.fetchone()[0] == 0
+        finally:
+            holder.rollback()
+            thread.join(10)
+            holder.close()
+            waiter.close()
+        create_events(10)
+        holder = pg_connect(autocommit=False)
+        holder.execute("LOCK TABLE public.rr_events IN ACCESS EXCLUSIVE MODE")
+        waiter = pg_connect()
+        thread = threading.Thread(
+            target=lambda: waiter.execute("SELECT 1 FROM rr_events").fetchall()
+        )
+        thread.start()
+        try:
+            assert _waiting(admin, connection.settings_dict["NAME"]) == 1
+            with connection.cursor() as cur:
+                cur.execute("SELECT lock_waits FROM guard_instance_signals()")
+                assert cur.fetchone()[0] == 1
+        finally:
+            holder.rollback()
+            thread.join(10)
+            holder.close()
+            waiter.close()
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{other}" WITH (FORCE)')
+        admin.close()
+
+
+def _waiting(conn, database: str, timeout: float = 10.0) -> int:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        waits = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = %s",
+            [database],
+        ).fetchone()[0]
+        if waits or time.monotonic() > deadline:
+            return waits
+        time.sleep(0.05)
