@@ -193,16 +193,20 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
             baseline = idle_baseline(spec.qualified_table)
             missing = BASELINE_MIN_SAMPLES - 1 - baseline["n"]
             if missing > 0:
-                probes = _idle_probes(spec, oid, missing)
+                probes = _idle_probes(spec, oid, missing + 1)
                 if probes:
                     info["idle_probes_ms"] = probes
+                    # the sample's own probe may be the session's first read of the table
+                    # (catalog and plan caches cold): the idle probes that follow are the
+                    # baseline, so one cold reading does not lift it for its whole window
+                    info["not_baseline"] = "first probe"
             elif baseline["p99"] is not None and info["probe_ms"] > _limit(
                 baseline["p99"], budget_of(spec)
             ):
                 # the foreground is slow with nothing of ours in flight: pressure, not a new
                 # normal — kept out of the baseline, which the controller judges against (an
                 # inflation that outlasts the baseline window is learnt anew, by idle probes)
-                info["over_budget"] = True
+                info["not_baseline"] = "over budget"
         info["lock_waits"] = lock_waits
         info["conflicting_locks"] = list(conflicting)
         live, dead = _rows(
@@ -299,8 +303,8 @@ def probe_percentiles(table: str, *, now=None) -> dict:
 def idle_baseline(table: str, *, now=None) -> dict:
     """The probe's idle baseline on ``table``: p95 of the probe over the samples of the last
     ``BASELINE_WINDOW_S`` taken while no chunk transaction of the product was in flight on it
-    (with the idle probes a first sample took, ``idle_probes_ms``), but not those an idle
-    sample marked ``over_budget``. ``{"p95": ms | None, "p99": ms | None, "n": idle probes}``;
+    (with the idle probes a first sample took, ``idle_probes_ms``), but not the probes a sample
+    marked ``not_baseline`` (over the budget, or a cold first probe before idle probes). ``{"p95": ms | None, "p99": ms | None, "n": idle probes}``;
     no percentile under ``BASELINE_MIN_SAMPLES``."""
     now = now or timezone.now()
     values = sorted(
@@ -308,7 +312,7 @@ def idle_baseline(table: str, *, now=None) -> dict:
         for (v,) in _rows(
             "SELECT p.v FROM runs_guardsample s,"
             " LATERAL (SELECT (s.tables -> %s ->> 'probe_ms')::float8 AS v, 0 AS n"
-            "  WHERE coalesce(s.tables -> %s ->> 'over_budget', 'false') = 'false'"
+            "  WHERE s.tables -> %s ->> 'not_baseline' IS NULL"
             "  UNION ALL SELECT e.v::float8, e.n"
             "  FROM jsonb_array_elements_text(coalesce(s.tables -> %s -> 'idle_probes_ms', '[]'))"
             "  WITH ORDINALITY AS e(v, n)) AS p"
