@@ -5,9 +5,10 @@
 On the bench database (bench/common.py: its own database on the embedded server), one table of
 ``--rows`` rows (45% past the retention) with the bench's foreground load on it (bench/load.py,
 200 ops/s open loop, whose latencies are the foreground's own), and a run of a policy with two
-workers (``retention drain RUN_KEY`` in two processes, the product's defaults except a controller
-period of 2 s). Three phases: ``--quiet`` seconds of cleanup beside the foreground alone, then
-``--pressure`` seconds in which a reporting job joins (four sessions running aggregates over the
+workers (``retention drain RUN_KEY --until-idle`` in two processes, the product's defaults except
+a controller period of 2 s) and ``pace_rows_per_s`` of ``--pace`` (so that the run outlasts the
+phases on a small table). Three phases: ``--quiet`` seconds of cleanup beside the foreground alone, then
+``--pressure`` seconds in which a reporting job joins (two sessions running aggregates over the
 table: CPU contention on a small machine), then ``--after`` seconds without it.
 
 Prints the controller's steps (from ``runs_guardcontrolstep``) and the foreground p99 per two
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -31,9 +33,10 @@ import psycopg
 from bench.common import ROOT, SCHEMA, percentile, server_url, with_database
 
 DB = "retention_bench_guard"
-TABLE = "guard_events"
+STAMP = format(int(time.time()), "x")[-6:]
+TABLE = f"guard_events_{STAMP}"  # a new table each time: an earlier run left open has its own
 # a new policy each time (its controller starts at the policy's own settings)
-SLUG = "guard-controller-" + format(int(time.time()), "x")[-6:]
+SLUG = f"guard-controller-{STAMP}"
 RESULTS = ROOT / "bench" / "results"
 SVG = ROOT / "docs" / "img" / "guard-controller.svg"
 WORKER_ENV = {"RETENTION_GUARD_CONTROL_PERIOD_MS": "2000", "LOG_LEVEL": "WARNING"}
@@ -67,7 +70,11 @@ def prepare(server: str, url: str, rows: int, tick: datetime) -> psycopg.Connect
         options=f"-c search_path={PRODUCT_SCHEMA},public",
     )
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
-    conn.execute(f"DROP TABLE IF EXISTS {SCHEMA}.{TABLE}")
+    for (old,) in conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename LIKE 'guard_events_%%'",
+        [SCHEMA],
+    ).fetchall():
+        conn.execute(f"DROP TABLE {SCHEMA}.{old}")
     conn.execute(
         f"CREATE TABLE {SCHEMA}.{TABLE} (id bigint PRIMARY KEY, tenant_id int NOT NULL,"
         " occurred_at timestamptz NOT NULL, kind text NOT NULL, payload text)"
@@ -87,8 +94,9 @@ def prepare(server: str, url: str, rows: int, tick: datetime) -> psycopg.Connect
     return conn
 
 
-def setup_run(url: str, tick: datetime) -> dict:
+def setup_run(url: str, tick: datetime, pace: int) -> dict:
     spec = {
+        "pace_rows_per_s": pace,
         "slug": SLUG,
         "table": TABLE,
         "retention": "55 days",
@@ -110,22 +118,46 @@ def setup_run(url: str, tick: datetime) -> dict:
 
 
 def setup_in_django(spec: dict) -> dict:
-    """In a child process: the policy approved through the real actions (bench.product) and
-    its run triggered as the schedule would for the dataset's tick."""
+    """In a child process: the policy approved through the real actions (an author and a
+    second compliance user, as bench/product.py does) and its run triggered as the schedule
+    would for the dataset's tick."""
     from bench import product
 
     product._django()
+    from retention import actions
+    from retention.models import Policy, PolicyVersion
+    from retention.spec import PolicySpec
     from runs.actions import trigger_run
 
-    policy = product._approve(spec)
+    fields = {
+        "slug": spec["slug"],
+        "table": f"{SCHEMA}.{spec['table']}",
+        "key": "id",
+        "timestamp": "occurred_at",
+        "retention": spec["retention"],
+        "schedule": "0 0 * * *",
+        "timezone": "UTC",
+        "chunk_size": spec["chunk_size"],
+        "target_chunk_ms": spec["target_chunk_ms"],
+        "pace_rows_per_s": spec["pace_rows_per_s"],
+        "blast_radius": 1000.0,
+        "limits": {"policy_workers": spec["workers"], "tenant_workers": spec["workers"]},
+    }
+    author, approver = product._user("bench-author"), product._user("bench-approver")
+    version = actions.apply_spec(PolicySpec.parse(fields), author=author)
+    if version.state == PolicyVersion.State.DRAFT:
+        version = actions.submit_version(version, actor=author, reason="ready for review")
+    if version.state == PolicyVersion.State.SUBMITTED:
+        actions.approve_version(version, actor=approver, reason="benchmark")
+    policy = Policy.objects.get(slug=spec["slug"])
     run, _ = trigger_run(policy, tick=datetime.fromisoformat(spec["tick"]))
     return {"run_key": run.run_key, "expected_rows": run.expected_rows, "state": run.state}
 
 
 class ReportingJob:
-    """Four sessions running aggregates over the table, one after another, until stopped."""
+    """Two sessions running aggregates over the table, one after another, until stopped."""
 
-    def __init__(self, url: str, sessions: int = 4) -> None:
+    def __init__(self, url: str, sessions: int = 2) -> None:
         self.url, self.stop = url, threading.Event()
         self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(sessions)]
 
@@ -153,6 +185,9 @@ def main() -> None:
     parser.add_argument("--quiet", type=float, default=20.0)
     parser.add_argument("--pressure", type=float, default=30.0)
     parser.add_argument("--after", type=float, default=30.0)
+    parser.add_argument(
+        "--pace", type=int, default=15_000, help="the policy's pace_rows_per_s (0: none)"
+    )
     parser.add_argument("--redraw", action="store_true", help="draw the chart from the saved JSON")
     parser.add_argument("--setup", help=argparse.SUPPRESS)  # the child process of setup_run
     args = parser.parse_args()
@@ -171,7 +206,7 @@ def main() -> None:
     now = datetime.now(UTC)
     tick = now.replace(hour=0, minute=0, second=0, microsecond=0)
     conn = prepare(server, url, args.rows, tick)
-    run = setup_run(url, tick)
+    run = setup_run(url, tick, args.pace)
     log(f"run {run['run_key']} ({run['expected_rows']:,} rows eligible)")
     policy_id = conn.execute("SELECT id FROM retention_policy WHERE slug = %s", [SLUG]).fetchone()[
         0
@@ -192,7 +227,7 @@ def main() -> None:
     logs = [open(RESULTS / "logs" / f"guard-worker-{n}.log", "w") for n in range(2)]  # noqa: SIM115
     workers = [
         subprocess.Popen(
-            [sys.executable, "manage.py", "retention", "drain", run["run_key"], "--budget", "600"],
+            [sys.executable, "manage.py", "retention", "drain", run["run_key"], "--until-idle"],
             cwd=ROOT,
             env=child_env(url, **WORKER_ENV),
             stdout=logs[n],
@@ -255,6 +290,8 @@ def main() -> None:
     ]
     result = {
         "rows": args.rows,
+        "pace_rows_per_s": args.pace,
+        "ceilings": {"concurrency": 2, "chunk_ms": 300, "duty_cycle": 0.5},
         "run_key": run["run_key"],
         "run_state": state,
         "rows_deleted": int(deleted),
@@ -300,9 +337,9 @@ def draw(result: dict) -> None:
     p99 the controller judged), chunk transactions at once, chunk target ms and duty cycle."""
     steps, fg = result["steps"], result["foreground"]
     end = max([s["t"] for s in steps] + [f["t"] for f in fg] + [1.0])
-    w, left, right, top = 900, 70, 20, 40
+    w, left, right, top = 900, 70, 20, 62
     panel_h, gap = 150, 40
-    height = top + 3 * panel_h + 2 * gap + 50
+    height = top + 3 * panel_h + 2 * gap + 70
     x = lambda t: left + (w - left - right) * max(0.0, t) / end  # noqa: E731
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{height}"'
@@ -314,9 +351,13 @@ def draw(result: dict) -> None:
     ]
     p0, p1 = result["phases"]["pressure_from"], result["phases"]["pressure_to"]
 
-    def panel(i: int, title: str, series: list, ymax: float, unit: str, budget=None) -> None:
+    def panel(i: int, title: str, series: list, ymax: float, unit: str, log: bool = False) -> None:
         y0 = top + i * (panel_h + gap)
-        y = lambda v: y0 + panel_h - panel_h * min(v, ymax) / ymax  # noqa: E731
+        if log:  # 1 .. ymax on a log scale
+            span = math.log10(ymax)
+            y = lambda v: y0 + panel_h - panel_h * math.log10(min(max(v, 1), ymax)) / span  # noqa: E731
+        else:
+            y = lambda v: y0 + panel_h - panel_h * min(v, ymax) / ymax  # noqa: E731
         parts.append(
             f'<rect x="{x(p0):.1f}" y="{y0}" width="{x(p1) - x(p0):.1f}" height="{panel_h}"'
             ' fill="#fdf0d5"/>'
@@ -326,21 +367,31 @@ def draw(result: dict) -> None:
             ' fill="none" stroke="#999"/>'
         )
         parts.append(f'<text x="{left}" y="{y0 - 6}" font-weight="bold">{title}</text>')
-        for frac in (0, 0.5, 1):
-            v = ymax * frac
+        ticks = [10**k for k in range(int(math.log10(ymax)) + 1)] if log else [0, ymax / 2, ymax]
+        if ymax == 300:  # ms and percent share the axis: 0, 100, 200, 300
+            ticks = [0, 100, 200, 300]
+        for v in ticks:
             parts.append(
                 f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:g}{unit}</text>'
             )
-        for _name, color, points, dash in series:
+        for _name, color, points, dash, stairs in series:
             if not points:
                 continue
+            coords, last = [], None
+            for t, v in points:
+                if stairs and last is not None:  # a setting holds until the next step
+                    coords.append((x(t), y(last)))
+                coords.append((x(t), y(v)))
+                last = v
+            if stairs:
+                coords.append((x(end), y(last)))
             path = " ".join(
-                f"{'M' if k == 0 else 'L'}{x(t):.1f},{y(v):.1f}" for k, (t, v) in enumerate(points)
+                f"{'M' if k == 0 else 'L'}{cx:.1f},{cy:.1f}" for k, (cx, cy) in enumerate(coords)
             )
             extra = ' stroke-dasharray="5,3"' if dash else ""
             parts.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="2"{extra}/>')
         lx = left + 10
-        for name, color, _points, dash in series:
+        for name, color, _points, dash, _stairs in series:
             extra = ' stroke-dasharray="5,3"' if dash else ""
             parts.append(
                 f'<line x1="{lx}" y1="{y0 + 12}" x2="{lx + 18}" y2="{y0 + 12}" stroke="{color}"'
@@ -353,44 +404,51 @@ def draw(result: dict) -> None:
     limit = [
         (s["t"], s["idle_p99_ms"] * s["budget"]) for s in steps if s["idle_p99_ms"] is not None
     ]
-    ymax = max([v for _, v in fg_points + probe] + [1.0])
-    ymax = float(f"{ymax * 1.1:.2g}")
+    ymax = 10 ** math.ceil(math.log10(max([v for _, v in fg_points + probe] + [10.0])))
     panel(
         0,
-        "Foreground p99 per 2 s (the load's own) and the probe's p99 per controller step",
+        "Foreground p99 per 2 s (the load's own) and the probe's p99 per controller step"
+        " (log scale)",
         [
-            ("foreground p99", "#c0392b", fg_points, False),
-            ("probe p99", "#2c3e50", probe, False),
-            ("budget × idle p99", "#7f8c8d", limit, True),
+            ("foreground p99", "#c0392b", fg_points, False, False),
+            ("probe p99", "#2c3e50", probe, False, False),
+            ("budget × idle p99", "#7f8c8d", limit, True, True),
         ],
         ymax,
         " ms",
+        log=True,
     )
-    stairs = lambda key, scale=1.0: [(s["t"], s[key] * scale) for s in steps]  # noqa: E731
+    top_of = result.get("ceilings") or {"concurrency": 2, "chunk_ms": 300, "duty_cycle": 0.5}
+
+    # before its first step the controller runs at the policy's own settings
+    def stairs(key: str, scale: float = 1.0) -> list:
+        return [(0.0, top_of[key] * scale)] + [(s["t"], s[key] * scale) for s in steps]
+
     panel(
         1,
         "Chunk transactions at once",
-        [("concurrency", "#2980b9", stairs("concurrency"), False)],
-        max([s["concurrency"] for s in steps] + [2]),
+        [("concurrency", "#2980b9", stairs("concurrency"), False, True)],
+        top_of["concurrency"],
         "",
     )
     panel(
         2,
         "Chunk target duration (ms) and duty cycle (% of wall time)",
         [
-            ("chunk target ms", "#27ae60", stairs("chunk_ms"), False),
-            ("duty cycle %", "#8e44ad", stairs("duty_cycle", 100.0), True),
+            ("chunk target ms", "#27ae60", stairs("chunk_ms"), False, True),
+            ("duty cycle %", "#8e44ad", stairs("duty_cycle", 100.0), True, True),
         ],
-        max([s["chunk_ms"] for s in steps] + [100]),
+        top_of["chunk_ms"],
         "",
     )
     base_y = top + 3 * panel_h + 2 * gap + 20
     for t in range(0, int(end) + 1, 10):
         parts.append(f'<text x="{x(t):.1f}" y="{base_y}" text-anchor="middle">{t} s</text>')
     parts.append(
-        f'<text x="{left}" y="{base_y + 22}" fill="#555">Shaded: a reporting job (four sessions'
-        " of aggregates over the table) runs beside the foreground. Drawn by"
-        " bench/guard_controller.py from runs_guardcontrolstep.</text>"
+        f'<text x="{left}" y="{base_y + 22}" fill="#555">Shaded: a reporting job (two sessions'
+        " of aggregates over the table) runs beside the foreground.</text>"
+        f'<text x="{left}" y="{base_y + 38}" fill="#555">Drawn by bench/guard_controller.py from'
+        f" the controller's recorded steps (runs_guardcontrolstep), {result['when']}.</text>"
     )
     parts.append("</svg>")
     SVG.parent.mkdir(parents=True, exist_ok=True)

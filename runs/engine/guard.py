@@ -200,12 +200,14 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
                     # (catalog and plan caches cold): the idle probes that follow are the
                     # baseline, so one cold reading does not lift it for its whole window
                     info["not_baseline"] = "first probe"
-            elif baseline["p99"] is not None and info["probe_ms"] > _limit(
-                baseline["p99"], budget_of(spec)
+            elif baseline["p50"] is not None and info["probe_ms"] > _limit(
+                baseline["p50"], budget_of(spec)
             ):
                 # the foreground is slow with nothing of ours in flight: pressure, not a new
                 # normal — kept out of the baseline, which the controller judges against (an
-                # inflation that outlasts the baseline window is learnt anew, by idle probes)
+                # inflation that outlasts the baseline window is learnt anew, by idle probes).
+                # Judged against the idle median, not a tail percentile: a tail of a few
+                # readings would let each admitted reading lift the next one's limit.
                 info["not_baseline"] = "over budget"
         info["lock_waits"] = lock_waits
         info["conflicting_locks"] = list(conflicting)
@@ -304,7 +306,8 @@ def idle_baseline(table: str, *, now=None) -> dict:
     """The probe's idle baseline on ``table``: p95 of the probe over the samples of the last
     ``BASELINE_WINDOW_S`` taken while no chunk transaction of the product was in flight on it
     (with the idle probes a first sample took, ``idle_probes_ms``), but not the probes a sample
-    marked ``not_baseline`` (over the budget, or a cold first probe before idle probes). ``{"p95": ms | None, "p99": ms | None, "n": idle probes}``;
+    marked ``not_baseline`` (over the budget of the idle median, or a cold first probe before
+    idle probes). ``{"p50", "p95", "p99": ms | None, "n": idle probes}``;
     no percentile under ``BASELINE_MIN_SAMPLES``."""
     now = now or timezone.now()
     values = sorted(
@@ -329,8 +332,13 @@ def idle_baseline(table: str, *, now=None) -> dict:
         )
     )
     if len(values) < BASELINE_MIN_SAMPLES:
-        return {"p95": None, "p99": None, "n": len(values)}
-    return {"p95": _pct(values, 0.95), "p99": _pct(values, 0.99), "n": len(values)}
+        return {"p50": None, "p95": None, "p99": None, "n": len(values)}
+    return {
+        "p50": _pct(values, 0.50),
+        "p95": _pct(values, 0.95),
+        "p99": _pct(values, 0.99),
+        "n": len(values),
+    }
 
 
 def _pct(values: list[float], p: float) -> float:

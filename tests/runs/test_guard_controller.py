@@ -33,7 +33,7 @@ BUDGET = 2.0  # the policy's own inflation budget (guard.inflation_budget)
 
 def spawn_drain(run_key: str, log) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "manage.py", "retention", "drain", run_key, "--budget", "120"],
+        [sys.executable, "manage.py", "retention", "drain", run_key, "--until-idle"],
         cwd=ROOT,
         env={**os.environ, **worker_env(), **WORKER_ENV},
         stdout=log,
