@@ -652,8 +652,8 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
     inflation is over the budget and step them back up towards the policy's own settings when
     it is not (additive increase, multiplicative decrease). At the floor and still over the
     budget, its reason says so with the figures. Returns the row after the step, or None when
-    another worker holds the row, the step is not due or there are not yet two samples to
-    judge. The row is shared by every process and host (its row lock orders the steps)."""
+    another worker holds the row, the step is not due or there were not two samples since the
+    last one to judge (the next step is then due a period later). The row is shared by every process and host (its row lock orders the steps)."""
     cfg = settings.RETENTION
     now = now or timezone.now()
     period = timedelta(milliseconds=cfg["GUARD_CONTROL_PERIOD_MS"])
@@ -693,6 +693,10 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
             if v is not None
         )
         if len(probes) < 2:
+            # nothing to judge this period (samples are taken only while chunks are asked
+            # for): the next step is due a period from now, not at every admission meanwhile
+            row.stepped_at = now
+            row.save(update_fields=["stepped_at"])
             return None
         concurrency, chunk_ms, duty = _clamped(spec, row.concurrency, row.chunk_ms, row.duty_cycle)
         base = idle_baseline(spec.qualified_table, now=now)["p99"]
