@@ -67,6 +67,7 @@ class Verdict:
 
 
 ADMIT = Verdict(True)
+UNREAD = object()  # an argument the caller did not read for us
 _last_verdict: dict = {}  # the verdict for the latest sample, per process
 # the controller's chunk target per policy as this process's last admission read it
 _chunk_ms: dict[int, int] = {}
@@ -765,11 +766,13 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
     return row
 
 
-def control_summary(policy, spec=None) -> dict | None:
+def control_summary(policy, spec=None, *, row=UNREAD) -> dict | None:
     """The controller as the run page, ``retention status`` and /metrics show it for
     ``policy``: budget, measured inflation, current settings and their ceilings, the last
-    action and its reason. None before its first step."""
-    row = GuardControl.objects.filter(policy=policy).first()
+    action and its reason. None before its first step. A page showing several policies passes
+    each one's row (``control_of`` a policy read with its row), read once for all of them."""
+    if row is UNREAD:
+        row = GuardControl.objects.filter(policy=policy).first()
     if row is None:
         return None
     if spec is None:
@@ -810,18 +813,25 @@ def _pause_for_critical(run, verdict: Verdict) -> None:
     log.error("ALERT policy %s paused by the guard: %s", run.policy.slug, verdict.reason)
 
 
-UNREAD = object()
+def control_of(policy) -> GuardControl | None:
+    """The policy's controller row as loaded with it (``select_related("guard_control")``),
+    None when it has none."""
+    try:
+        return policy.guard_control
+    except GuardControl.DoesNotExist:
+        return None
 
 
 def latest_sample():
     return GuardSample.objects.order_by("-taken_at").first()
 
 
-def current_state(policy, *, version=UNREAD, latest=UNREAD) -> dict:
+def current_state(policy, *, version=UNREAD, latest=UNREAD, control=UNREAD) -> dict:
     """The guard as the dashboard shows it for ``policy``:
     ``{"level": "ok"|"throttled"|"critical", "reasons": [str], "signals": {name: {"value", "threshold", "unit"}},
     "sampled_at": datetime|None}``. A page showing several policies passes the latest sample
-    (``latest_sample``) and each policy's approved version, read once for all of them."""
+    (``latest_sample``), each policy's approved version and its controller row (``control_of``;
+    None: it has none), read once for all of them."""
     if version is UNREAD:
         version = policy.approved_version
     if latest is UNREAD:
@@ -840,7 +850,7 @@ def current_state(policy, *, version=UNREAD, latest=UNREAD) -> dict:
         level = "critical" if verdict.critical else ("ok" if verdict.admit else "throttled")
     reasons = [r for r in verdict.reason.split("; ") if r]
     signals = dict(verdict.signals)
-    control = control_summary(policy, version.parsed)
+    control = control_summary(policy, version.parsed, row=control)
     if control is not None:
         signals.update(control_signals(control))
         period_s = settings.RETENTION["GUARD_CONTROL_PERIOD_MS"] / 1000

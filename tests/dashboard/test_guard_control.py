@@ -85,6 +85,8 @@ def test_the_controller_halves_to_its_floor_says_so_and_steps_back_up(run, clien
     page = client_for("viewer").get(reverse("runs:detail", args=[run.pk])).content.decode()
     assert "control_concurrency" in page and "probe_p99_inflation" in page
     assert "over the budget at the controller&#x27;s minimum" in page
+    overview = client_for("viewer").get(reverse("home")).content.decode()
+    assert "over the budget at the controller&#x27;s minimum" in overview
 
     status = run_status(run)["guard_control"]
     assert (status["budget"], status["inflation"], status["concurrency"]) == (1.5, 5.0, 1)
