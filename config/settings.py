@@ -11,6 +11,7 @@ from core.env import (
     connection_target,
     database_from_url,
     env_bool,
+    env_float,
     env_identifier,
     env_int,
     env_list,
@@ -63,6 +64,27 @@ RETENTION = {
     "GUARD_PROBE_MARGIN_MS": env_int("RETENTION_GUARD_PROBE_MARGIN_MS", 1, minimum=0),
     "GUARD_DUTY_CYCLE": env_int("RETENTION_GUARD_DUTY_CYCLE_PCT", 50, minimum=0, maximum=100) / 100,
     "GUARD_DUTY_WINDOW_S": env_int("RETENTION_GUARD_DUTY_WINDOW_S", 10, minimum=1, maximum=3600),
+    # The latency controller (docs/guard.md): every period it compares the probe's p99 with
+    # its idle p99 against the inflation budget (GUARD_PROBE_RATIO, or the policy's
+    # guard.inflation_budget) and halves or steps up the chunk transactions at once, the
+    # chunk's target duration (not below the floor) and the duty cycle (not below its floor).
+    "GUARD_CONTROL": env_bool("RETENTION_GUARD_CONTROL", True),
+    "GUARD_CONTROL_PERIOD_MS": env_int(
+        "RETENTION_GUARD_CONTROL_PERIOD_MS", 5000, minimum=100, maximum=600_000
+    ),
+    "GUARD_CHUNK_MS_FLOOR": env_int("RETENTION_GUARD_CHUNK_MS_FLOOR", 50, minimum=10),
+    "GUARD_DUTY_FLOOR": env_int("RETENTION_GUARD_DUTY_FLOOR_PCT", 10, minimum=1, maximum=100) / 100,
+    # An external admission signal: a Prometheus query over a threshold is pressure; no answer
+    # is pressure once it has lasted the grace period. Per policy: guard.prometheus_* keys.
+    "GUARD_PROMETHEUS_URL": env_str("RETENTION_GUARD_PROMETHEUS_URL", "") or "",
+    "GUARD_PROMETHEUS_QUERY": env_str("RETENTION_GUARD_PROMETHEUS_QUERY", "") or "",
+    "GUARD_PROMETHEUS_THRESHOLD": env_float("RETENTION_GUARD_PROMETHEUS_THRESHOLD", None),
+    "GUARD_PROMETHEUS_TIMEOUT_MS": env_int(
+        "RETENTION_GUARD_PROMETHEUS_TIMEOUT_MS", 1000, minimum=10, maximum=60_000
+    ),
+    "GUARD_PROMETHEUS_GRACE_S": env_int(
+        "RETENTION_GUARD_PROMETHEUS_GRACE_S", 30, minimum=0, maximum=86_400
+    ),
     "LEASE_STALE_S": env_int("RETENTION_LEASE_STALE_S", 0, minimum=0),  # 0: 3 × budget + 30 s
     # a run held for confirmation and not confirmed within this time expires
     "CONFIRM_EXPIRY_S": env_int("RETENTION_CONFIRM_EXPIRY_S", 86_400, minimum=60),

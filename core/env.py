@@ -58,6 +58,16 @@ def env_int(
     return value
 
 
+def env_float(name: str, default: float | None) -> float | None:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return float(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+
+
 def env_secret(name: str, *, minimum_length: int) -> bytes | None:
     """A secret from ``NAME`` or from the file named by ``NAME_FILE`` (trailing newline
     dropped); None when neither is set. Never echoed in an error."""

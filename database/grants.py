@@ -126,6 +126,10 @@ LOGINS: dict[str, Login] = {
             "runs.DeadLetter": RI,
             "runs.PartitionAction": RIU,
             "runs.GuardSample": RID,
+            # the guard's latency controller: its row per policy (stepped under its row lock,
+            # SELECT … FOR UPDATE) and its steps (pruned with the samples)
+            "runs.GuardControl": RIU,
+            "runs.GuardControlStep": RID,
             "runs.AuditRecord": RI,
             "core.OperatorAction": RI,
             "retention.Policy": R,

@@ -393,6 +393,27 @@ FIELDS: tuple[Field, ...] = (
               lo=0, hi=10**9)
         for name, default in GUARD_DEFAULTS.items()
     ),
+    Field("guard.inflation_budget", "inflation_budget", "special", None, "1.01 – 100",
+          "how much the foreground probe may slow down while the policy's chunks run: its p99 "
+          "over its idle p99 (docs/guard.md, \"The latency controller\")",
+          shown_default="`RETENTION_GUARD_PROBE_RATIO_PCT` (1.5)", omitted_at_default=True),
+    Field("guard.prometheus_url", "prometheus_url", "special", None,
+          '`"http://host:9090"` (http or https)',
+          "a Prometheus server whose query is an admission signal (docs/guard.md, "
+          '"External health signals")', shown_default="`RETENTION_GUARD_PROMETHEUS_URL`",
+          omitted_at_default=True),
+    Field("guard.prometheus_query", "prometheus_query", "special", None, "PromQL, ≤ 2000 "
+          "characters", "its highest value over `prometheus_threshold` throttles the policy's "
+          "chunks", shown_default="`RETENTION_GUARD_PROMETHEUS_QUERY`", omitted_at_default=True),
+    Field("guard.prometheus_threshold", "prometheus_threshold", "special", None, "a number",
+          "the query's value above which chunks wait",
+          shown_default="`RETENTION_GUARD_PROMETHEUS_THRESHOLD`", omitted_at_default=True),
+    Field("guard.prometheus_timeout_ms", "prometheus_timeout_ms", "special", None,
+          "10 – 60000", "how long one query may take",
+          shown_default="`RETENTION_GUARD_PROMETHEUS_TIMEOUT_MS` (1000)", omitted_at_default=True),
+    Field("guard.prometheus_grace_s", "prometheus_grace_s", "special", None, "0 – 86400",
+          "how long Prometheus may give no answer before that counts as pressure",
+          shown_default="`RETENTION_GUARD_PROMETHEUS_GRACE_S` (30)", omitted_at_default=True),
     Field("catch_up", "catch_up", "choice", "latest", "",
           "after missed ticks: one run for the latest, or none", choices=CATCH_UP_MODES),
     Field("overlap", "overlap", "choice", "wait", "",
@@ -481,6 +502,45 @@ def reference_table() -> str:
     return "\n".join(rows) + "\n"
 
 
+def _guard_extras(section: dict) -> dict:
+    """The ``[guard]`` keys that default to an instance setting (None when absent)."""
+    out: dict = {}
+    budget = section.get("inflation_budget")
+    if budget is not None:
+        out["inflation_budget"] = float(_number(budget, "guard.inflation_budget", 1.01, 100.0))
+    url = section.get("prometheus_url")
+    if url is not None:
+        if (
+            not isinstance(url, str)
+            or not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", url)
+            or len(url) > 500
+        ):
+            raise SpecError(
+                'guard.prometheus_url must be an http or https URL like "http://prometheus:9090",'
+                f" got {url!r}"
+            )
+        out["prometheus_url"] = url.rstrip("/")
+    query = section.get("prometheus_query")
+    if query is not None:
+        if not isinstance(query, str) or not query.strip() or len(query) > 2000:
+            raise SpecError(
+                "guard.prometheus_query must be a PromQL expression of 1–2000 characters"
+            )
+        out["prometheus_query"] = query.strip()
+    threshold = section.get("prometheus_threshold")
+    if threshold is not None:
+        out["prometheus_threshold"] = float(
+            _number(threshold, "guard.prometheus_threshold", -1e18, 1e18)
+        )
+    timeout = section.get("prometheus_timeout_ms")
+    if timeout is not None:
+        out["prometheus_timeout_ms"] = _int(timeout, "guard.prometheus_timeout_ms", 10, 60_000)
+    grace = section.get("prometheus_grace_s")
+    if grace is not None:
+        out["prometheus_grace_s"] = _int(grace, "guard.prometheus_grace_s", 0, 86_400)
+    return out
+
+
 @dataclass(frozen=True)
 class PolicySpec:
     slug: str
@@ -535,6 +595,14 @@ class PolicySpec:
     timestamp_is_expiry: bool = False
     # Rows whose tenant is NULL: "keep" (never eligible) or "delete" (eligible).
     null_tenant: str = "keep"
+    # [guard] keys added with the latency controller and the Prometheus signal; None: the
+    # instance's setting (RETENTION_GUARD_*). Left out of the stored JSON when None.
+    inflation_budget: float | None = None
+    prometheus_url: str | None = None
+    prometheus_query: str | None = None
+    prometheus_threshold: float | None = None
+    prometheus_timeout_ms: int | None = None
+    prometheus_grace_s: int | None = None
 
     @classmethod
     def parse(cls, data: dict) -> PolicySpec:
@@ -613,6 +681,7 @@ class PolicySpec:
         cascade = data.get("cascade_ack", [])
         if not isinstance(cascade, list) or not all(isinstance(c, str) for c in cascade):
             raise SpecError('cascade_ack must be a list of "schema.table" names')
+        guard_extra = _guard_extras(sections["guard"])
         simple, guard = {}, dict(GUARD_DEFAULTS)
         for f in FIELDS:
             if f.kind == "special":
@@ -642,6 +711,7 @@ class PolicySpec:
             max_backlog_age=max_backlog_age,
             detached_keep=detached_keep,
             timestamp_unit=timestamp_unit,
+            **guard_extra,
             **simple,
         )
         check_retention(spec.retention, expiry=spec.timestamp_is_expiry)

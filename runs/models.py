@@ -591,3 +591,56 @@ class GuardSample(models.Model):
 
     def __str__(self) -> str:
         return f"guard sample {self.taken_at:%H:%M:%S}"
+
+
+class GuardControl(models.Model):
+    """The guard's latency controller for one policy (runs.engine.guard, docs/guard.md): the
+    knobs it sets — chunk transactions at once, the chunk's target duration, the duty cycle —
+    and what it measured when it last moved them. One row per policy, shared by every worker
+    process and host; a step takes the row lock (``SELECT … FOR UPDATE SKIP LOCKED``), so one
+    worker steps it at a time. Every step is also kept as a ``GuardControlStep``."""
+
+    policy = models.OneToOneField(
+        "retention.Policy", on_delete=models.CASCADE, related_name="guard_control"
+    )
+    concurrency = models.PositiveIntegerField()
+    chunk_ms = models.PositiveIntegerField()
+    duty_cycle = models.FloatField()
+    stepped_at = models.DateTimeField(default=timezone.now)
+    # what the last step measured: probe p99 since the step before, the idle baseline's p99,
+    # their ratio, the budget it was judged against, and its verdict in words
+    probe_p99_ms = models.FloatField(null=True)
+    baseline_ms = models.FloatField(null=True)
+    inflation = models.FloatField(null=True)
+    budget = models.FloatField()
+    action = models.CharField(max_length=16, default="hold")
+    reason = models.TextField(blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"guard control of policy {self.policy_id}"
+
+
+class GuardControlStep(models.Model):
+    """One step of a policy's latency controller, as it was taken: the history the run page,
+    the tests and docs/guard.md's chart read. Kept for a day, like the samples."""
+
+    policy = models.ForeignKey(
+        "retention.Policy", on_delete=models.CASCADE, related_name="guard_steps"
+    )
+    taken_at = models.DateTimeField(default=timezone.now, db_index=True)
+    concurrency = models.PositiveIntegerField()
+    chunk_ms = models.PositiveIntegerField()
+    duty_cycle = models.FloatField()
+    probe_p99_ms = models.FloatField(null=True)
+    baseline_ms = models.FloatField(null=True)
+    inflation = models.FloatField(null=True)
+    budget = models.FloatField()
+    samples = models.PositiveIntegerField(default=0)
+    action = models.CharField(max_length=16)
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["taken_at", "id"]
+
+    def __str__(self) -> str:
+        return f"guard step {self.taken_at:%H:%M:%S} {self.action}"

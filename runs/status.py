@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from core import timeouts
 from retention.models import KillSwitch
+from runs.engine import guard
 from runs.forecast import drain_window
 from runs.models import Chunk, DeadLetter, Run
 from runs.progress import RunProgress, progress_for, stopped_by
@@ -47,7 +48,16 @@ def run_status(run: Run) -> dict:
         # what the run left for VACUUM and what was done about it (runs.engine.maintenance)
         "vacuum": (run.verification or {}).get("vacuum_note"),
         "drain_window": _window(run),
+        # the guard's latency controller for the run's policy (runs.engine.guard)
+        "guard_control": _control(run),
     }
+
+
+def _control(run: Run) -> dict | None:
+    control = guard.control_summary(run.policy, run.policy_version.parsed)
+    if control is None:
+        return None
+    return {**control, "stepped_at": control["stepped_at"].isoformat()}
 
 
 def health_of(run: Run, p: RunProgress, now, *, switch=UNREAD) -> tuple[str, str, str]:

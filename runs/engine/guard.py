@@ -11,14 +11,25 @@ taken while no chunk transaction of the product was in flight on the target), so
 contention that lifts a 1 ms probe to 10 ms counts even under the absolute threshold. That
 relative pressure paces rather than stops: chunk transactions may fill at most the duty cycle
 of recent wall time (docs/guard.md).
+
+The latency controller (``control_step``) closes the loop: every period it compares the probe's
+p99 since its last step with the idle baseline's p99 against the policy's inflation budget and
+moves the knobs that cause the inflation — how many chunk transactions of the policy run at
+once, the chunk's target duration and the duty cycle — down by half when over the budget and
+a step back up towards the policy's own settings when under it (AIMD). Its state is a row per
+policy (``GuardControl``, stepped under its row lock by whichever worker finds it due) and
+each step is kept (``GuardControlStep``).
+
+An external signal, a Prometheus query (runs.engine.prometheus), is read by the sampler
+with the built-in signals and judged like them; no answer is pressure after a grace period.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -27,7 +38,8 @@ from psycopg import sql
 
 from core import locks
 from retention import actions as policy_actions
-from runs.models import GuardSample, Run
+from runs.engine import prometheus
+from runs.models import GuardControl, GuardControlStep, GuardSample, Run
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +61,30 @@ class Verdict:
     signals: dict = field(default_factory=dict)
     # the only pressure is the probe over its idle baseline: admission applies the duty cycle
     paced: bool = False
+    # the latency controller's settings for the policy (None: not controlled, the policy's own)
+    concurrency: int | None = None
+    duty_cycle: float | None = None
 
 
 ADMIT = Verdict(True)
+UNREAD = object()  # an argument the caller did not read for us
 _last_verdict: dict = {}  # the verdict for the latest sample, per process
+# the controller's chunk target per policy as this process's last admission read it
+_chunk_ms: dict[int, int] = {}
+
+
+def budget_of(spec) -> float:
+    """The policy's inflation budget: how many times its idle value the probe may read while
+    its chunks run (``guard.inflation_budget``, else ``RETENTION_GUARD_PROBE_RATIO_PCT``)."""
+    if spec.inflation_budget is not None:
+        return float(spec.inflation_budget)
+    return float(settings.RETENTION["GUARD_PROBE_RATIO"])
+
+
+def _limit(base: float, budget: float) -> float:
+    """The probe's limit over an idle value: the budget's multiple, and at least the margin
+    above it (``RETENTION_GUARD_PROBE_MARGIN_MS``: sub-millisecond jitter is no pressure)."""
+    return max(base * budget, base + float(settings.RETENTION["GUARD_PROBE_MARGIN_MS"]))
 
 
 def _rows(query, params=()) -> list[tuple]:
@@ -122,8 +154,9 @@ def _idle_probes(spec, oid: int, count: int) -> list[float]:
     return [] if _in_flight(oid) else probes
 
 
-def read_signals() -> tuple[dict, dict]:
-    """Measure instance-wide and per-target signals now (one round of catalog queries)."""
+def read_signals(specs: list | None = None) -> tuple[dict, dict]:
+    """Measure instance-wide and per-target signals now (one round of catalog queries) on the
+    tables of ``specs`` (default: those of the runs draining now)."""
     values: dict = {}
     # other sessions, as aggregates (database/migrations: guard_instance_signals)
     (
@@ -147,7 +180,7 @@ def read_signals() -> tuple[dict, dict]:
         ]
 
     tables: dict = {}
-    for spec in _targets():
+    for spec in specs if specs is not None else _targets():
         oid_rows = _rows("SELECT to_regclass(%s)::oid", [f'"{spec.schema}"."{spec.table}"'])
         oid = oid_rows[0][0] if oid_rows else None
         if oid is None:
@@ -158,11 +191,25 @@ def read_signals() -> tuple[dict, dict]:
         # not an idle reading
         info["in_flight"] = bool(in_flight)
         if not info["in_flight"] and info["probe_ms"] is not None:
-            missing = BASELINE_MIN_SAMPLES - 1 - idle_baseline(spec.qualified_table)["n"]
+            baseline = idle_baseline(spec.qualified_table)
+            missing = BASELINE_MIN_SAMPLES - 1 - baseline["n"]
             if missing > 0:
-                probes = _idle_probes(spec, oid, missing)
+                probes = _idle_probes(spec, oid, missing + 1)
                 if probes:
                     info["idle_probes_ms"] = probes
+                    # the sample's own probe may be the session's first read of the table
+                    # (catalog and plan caches cold): the idle probes that follow are the
+                    # baseline, so one cold reading does not lift it for its whole window
+                    info["not_baseline"] = "first probe"
+            elif baseline["p50"] is not None and info["probe_ms"] > _limit(
+                baseline["p50"], budget_of(spec)
+            ):
+                # the foreground is slow with nothing of ours in flight: pressure, not a new
+                # normal — kept out of the baseline, which the controller judges against (an
+                # inflation that outlasts the baseline window is learnt anew, by idle probes).
+                # Judged against the idle median, not a tail percentile: a tail of a few
+                # readings would let each admitted reading lift the next one's limit.
+                info["not_baseline"] = "over budget"
         info["lock_waits"] = lock_waits
         info["conflicting_locks"] = list(conflicting)
         live, dead = _rows(
@@ -196,13 +243,41 @@ def sample(*, force: bool = False) -> GuardSample | None:
             and (timezone.now() - again.taken_at).total_seconds() < fresh_s
         ):
             return again
-        values, tables = read_signals()
+        specs = _targets()
+        values, tables = read_signals(specs)
         if again is not None:
             dt = max(0.001, (timezone.now() - again.taken_at).total_seconds())
             values["wal_mb_per_s"] = round(
                 max(0, values["wal_bytes"] - again.values.get("wal_bytes", 0)) / dt / 1e6, 3
             )
+        readings = _read_prometheus(specs, again)
+        if readings:
+            values["prometheus"] = readings
         return GuardSample.objects.create(values=values, tables=tables)
+
+
+def _read_prometheus(specs: list, previous: GuardSample | None) -> dict:
+    """Each Prometheus source of the draining policies, asked once: ``{key: {"url", "query",
+    "ok", "value", "error", "failing_since"}}``. ``failing_since`` (ISO time) is carried over
+    from the previous sample while the source keeps giving no answer."""
+    sources = {s.key: s for s in map(prometheus.source_of, specs) if s is not None}
+    before = (previous.values.get("prometheus") or {}) if previous is not None else {}
+    out = {}
+    for key, source in sources.items():
+        entry: dict = {"url": source.url, "query": source.query}
+        try:
+            entry.update(ok=True, value=prometheus.query(source))
+        except prometheus.NoAnswer as exc:
+            last = before.get(key) or {}
+            since = last.get("failing_since") if not last.get("ok", True) else None
+            entry.update(
+                ok=False,
+                value=None,
+                error=str(exc)[:300],
+                failing_since=since or timezone.now().isoformat(),
+            )
+        out[key] = entry
+    return out
 
 
 def probe_percentiles(table: str, *, now=None) -> dict:
@@ -231,20 +306,24 @@ def probe_percentiles(table: str, *, now=None) -> dict:
 def idle_baseline(table: str, *, now=None) -> dict:
     """The probe's idle baseline on ``table``: p95 of the probe over the samples of the last
     ``BASELINE_WINDOW_S`` taken while no chunk transaction of the product was in flight on it
-    (with the idle probes a first sample took, ``idle_probes_ms``). ``{"p95": ms | None, "n":
-    idle probes}``; no p95 under ``BASELINE_MIN_SAMPLES``."""
+    (with the idle probes a first sample took, ``idle_probes_ms``), but not the probes a sample
+    marked ``not_baseline`` (over the budget of the idle median, or a cold first probe before
+    idle probes). ``{"p50", "p95", "p99": ms | None, "n": idle probes}``;
+    no percentile under ``BASELINE_MIN_SAMPLES``."""
     now = now or timezone.now()
     values = sorted(
         v
         for (v,) in _rows(
             "SELECT p.v FROM runs_guardsample s,"
             " LATERAL (SELECT (s.tables -> %s ->> 'probe_ms')::float8 AS v, 0 AS n"
+            "  WHERE s.tables -> %s ->> 'not_baseline' IS NULL"
             "  UNION ALL SELECT e.v::float8, e.n"
             "  FROM jsonb_array_elements_text(coalesce(s.tables -> %s -> 'idle_probes_ms', '[]'))"
             "  WITH ORDINALITY AS e(v, n)) AS p"
             " WHERE s.taken_at >= %s AND s.tables -> %s ->> 'in_flight' = 'false'"
             " AND p.v IS NOT NULL ORDER BY s.taken_at DESC, p.n LIMIT %s",
             [
+                table,
                 table,
                 table,
                 now - timedelta(seconds=BASELINE_WINDOW_S),
@@ -254,19 +333,28 @@ def idle_baseline(table: str, *, now=None) -> dict:
         )
     )
     if len(values) < BASELINE_MIN_SAMPLES:
-        return {"p95": None, "n": len(values)}
-    rank = min(len(values) - 1, int(round(0.95 * (len(values) - 1))))
-    return {"p95": round(values[rank], 2), "n": len(values)}
+        return {"p50": None, "p95": None, "p99": None, "n": len(values)}
+    return {
+        "p50": _pct(values, 0.50),
+        "p95": _pct(values, 0.95),
+        "p99": _pct(values, 0.99),
+        "n": len(values),
+    }
 
 
-def _relative_probe(p95, baseline: dict) -> tuple[float | None, str]:
-    """The probe's limit from its idle baseline, and the reason when ``p95`` is over it."""
+def _pct(values: list[float], p: float) -> float:
+    """The ``p`` percentile (nearest rank) of sorted ``values``."""
+    return round(values[min(len(values) - 1, int(round(p * (len(values) - 1))))], 2)
+
+
+def _relative_probe(p95, baseline: dict, ratio: float) -> tuple[float | None, str]:
+    """The probe's limit from its idle baseline (``ratio``: the policy's inflation budget),
+    and the reason when ``p95`` is over it."""
     base = baseline.get("p95")
     if base is None:
         return None, ""
-    cfg = settings.RETENTION
-    ratio, margin = cfg["GUARD_PROBE_RATIO"], float(cfg["GUARD_PROBE_MARGIN_MS"])
-    limit = max(base * ratio, base + margin)
+    margin = float(settings.RETENTION["GUARD_PROBE_MARGIN_MS"])
+    limit = _limit(base, ratio)
     if p95 is None or p95 <= limit:
         return limit, ""
     how = (
@@ -307,16 +395,19 @@ def _pace(spec, verdict: Verdict, now=None, *, busy=None) -> Verdict:
     cap, window = cfg["GUARD_DUTY_CYCLE"], cfg["GUARD_DUTY_WINDOW_S"]
     if cap <= 0:
         return verdict
+    if verdict.duty_cycle is not None:  # the controller's setting, under the configured one
+        cap = min(cap, verdict.duty_cycle)
     duty = duty_cycle(spec, now=now, busy=busy)
     signals = dict(verdict.signals)
     signals["duty_cycle"] = {"value": round(duty, 4), "threshold": cap, "unit": ""}
+    knobs = {"concurrency": verdict.concurrency, "duty_cycle": verdict.duty_cycle}
     if duty < cap:
-        return Verdict(True, "", False, signals, paced=True)
+        return Verdict(True, "", False, signals, paced=True, **knobs)
     reason = (
         f"{verdict.reason}; {duty:.1%} of the last {window} s in chunk transactions"
         f" > duty cycle {cap:.0%}"
     )
-    return Verdict(False, reason, False, signals, paced=True)
+    return Verdict(False, reason, False, signals, paced=True, **knobs)
 
 
 def evaluate(spec, latest: GuardSample | None) -> Verdict:
@@ -340,7 +431,7 @@ def evaluate(spec, latest: GuardSample | None) -> Verdict:
         "wal_mb_per_s": (v.get("wal_mb_per_s"), g["wal_mb_per_s"], None, "MB/s"),
     }
     baseline = idle_baseline(spec.qualified_table) if p.get("p95") is not None else {"p95": None}
-    relative_limit, relative = _relative_probe(p.get("p95"), baseline)
+    relative_limit, relative = _relative_probe(p.get("p95"), baseline, budget_of(spec))
     reasons, critical = [], False
     conflicting = t.get("conflicting_locks") or []
     if conflicting:
@@ -360,6 +451,9 @@ def evaluate(spec, latest: GuardSample | None) -> Verdict:
         reasons.append(
             f"free connections {free} < reserved headroom {_fmt(g['connections_headroom'])}"
         )
+    external = _prometheus_signal(spec, latest)
+    if external is not None and external[1]:
+        reasons.append(external[1])
     absolute_hit = any(r.startswith(_label("probe_p95_ms") + " ") for r in reasons)
     shown = {name: {"value": s[0], "threshold": s[1], "unit": s[3]} for name, s in signals.items()}
     shown["probe_baseline_ms"] = {"value": baseline.get("p95"), "threshold": None, "unit": "ms"}
@@ -370,11 +464,42 @@ def evaluate(spec, latest: GuardSample | None) -> Verdict:
         "threshold": None,
         "unit": "",
     }
+    if external is not None:
+        shown["prometheus"] = external[0]
     if reasons:
         return Verdict(False, "; ".join(reasons), critical, shown)
     if relative and not absolute_hit:
         return Verdict(False, relative, False, shown, paced=True)
     return Verdict(True, "", False, shown)
+
+
+def _prometheus_signal(spec, latest: GuardSample) -> tuple[dict, str] | None:
+    """The policy's Prometheus signal in ``latest``: (shown signal, reason when it is pressure)
+    — a value over the threshold, or no answer for longer than the grace period. None when the
+    policy has no such signal or the sample has not asked it yet."""
+    source = prometheus.source_of(spec)
+    if source is None:
+        return None
+    entry = (latest.values.get("prometheus") or {}).get(source.key)
+    if entry is None:
+        return None
+    shown = {"value": entry.get("value"), "threshold": source.threshold, "unit": ""}
+    if entry.get("ok"):
+        value = entry.get("value")
+        if value is not None and value > source.threshold:
+            return shown, (
+                f"prometheus {source.query} = {_fmt(float(value))} > {_fmt(source.threshold)}"
+            )
+        return shown, ""
+    since = datetime.fromisoformat(entry["failing_since"])
+    silent_s = max(0.0, (latest.taken_at - since).total_seconds())
+    shown["error"] = entry.get("error", "")
+    if silent_s < source.grace_s:
+        return shown, ""  # within the grace period: no answer is not pressure yet
+    return shown, (
+        f"prometheus at {source.url} gave no answer for {silent_s:.0f} s"
+        f" (grace {source.grace_s} s): {entry.get('error', '')}"
+    )
 
 
 def _label(name: str) -> str:
@@ -396,18 +521,21 @@ def _fmt(value) -> str:
 def admission(run, spec, *, now=None) -> Verdict:
     """Decide from the latest shared sample whether ``run`` may start a chunk.
     A critical verdict pauses the policy (with an alert in the operator log); a probe over its
-    idle baseline (and nothing else) admits within the duty cycle (``now``: its clock).
+    idle baseline (and nothing else) admits within the duty cycle (``now``: its clock). The
+    verdict carries the latency controller's settings for the policy (``concurrency``,
+    ``duty_cycle``); a controller step that is due is taken here.
 
-    One small read per chunk: the latest sample's id and time (and, while the verdict paces,
-    the policy's busy seconds for the duty cycle, in the same statement). The sample itself is
-    read, or taken, only when it is stale or not the one the kept verdict was made from."""
+    One small read per chunk: the latest sample's id and time and the controller's row (and,
+    while the verdict paces, the policy's busy seconds for the duty cycle, in the same
+    statement). The sample itself is read, or taken, only when it is stale or not the one the
+    kept verdict was made from."""
     if not settings.RETENTION.get("GUARD", True):
         return ADMIT
-    rest = (spec.qualified_table, tuple(sorted(spec.guard.items())))
+    rest = (spec.qualified_table, tuple(sorted(spec.guard.items())), prometheus.source_of(spec))
     kept = next(((k[0], v) for k, v in _last_verdict.items() if k[1:] == rest), None)
     clock = now or timezone.now()
     paced = kept is not None and kept[1].paced
-    head_pk, taken_at, busy = _head(spec, clock if paced else None)
+    head_pk, taken_at, busy, knobs = _head(spec, run.policy_id, clock if paced else None)
     fresh_s = settings.RETENTION["GUARD_SAMPLE_MS"] / 1000
     if (
         kept is not None
@@ -427,24 +555,250 @@ def admission(run, spec, *, now=None) -> Verdict:
             _last_verdict[key] = verdict
             if verdict.critical:
                 _pause_for_critical(run, verdict)
+    if settings.RETENTION["GUARD_CONTROL"]:
+        period_s = settings.RETENTION["GUARD_CONTROL_PERIOD_MS"] / 1000
+        if knobs is None or (timezone.now() - knobs[3]).total_seconds() >= period_s:
+            stepped = control_step(run.policy_id, spec)
+            if stepped is not None:
+                knobs = (stepped.concurrency, stepped.chunk_ms, stepped.duty_cycle, None)
+        if knobs is not None:
+            concurrency, chunk_ms, duty = _clamped(spec, *knobs[:3])
+            _chunk_ms[run.policy_id] = chunk_ms
+            verdict = replace(verdict, concurrency=concurrency, duty_cycle=duty)
     if verdict.paced:  # the duty cycle is judged per chunk, not per sample
         return _pace(spec, verdict, clock, busy=busy)
     return verdict
 
 
+def target_chunk_ms(policy_id: int, spec) -> int:
+    """The chunk transaction's target duration for the policy's next chunks: the controller's
+    setting as this process's last admission read it, else the policy's ``target_chunk_ms``."""
+    if not settings.RETENTION.get("GUARD", True) or not settings.RETENTION["GUARD_CONTROL"]:
+        return spec.target_chunk_ms
+    return min(spec.target_chunk_ms, _chunk_ms.get(policy_id, spec.target_chunk_ms))
+
+
 _HEAD = (
-    "SELECT s.id, s.taken_at, {busy} FROM (SELECT 1) AS one LEFT JOIN LATERAL"
+    "SELECT s.id, s.taken_at, {busy}, c.concurrency, c.chunk_ms, c.duty_cycle, c.stepped_at"
+    " FROM (SELECT 1) AS one LEFT JOIN LATERAL"
     " (SELECT id, taken_at FROM runs_guardsample ORDER BY taken_at DESC LIMIT 1) AS s ON true"
+    " LEFT JOIN runs_guardcontrol c ON c.policy_id = %s"
 )
 
 
-def _head(spec, busy_at) -> tuple:
-    """(id, taken_at) of the latest sample (Nones: no sample) and, with ``busy_at``, the
-    policy's busy seconds of the duty window ending then (else None): one statement."""
+def _head(spec, policy_id: int, busy_at) -> tuple:
+    """(id, taken_at) of the latest sample (Nones: no sample), with ``busy_at`` the policy's
+    busy seconds of the duty window ending then (else None), and the controller's knobs
+    (concurrency, chunk_ms, duty_cycle, stepped_at; None before its first step): one statement."""
     if busy_at is None:
-        return _rows(sql.SQL(_HEAD).format(busy=sql.SQL("NULL")))[0]
-    query = sql.SQL(_HEAD).format(busy=sql.SQL("({})").format(sql.SQL(_BUSY)))
-    return _rows(query, _busy_params(spec, busy_at))[0]
+        row = _rows(sql.SQL(_HEAD).format(busy=sql.SQL("NULL")), [policy_id])[0]
+    else:
+        query = sql.SQL(_HEAD).format(busy=sql.SQL("({})").format(sql.SQL(_BUSY)))
+        row = _rows(query, [*_busy_params(spec, busy_at), policy_id])[0]
+    knobs = tuple(row[3:]) if row[3] is not None else None
+    return row[0], row[1], row[2], knobs
+
+
+# -- the latency controller --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The controller's range for a policy: each knob between its floor and the policy's own
+    setting (its ceiling)."""
+
+    concurrency: int
+    chunk_ms: int
+    duty_cycle: float
+    chunk_ms_floor: int
+    duty_floor: float
+
+
+def ceilings_of(spec) -> Ceilings:
+    cfg = settings.RETENTION
+    duty = float(cfg["GUARD_DUTY_CYCLE"])
+    return Ceilings(
+        concurrency=spec.policy_workers,
+        chunk_ms=spec.target_chunk_ms,
+        duty_cycle=duty,
+        chunk_ms_floor=min(spec.target_chunk_ms, int(cfg["GUARD_CHUNK_MS_FLOOR"])),
+        duty_floor=min(duty, float(cfg["GUARD_DUTY_FLOOR"])),
+    )
+
+
+def _clamped(spec, concurrency: int, chunk_ms: int, duty: float) -> tuple[int, int, float]:
+    """Knobs within the policy's current range (a new version may have lowered its ceilings)."""
+    c = ceilings_of(spec)
+    return (
+        max(1, min(c.concurrency, concurrency)),
+        max(c.chunk_ms_floor, min(c.chunk_ms, chunk_ms)),
+        max(c.duty_floor, min(c.duty_cycle, duty)),
+    )
+
+
+DECREASE, INCREASE, HOLD, FLOOR = "decrease", "increase", "hold", "at floor"
+ADDITIVE_STEPS = 5  # an increase moves chunk time and duty cycle a fifth of their range
+
+
+def _describe(concurrency: int, chunk_ms: int, duty: float) -> str:
+    return (
+        f"{concurrency} chunk transaction{'s' if concurrency != 1 else ''} at once,"
+        f" {chunk_ms} ms chunks, duty cycle {duty:.0%}"
+    )
+
+
+def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
+    """Take the controller's step for the policy if one is due: from the probe's p99 over the
+    samples since the last step against its idle baseline's p99, halve the knobs when the
+    inflation is over the budget and step them back up towards the policy's own settings when
+    it is not (additive increase, multiplicative decrease). At the floor and still over the
+    budget, its reason says so with the figures. Returns the row after the step, or None when
+    another worker holds the row, the step is not due or there were not two samples since the
+    last one to judge (the next step is then due a period later). The row is shared by every process and host (its row lock orders the steps)."""
+    cfg = settings.RETENTION
+    now = now or timezone.now()
+    period = timedelta(milliseconds=cfg["GUARD_CONTROL_PERIOD_MS"])
+    top = ceilings_of(spec)
+    budget = budget_of(spec)
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(
+                "INSERT INTO runs_guardcontrol (policy_id, concurrency, chunk_ms, duty_cycle,"
+                " stepped_at, budget, action, reason) VALUES (%s, %s, %s, %s, %s, %s, %s, '')"
+                " ON CONFLICT (policy_id) DO NOTHING",
+                [
+                    policy_id,
+                    top.concurrency,
+                    top.chunk_ms,
+                    top.duty_cycle,
+                    now - period,
+                    budget,
+                    HOLD,
+                ],
+            )
+        row = (
+            GuardControl.objects.select_for_update(skip_locked=True)
+            .filter(policy_id=policy_id)
+            .first()
+        )
+        if row is None or now - row.stepped_at < period:
+            return None
+        since = max(row.stepped_at, now - 3 * period)
+        probes = sorted(
+            v
+            for (v,) in _rows(
+                "SELECT (tables -> %s ->> 'probe_ms')::float8 FROM runs_guardsample"
+                " WHERE taken_at > %s AND taken_at <= %s",
+                [spec.qualified_table, since, now],
+            )
+            if v is not None
+        )
+        if len(probes) < 2:
+            # nothing to judge this period (samples are taken only while chunks are asked
+            # for): the next step is due a period from now, not at every admission meanwhile
+            row.stepped_at = now
+            row.save(update_fields=["stepped_at"])
+            return None
+        concurrency, chunk_ms, duty = _clamped(spec, row.concurrency, row.chunk_ms, row.duty_cycle)
+        base = idle_baseline(spec.qualified_table, now=now)["p99"]
+        p99 = _pct(probes, 0.99)
+        inflation = round(p99 / base, 3) if base else None
+        if base is None:
+            action, reason = HOLD, "no idle baseline of the probe yet"
+        elif p99 > _limit(base, budget):
+            lowered = (
+                max(1, concurrency // 2),
+                max(top.chunk_ms_floor, chunk_ms // 2),
+                max(top.duty_floor, round(duty / 2, 4)),
+            )
+            if lowered == (concurrency, chunk_ms, duty):
+                action = FLOOR
+                reason = (
+                    f"over the budget at the controller's minimum ({_describe(*lowered)}):"
+                    f" probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × idle p99 {_fmt(base)} ms"
+                    f" > budget {_fmt(budget)} ×"
+                )
+            else:
+                action = DECREASE
+                reason = (
+                    f"probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × idle p99 {_fmt(base)} ms"
+                    f" > budget {_fmt(budget)} ×"
+                )
+            concurrency, chunk_ms, duty = lowered
+        else:
+            raised = (
+                min(top.concurrency, concurrency + 1),
+                min(
+                    top.chunk_ms,
+                    chunk_ms + max(1, (top.chunk_ms - top.chunk_ms_floor) // ADDITIVE_STEPS),
+                ),
+                min(
+                    top.duty_cycle,
+                    round(duty + (top.duty_cycle - top.duty_floor) / ADDITIVE_STEPS, 4),
+                ),
+            )
+            action = HOLD if raised == (concurrency, chunk_ms, duty) else INCREASE
+            reason = (
+                f"probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × idle p99 {_fmt(base)} ms"
+                f" within budget {_fmt(budget)} ×"
+            )
+            concurrency, chunk_ms, duty = raised
+        row.concurrency, row.chunk_ms, row.duty_cycle = concurrency, chunk_ms, duty
+        row.stepped_at, row.budget, row.action, row.reason = now, budget, action, reason
+        row.probe_p99_ms, row.baseline_ms, row.inflation = p99, base, inflation
+        row.save()
+        GuardControlStep.objects.create(
+            policy_id=policy_id,
+            taken_at=now,
+            concurrency=concurrency,
+            chunk_ms=chunk_ms,
+            duty_cycle=duty,
+            probe_p99_ms=p99,
+            baseline_ms=base,
+            inflation=inflation,
+            budget=budget,
+            samples=len(probes),
+            action=action,
+            reason=reason,
+        )
+    if action in (DECREASE, FLOOR):
+        log.info("guard controller of policy %s: %s: %s", spec.slug, action, reason)
+    return row
+
+
+def control_summary(policy, spec=None, *, row=UNREAD) -> dict | None:
+    """The controller as the run page, ``retention status`` and /metrics show it for
+    ``policy``: budget, measured inflation, current settings and their ceilings, the last
+    action and its reason. None before its first step. A page showing several policies passes
+    each one's row (``control_of`` a policy read with its row), read once for all of them."""
+    if row is UNREAD:
+        row = GuardControl.objects.filter(policy=policy).first()
+    if row is None:
+        return None
+    if spec is None:
+        version = policy.approved_version
+        spec = version.parsed if version is not None else None
+    top = ceilings_of(spec) if spec is not None else None
+    concurrency, chunk_ms, duty = (
+        _clamped(spec, row.concurrency, row.chunk_ms, row.duty_cycle)
+        if spec is not None
+        else (row.concurrency, row.chunk_ms, row.duty_cycle)
+    )
+    return {
+        "budget": row.budget if spec is None else budget_of(spec),
+        "inflation": row.inflation,
+        "probe_p99_ms": row.probe_p99_ms,
+        "idle_p99_ms": row.baseline_ms,
+        "concurrency": concurrency,
+        "concurrency_ceiling": top.concurrency if top else None,
+        "chunk_ms": chunk_ms,
+        "chunk_ms_ceiling": top.chunk_ms if top else None,
+        "duty_cycle": duty,
+        "duty_cycle_ceiling": top.duty_cycle if top else None,
+        "action": row.action,
+        "reason": row.reason,
+        "stepped_at": row.stepped_at,
+    }
 
 
 def _pause_for_critical(run, verdict: Verdict) -> None:
@@ -459,18 +813,25 @@ def _pause_for_critical(run, verdict: Verdict) -> None:
     log.error("ALERT policy %s paused by the guard: %s", run.policy.slug, verdict.reason)
 
 
-UNREAD = object()
+def control_of(policy) -> GuardControl | None:
+    """The policy's controller row as loaded with it (``select_related("guard_control")``),
+    None when it has none."""
+    try:
+        return policy.guard_control
+    except GuardControl.DoesNotExist:
+        return None
 
 
 def latest_sample():
     return GuardSample.objects.order_by("-taken_at").first()
 
 
-def current_state(policy, *, version=UNREAD, latest=UNREAD) -> dict:
+def current_state(policy, *, version=UNREAD, latest=UNREAD, control=UNREAD) -> dict:
     """The guard as the dashboard shows it for ``policy``:
     ``{"level": "ok"|"throttled"|"critical", "reasons": [str], "signals": {name: {"value", "threshold", "unit"}},
     "sampled_at": datetime|None}``. A page showing several policies passes the latest sample
-    (``latest_sample``) and each policy's approved version, read once for all of them."""
+    (``latest_sample``), each policy's approved version and its controller row (``control_of``;
+    None: it has none), read once for all of them."""
     if version is UNREAD:
         version = policy.approved_version
     if latest is UNREAD:
@@ -487,9 +848,47 @@ def current_state(policy, *, version=UNREAD, latest=UNREAD) -> dict:
         level = "critical"
     else:
         level = "critical" if verdict.critical else ("ok" if verdict.admit else "throttled")
+    reasons = [r for r in verdict.reason.split("; ") if r]
+    signals = dict(verdict.signals)
+    control = control_summary(policy, version.parsed, row=control)
+    if control is not None:
+        signals.update(control_signals(control))
+        period_s = settings.RETENTION["GUARD_CONTROL_PERIOD_MS"] / 1000
+        recent = (timezone.now() - control["stepped_at"]).total_seconds() < 3 * period_s
+        if control["action"] == FLOOR and recent:
+            reasons.append(control["reason"])
+            if level == "ok":
+                level = "throttled"
     return {
         "level": level,
-        "reasons": [r for r in verdict.reason.split("; ") if r],
-        "signals": verdict.signals,
+        "reasons": reasons,
+        "signals": signals,
         "sampled_at": latest.taken_at,
+    }
+
+
+def control_signals(control: dict) -> dict:
+    """The controller's figures as guard signals (value, threshold, unit): the inflation
+    against the budget, and each setting against its ceiling."""
+    return {
+        "probe_p99_inflation": {
+            "value": control["inflation"],
+            "threshold": control["budget"],
+            "unit": "×",
+        },
+        "control_concurrency": {
+            "value": control["concurrency"],
+            "threshold": control["concurrency_ceiling"],
+            "unit": "",
+        },
+        "control_chunk_ms": {
+            "value": control["chunk_ms"],
+            "threshold": control["chunk_ms_ceiling"],
+            "unit": "ms",
+        },
+        "control_duty_cycle": {
+            "value": control["duty_cycle"],
+            "threshold": control["duty_cycle_ceiling"],
+            "unit": "",
+        },
     }

@@ -42,6 +42,7 @@ from runs.engine.schedules import sync_policy_schedule
 from runs.models import (
     Chunk,
     DeadLetter,
+    GuardControlStep,
     GuardSample,
     Run,
     discarded_letters,
@@ -312,11 +313,15 @@ def _ticks_before(policy: Policy, newest, *, after, limit: int) -> list:
 
 
 def prune_own_tables(now) -> dict:
-    """Keep the app's own bulky tables bounded, a batch per pass: guard samples after a day
+    """Keep the app's own bulky tables bounded, a batch per pass: guard samples and the guard
+    controller's steps after a day
     (django-q2's results live in the cluster cache and expire there). Audit rows and the
     operator log are evidence and are never pruned here."""
     out = {}
-    for model, field, age in ((GuardSample, "taken_at", timedelta(days=1)),):
+    for model, field, age in (
+        (GuardSample, "taken_at", timedelta(days=1)),
+        (GuardControlStep, "taken_at", timedelta(days=1)),
+    ):
         ids = list(
             model.objects.filter(**{f"{field}__lt": now - age}).values_list("id", flat=True)[:5000]
         )

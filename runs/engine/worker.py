@@ -218,7 +218,9 @@ def _admission_statement(run: Run) -> tuple[str, tuple]:
     return found
 
 
-def _open_chunk_transaction(run: Run, spec, claim: Claim, *, per_tenant: bool) -> Admission:
+def _open_chunk_transaction(
+    run: Run, spec, claim: Claim, *, per_tenant: bool, policy_slots: int
+) -> Admission:
     """The first two statements of a chunk transaction, in one round trip.
 
     First: set its timeouts and commit mode and take the global fence (legal holds, the kill
@@ -246,7 +248,7 @@ def _open_chunk_transaction(run: Run, spec, claim: Claim, *, per_tenant: bool) -
         locks.CEILING_GLOBAL,
         _slot_keys("global", cfg["GLOBAL_CEILING"]),
         locks.CEILING_POLICY,
-        _slot_keys(f"policy:{run.policy_id}", spec.policy_workers),
+        _slot_keys(f"policy:{run.policy_id}", policy_slots),
         claim.chunk_id,
         claim.claimed_at,
         per_tenant,
@@ -372,7 +374,14 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
     # Our own transaction (not a savepoint in a caller's): COMMIT goes with the last statements.
     own = not connection.in_atomic_block
     with transaction.atomic():
-        admitted = _open_chunk_transaction(run, spec, claim, per_tenant=per_tenant)
+        admitted = _open_chunk_transaction(
+            run,
+            spec,
+            claim,
+            per_tenant=per_tenant,
+            # the guard's controller may run fewer of the policy's chunks at once
+            policy_slots=verdict.concurrency or spec.policy_workers,
+        )
         if admitted.refusal:
             _release(chunk_id)
             return Outcome(STOP, reason=admitted.refusal)
@@ -801,7 +810,7 @@ def adapt_chunk_size(run: Run, seconds: float | None) -> int:
     spec = run.policy_version.parsed
     current = run.chunk_size or spec.chunk_size
     floor, ceiling = max(10, spec.chunk_size // 16), spec.chunk_size * 4
-    target = spec.target_chunk_ms / 1000
+    target = guard.target_chunk_ms(run.policy_id, spec) / 1000  # the controller's setting
     if seconds is None or seconds > 1.5 * target:
         new = max(floor, current // 2)
     elif seconds < 0.5 * target:

@@ -122,9 +122,12 @@ def overview_context(request) -> dict:
     approved = {
         v.policy_id: v
         for v in PolicyVersion.objects.filter(policy_id__in=ids, state=PolicyVersion.State.APPROVED)
+        .select_related("policy__guard_control")
         .order_by("policy_id", "-number")
         .distinct("policy_id")
-    }  # one query for every policy's approved version (the guard's thresholds)
+    }  # one query for every policy's approved version (the guard's thresholds) and the guard's
+    # latency controller (its row, when it has stepped)
+    controls = {pid: guard.control_of(v.policy) for pid, v in approved.items()}
     sample = guard.latest_sample()
     next_runs = dict(
         Schedule.objects.filter(name__in=[schedule_name(p) for p in policies]).values_list(
@@ -149,7 +152,12 @@ def overview_context(request) -> dict:
             next_tick=next_runs.get(schedule_name(policy)),
             kill_switch=switch,
         )
-        guard_state = guard.current_state(policy, version=approved.get(policy.id), latest=sample)
+        guard_state = guard.current_state(
+            policy,
+            version=approved.get(policy.id),
+            latest=sample,
+            control=controls.get(policy.id),
+        )
         dead_n = dead.get(policy.id, 0)
         eta = p.eta_s if p else window.get("eta_s")
         throttle = (p.throttle_reason if p else "") or "; ".join(guard_state.get("reasons") or [])

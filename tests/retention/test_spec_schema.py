@@ -58,7 +58,11 @@ def test_the_toml_writer_and_the_diff_cover_every_declared_key():
             null_tenant='"delete"',
             chunking='"key"',
             cascade_ack='["public.b", "public.a"]',
-            tables='[slo]\nmax_backlog_age = "2 days"\n[[keep]]\ncolumn = "status"\nop = "is null"\n',
+            tables='[slo]\nmax_backlog_age = "2 days"\n'
+            '[guard]\ninflation_budget = 2.0\nprometheus_url = "http://prom:9090"\n'
+            'prometheus_query = "app_p99_seconds"\nprometheus_threshold = 0.5\n'
+            "prometheus_timeout_ms = 500\nprometheus_grace_s = 10\n"
+            '[[keep]]\ncolumn = "status"\nop = "is null"\n',
         )
     )
     written = tomllib.loads(spec.to_toml())

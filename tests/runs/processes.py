@@ -66,6 +66,8 @@ def wait_for(predicate, *, timeout: float = 60, interval: float = 0.1, what: str
         if value:
             return value
         time.sleep(interval)
+    if callable(what):  # a message that describes the state at the time out
+        what = what()
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

@@ -4,6 +4,7 @@ cycle instead of stopping them."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
@@ -96,7 +97,11 @@ def test_a_probe_near_its_baseline_admits_and_a_millisecond_margin_applies(
     assert verdict.reason == "probe p95 2.5 ms > idle baseline 1 ms + 1 ms (p95 of 6 idle samples)"
 
 
-def test_the_idle_baseline_is_learnt_from_samples_with_no_chunk_in_flight(committed_policy):
+def test_the_idle_baseline_is_learnt_from_samples_with_no_chunk_in_flight(
+    committed_policy, settings
+):
+    # a margin no jitter of a shared machine reaches: every idle reading joins the baseline
+    settings.RETENTION = {**settings.RETENTION, "GUARD_PROBE_MARGIN_MS": 60_000}
     trigger_run(committed_policy, tick=NOW)  # an active run: its table is sampled
     GuardSample.objects.all().delete()
     for _ in range(3):
@@ -104,12 +109,16 @@ def test_the_idle_baseline_is_learnt_from_samples_with_no_chunk_in_flight(commit
     latest = GuardSample.objects.order_by("-taken_at").first()
     assert latest.tables[TABLE]["in_flight"] is False
     baseline = guard.idle_baseline(TABLE)
-    # the first sample took the missing idle probes; the two after it one probe each
+    # the first sample took the missing idle probes (its own, perhaps cold, probe is not part
+    # of the baseline); the two after it one probe each
     assert baseline["n"] == guard.BASELINE_MIN_SAMPLES + 2
     probes = [
         v
         for s in GuardSample.objects.all()
-        for v in [s.tables[TABLE]["probe_ms"], *s.tables[TABLE].get("idle_probes_ms", [])]
+        for v in [
+            *([] if "not_baseline" in s.tables[TABLE] else [s.tables[TABLE]["probe_ms"]]),
+            *s.tables[TABLE].get("idle_probes_ms", []),
+        ]
     ]
     assert len(probes) == baseline["n"]
     assert baseline["p95"] == pytest.approx(
@@ -183,15 +192,18 @@ def test_the_duty_cycle_does_not_apply_when_the_foreground_is_at_its_baseline(
     assert outcomes == [worker.DONE] * 3
 
 
-def test_a_table_with_no_idle_baseline_learns_one_in_its_first_sample(committed_policy):
+def test_a_table_with_no_idle_baseline_learns_one_in_its_first_sample(committed_policy, settings):
     """A run on a table the guard has never sampled does not drain on absolute thresholds
     alone: its first sample with nothing in flight takes the missing idle probes at once."""
+    # a margin no jitter of a shared machine reaches: every idle reading joins the baseline
+    settings.RETENTION = {**settings.RETENTION, "GUARD_PROBE_MARGIN_MS": 60_000}
     trigger_run(committed_policy, tick=NOW)
     GuardSample.objects.all().delete()
     guard.sample(force=True)
     assert GuardSample.objects.count() == 1
-    probes = GuardSample.objects.get().tables[TABLE]["idle_probes_ms"]
-    assert len(probes) == guard.BASELINE_MIN_SAMPLES - 1
+    first = GuardSample.objects.get().tables[TABLE]
+    assert len(first["idle_probes_ms"]) == guard.BASELINE_MIN_SAMPLES
+    assert first["not_baseline"] == "first probe"
     baseline = guard.idle_baseline(TABLE)
     assert baseline["n"] == guard.BASELINE_MIN_SAMPLES
     assert baseline["p95"] is not None
@@ -216,7 +228,7 @@ def test_no_idle_probes_are_taken_while_a_chunk_is_in_flight(committed_policy):
     latest = GuardSample.objects.get()
     assert latest.tables[TABLE]["in_flight"] is True
     assert "idle_probes_ms" not in latest.tables[TABLE]
-    assert guard.idle_baseline(TABLE) == {"p95": None, "n": 0}
+    assert guard.idle_baseline(TABLE) == {"p50": None, "p95": None, "p99": None, "n": 0}
 
 
 def test_samples_are_reused_for_the_configured_interval(committed_policy, settings):
@@ -229,3 +241,31 @@ def test_samples_are_reused_for_the_configured_interval(committed_policy, settin
     time_before = first.taken_at
     again = guard.sample()
     assert again.pk != first.pk and again.taken_at > time_before
+
+
+def test_an_idle_reading_over_the_budget_of_the_idle_median_stays_out_of_the_baseline(
+    committed_policy,
+):
+    """Foreground slowness with nothing of the product in flight is pressure, not a new normal:
+    the baseline the controller judges against does not climb with it."""
+    trigger_run(committed_policy, tick=NOW)
+    GuardSample.objects.all().delete()
+    guard.sample(force=True)
+    before = guard.idle_baseline(TABLE)
+    assert before["n"] == guard.BASELINE_MIN_SAMPLES and before["p50"] is not None
+
+    # a foreground session holds the table's ACCESS EXCLUSIVE lock for 300 ms: the probe
+    # waits for it, far over 1.5 × the idle median and the 1 ms margin
+    blocker = pg_connect(autocommit=False)
+    blocker.execute("LOCK TABLE public.rr_events IN ACCESS EXCLUSIVE MODE")
+    release = threading.Timer(0.3, blocker.commit)
+    release.start()
+    try:
+        slow = guard.sample(force=True)
+    finally:
+        release.join()
+        blocker.close()
+    reading = slow.tables[TABLE]
+    assert reading["in_flight"] is False and reading["probe_ms"] >= 250
+    assert reading["not_baseline"] == "over budget"
+    assert guard.idle_baseline(TABLE) == before

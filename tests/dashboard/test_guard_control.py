@@ -1,0 +1,133 @@
+"""The guard's latency controller, step by step, and where an operator reads it: the run page,
+`retention status` and /metrics show the budget, the measured inflation and the current
+settings; at its floor and still over the budget the controller says so with the figures."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from io import StringIO
+
+from django.core.management import call_command
+from django.urls import reverse
+from django.utils import timezone
+
+from runs.engine import guard
+from runs.models import GuardControl, GuardControlStep, GuardSample
+from runs.status import run_status
+
+from .test_metrics import scrape
+
+TABLE = "public.rr_events"
+PERIOD = timedelta(milliseconds=5000)  # RETENTION_GUARD_CONTROL_PERIOD_MS's default
+
+
+def sample(at, probe_ms: float, *, in_flight: bool) -> None:
+    GuardSample.objects.create(
+        taken_at=at,
+        values={"lock_waits": 0, "connections_free": 100},
+        tables={TABLE: {"probe_ms": probe_ms, "in_flight": in_flight, "dead_tuple_ratio": 0.0}},
+    )
+
+
+def period(start, k: int, probe_ms: float):
+    """Two samples inside the ``k``-th period after ``start``; returns its end (the step's now)."""
+    end = start + (k + 1) * PERIOD
+    sample(end - PERIOD / 2, probe_ms, in_flight=True)
+    sample(end - PERIOD / 4, probe_ms, in_flight=True)
+    return end
+
+
+def test_the_controller_halves_to_its_floor_says_so_and_steps_back_up(run, client_for, settings):
+    settings.RETENTION = {**settings.RETENTION, "GUARD_CONTROL_PERIOD_MS": 5000}
+    policy = run.policy
+    spec = run.policy_version.parsed
+    # only the samples below: none of the fixture's real ones, and no step of its chunks
+    GuardSample.objects.all().delete()
+    GuardControl.objects.all().delete()
+    GuardControlStep.objects.all().delete()
+    start = timezone.now() + timedelta(seconds=60)
+    for n in range(6):  # an idle baseline of 2 ms
+        sample(start - timedelta(seconds=n + 1), 2.0, in_flight=False)
+
+    # the first admission creates the row at the policy's own settings; its first step sees
+    # the probe at 10 ms = 5 × its idle p99: over the budget of 1.5 × — halve every knob
+    taken = [guard.control_step(policy.id, spec, now=period(start, k, 10.0)) for k in range(4)]
+    assert [(t.concurrency, t.chunk_ms, t.duty_cycle, t.action) for t in taken] == [
+        (1, 150, 0.25, guard.DECREASE),
+        (1, 75, 0.125, guard.DECREASE),
+        (
+            1,
+            50,
+            0.1,
+            guard.DECREASE,
+        ),  # the floors: RETENTION_GUARD_CHUNK_MS_FLOOR, …_DUTY_FLOOR_PCT
+        (1, 50, 0.1, guard.FLOOR),
+    ]
+    floor = taken[-1]
+    assert floor.reason == (
+        "over the budget at the controller's minimum (1 chunk transaction at once, 50 ms"
+        " chunks, duty cycle 10%): probe p99 10 ms = 5 × idle p99 2 ms > budget 1.5 ×"
+    )
+    assert GuardControlStep.objects.filter(policy=policy).count() == 4
+
+    # not due again within the period: nothing changes
+    assert guard.control_step(policy.id, spec, now=floor.stepped_at + PERIOD / 2) is None
+
+    # what an operator reads while it is at its floor (the steps above are dated ahead: the
+    # row's time is brought back to now, so the floor reads as recent)
+    GuardControl.objects.filter(pk=floor.pk).update(stepped_at=timezone.now())
+    state = guard.current_state(policy)
+    assert floor.reason in state["reasons"] and state["level"] == "throttled"
+    assert state["signals"]["probe_p99_inflation"] == {"value": 5.0, "threshold": 1.5, "unit": "×"}
+    assert state["signals"]["control_concurrency"] == {"value": 1, "threshold": 2, "unit": ""}
+    assert state["signals"]["control_chunk_ms"]["value"] == 50
+    page = client_for("viewer").get(reverse("runs:detail", args=[run.pk])).content.decode()
+    assert "control_concurrency" in page and "probe_p99_inflation" in page
+    assert "over the budget at the controller&#x27;s minimum" in page
+    overview = client_for("viewer").get(reverse("home")).content.decode()
+    assert "over the budget at the controller&#x27;s minimum" in overview
+
+    status = run_status(run)["guard_control"]
+    assert (status["budget"], status["inflation"], status["concurrency"]) == (1.5, 5.0, 1)
+    assert (status["chunk_ms"], status["duty_cycle"], status["action"]) == (50, 0.1, "at floor")
+    out = StringIO()
+    call_command("retention", "status", run.run_key, "--json", stdout=out)
+    assert json.loads(out.getvalue())["guard_control"]["reason"] == floor.reason
+
+    metrics = scrape(client_for("viewer"))
+    labels = lambda name: (("policy", policy.slug), ("signal", name))  # noqa: E731
+    assert metrics[("retention_guard_signal_value", labels("control_concurrency"))] == 1
+    assert metrics[("retention_guard_signal_threshold", labels("control_concurrency"))] == 2
+    assert metrics[("retention_guard_signal_value", labels("probe_p99_inflation"))] == 5
+    assert metrics[("retention_guard_signal_threshold", labels("probe_p99_inflation"))] == 1.5
+
+    # the foreground is back at its idle value: one more chunk transaction at once and a fifth
+    # of the chunk time's and the duty cycle's range per step, up to the policy's own settings
+    later = timezone.now() + timedelta(seconds=600)
+    up = [guard.control_step(policy.id, spec, now=period(later, k, 2.0)) for k in range(6)]
+    assert [(u.concurrency, u.chunk_ms, u.action) for u in up] == [
+        (2, 100, guard.INCREASE),
+        (2, 150, guard.INCREASE),
+        (2, 200, guard.INCREASE),
+        (2, 250, guard.INCREASE),
+        (2, 300, guard.INCREASE),
+        (2, 300, guard.HOLD),
+    ]
+    assert up[-1].duty_cycle == 0.5
+    assert up[0].reason == "probe p99 2 ms = 1 × idle p99 2 ms within budget 1.5 ×"
+
+
+def test_a_policys_inflation_budget_overrides_the_instances(make_user, db):
+    from tests.factories import approved_policy, events_spec
+    from tests.runs.conftest import create_events
+
+    create_events(200)
+    spec = approved_policy(
+        make_user, **events_spec(guard={"inflation_budget": 6.0})
+    ).approved_version.parsed
+    assert guard.budget_of(spec) == 6.0
+    assert spec.to_json()["inflation_budget"] == 6.0
+    plain = approved_policy(make_user, **events_spec(slug="plain")).approved_version.parsed
+    assert guard.budget_of(plain) == 1.5
+    assert "inflation_budget" not in plain.to_json()  # unset: older versions keep their hash
