@@ -33,6 +33,10 @@ CATCH_UP_MODES = ("latest", "none")
 OVERLAP_MODES = ("wait", "skip")
 VACUUM_MODES = ("recommend", "run", "off")
 PARTITION_ACTIONS = ("drop", "detach")
+# How far a version's runs go (docs/policies.md, "Rolling out a policy"): count what a full run
+# would delete and delete nothing; delete only rows older than the cutoff minus ``slice``; or
+# delete everything eligible.
+ROLLOUT_STAGES = ("count", "slice", "full")
 # Bounds on a policy file, so no input makes the parser, the preview or the DELETE unbounded.
 MAX_POLICY_BYTES = 64 * 1024
 MAX_KEEP_RULES = 32
@@ -421,6 +425,16 @@ FIELDS: tuple[Field, ...] = (
           "how long a detached partition's table is kept: the reconciler drops it once its "
           "detach is older (docs/policies.md, \"Partitioned tables\")",
           shown_default="kept for good", omitted_at_default=True),
+    Field("rollout", "rollout", "choice", "full", "",
+          "how far the version's runs go: `count` runs plan and count what a full run would "
+          "delete (per tenant, per month, kept, held) and delete nothing; `slice` runs delete "
+          "only rows older than the cutoff minus `slice`, one chunk at a time; `full` runs "
+          'delete everything eligible (see "Rolling out a policy" below)',
+          choices=ROLLOUT_STAGES, omitted_at_default=True),
+    Field("slice", "slice", "special", None,
+          '`"N minutes|hours|days|weeks|months|years"`, N ≥ 1; only with `rollout = "slice"`',
+          "a slice run deletes only rows older than its cutoff minus this (the slice bound)",
+          shown_default="none", omitted_at_default=True),
     Field("keep", "keep", "special", (), "see below", "rows that are never deleted",
           shown_default="none"),
 )  # fmt: skip
@@ -535,6 +549,10 @@ class PolicySpec:
     timestamp_is_expiry: bool = False
     # Rows whose tenant is NULL: "keep" (never eligible) or "delete" (eligible).
     null_tenant: str = "keep"
+    # The rollout stage of the version's runs (ROLLOUT_STAGES) and, for "slice", how far
+    # before the cutoff deletion stops; both left out of the stored JSON at their defaults.
+    rollout: str = "full"
+    slice: str | None = None
 
     @classmethod
     def parse(cls, data: dict) -> PolicySpec:
@@ -610,6 +628,15 @@ class PolicySpec:
             except SpecError as exc:
                 raise SpecError("detached_keep: " + str(exc).replace("retention ", "", 1)) from None
             detached_keep = " ".join(detached_keep.split())
+        slice_text = data.get("slice")
+        if slice_text is not None:
+            try:
+                amount, _unit = retention_parts(slice_text)
+            except SpecError as exc:
+                raise SpecError("slice: " + str(exc).replace("retention ", "", 1)) from None
+            if amount <= 0:
+                raise SpecError(f"slice must be longer than zero, got {slice_text!r}")
+            slice_text = " ".join(slice_text.split())
         cascade = data.get("cascade_ack", [])
         if not isinstance(cascade, list) or not all(isinstance(c, str) for c in cascade):
             raise SpecError('cascade_ack must be a list of "schema.table" names')
@@ -642,6 +669,7 @@ class PolicySpec:
             max_backlog_age=max_backlog_age,
             detached_keep=detached_keep,
             timestamp_unit=timestamp_unit,
+            slice=slice_text,
             **simple,
         )
         check_retention(spec.retention, expiry=spec.timestamp_is_expiry)
@@ -660,6 +688,12 @@ class PolicySpec:
             raise SpecError(
                 'detached_keep applies only with partition_action = "detach" (a dropped'
                 f' partition leaves no table to keep), got partition_action = "{spec.partition_action}"'
+            )
+        if spec.rollout == "slice" and spec.slice is None:
+            raise SpecError('rollout = "slice" needs slice, e.g. slice = "30 days"')
+        if spec.slice is not None and spec.rollout != "slice":
+            raise SpecError(
+                f'slice applies only with rollout = "slice", got rollout = "{spec.rollout}"'
             )
         if spec.tenant_workers > spec.policy_workers:
             raise SpecError("limits.tenant_workers cannot exceed limits.policy_workers")
@@ -702,6 +736,8 @@ class PolicySpec:
             if f.path == "keep" or value is None or value == "":
                 continue
             if f.path == "pace_rows_per_s" and not value:
+                continue
+            if f.path == "rollout" and value == f.default:
                 continue
             if isinstance(value, tuple):
                 value = list(value)
@@ -768,7 +804,18 @@ class PolicySpec:
         month`` the same local time and day of the month before, or that month's last day
         when it is shorter — as PostgreSQL subtracts ``interval '1 month'``). A zero
         retention is the tick itself."""
-        amount, unit = retention_parts(self.retention)
+        return self._before(tick, self.retention)
+
+    def slice_bound(self, cutoff: datetime) -> datetime | None:
+        """The bound of a slice run with ``cutoff``: rows older than it are deleted (the
+        cutoff minus ``slice``, read like the retention); None for a count or full run."""
+        if self.rollout != "slice" or not self.slice:
+            return None
+        return self._before(cutoff, self.slice)
+
+    def _before(self, tick: datetime, text: str) -> datetime:
+        """``tick`` minus the duration ``text``, as ``cutoff_for`` reads a retention."""
+        amount, unit = retention_parts(text)
         utc = tick.astimezone(zoneinfo.ZoneInfo("UTC"))
         if amount == 0:
             return utc

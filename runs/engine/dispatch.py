@@ -56,7 +56,8 @@ def publish(lease: Lease) -> Lease:
 
 
 def concurrency_of(run: Run) -> int:
-    return run.policy_version.parsed.policy_workers
+    """The run's leases: the policy's workers; one for a slice run (its lowest concurrency)."""
+    return 1 if run.rollout == "slice" else run.policy_version.parsed.policy_workers
 
 
 @transaction.atomic
