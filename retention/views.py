@@ -21,7 +21,7 @@ from django.views.decorators.vary import vary_on_headers
 from core.models import OperatorAction
 from core.reauth import require_recent_password
 from core.roles import COMPLIANCE, ONCALL, require_role, roles_of
-from retention import actions
+from retention import actions, signals
 from retention.diff import spec_diff
 from retention.holds import coverage, release_impact
 from retention.models import LegalHold, Policy, PolicyVersion
@@ -134,6 +134,8 @@ def _policy_page(request, policy: Policy, *, form: dict | None = None, status: i
                 Q(policy=policy) | Q(policy__isnull=True), released_at__isnull=True
             ),
             "draft_toml": base.parsed.to_toml() if base else "",
+            # each approved version's stage and its runs (runs registers the report)
+            "rollout": signals.rollout_report(policy),
             "form": form or form_editor(base),
         },
         status=status,
@@ -363,6 +365,9 @@ def approvals(request):
             "eligible_now": eligible,
             "base_eligible_now": base_now,
             "hand": version.hand_of(request.user),
+            # the rollout step this version takes, and what the last count run found
+            "step": (base.parsed.rollout if base else None, version.parsed.rollout),
+            "rollout": signals.rollout_report(version.policy),
         }
         (others if row["hand"] else mine).append(row)
     return render(

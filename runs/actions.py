@@ -16,6 +16,7 @@ from retention import geometry
 from retention import predicate as P
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import period_label
+from runs.counts import count_totals
 from runs.engine import dispatch
 from runs.engine.schedules import sync_policy_schedule
 from runs.models import MAX_DISCARDED_SCOPES, Chunk, DeadLetter, PartitionAction, Run
@@ -418,8 +419,6 @@ def conclude_count(run: Run, *, open_letters: int, actor="reconciler") -> str:
     its totals (``runs.counts``) in its verification and state reason — or attention while a
     chunk's count is dead-lettered (a count with a hole is no count). Nothing is verified:
     nothing was deleted. One operator-log row (``run.counted``). Returns the new state."""
-    from runs.counts import count_totals  # the read model of count runs' figures
-
     if open_letters:
         run.state = Run.State.ATTENTION
         run.state_reason = f"{open_letters} dead-lettered chunk(s) need a decision"

@@ -10,8 +10,12 @@ the policy page, the manifest, the CSV, the drain window — reads the totals fr
 from __future__ import annotations
 
 from django.db import connection
+from django.utils import timezone
 
+from core.formatting import natural_key
+from retention.models import PolicyVersion
 from runs.models import Chunk, Run
+from runs.progress import progress_for
 
 MAX_SHOWN = 12  # tenants and months a page lists (the rest summed as "others")
 
@@ -64,8 +68,6 @@ def rows_counted(run: Run) -> int | None:
 def shown(mapping: dict, *, by_key: bool = False) -> list[tuple[str, int]]:
     """Per-tenant or per-month rows as a page lists them: the largest (or, ``by_key``, in
     order) first, at most ``MAX_SHOWN``, the rest as one ``others`` line."""
-    from core.formatting import natural_key
-
     items = sorted(
         mapping.items(),
         key=lambda kv: natural_key(kv[0]) if by_key else (-kv[1], natural_key(kv[0])),
@@ -102,4 +104,76 @@ def count_inflow(policy) -> dict | None:
         "newer_rows": b,
         "days": days,
         "inflow_per_day": round((b - a) / days) if days > 0 else None,
+    }
+
+
+MAX_VERSIONS = 10  # versions the policy page's rollout history lists
+MAX_RUNS = 10  # runs per version it lists
+
+
+def _count_facts(run: Run) -> dict:
+    totals = count_totals(run)
+    return {
+        "run_key": run.run_key,
+        "run_id": run.pk,
+        "version": run.policy_version.number,
+        "cutoff": run.cutoff,
+        "finished_at": run.finished_at,
+        "rows": totals["rows"],
+        "kept": totals["kept"],
+        "held": totals["held"],
+        "cascade": totals["cascade"],
+    }
+
+
+def rollout_report(policy) -> dict:
+    """What the approval card and the policy page show of a policy's rollout
+    (``retention.signals.rollout_sources``): ``last_count`` — the newest counted run's figures
+    (None without one) — ``inflow`` (``count_inflow``), and ``history``: per approved version,
+    newest first, its stage and its runs (state, rows deleted or counted)."""
+    counted = last_counts(policy, limit=1)
+    versions = list(
+        PolicyVersion.objects.filter(policy=policy)
+        .exclude(decided_at__isnull=True)
+        .filter(state__in=(PolicyVersion.State.APPROVED, PolicyVersion.State.SUPERSEDED))
+        .order_by("-number")[:MAX_VERSIONS]
+    )
+    runs_of = {v.pk: [] for v in versions}
+    for run in (
+        Run.objects.filter(policy_version__in=versions)
+        .select_related("policy_version", "policy")
+        .order_by("-tick", "-id")
+    ):
+        if len(runs_of[run.policy_version_id]) < MAX_RUNS:
+            runs_of[run.policy_version_id].append(run)
+    shown = [r for rs in runs_of.values() for r in rs]
+    progress = progress_for(shown, now=timezone.now()) if shown else {}
+    history = []
+    for version in versions:
+        spec = version.parsed
+        history.append(
+            {
+                "version": version.number,
+                "state": version.state,
+                "approved_at": version.decided_at,
+                "rollout": spec.rollout,
+                "slice": spec.slice,
+                "runs": [
+                    {
+                        "run_id": run.pk,
+                        "run_key": run.run_key,
+                        "state": run.state,
+                        "rollout": run.rollout,
+                        "slice_bound": run.slice_bound,
+                        "rows_counted": rows_counted(run),
+                        "rows_deleted": progress[run.pk].rows_deleted if run.pk in progress else 0,
+                    }
+                    for run in runs_of[version.pk]
+                ],
+            }
+        )
+    return {
+        "last_count": _count_facts(counted[0]) if counted else None,
+        "inflow": count_inflow(policy),
+        "history": history,
     }

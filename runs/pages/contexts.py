@@ -24,7 +24,7 @@ from retention import partitions, predicate
 from retention.models import KillSwitch, LegalHold, Policy, PolicyVersion
 from retention.schedule_math import period_label
 from retention.spec import parse_retention
-from runs import forecast
+from runs import counts, forecast
 from runs.engine import guard
 from runs.engine.schedules import schedule_name
 from runs.evidence import audit
@@ -276,7 +276,7 @@ def held_by_tenant(run: Run, holds: list) -> dict:
     frag = predicate.held_by_tenant(
         spec,
         policy_id=run.policy_id,
-        cutoff=run.cutoff,
+        cutoff=run.bound,
         outside=discarded_scopes(run),
         limit=HELD_COUNT_LIMIT,
     )
@@ -405,5 +405,19 @@ def run_page_context(run: Run) -> dict:
             )[:50]
         ),
         "broker": p.broker,
+        "counted": counted_context(run),
         "now": now,
+    }
+
+
+def counted_context(run: Run) -> dict | None:
+    """What a count run found so far (``runs.counts``), as the run page lists it: the totals,
+    rows per tenant (largest first) and per month (oldest first). None for another run."""
+    if not run.counts_only:
+        return None
+    totals = counts.count_totals(run)
+    return {
+        **totals,
+        "tenant_rows": counts.shown(totals["tenants"]),
+        "month_rows": counts.shown(totals["ages"], by_key=True),
     }
