@@ -847,7 +847,9 @@ def load_toml(text: str) -> PolicySpec:
 
 # -- the form editor: the common fields of a version, edited and written back as a policy file --
 
-FORM_FIELDS = ("name", "retention", "schedule", "chunk_size")  # and the keep rules
+# and the keep rules; an empty optional field (``slice``) is left out of the file
+FORM_FIELDS = ("name", "retention", "schedule", "chunk_size", "rollout", "slice")
+FORM_OPTIONAL = ("slice",)
 FORM_KEEP_ROWS = 3  # empty keep-rule rows the form offers beyond the version's own
 _FORM_INT = re.compile(r"^\s*[+-]?\d+\s*$")
 
@@ -902,6 +904,9 @@ def edited_toml(base: PolicySpec, fields: dict, keep: list[dict]) -> str:
     for path, text in fields.items():
         if path not in FORM_FIELDS:
             raise SpecError(f"the form does not edit {path!r}")
+        if path in FORM_OPTIONAL and not text.strip():
+            doc.pop(path, None)
+            continue
         doc[path] = form_value(path, text)
     retention = str(doc.get("retention", base.retention)).strip()
     if (

@@ -34,6 +34,7 @@ from retention.spec import (
     MAX_KEEP_RULES,
     MAX_POLICY_BYTES,
     NULLARY_OPERATORS,
+    ROLLOUT_STAGES,
     SpecError,
     edited_toml,
     form_keep_rule,
@@ -189,6 +190,7 @@ def form_editor(version: PolicyVersion | None, data=None, error: str = "") -> di
         return {
             "base": version,
             **{name: data.get(name, "") for name in FORM_FIELDS},
+            "rollout_stages": ROLLOUT_STAGES,
             "keep": rows,
             "operators": KEEP_OPERATORS,
             "error": error,
@@ -212,6 +214,9 @@ def form_editor(version: PolicyVersion | None, data=None, error: str = "") -> di
         "retention": spec.retention,
         "schedule": spec.schedule,
         "chunk_size": spec.chunk_size,
+        "rollout": spec.rollout,
+        "slice": spec.slice or "",
+        "rollout_stages": ROLLOUT_STAGES,
         "keep": rows,
         "operators": KEEP_OPERATORS,
     }

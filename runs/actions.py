@@ -427,9 +427,9 @@ def conclude_count(run: Run, *, open_letters: int, actor="reconciler") -> str:
         return run.state
     totals = count_totals(run)
     run.verification = {
-        "counted": totals["rows"],
+        "rows_counted": totals["rows"],
         "kept": totals["kept"],
-        "held": totals["held"],
+        "deferred_by_holds": totals["held"],
         "deferred_by_cascades": totals["cascade"],
         "checked_at": timezone.now().isoformat(),
         "pass": run.pass_no,

@@ -72,7 +72,7 @@ def shown(mapping: dict, *, by_key: bool = False) -> list[tuple[str, int]]:
         mapping.items(),
         key=lambda kv: natural_key(kv[0]) if by_key else (-kv[1], natural_key(kv[0])),
     )
-    if len(items) <= MAX_SHOWN:
+    if len(items) <= MAX_SHOWN + 2:  # an "others" line for one or two would save nothing
         return items
     head, rest = items[:MAX_SHOWN], items[MAX_SHOWN:]
     return [*head, (f"{len(rest)} others", sum(n for _k, n in rest))]

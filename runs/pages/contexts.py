@@ -216,6 +216,9 @@ def backlog_slo(max_backlog_age: str | None, window: dict) -> dict | None:
 VERIFICATION_LABELS = {
     "error": "Verification failed",
     "remaining": "Eligible rows left",
+    # a count run's (``actions.conclude_count``): nothing deleted, nothing left to verify
+    "rows_counted": "Rows a full run would delete (counted)",
+    "kept": "Kept by keep rules",
     "deferred_by_holds": "Deferred by legal holds",
     "deferred_by_cascades": "Deferred: their cascade would reach protected rows",
     "holds": "Legal holds in force",

@@ -179,3 +179,27 @@ def test_the_drain_window_of_a_count_only_policy_is_judged_from_two_count_runs(
     assert window["inflow_per_day"] == grown > 0
     assert window["verdict"] in ("converges", "at risk")
     assert "count runs (nothing deleted)" in window["explanation"]
+
+
+def test_the_form_editor_promotes_a_stage_as_a_new_version(client_for, count_run):
+    from .helpers import post
+
+    client = client_for("compliance")
+    page = "/policies/events/"
+    html = client.get(page).content.decode()
+    assert '<option value="count" selected>' in html and 'name="slice" value=""' in html
+    form = {
+        "editor": "form", "slug": "events", "base": "1", "name": "Events older than 20 days",
+        "retention": "20 days", "schedule": "0 3 * * *", "chunk_size": "200",
+        "rollout": "slice", "slice": "",
+        "keep-0-column": "status", "keep-0-op": "=", "keep-0-value": '"disputed"',
+    }  # fmt: skip
+    refused = post(client, reverse("retention:version_create"), form, page=page)
+    assert refused.status_code == 400
+    assert refused.context["form"]["error_field"] == "rollout"
+    assert "needs slice" in refused.context["form"]["error"]
+
+    post(client, reverse("retention:version_create"), {**form, "slice": "10 days"}, page=page)
+    draft = count_run.policy.versions.get(number=2)
+    assert (draft.parsed.rollout, draft.parsed.slice) == ("slice", "10 days")
+    assert draft.state != "approved"  # a second person approves it

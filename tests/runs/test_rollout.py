@@ -155,3 +155,29 @@ def test_rollout_fields_are_checked():
     from retention.spec import load_toml
 
     assert load_toml(spec.to_toml()) == spec
+
+
+def test_the_reconciler_concludes_a_count_run_and_never_treats_it_as_lost_work(events, make_user):
+    from runs.engine import planner, reconciler
+
+    policy = approved_policy(make_user, **events_spec(rollout="count", schedule="0 3 * * *"))
+    run, _ = trigger_run(policy, tick=NOW)
+    planner.plan(run, window=10_000)
+    while worker.process_one(run).kind == worker.DONE:  # its worker died before finishing
+        pass
+    run.refresh_from_db()
+    assert run.state == Run.State.ACTIVE and run.planner_done
+    generations = sorted(Lease.objects.filter(run=run).values_list("generation", flat=True))
+
+    report = reconciler.reconcile(now=NOW)
+    run.refresh_from_db()
+    assert (run.run_key, Run.State.COUNTED) in report["finished"]
+    assert run.state == Run.State.COUNTED and run.finished_at is not None
+    assert run.verification["rows_counted"] == count_totals(run)["rows"] > 0
+
+    again = reconciler.reconcile(now=NOW)
+    assert again["republished"] == 0 and again["rerun"] == [] and again["finished"] == []
+    assert sorted(Lease.objects.filter(run=run).values_list("generation", flat=True)) == (
+        generations
+    )
+    assert Run.objects.filter(policy=policy).count() == 1  # the period is not run again
