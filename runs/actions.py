@@ -384,6 +384,12 @@ def conclude_pass(run: Run, result: dict, *, open_letters: int, actor="reconcile
     elif result["remaining"] == 0:
         run.state = Run.State.DRAINED
         run.state_reason = verification_reason(result)
+        if run.slice_bound is not None:  # a slice run verified what it may delete, no more
+            run.state_reason = run.state_reason.replace(
+                "no eligible row left",
+                f"no eligible row older than the slice bound {run.slice_bound:%Y-%m-%d %H:%M} left",
+                1,
+            )
         run.finished_at = timezone.now()
     elif run.pass_no < run.policy_version.parsed.max_passes:
         run.pass_no += 1

@@ -4,9 +4,12 @@ run of the same cutoff then deletes; a slice run deletes exactly the rows older 
 
 from __future__ import annotations
 
+import io
+import json
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
 
 from retention import actions as retention_actions
 from retention.models import PolicyVersion
@@ -64,6 +67,12 @@ def test_a_count_run_deletes_nothing_and_counts_what_the_full_run_then_deletes(e
     assert "3" not in totals["tenants"]
     status = run_status(counted)
     assert status["rollout"] == "count" and status["rows_counted"] == totals["rows"]
+    out = io.StringIO()  # the command line's JSON is the same read model
+    call_command("retention", "status", counted.run_key, "--json", stdout=out)
+    printed = json.loads(out.getvalue())
+    assert (printed["state"], printed["rollout"], printed["rows_counted"]) == (
+        "counted", "count", totals["rows"],
+    )  # fmt: skip
     assert check_run(counted, shadow=SHADOW, expect_drained=False) == []
 
     # a full run of the same cutoff (the same schedule, retention and tick) then deletes
@@ -104,6 +113,9 @@ def test_a_slice_run_deletes_only_rows_older_than_cutoff_minus_slice(events, mak
     # older than the bound: only kept and held rows are left
     assert count("rr_events", "occurred_at < %s", [bound]) == kept + held > 0
     assert run.verification["remaining"] == 0
+    assert f"no eligible row older than the slice bound {bound:%Y-%m-%d %H:%M} left" in (
+        run.state_reason
+    )
     assert run.verification["deferred_by_holds"] == held
     assert set(AuditRecord.objects.filter(run=run).values_list("cutoff", flat=True)) == {bound}
     assert run_status(run)["slice_bound"] == bound.isoformat()
