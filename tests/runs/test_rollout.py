@@ -193,3 +193,16 @@ def test_the_reconciler_concludes_a_count_run_and_never_treats_it_as_lost_work(e
         generations
     )
     assert Run.objects.filter(policy=policy).count() == 1  # the period is not run again
+
+
+def test_a_runs_rollout_stage_and_slice_bound_never_change(events, make_user):
+    from django.db import DatabaseError, transaction
+
+    policy = approved_policy(make_user, **events_spec(rollout="slice", slice="10 days"))
+    run, _ = trigger_run(policy, tick=NOW)
+    for change in ({"rollout": "full"}, {"slice_bound": None}, {"slice_bound": run.cutoff}):
+        with pytest.raises(DatabaseError, match="rollout stage and slice bound never change"):
+            with transaction.atomic():
+                Run.objects.filter(pk=run.pk).update(**change)
+    run.refresh_from_db()
+    assert run.rollout == "slice" and run.slice_bound == run.cutoff - timedelta(days=10)
