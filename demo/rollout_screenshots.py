@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,11 +39,11 @@ def prepare() -> None:
     import django
 
     django.setup()
-    from datetime import timedelta
-
+    # the product's modules and Django's: importable once the app registry is ready
     from django.contrib.auth.models import User
     from django.utils import timezone
 
+    # the product's actions, as the demo command uses them
     from retention import actions
     from retention.models import Policy
     from retention.schedule_math import latest_tick
@@ -76,6 +77,7 @@ def prepare() -> None:
 
 
 def shoot(base: str) -> None:
+    # a browser driver: only this mode needs it
     from playwright.sync_api import sync_playwright
 
     pages = [

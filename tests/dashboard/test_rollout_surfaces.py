@@ -203,3 +203,15 @@ def test_the_form_editor_promotes_a_stage_as_a_new_version(client_for, count_run
     draft = count_run.policy.versions.get(number=2)
     assert (draft.parsed.rollout, draft.parsed.slice) == ("slice", "10 days")
     assert draft.state != "approved"  # a second person approves it
+
+
+def test_the_run_list_and_the_overview_mark_count_and_slice_runs(client_for, count_run):
+    client = client_for("viewer")
+    runs = client.get(reverse("runs:list")).content.decode()
+    row = runs.split(count_run.run_key, 1)[1].split("</tr>", 1)[0]
+    assert 'data-testid="run-rollout">count<' in row
+    overview = client.get(reverse("home")).content.decode()
+    card = overview.split(f'data-policy="{count_run.policy.slug}"', 1)[1].split("</section>")[0]
+    assert 'data-testid="run-rollout">count<' in card
+    assert "a count run: nothing deleted" in card
+    assert 'aria-valuenow="100"' in card  # counted whole
