@@ -37,8 +37,8 @@ def run_out(run: Run) -> dict:
     return {
         "run_key": run.run_key, "id": run.pk, "policy": run.policy.slug,
         "version": run.policy_version.number,
-        **{f: getattr(run, f) for f in ("state", "state_reason", "tick", "cutoff", "created_by",
-                                          "created_at", "finished_at")},
+        **{f: getattr(run, f) for f in ("state", "state_reason", "tick", "cutoff", "rollout",
+                                          "slice_bound", "created_by", "created_at", "finished_at")},
         "etag": etag_of(run),
     }  # fmt: skip
 

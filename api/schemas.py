@@ -164,6 +164,11 @@ class RunOut(Schema):
     state_reason: str
     tick: datetime
     cutoff: datetime
+    rollout: Literal["count", "slice", "full"] = Field(
+        description="count: counts what a full run would delete, deletes nothing; slice: "
+        "deletes only rows older than slice_bound; full: everything eligible"
+    )
+    slice_bound: datetime | None = Field(None, description="a slice run's bound (cutoff − slice)")
     created_by: str
     created_at: datetime
     finished_at: datetime | None

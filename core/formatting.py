@@ -131,6 +131,7 @@ STATE_LABELS: dict[str, str] = {
     "active": "active",
     "paused": "paused",
     "drained": "drained",
+    "counted": "counted",
     "attention": "needs attention",
     "superseded": "superseded",
     "cancelled": "cancelled",

@@ -819,6 +819,92 @@ def _chunk_rows(spec, policy_id, cutoff, tenant, key_from, key_to, outside, colu
     return scope, eligible(spec, policy_id=policy_id, cutoff=cutoff, outside=outside)
 
 
+def count_chunk(
+    spec: PolicySpec,
+    *,
+    policy_id: int,
+    cutoff: datetime,
+    tenant: str | None,
+    key_from,
+    key_to,
+    outside: Sequence[Scope] = (),
+    columns=None,
+    cascade: Fragment | None = None,
+) -> Fragment:
+    """A count run's chunk: what ``delete_chunk`` (same arguments) would delete, without
+    deleting — one ``SELECT`` over the chunk's scope and rows older than the cutoff, grouped
+    by tenant (as text) and month of the timestamp in the policy's timezone:
+    ``(tenant, "YYYY-MM", rows, kept, held, cascade)``. ``rows`` is the DELETE's own predicate
+    (``eligible``, holds included, and the cascade guard); ``kept``: a keep rule protects the
+    row; ``held``: eligible but for a legal hold; ``cascade``: eligible, not held, but its
+    cascade would reach a protected row. ``chunk_counts`` reads the result."""
+    types = column_types(spec)
+    scope, _deleted = _chunk_rows(
+        spec, policy_id, cutoff, tenant, key_from, key_to, outside, columns
+    )  # the DELETE's predicate ``_deleted`` is ``not_held`` AND NOT ``held`` (``eligible``)
+    not_held = eligible(
+        spec, policy_id=policy_id, cutoff=cutoff, include_holds=False, outside=outside,
+        types=types,
+    )  # fmt: skip
+    older = older_than(spec, cutoff, types=types)
+    present = has_values(spec)
+    keep = kept(spec)
+    h = held(spec, policy_id, types=types)
+    g = cascade or Fragment(sql.SQL("TRUE"), [])
+    tenant_expr = tenant_text(spec) if spec.tenant else sql.SQL("NULL::text")
+    text = sql.SQL(
+        "SELECT tn, mo, count(*) FILTER (WHERE e AND NOT h AND g),"
+        " count(*) FILTER (WHERE kp), count(*) FILTER (WHERE e AND h),"
+        " count(*) FILTER (WHERE e AND NOT h AND NOT g)"
+        " FROM (SELECT {tenant} AS tn, to_char({instant} AT TIME ZONE %s, 'YYYY-MM') AS mo,"
+        " ({e}) AS e, ({present}) AND ({kp}) AS kp,"
+        " CASE WHEN ({e}) THEN {h} ELSE FALSE END AS h,"
+        " CASE WHEN ({e}) THEN ({g}) IS TRUE ELSE FALSE END AS g"
+        " FROM {table} WHERE {scope} AND {older} OFFSET 0) AS s"
+        " WHERE e OR kp GROUP BY 1, 2"
+    ).format(
+        tenant=tenant_expr,
+        instant=timestamp_instant(spec, types=types),
+        e=not_held.sql,
+        present=present.sql,
+        kp=keep.sql,
+        h=h.sql,
+        g=g.sql,
+        table=table(spec),
+        scope=scope.sql,
+        older=older.sql,
+    )
+    params = [
+        spec.timezone,
+        *not_held.params,
+        *present.params,
+        *keep.params,
+        *not_held.params,
+        *h.params,
+        *not_held.params,
+        *g.params,
+        *scope.params,
+        *older.params,
+    ]
+    return Fragment(text, params)
+
+
+def chunk_counts(rows) -> dict:
+    """A ``count_chunk`` result as a chunk's counts: totals, and rows per tenant and month."""
+    out: dict = {"rows": 0, "kept": 0, "held": 0, "cascade": 0, "tenants": {}, "ages": {}}
+    for tn, month, rows_, kept_, held_, blocked in rows:
+        out["rows"] += rows_
+        out["kept"] += kept_
+        out["held"] += held_
+        out["cascade"] += blocked
+        if rows_:
+            if tn is not None:
+                out["tenants"][tn] = out["tenants"].get(tn, 0) + rows_
+            if month is not None:
+                out["ages"][month] = out["ages"].get(month, 0) + rows_
+    return out
+
+
 def count_where(spec: PolicySpec, where: Fragment, *, limit: int | None = None) -> Fragment:
     """``SELECT count(*)`` of rows matching ``where`` (optionally stopping at ``limit``)."""
     if limit is None:

@@ -33,6 +33,10 @@ CATCH_UP_MODES = ("latest", "none")
 OVERLAP_MODES = ("wait", "skip")
 VACUUM_MODES = ("recommend", "run", "off")
 PARTITION_ACTIONS = ("drop", "detach")
+# How far a version's runs go (docs/policies.md, "Rolling out a policy"): count what a full run
+# would delete and delete nothing; delete only rows older than the cutoff minus ``slice``; or
+# delete everything eligible.
+ROLLOUT_STAGES = ("count", "slice", "full")
 # Bounds on a policy file, so no input makes the parser, the preview or the DELETE unbounded.
 MAX_POLICY_BYTES = 64 * 1024
 MAX_KEEP_RULES = 32
@@ -442,6 +446,16 @@ FIELDS: tuple[Field, ...] = (
           "how long a detached partition's table is kept: the reconciler drops it once its "
           "detach is older (docs/policies.md, \"Partitioned tables\")",
           shown_default="kept for good", omitted_at_default=True),
+    Field("rollout", "rollout", "choice", "full", "",
+          "how far the version's runs go: `count` runs plan and count what a full run would "
+          "delete (per tenant, per month, kept, held) and delete nothing; `slice` runs delete "
+          "only rows older than the cutoff minus `slice`, one chunk at a time; `full` runs "
+          'delete everything eligible (see "Rolling out a policy" below)',
+          choices=ROLLOUT_STAGES, omitted_at_default=True),
+    Field("slice", "slice", "special", None,
+          '`"N minutes|hours|days|weeks|months|years"`, N ≥ 1; only with `rollout = "slice"`',
+          "a slice run deletes only rows older than its cutoff minus this (the slice bound)",
+          shown_default="none", omitted_at_default=True),
     Field("keep", "keep", "special", (), "see below", "rows that are never deleted",
           shown_default="none"),
 )  # fmt: skip
@@ -603,6 +617,10 @@ class PolicySpec:
     prometheus_threshold: float | None = None
     prometheus_timeout_ms: int | None = None
     prometheus_grace_s: int | None = None
+    # The rollout stage of the version's runs (ROLLOUT_STAGES) and, for "slice", how far
+    # before the cutoff deletion stops; both left out of the stored JSON at their defaults.
+    rollout: str = "full"
+    slice: str | None = None
 
     @classmethod
     def parse(cls, data: dict) -> PolicySpec:
@@ -678,6 +696,15 @@ class PolicySpec:
             except SpecError as exc:
                 raise SpecError("detached_keep: " + str(exc).replace("retention ", "", 1)) from None
             detached_keep = " ".join(detached_keep.split())
+        slice_text = data.get("slice")
+        if slice_text is not None:
+            try:
+                amount, _unit = retention_parts(slice_text)
+            except SpecError as exc:
+                raise SpecError("slice: " + str(exc).replace("retention ", "", 1)) from None
+            if amount <= 0:
+                raise SpecError(f"slice must be longer than zero, got {slice_text!r}")
+            slice_text = " ".join(slice_text.split())
         cascade = data.get("cascade_ack", [])
         if not isinstance(cascade, list) or not all(isinstance(c, str) for c in cascade):
             raise SpecError('cascade_ack must be a list of "schema.table" names')
@@ -711,6 +738,7 @@ class PolicySpec:
             max_backlog_age=max_backlog_age,
             detached_keep=detached_keep,
             timestamp_unit=timestamp_unit,
+            slice=slice_text,
             **guard_extra,
             **simple,
         )
@@ -730,6 +758,12 @@ class PolicySpec:
             raise SpecError(
                 'detached_keep applies only with partition_action = "detach" (a dropped'
                 f' partition leaves no table to keep), got partition_action = "{spec.partition_action}"'
+            )
+        if spec.rollout == "slice" and spec.slice is None:
+            raise SpecError('rollout = "slice" needs slice, e.g. slice = "30 days"')
+        if spec.slice is not None and spec.rollout != "slice":
+            raise SpecError(
+                f'slice applies only with rollout = "slice", got rollout = "{spec.rollout}"'
             )
         if spec.tenant_workers > spec.policy_workers:
             raise SpecError("limits.tenant_workers cannot exceed limits.policy_workers")
@@ -772,6 +806,8 @@ class PolicySpec:
             if f.path == "keep" or value is None or value == "":
                 continue
             if f.path == "pace_rows_per_s" and not value:
+                continue
+            if f.path == "rollout" and value == f.default:
                 continue
             if isinstance(value, tuple):
                 value = list(value)
@@ -838,7 +874,18 @@ class PolicySpec:
         month`` the same local time and day of the month before, or that month's last day
         when it is shorter — as PostgreSQL subtracts ``interval '1 month'``). A zero
         retention is the tick itself."""
-        amount, unit = retention_parts(self.retention)
+        return self._before(tick, self.retention)
+
+    def slice_bound(self, cutoff: datetime) -> datetime | None:
+        """The bound of a slice run with ``cutoff``: rows older than it are deleted (the
+        cutoff minus ``slice``, read like the retention); None for a count or full run."""
+        if self.rollout != "slice" or not self.slice:
+            return None
+        return self._before(cutoff, self.slice)
+
+    def _before(self, tick: datetime, text: str) -> datetime:
+        """``tick`` minus the duration ``text``, as ``cutoff_for`` reads a retention."""
+        amount, unit = retention_parts(text)
         utc = tick.astimezone(zoneinfo.ZoneInfo("UTC"))
         if amount == 0:
             return utc
@@ -870,7 +917,9 @@ def load_toml(text: str) -> PolicySpec:
 
 # -- the form editor: the common fields of a version, edited and written back as a policy file --
 
-FORM_FIELDS = ("name", "retention", "schedule", "chunk_size")  # and the keep rules
+# and the keep rules; an empty optional field (``slice``) is left out of the file
+FORM_FIELDS = ("name", "retention", "schedule", "chunk_size", "rollout", "slice")
+FORM_OPTIONAL = ("slice",)
 FORM_KEEP_ROWS = 3  # empty keep-rule rows the form offers beyond the version's own
 _FORM_INT = re.compile(r"^\s*[+-]?\d+\s*$")
 
@@ -925,6 +974,9 @@ def edited_toml(base: PolicySpec, fields: dict, keep: list[dict]) -> str:
     for path, text in fields.items():
         if path not in FORM_FIELDS:
             raise SpecError(f"the form does not edit {path!r}")
+        if path in FORM_OPTIONAL and not text.strip():
+            doc.pop(path, None)
+            continue
         doc[path] = form_value(path, text)
     retention = str(doc.get("retention", base.retention)).strip()
     if (

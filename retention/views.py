@@ -21,7 +21,7 @@ from django.views.decorators.vary import vary_on_headers
 from core.models import OperatorAction
 from core.reauth import require_recent_password
 from core.roles import COMPLIANCE, ONCALL, require_role, roles_of
-from retention import actions
+from retention import actions, signals
 from retention.diff import spec_diff
 from retention.holds import coverage, release_impact
 from retention.models import LegalHold, Policy, PolicyVersion
@@ -34,6 +34,7 @@ from retention.spec import (
     MAX_KEEP_RULES,
     MAX_POLICY_BYTES,
     NULLARY_OPERATORS,
+    ROLLOUT_STAGES,
     SpecError,
     edited_toml,
     form_keep_rule,
@@ -134,6 +135,8 @@ def _policy_page(request, policy: Policy, *, form: dict | None = None, status: i
                 Q(policy=policy) | Q(policy__isnull=True), released_at__isnull=True
             ),
             "draft_toml": base.parsed.to_toml() if base else "",
+            # each approved version's stage and its runs (runs registers the report)
+            "rollout": signals.rollout_report(policy),
             "form": form or form_editor(base),
         },
         status=status,
@@ -187,6 +190,7 @@ def form_editor(version: PolicyVersion | None, data=None, error: str = "") -> di
         return {
             "base": version,
             **{name: data.get(name, "") for name in FORM_FIELDS},
+            "rollout_stages": ROLLOUT_STAGES,
             "keep": rows,
             "operators": KEEP_OPERATORS,
             "error": error,
@@ -210,6 +214,9 @@ def form_editor(version: PolicyVersion | None, data=None, error: str = "") -> di
         "retention": spec.retention,
         "schedule": spec.schedule,
         "chunk_size": spec.chunk_size,
+        "rollout": spec.rollout,
+        "slice": spec.slice or "",
+        "rollout_stages": ROLLOUT_STAGES,
         "keep": rows,
         "operators": KEEP_OPERATORS,
     }
@@ -363,6 +370,9 @@ def approvals(request):
             "eligible_now": eligible,
             "base_eligible_now": base_now,
             "hand": version.hand_of(request.user),
+            # the rollout step this version takes, and what the last count run found
+            "step": (base.parsed.rollout if base else None, version.parsed.rollout),
+            "rollout": signals.rollout_report(version.policy),
         }
         (others if row["hand"] else mine).append(row)
     return render(

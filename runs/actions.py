@@ -16,6 +16,7 @@ from retention import geometry
 from retention import predicate as P
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import period_label
+from runs.counts import count_totals
 from runs.engine import dispatch
 from runs.engine.schedules import sync_policy_schedule
 from runs.models import MAX_DISCARDED_SCOPES, Chunk, DeadLetter, PartitionAction, Run
@@ -85,12 +86,17 @@ def trigger_run(
                 chunk_columns=list(shape.columns),
                 run_key=key, policy=policy, policy_version=version, tick=tick,
                 cutoff=spec.cutoff_for(tick), source=source, created_by=_actor_name(actor),
+                rollout=spec.rollout, slice_bound=spec.slice_bound(spec.cutoff_for(tick)),
                 skipped_ticks=list(skipped_ticks), chunk_size=spec.chunk_size, state=Run.State.WAITING,
                 replaces=replaces,
             )  # fmt: skip
     except IntegrityError:  # a concurrent trigger created it first
         return live_run_of_period(policy, tick) or Run.objects.get(run_key=key), False
     extra = {"replaces": replaces.run_key} if replaces is not None else {}
+    if run.rollout != "full":
+        extra["rollout"] = run.rollout
+    if run.slice_bound is not None:
+        extra["slice_bound"] = run.slice_bound.isoformat()
     record_action(actor, "run.trigger", run, reason=f"{source} trigger for tick {tick.isoformat()}",
                   cutoff=run.cutoff.isoformat(), version=version.number, skipped=len(skipped_ticks),
                   **extra)  # fmt: skip
@@ -101,7 +107,7 @@ def trigger_run(
 
 def _eligible_count(run: Run, spec, limit: int) -> int | None:
     frag = P.count_where(
-        spec, P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff), limit=limit
+        spec, P.eligible(spec, policy_id=run.policy_id, cutoff=run.bound), limit=limit
     )
     try:
         with (
@@ -171,6 +177,10 @@ def admit(run: Run, *, actor, reason: str) -> Run:
     a cancel): the blast-radius check, then start. A run whose eligible count could not be
     taken in time stays waiting (the reconciler tries again); it never starts unchecked."""
     spec = run.policy_version.parsed
+    if run.counts_only:
+        # deletes nothing, so there is no blast radius to check; its own chunks are the count
+        # (bounded statements admitted by the guard, not one count of the whole table here)
+        return start_run(run, actor=actor, reason=reason)
     baseline, source = _blast_baseline(run)
     limit = (
         max(BLAST_RADIUS_FLOOR, int(baseline * spec.blast_radius)) + 1 if baseline else 50_000_000
@@ -374,6 +384,12 @@ def conclude_pass(run: Run, result: dict, *, open_letters: int, actor="reconcile
     elif result["remaining"] == 0:
         run.state = Run.State.DRAINED
         run.state_reason = verification_reason(result)
+        if run.slice_bound is not None:  # a slice run verified what it may delete, no more
+            run.state_reason = run.state_reason.replace(
+                "no eligible row left",
+                f"no eligible row older than the slice bound {run.slice_bound:%Y-%m-%d %H:%M} left",
+                1,
+            )
         run.finished_at = timezone.now()
     elif run.pass_no < run.policy_version.parsed.max_passes:
         run.pass_no += 1
@@ -402,6 +418,46 @@ def conclude_pass(run: Run, result: dict, *, open_letters: int, actor="reconcile
         **{"pass": run.pass_no, "remaining": result.get("remaining")},
     )
     return run.state
+
+
+def conclude_count(run: Run, *, open_letters: int, actor="reconciler") -> str:
+    """A count run whose chunks are all counted (the run row locked by the caller): counted,
+    its totals (``runs.counts``) in its verification and state reason — or attention while a
+    chunk's count is dead-lettered (a count with a hole is no count). Nothing is verified:
+    nothing was deleted. One operator-log row (``run.counted``). Returns the new state."""
+    if open_letters:
+        run.state = Run.State.ATTENTION
+        run.state_reason = f"{open_letters} dead-lettered chunk(s) need a decision"
+        run.save(update_fields=["state", "state_reason"])
+        record_action(actor, "run.attention", run, reason=run.state_reason)
+        return run.state
+    totals = count_totals(run)
+    run.verification = {
+        "rows_counted": totals["rows"],
+        "kept": totals["kept"],
+        "deferred_by_holds": totals["held"],
+        "deferred_by_cascades": totals["cascade"],
+        "checked_at": timezone.now().isoformat(),
+        "pass": run.pass_no,
+    }
+    run.state = Run.State.COUNTED
+    run.state_reason = count_reason(totals)
+    run.finished_at = timezone.now()
+    run.save(update_fields=["state", "state_reason", "verification", "finished_at"])
+    record_action(actor, "run.counted", run, reason=run.state_reason, rows_counted=totals["rows"])
+    return run.state
+
+
+def count_reason(totals: dict) -> str:
+    """A counted run's state reason: what a full run would delete, and what it would leave."""
+    notes = [f"counted: a full run would delete {totals['rows']:,} row(s); nothing deleted"]
+    if totals["kept"]:
+        notes.append(f"{totals['kept']:,} kept by keep rules")
+    if totals["held"]:
+        notes.append(f"{totals['held']:,} deferred by legal holds")
+    if totals["cascade"]:
+        notes.append(f"{totals['cascade']:,} deferred: their cascade would reach protected rows")
+    return "; ".join(notes)
 
 
 def _resolve_open_letter(letter: DeadLetter, resolution: str, *, actor, reason: str) -> DeadLetter:

@@ -16,7 +16,7 @@ class RunsConfig(AppConfig):
     def ready(self) -> None:
         # the app registry is ready only now: runs' modules use the models at import
         from retention import signals
-        from runs import actions
+        from runs import actions, counts
         from runs.evidence import audit
 
         post_migrate.connect(_ensure_schedules, sender=self)
@@ -26,3 +26,5 @@ class RunsConfig(AppConfig):
         )
         if audit.measured_rate not in signals.preview_rate_sources:
             signals.preview_rate_sources.append(audit.measured_rate)
+        if counts.rollout_report not in signals.rollout_sources:
+            signals.rollout_sources.append(counts.rollout_report)

@@ -19,6 +19,8 @@ from core import timeouts
 from core.formatting import duration as _human
 from retention import predicate as P
 from retention.models import KillSwitch
+from retention.preview import ASSUMED_ROWS_PER_SECOND, measured_rate
+from runs.counts import count_inflow, last_counts, rows_counted
 from runs.engine.schedules import schedule_name
 from runs.models import AuditRecord, Chunk, Run
 from runs.progress import progress_for, stopped_by
@@ -85,13 +87,14 @@ def _measure(policy) -> dict:
     now = timezone.now()
     out = {
         "oldest_eligible_age_s": None, "overdue_s": None, "inflow_per_day": None,
-        "table_backlog": None, "rows_per_s": None, "version": None,
+        "table_backlog": None, "rows_per_s": None, "version": None, "rollout": None,
     }  # fmt: skip
     version = policy.approved_version
     if version is None:
         return out
     out["version"] = version.pk
     spec = version.parsed
+    out["rollout"] = spec.rollout
     cutoff_now = spec.cutoff_for(now)  # wall-clock days, like a run's
     where = P.eligible(spec, policy_id=policy.id, cutoff=cutoff_now)
     # the oldest row by the column itself (its index), read as an instant (an epoch number or
@@ -122,6 +125,50 @@ def _measure(policy) -> dict:
     out["table_backlog"] = _one(P.count_where(spec, where, limit=10_000_000), timeout_ms=5000)
     rate = observed_rate(policy, now)
     out["rows_per_s"] = round(rate, 1) if rate else None
+    return out
+
+
+def _judge_counts(policy, out: dict, now) -> dict:
+    """The verdict of a policy whose approved version only counts (``rollout = "count"``),
+    judged before anything is deleted: the backlog is what its last count run found, the
+    inflow what two successive count runs show (``runs.counts.count_inflow``), the rate the
+    preview's (measured for the policy, or assumed) at the policy's workers."""
+    last = last_counts(policy, limit=1)
+    if not last:
+        out["explanation"] = "count runs only: no count run has finished yet"
+        return out
+    backlog = rows_counted(last[0])
+    out["backlog_rows"] = backlog
+    spec = last[0].policy_version.parsed
+    rate = (measured_rate(policy.slug) or ASSUMED_ROWS_PER_SECOND) * spec.policy_workers
+    if spec.pace_rows_per_s:
+        rate = min(rate, spec.pace_rows_per_s)
+    out["rows_per_s"] = round(rate, 1)
+    out["eta_s"] = round(backlog / rate) if rate else None
+    inflow = count_inflow(policy)
+    found = f"count runs (nothing deleted): {backlog:,} rows to delete"
+    if inflow is None or inflow["inflow_per_day"] is None:
+        out["explanation"] = f"{found}; a second count run shows the inflow"
+        return out
+    per_day = inflow["inflow_per_day"]
+    out["inflow_per_day"] = per_day
+    upcoming = out["next_tick"]
+    window_s = None if upcoming is None else max(0.0, (upcoming - now).total_seconds())
+    keeps_up = rate * 86400 >= per_day
+    if keeps_up and (window_s is None or out["eta_s"] <= window_s):
+        out["verdict"] = "converges"
+        out["explanation"] = (
+            f"{found}, {per_day:,} more a day; at ~{rate:,.0f}/s they clear in "
+            f"{_human(out['eta_s'])}"
+        )
+    else:
+        out["verdict"] = "at risk"
+        why = (
+            f"needs {_human(out['eta_s'])}, longer than the {_human(window_s)} to the next tick"
+            if keeps_up
+            else f"{per_day:,} rows/day become eligible, faster than {rate * 86400:,.0f}/day"
+        )
+        out["explanation"] = f"{found} at ~{rate:,.0f}/s: {why}"
     return out
 
 
@@ -179,6 +226,8 @@ def _judge(policy, measured: dict, now, progress: dict, known: dict) -> dict:
         out["verdict"] = stopped[0]
         out["explanation"] = f"{stopped[1]}; {waiting}"
         return out
+    if measured.get("rollout") == "count":
+        return _judge_counts(policy, out, now)
     if upcoming is None:
         window_s = None
         tick_text = "no tick is scheduled"

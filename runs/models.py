@@ -24,13 +24,22 @@ class Run(models.Model):
         ACTIVE = "active"
         PAUSED = "paused"
         DRAINED = "drained"
+        # a count run (rollout "count") planned and counted what a full run would delete
+        COUNTED = "counted"
         ATTENTION = "attention", "needs attention"
         SUPERSEDED = "superseded"
         CANCELLED = "cancelled"
         SKIPPED = "skipped"
         EXPIRED = "expired", "expired unconfirmed"
 
-    TERMINAL = (State.DRAINED, State.SUPERSEDED, State.CANCELLED, State.SKIPPED, State.EXPIRED)
+    TERMINAL = (
+        State.DRAINED,
+        State.COUNTED,
+        State.SUPERSEDED,
+        State.CANCELLED,
+        State.SKIPPED,
+        State.EXPIRED,
+    )
     OPEN = (State.WAITING, State.CONFIRM, State.ACTIVE, State.PAUSED, State.ATTENTION)
 
     run_key = models.CharField(max_length=200, unique=True)
@@ -54,6 +63,13 @@ class Run(models.Model):
         null=True, blank=True, help_text="when the blast-radius guard held it for confirmation"
     )
     verification = models.JSONField(null=True, blank=True)
+    # The rollout stage of its version, fixed at creation (``spec.ROLLOUT_STAGES``): a count
+    # run deletes nothing and ends counted; a slice run deletes only rows older than
+    # ``slice_bound`` (its cutoff minus the version's slice), one chunk at a time.
+    rollout = models.CharField(max_length=8, default="full")
+    slice_bound = models.DateTimeField(
+        null=True, blank=True, help_text="a slice run deletes rows older than this"
+    )
     # What its chunks run along, chosen at creation and fixed, like the cutoff
     # (retention.geometry): "tenant", "key" or "timestamp"; "" on a run created before the
     # choice existed.
@@ -112,6 +128,17 @@ class Run(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in self.TERMINAL
+
+    @property
+    def bound(self):
+        """What its DELETE, planner and verification compare the timestamp with: the slice
+        bound of a slice run, else the cutoff."""
+        return self.slice_bound or self.cutoff
+
+    @property
+    def counts_only(self) -> bool:
+        """A count run: it plans and counts, and deletes nothing."""
+        return self.rollout == "count"
 
     @property
     def elapsed_s(self) -> float | None:
@@ -254,6 +281,10 @@ class Chunk(models.Model):
     throttle_reason = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     done_at = models.DateTimeField(null=True, blank=True)
+    # A count run's chunk: what its DELETE would have removed, counted by the same predicate
+    # in its own short statement ({"rows", "kept", "held", "cascade", "tenants": {t: rows},
+    # "ages": {"YYYY-MM": rows}}; ``runs.counts``). NULL for a chunk that deletes.
+    counts = models.JSONField(null=True, blank=True)
 
     objects = ChunkQuerySet.as_manager()
 

@@ -463,7 +463,7 @@ def _derive(p: RunProgress, admitted: int | None, started: datetime | None, now:
         p.rows_expected, p.expected_bound = 0, ABOUT  # no count yet and the walk goes on
     else:
         p.rows_expected, p.expected_bound = most, UP_TO
-    if p.state == Run.State.DRAINED:
+    if p.state in (Run.State.DRAINED, Run.State.COUNTED):  # a count run: counted whole
         p.rows_expected = p.rows_deleted
         p.expected_bound = ABOUT
         p.percent = 100

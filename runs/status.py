@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from core import timeouts
 from retention.models import KillSwitch
+from runs.counts import count_totals
 from runs.engine import guard
 from runs.forecast import drain_window
 from runs.models import Chunk, DeadLetter, Run
@@ -33,6 +34,7 @@ def run_status(run: Run) -> dict:
         "policy_version": run.policy_version.number,
         "tick": run.tick.isoformat(),
         "cutoff": run.cutoff.isoformat(),
+        **rollout_facts(run),
         "pass": run.pass_no,
         "planner_done": run.planner_done,
         **p.as_dict(),
@@ -58,6 +60,27 @@ def _control(run: Run) -> dict | None:
     if control is None:
         return None
     return {**control, "stepped_at": control["stepped_at"].isoformat()}
+
+
+def rollout_facts(run: Run) -> dict:
+    """What the run's rollout stage says (docs/policies.md, "Rolling out a policy"): the stage;
+    a slice run's bound; a count run's ``rows_counted`` (what a full run of its cutoff would
+    delete) and the rest of its counts (``runs.counts``)."""
+    out: dict = {"rollout": run.rollout}
+    if run.slice_bound is not None:
+        out["slice_bound"] = run.slice_bound.isoformat()
+    if run.counts_only:
+        totals = count_totals(run)
+        out["rows_counted"] = totals["rows"]
+        out["counts"] = {
+            "kept": totals["kept"],
+            "held": totals["held"],
+            "deferred_by_cascades": totals["cascade"],
+            "chunks": totals["chunks"],
+            "tenants": totals["tenants"],
+            "months": totals["ages"],
+        }
+    return out
 
 
 def health_of(run: Run, p: RunProgress, now, *, switch=UNREAD) -> tuple[str, str, str]:

@@ -56,10 +56,11 @@ def publish(lease: Lease) -> Lease:
 
 
 def concurrency_of(run: Run) -> int:
-    """Leases per run: the policy's workers. How many of them run a chunk transaction at once
-    is the guard's latency controller's to say (its setting is the count of the policy's
-    ceiling slots a chunk may take, runs.engine.guard): a lease over it waits for a slot."""
-    return run.policy_version.parsed.policy_workers
+    """Leases per run: the policy's workers; one for a slice run (its lowest concurrency).
+    How many of them run a chunk transaction at once is the guard's latency controller's to
+    say (its setting is the count of the policy's ceiling slots a chunk may take,
+    runs.engine.guard): a lease over it waits for a slot."""
+    return 1 if run.rollout == "slice" else run.policy_version.parsed.policy_workers
 
 
 @transaction.atomic

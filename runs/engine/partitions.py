@@ -105,9 +105,11 @@ def _through_function(spec, step: str, action) -> None:
 
 
 def needs_settling(run: Run) -> bool:
-    """Pass 1 before its first plan step (the planner's cursors not made yet)."""
+    """Pass 1 before its first plan step (the planner's cursors not made yet); never for a
+    count run."""
     return (
         run.pass_no == 1
+        and not run.counts_only  # a count run takes nothing whole: its chunks count every row
         and not run.planner_done
         and not PlannerCursor.objects.filter(run=run, pass_no=1).exists()
     )
@@ -240,7 +242,7 @@ def settle_one(run: Run, spec, tree: RP.Tree, part: RP.Partition) -> str:
     existing = PartitionAction.objects.filter(run=run, schema=part.schema, name=part.name).first()
     if existing is not None and existing.state != PartitionAction.State.DETACHING:
         return SETTLED
-    if existing is None and not RP.bound_past(spec, tree, part, run.cutoff):
+    if existing is None and not RP.bound_past(spec, tree, part, run.bound):
         return SETTLED
     with _session_fences(run, spec):
         refusal = _refusal(run)
@@ -250,7 +252,7 @@ def settle_one(run: Run, spec, tree: RP.Tree, part: RP.Partition) -> str:
             if _ddl_mode(spec) == FUNCTION:  # the workers may read it through the function
                 _through_function(spec, "read", (run.id, part.schema, part.name))
             try:
-                census = RP.census(spec, part, policy_id=run.policy_id, cutoff=run.cutoff,
+                census = RP.census(spec, part, policy_id=run.policy_id, cutoff=run.bound,
                                    outside=discarded_scopes(run), digest=True)  # fmt: skip
             except DatabaseError as exc:
                 if classify(exc).sqlstate != "57014":
@@ -466,7 +468,7 @@ def _finish(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
             )
             return SETTLED
         _exec(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(part.ident()))
-        census = RP.census(spec, part, policy_id=run.policy_id, cutoff=run.cutoff,
+        census = RP.census(spec, part, policy_id=run.policy_id, cutoff=run.bound,
                            outside=discarded_scopes(run), digest=True)  # fmt: skip
         blocked = RP.blocker(spec, part)
         if not census.droppable or blocked:
@@ -495,7 +497,7 @@ def _finish(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> str:
         }
         audit.append(
             chunk_id=chunk.id, run_id=run.id, policy_version_id=run.policy_version_id,
-            policy_slug=spec.slug, table_name=spec.qualified_table, cutoff=run.cutoff, tenant="",
+            policy_slug=spec.slug, table_name=spec.qualified_table, cutoff=run.bound, tenant="",
             key_from=chunk.key_from, key_to=chunk.key_to, attempt=1, worker_host=HOST,
             worker_pid=os.getpid(), rows_deleted=census.rows, started_at=started,
             outcome=facts["action"], run_key=run.run_key, partition=facts,
@@ -579,7 +581,7 @@ def _drop_detached(action: PartitionAction, spec, now) -> str:
     else:
         part = RP.Partition(action.schema, action.name, action.bounds, None, None, None)
         _exec(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(part.ident()))
-        census = RP.census(spec, part, policy_id=run.policy_id, cutoff=run.cutoff,
+        census = RP.census(spec, part, policy_id=run.policy_id, cutoff=run.bound,
                            outside=discarded_scopes(run), digest=True)  # fmt: skip
         if census.rows != action.rows or (census.digest or "") != action.digest:
             why = (

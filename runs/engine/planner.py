@@ -262,7 +262,7 @@ def ensure_cursors(run: Run, spec: PolicySpec) -> None:
             return
         lo, hi = _fetchone(
             bounds_query(
-                run.policy_id, run.cutoff, spec, discarded_scopes(run), run.bound_columns(spec)
+                run.policy_id, run.bound, spec, discarded_scopes(run), run.bound_columns(spec)
             )
         )
         if lo is None:

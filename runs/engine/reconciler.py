@@ -29,6 +29,7 @@ from retention.models import KillSwitch, Policy
 from retention.schedule_math import latest_tick
 from retention.spec import SpecError
 from runs.actions import (
+    conclude_count,
     conclude_pass,
     expire_confirm_holds,
     run_key_for,
@@ -73,12 +74,12 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
     spec = run.policy_version.parsed
     types = P.column_types(spec)
     _graph, cascade = cascades.for_run(
-        spec, policy_id=run.policy_id, cutoff=run.cutoff, tick=run.tick
+        spec, policy_id=run.policy_id, cutoff=run.bound, tick=run.tick
     )
     counts = P.verification_counts(
         spec,
         policy_id=run.policy_id,
-        cutoff=run.cutoff,
+        cutoff=run.bound,
         outside=discarded_scopes(run),
         limit=limit,
         types=types,
@@ -161,7 +162,7 @@ def discarded_report(run: Run, spec, *, types: dict | None = None) -> list[dict]
             columns=run.bound_columns(spec),
             types=types,
         )
-        cond = P.eligible(spec, policy_id=run.policy_id, cutoff=run.cutoff, types=types)
+        cond = P.eligible(spec, policy_id=run.policy_id, cutoff=run.bound, types=types)
         where = P.Fragment(
             sql.SQL("{} AND {}").format(scope.sql, cond.sql), scope.params + cond.params
         )
@@ -204,6 +205,11 @@ def finish_run(run: Run) -> str:
         open_letters = DeadLetter.objects.filter(
             run=run, resolution=DeadLetter.Resolution.OPEN
         ).count()
+        if run.counts_only:
+            conclude_count(run, open_letters=open_letters, actor="reconciler")
+            if run.state == Run.State.COUNTED:
+                start_waiting_runs(run.policy)
+            return run.state
         try:
             with (
                 transaction.atomic(),

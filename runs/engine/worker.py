@@ -248,7 +248,8 @@ def _open_chunk_transaction(
         locks.CEILING_GLOBAL,
         _slot_keys("global", cfg["GLOBAL_CEILING"]),
         locks.CEILING_POLICY,
-        _slot_keys(f"policy:{run.policy_id}", policy_slots),
+        # the controller's setting, never over the run's own ceiling (one for a slice run)
+        _slot_keys(f"policy:{run.policy_id}", min(policy_slots, policy_ceiling(run, spec))),
         claim.chunk_id,
         claim.claimed_at,
         per_tenant,
@@ -295,6 +296,12 @@ def _open_chunk_transaction(
 
 
 TENANT_BUSY = "tenant_busy"  # internal: try a chunk of another tenant
+
+
+def policy_ceiling(run: Run, spec) -> int:
+    """Chunk transactions of the policy at once while ``run`` drains: the policy's workers, one
+    for a slice run (the lowest concurrency: one chunk at a time)."""
+    return 1 if run.rollout == "slice" else spec.policy_workers
 
 
 def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
@@ -413,14 +420,14 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
         # read after the fences: a version approved since is respected by this chunk
         try:
             graph, cascade = cascades.for_run(
-                spec, policy_id=run.policy_id, cutoff=run.cutoff, tick=run.tick
+                spec, policy_id=run.policy_id, cutoff=run.bound, tick=run.tick
             )
         except SpecError as exc:  # the table's cascades changed into ones no guard can follow
             _record_failure(run, chunk_id, attempts, exc)
             return Outcome(FAILED, chunk_id, reason=str(exc))
         rows = dict(
             policy_id=run.policy_id,
-            cutoff=run.cutoff,
+            cutoff=run.bound,
             tenant=tenant if per_tenant else None,
             key_from=claim.lo,
             key_to=claim.hi,
@@ -428,6 +435,8 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
             columns=run.bound_columns(spec),
         )
         by_tenant = bool(spec.tenant) and not per_tenant
+        if run.counts_only:
+            return _count_chunk(run, spec, claim, rows, cascade, t0, commit=own)
         statement = P.delete_chunk(spec, **rows, by_tenant=by_tenant, cascade=cascade)
         try:
             deleted, tenant_rows, head, table_rows = _delete(
@@ -455,7 +464,7 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
                 "policy_version_id": run.policy_version_id,
                 "policy_slug": spec.slug,
                 "table_name": spec.qualified_table,
-                "cutoff": run.cutoff,
+                "cutoff": run.bound,  # a slice run's bound: what its DELETE compared with
                 "tenant": tenant,
                 **_audit_bounds(claim, run.own_bound_columns()),
                 "attempt": attempts + 1,
@@ -479,6 +488,43 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
             raise _CommitFailed(exc) from exc
         seconds = time.monotonic() - t0
     return Outcome(DONE, chunk_id, rows=deleted, seconds=seconds)
+
+
+def _count_chunk(
+    run: Run, spec, claim: Claim, rows: dict, cascade, t0: float, *, commit: bool
+) -> Outcome:
+    """A count run's chunk: instead of its DELETE, one short statement over the same scope and
+    the same eligibility predicate (``predicate.count_chunk``) counts what the DELETE would
+    remove — per tenant and month — and the rows keep rules keep and legal holds defer; the
+    chunk is done with the counts on it, nothing deleted and no audit record (nothing to
+    prove removed). A failure is recorded like a failed DELETE's (retried, split or
+    dead-lettered)."""
+    statement = P.count_chunk(spec, **rows, cascade=cascade)
+    try:
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(statement.sql.as_string(cur.connection), statement.params)
+            found = cur.fetchall()
+    except DatabaseError as exc:
+        if _connection_lost(exc):
+            raise
+        _record_failure(run, claim.chunk_id, claim.attempts, exc)
+        return Outcome(FAILED, claim.chunk_id, reason=str(exc).splitlines()[0] if str(exc) else "")
+    counts = P.chunk_counts(found)
+    with connection.cursor() as cur, one_round_trip():
+        cur.execute(
+            "UPDATE runs_chunk SET state = %s, done_at = %s, attempts = %s, throttle_reason = '',"
+            " claimed_at = NULL, counts = %s WHERE id = %s",
+            [
+                Chunk.State.DONE.value,
+                timezone.now(),
+                claim.attempts + 1,
+                json.dumps(counts),
+                claim.chunk_id,
+            ],
+        )
+        if commit:
+            cur.execute("COMMIT")
+    return Outcome(DONE, claim.chunk_id, rows=0, seconds=time.monotonic() - t0)
 
 
 def _delete(
@@ -765,7 +811,7 @@ def _pace(run: Run, outcome: Outcome, deadline: float) -> None:
     spec = run.policy_version.parsed
     if not spec.pace_rows_per_s:
         return
-    per_worker = spec.pace_rows_per_s / spec.policy_workers
+    per_worker = spec.pace_rows_per_s / policy_ceiling(run, spec)
     wait = outcome.rows / per_worker - outcome.seconds
     if wait > 0:
         stopping.sleep(min(wait, max(0.0, deadline - time.monotonic())))

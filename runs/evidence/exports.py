@@ -45,6 +45,7 @@ from psycopg.errors import QueryCanceled
 from core.filters import QueryFilters, as_id
 from core.models import OperatorAction
 from retention.models import LegalHold, Policy
+from runs.counts import count_totals
 from runs.evidence import anchors as evidence
 from runs.evidence import audit
 from runs.models import AuditRecord, Chunk, Run, show_bound
@@ -66,6 +67,8 @@ CSV_COLUMNS = [
     ("approved_by", "approved_by_name"),
     ("run_id", "run_id"),
     ("run_key", "run__run_key"),
+    # the run's rollout stage: full, slice (cutoff below is its slice bound) or count
+    ("rollout", "run__rollout"),
     ("chunk_id", "chunk_id"),
     ("table", "table_name"),
     ("tenant", "tenant"),
@@ -80,6 +83,9 @@ CSV_COLUMNS = [
     ("cutoff", "cutoff_text"),
     ("attempt", "attempt"),
     ("rows_deleted", "rows_deleted"),
+    # a count run's chunk (no audit record: it deleted nothing): what its DELETE would have
+    # removed; empty on an audit record's line
+    ("rows_counted", "rows_counted_text"),
     # rows removed in each table the chunk's DELETE reached through cascading foreign keys, its
     # own included (chain version 7): {"schema.table": rows}; empty: no cascading key
     ("table_rows", "table_rows_text"),
@@ -335,6 +341,7 @@ def csv_rows(filters: AuditFilters) -> Iterator[bytes]:
         "bounds_on_text": ColumnList("bound_columns"),
         "table_rows_text": Cast("table_rows", TextField()),
         "outcome_text": reported_outcome(),
+        "rows_counted_text": Value(None, output_field=BigIntegerField()),
         "holds_text": holds_in_force(),
         "tenant_rows_text": Cast(
             Coalesce(
@@ -376,11 +383,67 @@ def csv_rows(filters: AuditFilters) -> Iterator[bytes]:
             with cur.cursor.copy(f"COPY ({select_sql}) TO STDOUT (FORMAT csv)", params) as copy:
                 for block in copy:
                     yield bytes(block)
+        yield from counted_rows(filters)
     except (DatabaseError, psycopg.Error) as exc:  # COPY runs on psycopg's own cursor
         # the status line is long gone: say so in the file itself, as its last line
         canceled = isinstance(exc, QueryCanceled) or isinstance(exc.__cause__, QueryCanceled)
         why = "statement timeout" if canceled else type(exc).__name__
         yield f"ERROR: export incomplete ({why}); narrow the filters and export again\n".encode()
+
+
+COUNTED = "counted"
+
+
+def counted_rows(filters: AuditFilters) -> Iterator[bytes]:
+    """The CSV lines of a count run's counted chunks, when the export is of one count run (its
+    chunks have no audit record: nothing was deleted): one line per chunk in the audit
+    columns, ``outcome`` "counted", ``rows_deleted`` 0 and ``rows_counted`` what the chunk's
+    DELETE would have removed; its tenant rows as counted. Other selections: nothing."""
+    run = filters.run_obj() if filters.run and not filters.errors else None
+    if run is None or not run.counts_only or filters.policy or filters.date_from or filters.date_to:
+        return
+    version = run.policy_version
+    chunks = Chunk.objects.filter(run=run, state=Chunk.State.DONE, counts__isnull=False)
+    if filters.tenant:
+        chunks = chunks.filter(tenant=filters.tenant)
+    bounds_on = ", ".join(run.chunk_columns) if run.chunking == "timestamp" else ""
+    values = {
+        "policy": run.policy.slug, "policy_version": version.number,
+        "version_hash": version.approved_hash or version.content_hash,
+        "approved_by": version.decided_by.username if version.decided_by else "",
+        "run_id": run.pk, "run_key": run.run_key, "rollout": run.rollout,
+        "table": version.parsed.qualified_table, "bounds_on": bounds_on,
+        "cutoff": _iso(run.bound), "rows_deleted": 0, "outcome": COUNTED,
+    }  # fmt: skip
+    names = [name for name, _ in CSV_COLUMNS]
+    for chunk in chunks.order_by("id").iterator(chunk_size=BATCH):
+        line = {
+            **values,
+            "chunk_id": chunk.pk,
+            "tenant": chunk.tenant,
+            "key_from": chunk.key_from,
+            "key_to": chunk.key_to,
+            "key_lo": json.dumps(chunk.lo) if chunk.lo is not None else "",
+            "key_hi": json.dumps(chunk.hi) if chunk.hi is not None else "",
+            "committed_at": _iso(chunk.done_at),
+            "attempt": chunk.attempts,
+            "rows_counted": chunk.counts.get("rows", 0),
+            "tenant_rows": json.dumps(chunk.counts.get("tenants", {})),
+        }
+        out = io.StringIO()
+        cells = [line.get(name, "") for name in names]
+        cells = [
+            _safe_cell(c) if n in TEXT_COLUMNS else c for n, c in zip(names, cells, strict=True)
+        ]
+        csv.writer(out, lineterminator="\n").writerow(cells)
+        yield out.getvalue().encode()
+
+
+def _safe_cell(value):
+    """A free-text cell that a spreadsheet would read as a formula, quoted with ``'``
+    (what ``Neutralized`` does in SQL)."""
+    text = "" if value is None else str(value)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
 def csv_response(filters: AuditFilters) -> HttpResponse:
@@ -529,6 +592,10 @@ def manifest_header(run: Run) -> dict:
             "source": run.source,
             "tick": _iso(run.tick),
             "cutoff": _iso(run.cutoff),
+            # the rollout stage: a slice run's DELETEs and verification used slice_bound;
+            # a count run deleted nothing (totals.rows_counted: what a full run would delete)
+            "rollout": run.rollout,
+            "slice_bound": _iso(run.slice_bound),
             "created_at": _iso(run.created_at),
             "created_by": run.created_by,
             "started_at": _iso(run.started_at),
@@ -573,6 +640,7 @@ def manifest_header(run: Run) -> dict:
             "audit_records": progress.audit_records,
             "first_committed_at": _iso(progress.first_commit),
             "last_committed_at": _iso(progress.last_commit),
+            **counted_totals(run),
         },
         "verification": run.verification,
         "partitions": [
@@ -603,6 +671,22 @@ def manifest_header(run: Run) -> dict:
         "holds": applied_holds(run),
         "operator_actions": run_actions(run),
         **anchor_evidence(),
+    }
+
+
+def counted_totals(run: Run) -> dict:
+    """A count run's totals for its manifest (``runs.counts``): rows a full run would delete,
+    kept, held, deferred by cascades, and rows per tenant and month. Nothing for another run."""
+    if not run.counts_only:
+        return {}
+    totals = count_totals(run)
+    return {
+        "rows_counted": totals["rows"],
+        "rows_kept": totals["kept"],
+        "rows_held": totals["held"],
+        "rows_deferred_by_cascades": totals["cascade"],
+        "rows_counted_by_tenant": totals["tenants"],
+        "rows_counted_by_month": totals["ages"],
     }
 
 
@@ -638,6 +722,7 @@ CHUNK_FIELDS = [
     ("audit_hash", "audit__hash"),
     ("committed_at", "audit__committed_at"),
     ("partition", "audit__partition"),  # a partition taken whole (pass 0): its record's facts
+    ("counts", "counts"),  # a count run's chunk: what its DELETE would have removed
 ]
 
 
@@ -657,6 +742,10 @@ def manifest_chunks(run: Run) -> Iterator[dict]:
     for row in rows.iterator(chunk_size=BATCH):
         item = dict(zip(names, row, strict=True))
         item["committed_at"] = _iso(item["committed_at"])
+        if item["counts"] is None:
+            del item["counts"]
+        elif item["state"] == Chunk.State.DONE:
+            item["outcome"] = COUNTED
         if reader is not None and item["key_lo"] is not None:
             lo, hi = tuple(item["key_lo"]), item["key_hi"] and tuple(item["key_hi"])
             item["interval"] = (

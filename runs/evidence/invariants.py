@@ -400,6 +400,15 @@ def verified_holds(run: Run) -> tuple[list[HoldScope], list[str]]:
 def _ledger_problems(run: Run) -> list[str]:
     problems: list[str] = []
     done = set(Chunk.objects.filter(run=run, state=Chunk.State.DONE).values_list("id", flat=True))
+    if run.counts_only:  # a count run's chunks count and delete nothing: no audit row each
+        uncounted = Chunk.objects.filter(run=run, state=Chunk.State.DONE, counts__isnull=True)
+        if uncounted.exists():
+            problems.append(f"{uncounted.count()} finished chunk(s) of a count run without counts")
+        if AuditRecord.objects.filter(run=run).exists():
+            problems.append("a count run has audit rows: it deleted rows")
+        chain = verify_chain()
+        problems.extend(f"audit chain: {p}" for p in chain.problems)
+        return problems
     audited = dict(
         AuditRecord.objects.filter(run=run)
         .values_list("chunk_id")
@@ -514,6 +523,14 @@ def check_run(
             f" in {spec.timezone} = {expected.isoformat()}"
         )
 
+    if run.rollout == "slice" and expected is not None:
+        # a slice run deletes rows older than cutoff − slice, computed here from the spec
+        expected = spec.slice_bound(expected)
+        if expected != run.slice_bound:
+            problems.append(
+                f"the run's slice bound {run.slice_bound} is not cutoff − {spec.slice}"
+                f" = {expected.isoformat()}"
+            )
     # Rows are judged against the cutoff the tick and retention give, not the stored one.
     oracle = Oracle(run, holds, cutoff=expected)
     target = sql.SQL("{} AS {}").format(sql.Identifier(spec.schema, spec.table), ROW)

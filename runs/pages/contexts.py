@@ -24,7 +24,7 @@ from retention import partitions, predicate
 from retention.models import KillSwitch, LegalHold, Policy, PolicyVersion
 from retention.schedule_math import period_label
 from retention.spec import parse_retention
-from runs import forecast
+from runs import counts, forecast
 from runs.engine import guard
 from runs.engine.schedules import schedule_name
 from runs.evidence import audit
@@ -224,6 +224,9 @@ def backlog_slo(max_backlog_age: str | None, window: dict) -> dict | None:
 VERIFICATION_LABELS = {
     "error": "Verification failed",
     "remaining": "Eligible rows left",
+    # a count run's (``actions.conclude_count``): nothing deleted, nothing left to verify
+    "rows_counted": "Rows a full run would delete (counted)",
+    "kept": "Kept by keep rules",
     "deferred_by_holds": "Deferred by legal holds",
     "deferred_by_cascades": "Deferred: their cascade would reach protected rows",
     "holds": "Legal holds in force",
@@ -284,7 +287,7 @@ def held_by_tenant(run: Run, holds: list) -> dict:
     frag = predicate.held_by_tenant(
         spec,
         policy_id=run.policy_id,
-        cutoff=run.cutoff,
+        cutoff=run.bound,
         outside=discarded_scopes(run),
         limit=HELD_COUNT_LIMIT,
     )
@@ -413,5 +416,19 @@ def run_page_context(run: Run) -> dict:
             )[:50]
         ),
         "broker": p.broker,
+        "counted": counted_context(run),
         "now": now,
+    }
+
+
+def counted_context(run: Run) -> dict | None:
+    """What a count run found so far (``runs.counts``), as the run page lists it: the totals,
+    rows per tenant (largest first) and per month (oldest first). None for another run."""
+    if not run.counts_only:
+        return None
+    totals = counts.count_totals(run)
+    return {
+        **totals,
+        "tenant_rows": counts.shown(totals["tenants"]),
+        "month_rows": counts.shown(totals["ages"], by_key=True),
     }

@@ -57,6 +57,8 @@ def test_the_toml_writer_and_the_diff_cover_every_declared_key():
             timestamp_is_expiry="true",
             null_tenant='"delete"',
             chunking='"key"',
+            rollout='"slice"',
+            slice='"30 days"',
             cascade_ack='["public.b", "public.a"]',
             tables='[slo]\nmax_backlog_age = "2 days"\n'
             '[guard]\ninflation_budget = 2.0\nprometheus_url = "http://prom:9090"\n'
