@@ -23,9 +23,10 @@ class CoreConfig(AppConfig):
 
 
 def ensure_role_groups(using: str = "default", **_) -> None:
+    # models are importable only once the app registry is ready, after this module loads
     from django.contrib.auth.models import Group
 
-    from core.roles import ALL_ROLES
+    from core.roles import ALL_ROLES  # imports the seals, which read the user model
 
     for name in ALL_ROLES:
         Group.objects.using(using).get_or_create(name=name)
