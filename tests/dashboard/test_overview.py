@@ -31,7 +31,7 @@ def test_the_overview_renders_fully_on_a_plain_get(client_for, run):
     assert response.status_code == 200
     html = response.content.decode()
     assert "<html" in html
-    assert 'hx-trigger="every 5s' in html
+    assert 'hx-trigger="beat from:document' in html  # the refresh on the clock's beat
     card = card_of(html, "events")
     assert run.run_key in card
     assert "active" in card
