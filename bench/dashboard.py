@@ -242,15 +242,21 @@ def deleted_so_far(run) -> int:
 
 
 def start_workers(run, n: int = 2) -> list[subprocess.Popen]:
-    """``n`` ``retention drain`` processes on the bench database (their own connections, as
-    qcluster workers would be), draining ``run`` until it has no work."""
+    """``n`` ``retention drain --until-idle`` processes on the bench database (their own
+    connections, as qcluster workers would be), draining ``run`` until it has no work.
+
+    ``--until-idle`` matters: without it a drain process ends at the first moment nothing is
+    admissible — a guard throttle (autovacuum or autoanalyze on the target after a few hundred
+    thousand deletes, a slow probe on a loaded machine) or both chunks of the policy's two
+    workers in flight — and the run stays active with nobody deleting (an earlier bench stopped
+    so after 582k of 5M rows). With it, a process waits and tries again, as a lease would."""
     from bench.common import server_url, with_database
 
     url = with_database(server_url(), connection.settings_dict["NAME"])
     env = dict(os.environ, DATABASE_URL=url, RETENTION_DEMO="1", LOG_LEVEL="WARNING")
     env.pop("TEST_DATABASE_NAME", None)
     args = [sys.executable, str(ROOT / "manage.py"), "retention", "drain", run.run_key]
-    args += ["--budget", "600", "--workers", "1"]
+    args += ["--budget", "600", "--workers", "1", "--until-idle"]
     return [subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL) for _ in range(n)]
 
 
