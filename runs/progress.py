@@ -340,8 +340,17 @@ def _chunk_sums(
             counted.append(run_id)
     if not counted:
         return rows, {}
-    fresh = list(
-        Chunk.objects.filter(run_id__in=counted)
+    # done chunks from the audit sums (one record per done chunk); the others counted here,
+    # a few per run (the planner's window), through index chunk_run_state
+    fresh = [
+        {"run_id": run_id, "tenant": name, "state": Chunk.State.DONE.value, "n": n,
+         "planned": planned, "retries": retries, "oldest": None, "ready": 0}
+        for run_id in counted
+        for name, (n, planned, retries) in tallies[run_id].get("done", {}).items()
+    ]  # fmt: skip
+    not_done = [s for s in Chunk.State.values if s != Chunk.State.DONE]
+    fresh += list(
+        Chunk.objects.filter(run_id__in=counted, state__in=not_done)
         .values("run_id", "tenant", "state")
         .annotate(
             n=Count("*"),  # not "id": the covering index chunk_run_state holds every column read
@@ -370,13 +379,18 @@ def _chunk_sums(
 # Each run's audit records after the chain_seq its remembered sums reach, read in one
 # statement (one snapshot): a range of index audit_run per run (OFFSET 0 keeps the lateral
 # subquery from being flattened into a join over the whole trail). Rows: ("sum", run, tenant,
-# rows, records, first, last), ("moved", run, tenant, rows) and ("top", run, chain_seq, hash).
+# rows, records, first, last), ("moved", run, tenant, rows), ("done", run, chunk tenant, planned
+# keys, chunks, -, -, retries) — a chunk is done only in the transaction that writes its one
+# audit record (runs.engine.worker._finish, partitions), and stays done — and ("top", run,
+# chain_seq, hash).
 _NEWER = """
 WITH newer AS (
-  SELECT k.run_id, a.tenant, a.rows_deleted, a.committed_at, a.chain_seq, a.hash, a.tenant_rows
+  SELECT k.run_id, a.tenant, a.rows_deleted, a.committed_at, a.chain_seq, a.hash, a.tenant_rows,
+         a.chunk_id
   FROM unnest(%s::bigint[], %s::bigint[]) AS k(run_id, seq)
   CROSS JOIN LATERAL (
-    SELECT a.tenant, a.rows_deleted, a.committed_at, a.chain_seq, a.hash, a.tenant_rows
+    SELECT a.tenant, a.rows_deleted, a.committed_at, a.chain_seq, a.hash, a.tenant_rows,
+           a.chunk_id
     FROM runs_auditrecord a WHERE a.run_id = k.run_id AND a.chain_seq > k.seq OFFSET 0
   ) a
 )
@@ -391,16 +405,21 @@ SELECT 'moved', run_id, tenant, sum(rows), NULL, NULL, NULL, NULL, NULL FROM (
   SELECT run_id, tenant, -rows_deleted FROM newer WHERE tenant_rows IS NOT NULL
 ) moved GROUP BY run_id, tenant
 UNION ALL
+SELECT 'done', n.run_id, c.tenant, sum(c.planned_rows), count(*), NULL, NULL,
+       coalesce(sum(c.attempts - 1) FILTER (WHERE c.attempts > 1), 0), NULL
+FROM newer n JOIN runs_chunk c ON c.id = n.chunk_id AND c.state = 'done'
+GROUP BY n.run_id, c.tenant
+UNION ALL
 (SELECT DISTINCT ON (run_id) 'top', run_id, NULL, NULL, NULL, NULL, NULL, chain_seq, hash
  FROM newer ORDER BY run_id, chain_seq DESC)
 """
 
 
-AUDIT_TALLY_KEY = "progress:audit-tally:v1:{}"
+AUDIT_TALLY_KEY = "progress:audit-tally:v2:{}"
 
 
 def _empty_tally() -> dict:
-    return {"seq": 0, "hash": "", "tenants": {}, "moved": {}}
+    return {"seq": 0, "hash": "", "tenants": {}, "moved": {}, "done": {}}
 
 
 def audit_tallies(ids: list[int], recent: datetime, *, known: dict) -> tuple[dict[int, dict], dict]:
@@ -453,6 +472,11 @@ def audit_tallies(ids: list[int], recent: datetime, *, known: dict) -> tuple[dic
                 was[3] = max(filter(None, (was[3], last)), default=None)
             elif kind == "moved":
                 tally["moved"][name] = tally["moved"].get(name, 0) + _int(rows)
+            elif kind == "done":
+                was = tally.setdefault("done", {}).setdefault(name, [0, 0, 0])
+                was[0] += _int(n)
+                was[1] += _int(rows)
+                was[2] += _int(top)
             else:
                 tally["seq"], tally["hash"] = top, top_hash
                 changed.add(run_id)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import pytest
 from django.core.cache import cache
 from django.db import connection
+from django.db.models import Count, Sum
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from runs.actions import trigger_run
 from runs.engine import planner, worker
+from runs.models import Chunk
 from runs.progress import AUDIT_TALLY_KEY, progress_for
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events
@@ -38,6 +40,17 @@ def test_a_reading_after_more_chunks_committed_equals_one_from_scratch(run):
 
     assert again[0]["rows_deleted"] > first[0]["rows_deleted"]
     assert again == from_scratch(run.pk)
+    # the done chunks, summed from their audit records, are the chunks marked done
+    done = Chunk.objects.filter(run=run, state=Chunk.State.DONE)
+    assert again[0]["chunks_done"] == done.count()
+    per_tenant = dict(done.values_list("tenant").annotate(n=Count("*")))
+    assert {t: n for t, _rows, _chunks, n, _planned in again[4] if n} == per_tenant
+    by_keys = dict(done.values_list("tenant").annotate(keys=Sum("planned_rows")))
+    pending = Chunk.objects.filter(run=run).exclude(state__in=["done", "split"])
+    pending_keys = dict(pending.values_list("tenant").annotate(keys=Sum("planned_rows")))
+    assert {t: planned for t, _r, _c, _n, planned in again[4]} == {
+        t: by_keys.get(t, 0) + pending_keys.get(t, 0) for t in {*by_keys, *pending_keys}
+    }
 
 
 def test_rows_of_chunks_across_tenants_move_to_their_tenants_read_after_read(make_user):
