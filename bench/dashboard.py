@@ -373,6 +373,8 @@ def stream(client: Client, url: str) -> dict:
 
 def measure_draining(client: Client, idle_run, rows: int, n: int) -> None:
     """Every page and fragment while two worker processes drain a real run."""
+    from django.utils import timezone
+
     from runs.models import Run
 
     t0 = time.perf_counter()
@@ -406,6 +408,20 @@ def measure_draining(client: Client, idle_run, rows: int, n: int) -> None:
         r["rate"] = r["deleted"] / (time.perf_counter() - t)
         results.append(("/metrics", r))
         state = Run.objects.get(pk=drain.pk).state
+        # why the workers paused, if they did: the guard's reasons left on the run's chunks
+        from django.db.models import Count
+
+        from runs.models import Chunk
+        from runs.progress import progress_for
+
+        throttles = list(
+            Chunk.objects.filter(run=drain)
+            .exclude(throttle_reason="")
+            .values_list("throttle_reason")
+            .annotate(n=Count("id"))
+            .order_by("-n")[:5]
+        )
+        drained = progress_for([drain.pk], now=timezone.now())[drain.pk]
     finally:
         for w in workers:
             w.terminate()
@@ -421,7 +437,12 @@ def measure_draining(client: Client, idle_run, rows: int, n: int) -> None:
             f"{name:36} {r['p50']:9.1f} {r['p95']:9.1f} {r['max']:9.1f} {r['deleted']:23,} "
             f"{r['rate']:9,.0f}"
         )
-    print(f"» the draining run is {state} after the measurements")
+    print(
+        f"» the draining run is {state} after the measurements: {drained.rows_deleted:,} of "
+        f"{drained.expected_bound} {drained.rows_expected:,} rows deleted"
+    )
+    for reason, n in throttles:
+        print(f"  throttled {n:,} time(s) (chunks left with this reason): {reason[:150]}")
 
 
 def main() -> None:

@@ -42,6 +42,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
 from django.db.models import Count, F, Min, Q, Sum
+from psycopg import sql
 
 from core.formatting import natural_key
 from retention.models import KillSwitch
@@ -377,23 +378,26 @@ def _chunk_sums(
 
 
 # Each run's audit records after the chain_seq its remembered sums reach, read in one
-# statement (one snapshot): a range of index audit_run per run (OFFSET 0 keeps the lateral
-# subquery from being flattened into a join over the whole trail). Rows: ("sum", run, tenant,
+# statement (one snapshot): a range of index audit_run per run. Rows: ("sum", run, tenant,
 # rows, records, first, last), ("moved", run, tenant, rows), ("done", run, chunk tenant, planned
 # keys, chunks, -, -, retries) — a chunk is done only in the transaction that writes its one
 # audit record (runs.engine.worker._finish, partitions), and stays done — and ("top", run,
 # chain_seq, hash).
-_NEWER = """
-WITH newer AS (
-  SELECT k.run_id, a.tenant, a.rows_deleted, a.committed_at, a.chain_seq, a.hash, a.tenant_rows,
-         a.chunk_id
-  FROM unnest(%s::bigint[], %s::bigint[]) AS k(run_id, seq)
-  CROSS JOIN LATERAL (
-    SELECT a.tenant, a.rows_deleted, a.committed_at, a.chain_seq, a.hash, a.tenant_rows,
-           a.chunk_id
-    FROM runs_auditrecord a WHERE a.run_id = k.run_id AND a.chain_seq > k.seq OFFSET 0
-  ) a
+# one branch per run, its values written in (constants: the planner picks index audit_run
+# for a run's few new records; with parameters it guessed a third of the trail and scanned it);
+# each new record's chunk looked up by its key (a lateral subquery that is not flattened, so
+# not a hash join over every chunk)
+_NEWER_BRANCH = sql.SQL(
+    "SELECT {run}::bigint AS run_id, a.tenant, a.rows_deleted, a.committed_at, a.chain_seq,"
+    " a.hash, a.tenant_rows, a.chunk_id FROM runs_auditrecord a"
+    " WHERE a.run_id = {run} AND a.chain_seq > {seq}"
 )
+_LAST_SEQ = (
+    "SELECT k.run_id, (SELECT max(a.chain_seq) FROM runs_auditrecord a WHERE a.run_id = k.run_id)"
+    " FROM unnest(%s::bigint[]) AS k(run_id)"
+)
+_NEWER = sql.SQL("""
+WITH newer AS ({branches})
 SELECT 'sum', run_id, tenant, sum(rows_deleted), count(*), min(committed_at),
        max(committed_at), NULL::bigint, NULL::text
 FROM newer GROUP BY run_id, tenant
@@ -407,12 +411,15 @@ SELECT 'moved', run_id, tenant, sum(rows), NULL, NULL, NULL, NULL, NULL FROM (
 UNION ALL
 SELECT 'done', n.run_id, c.tenant, sum(c.planned_rows), count(*), NULL, NULL,
        coalesce(sum(c.attempts - 1) FILTER (WHERE c.attempts > 1), 0), NULL
-FROM newer n JOIN runs_chunk c ON c.id = n.chunk_id AND c.state = 'done'
+FROM newer n CROSS JOIN LATERAL (
+  SELECT c.tenant, c.planned_rows, c.attempts FROM runs_chunk c
+  WHERE c.id = n.chunk_id AND c.state = 'done' OFFSET 0
+) c
 GROUP BY n.run_id, c.tenant
 UNION ALL
 (SELECT DISTINCT ON (run_id) 'top', run_id, NULL, NULL, NULL, NULL, NULL, chain_seq, hash
  FROM newer ORDER BY run_id, chain_seq DESC)
-"""
+""")
 
 
 AUDIT_TALLY_KEY = "progress:audit-tally:v2:{}"
@@ -457,25 +464,38 @@ def audit_tallies(ids: list[int], recent: datetime, *, known: dict) -> tuple[dic
         for seq, run_id in remembered.items():
             if (seq, out[run_id]["hash"], run_id) not in still:
                 out[run_id] = _empty_tally()
-    runs = list(out)
-    seqs = [out[run_id]["seq"] for run_id in runs]
     changed: set[int] = set()
     with connection.cursor() as cur:
-        cur.execute(_NEWER, [runs, seqs])
-        for kind, run_id, name, rows, n, first, last, top, top_hash in cur.fetchall():
+        # each run's last record (index audit_run, read backwards): only the runs with records
+        # past the remembered one are read further
+        cur.execute(_LAST_SEQ, [list(out)])
+        behind = [
+            (run_id, out[run_id]["seq"])
+            for run_id, last in cur.fetchall()
+            if last is not None and last > out[run_id]["seq"]
+        ]
+        rows = []
+        if behind:
+            branches = sql.SQL(" UNION ALL ").join(
+                _NEWER_BRANCH.format(run=sql.Literal(run_id), seq=sql.Literal(seq))
+                for run_id, seq in behind
+            )
+            cur.execute(_NEWER.format(branches=branches).as_string(cur.connection))
+            rows = cur.fetchall()
+        for kind, run_id, name, summed, n, first, last, top, top_hash in rows:
             tally = out[run_id]
             if kind == "sum":
                 was = tally["tenants"].setdefault(name, [0, 0, None, None])
-                was[0] += _int(rows)
+                was[0] += _int(summed)
                 was[1] += _int(n)
                 was[2] = min(filter(None, (was[2], first)), default=None)
                 was[3] = max(filter(None, (was[3], last)), default=None)
             elif kind == "moved":
-                tally["moved"][name] = tally["moved"].get(name, 0) + _int(rows)
+                tally["moved"][name] = tally["moved"].get(name, 0) + _int(summed)
             elif kind == "done":
                 was = tally.setdefault("done", {}).setdefault(name, [0, 0, 0])
                 was[0] += _int(n)
-                was[1] += _int(rows)
+                was[1] += _int(summed)
                 was[2] += _int(top)
             else:
                 tally["seq"], tally["hash"] = top, top_hash
@@ -483,7 +503,7 @@ def audit_tallies(ids: list[int], recent: datetime, *, known: dict) -> tuple[dic
         cur.execute(
             "SELECT run_id, sum(rows_deleted) FROM runs_auditrecord"
             " WHERE run_id = ANY(%s) AND committed_at >= %s GROUP BY 1",
-            [runs, recent],
+            [list(out), recent],
         )
         recent_rows = {run_id: _int(rows) for run_id, rows in cur.fetchall()}
     remember = {AUDIT_TALLY_KEY.format(run_id): dict(out[run_id]) for run_id in changed}
