@@ -5,6 +5,7 @@
                                                         [--requests 50] [--keep]
                                                         [--explain] [--vacuum]
                                                         [--drain-rows 5000000] [--no-drain]
+                                                        [--drain-pace ROWS_PER_S]
 
 Builds a throwaway database (``bench_dashboard``, dropped at the end unless --keep) with
 set-based SQL: one active run of ``--chunks`` chunks (half done), earlier drained runs
@@ -185,7 +186,7 @@ def build(chunks: int, audit_rows: int, vacuum: bool = False) -> dict:
     }
 
 
-def build_draining(rows: int):
+def build_draining(rows: int, pace: int = 0):
     """A policy on a fresh table of ``rows`` rows (all but a tenth past the cutoff, tenants
     interleaved), approved by two people and triggered: the run the workers drain."""
     from django.contrib.auth.models import User
@@ -222,7 +223,7 @@ def build_draining(rows: int):
             timestamp="occurred_at", tenant="tenant_id", retention="30 days",
             schedule="0 3 * * *", timezone="UTC", chunk_size=500,
             keep=[{"column": "status", "op": "=", "value": "disputed"}],
-            limits={"policy_workers": 2},
+            limits={"policy_workers": 2}, pace_rows_per_s=pace,
         )
     )  # fmt: skip
     version = actions.apply_spec(spec, author=author)
@@ -371,14 +372,14 @@ def stream(client: Client, url: str) -> dict:
     }
 
 
-def measure_draining(client: Client, idle_run, rows: int, n: int) -> None:
+def measure_draining(client: Client, idle_run, rows: int, n: int, pace: int = 0) -> None:
     """Every page and fragment while two worker processes drain a real run."""
     from django.utils import timezone
 
     from runs.models import Run
 
     t0 = time.perf_counter()
-    drain = build_draining(rows)
+    drain = build_draining(rows, pace)
     print(
         f"\n» built bench_drain ({rows:,} rows) and run {drain.run_key} ({drain.state}) "
         f"in {time.perf_counter() - t0:.1f} s; starting two drain workers",
@@ -461,6 +462,12 @@ def main() -> None:
     )
     parser.add_argument("--drain-rows", type=int, default=5_000_000)
     parser.add_argument("--no-drain", action="store_true", help="measure idle runs only")
+    parser.add_argument(
+        "--drain-pace",
+        type=int,
+        default=0,
+        help="the draining policy's pace_rows_per_s (0: none), so the drain lasts every page",
+    )
     args = parser.parse_args()
 
     setup_test_environment()
@@ -512,7 +519,7 @@ def main() -> None:
                 f"{at_100k:>8} {r['rss_peak']:8.1f}M"
             )
         if not args.no_drain:
-            measure_draining(client, run, args.drain_rows, n)
+            measure_draining(client, run, args.drain_rows, n, args.drain_pace)
     finally:
         if args.keep:
             print("» kept database bench_dashboard")
