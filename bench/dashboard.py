@@ -5,6 +5,7 @@
                                                         [--requests 50] [--keep]
                                                         [--explain] [--vacuum]
                                                         [--drain-rows 5000000] [--no-drain]
+                                                        [--drain-pace ROWS_PER_S]
 
 Builds a throwaway database (``bench_dashboard``, dropped at the end unless --keep) with
 set-based SQL: one active run of ``--chunks`` chunks (half done), earlier drained runs
@@ -185,7 +186,7 @@ def build(chunks: int, audit_rows: int, vacuum: bool = False) -> dict:
     }
 
 
-def build_draining(rows: int):
+def build_draining(rows: int, pace: int = 0):
     """A policy on a fresh table of ``rows`` rows (all but a tenth past the cutoff, tenants
     interleaved), approved by two people and triggered: the run the workers drain."""
     from django.contrib.auth.models import User
@@ -222,7 +223,7 @@ def build_draining(rows: int):
             timestamp="occurred_at", tenant="tenant_id", retention="30 days",
             schedule="0 3 * * *", timezone="UTC", chunk_size=500,
             keep=[{"column": "status", "op": "=", "value": "disputed"}],
-            limits={"policy_workers": 2},
+            limits={"policy_workers": 2}, pace_rows_per_s=pace,
         )
     )  # fmt: skip
     version = actions.apply_spec(spec, author=author)
@@ -242,15 +243,21 @@ def deleted_so_far(run) -> int:
 
 
 def start_workers(run, n: int = 2) -> list[subprocess.Popen]:
-    """``n`` ``retention drain`` processes on the bench database (their own connections, as
-    qcluster workers would be), draining ``run`` until it has no work."""
+    """``n`` ``retention drain --until-idle`` processes on the bench database (their own
+    connections, as qcluster workers would be), draining ``run`` until it has no work.
+
+    ``--until-idle`` matters: without it a drain process ends at the first moment nothing is
+    admissible — a guard throttle (autovacuum or autoanalyze on the target after a few hundred
+    thousand deletes, a slow probe on a loaded machine) or both chunks of the policy's two
+    workers in flight — and the run stays active with nobody deleting (an earlier bench stopped
+    so after 582k of 5M rows). With it, a process waits and tries again, as a lease would."""
     from bench.common import server_url, with_database
 
     url = with_database(server_url(), connection.settings_dict["NAME"])
     env = dict(os.environ, DATABASE_URL=url, RETENTION_DEMO="1", LOG_LEVEL="WARNING")
     env.pop("TEST_DATABASE_NAME", None)
     args = [sys.executable, str(ROOT / "manage.py"), "retention", "drain", run.run_key]
-    args += ["--budget", "600", "--workers", "1"]
+    args += ["--budget", "600", "--workers", "1", "--until-idle"]
     return [subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL) for _ in range(n)]
 
 
@@ -365,12 +372,14 @@ def stream(client: Client, url: str) -> dict:
     }
 
 
-def measure_draining(client: Client, idle_run, rows: int, n: int) -> None:
+def measure_draining(client: Client, idle_run, rows: int, n: int, pace: int = 0) -> None:
     """Every page and fragment while two worker processes drain a real run."""
+    from django.utils import timezone
+
     from runs.models import Run
 
     t0 = time.perf_counter()
-    drain = build_draining(rows)
+    drain = build_draining(rows, pace)
     print(
         f"\n» built bench_drain ({rows:,} rows) and run {drain.run_key} ({drain.state}) "
         f"in {time.perf_counter() - t0:.1f} s; starting two drain workers",
@@ -400,6 +409,20 @@ def measure_draining(client: Client, idle_run, rows: int, n: int) -> None:
         r["rate"] = r["deleted"] / (time.perf_counter() - t)
         results.append(("/metrics", r))
         state = Run.objects.get(pk=drain.pk).state
+        # why the workers paused, if they did: the guard's reasons left on the run's chunks
+        from django.db.models import Count
+
+        from runs.models import Chunk
+        from runs.progress import progress_for
+
+        throttles = list(
+            Chunk.objects.filter(run=drain)
+            .exclude(throttle_reason="")
+            .values_list("throttle_reason")
+            .annotate(n=Count("id"))
+            .order_by("-n")[:5]
+        )
+        drained = progress_for([drain.pk], now=timezone.now())[drain.pk]
     finally:
         for w in workers:
             w.terminate()
@@ -415,7 +438,12 @@ def measure_draining(client: Client, idle_run, rows: int, n: int) -> None:
             f"{name:36} {r['p50']:9.1f} {r['p95']:9.1f} {r['max']:9.1f} {r['deleted']:23,} "
             f"{r['rate']:9,.0f}"
         )
-    print(f"» the draining run is {state} after the measurements")
+    print(
+        f"» the draining run is {state} after the measurements: {drained.rows_deleted:,} of "
+        f"{drained.expected_bound} {drained.rows_expected:,} rows deleted"
+    )
+    for reason, n in throttles:
+        print(f"  throttled {n:,} time(s) (chunks left with this reason): {reason[:150]}")
 
 
 def main() -> None:
@@ -434,6 +462,12 @@ def main() -> None:
     )
     parser.add_argument("--drain-rows", type=int, default=5_000_000)
     parser.add_argument("--no-drain", action="store_true", help="measure idle runs only")
+    parser.add_argument(
+        "--drain-pace",
+        type=int,
+        default=0,
+        help="the draining policy's pace_rows_per_s (0: none), so the drain lasts every page",
+    )
     args = parser.parse_args()
 
     setup_test_environment()
@@ -485,7 +519,7 @@ def main() -> None:
                 f"{at_100k:>8} {r['rss_peak']:8.1f}M"
             )
         if not args.no_drain:
-            measure_draining(client, run, args.drain_rows, n)
+            measure_draining(client, run, args.drain_rows, n, args.drain_pace)
     finally:
         if args.keep:
             print("» kept database bench_dashboard")

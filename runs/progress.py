@@ -39,8 +39,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import connection
-from django.db.models import Count, F, Max, Min, Q, Sum
+from django.db.models import Count, F, Min, Q, Sum
+from psycopg import sql
 
 from core.formatting import natural_key
 from retention.models import KillSwitch
@@ -224,19 +226,19 @@ def progress_for(
         started[row["id"]] = row["started_at"]
     ids = list(out)
     tenants: dict[int, dict[str, TenantProgress]] = {rid: {} for rid in ids}
+    recent = now - RATE_WINDOW
+    # what earlier readings remembered (runs.progress's two cache entries per run), read at once
+    finished = [rid for rid, p in out.items() if p.state in Run.TERMINAL]
+    known = cache.get_many(
+        [AUDIT_TALLY_KEY.format(rid) for rid in ids]
+        + [_chunk_sums_key(out[rid], started[rid]) for rid in finished]
+    )
+    tallies, remember = audit_tallies(ids, recent, known=known)
+    chunk_rows, remember_chunks = _chunk_sums(out, tallies, started, now, known=known)
+    if remember or remember_chunks:
+        cache.set_many({**remember, **remember_chunks}, timeout=None)
 
-    for row in (
-        Chunk.objects.filter(run_id__in=ids)
-        .values("run_id", "tenant", "state")
-        .annotate(
-            n=Count("*"),  # not "id": the covering index chunk_run_state holds every column read
-            planned=Sum("planned_rows"),
-            retries=Sum(F("attempts") - 1, filter=Q(attempts__gt=1)),
-            oldest=Min("created_at"),
-            ready=Count("id", filter=Q(not_before__lte=now)),
-        )
-        .order_by()
-    ):
+    for row in chunk_rows:
         p = out[row["run_id"]]
         state, n, planned = row["state"], _int(row["n"]), _int(row["planned"])
         p.chunks[state] += n
@@ -262,47 +264,22 @@ def progress_for(
             t.rows_outstanding += planned
             p.rows_outstanding += planned
 
-    recent = now - RATE_WINDOW
-    for row in (
-        AuditRecord.objects.filter(run_id__in=ids)
-        .values("run_id", "tenant")
-        .annotate(
-            rows=Sum("rows_deleted"),
-            n=Count("*"),  # every column read is in the covering index audit_run_totals
-            first=Min("committed_at"),
-            last=Max("committed_at"),
-            recent_rows=Sum("rows_deleted", filter=Q(committed_at__gte=recent)),
-        )
-        .order_by()
-    ):
-        p = out[row["run_id"]]
-        rows = _int(row["rows"])
-        p.rows_deleted += rows
-        p.audit_records += _int(row["n"])
-        p.first_commit = min(filter(None, (p.first_commit, row["first"])), default=None)
-        p.last_commit = max(filter(None, (p.last_commit, row["last"])), default=None)
-        p.rate_per_s = (p.rate_per_s or 0.0) + float(_int(row["recent_rows"]))
-        t = tenants[p.run_id].setdefault(row["tenant"], TenantProgress(row["tenant"]))
-        t.rows_deleted += rows  # chunks across tenants: moved to their tenants below
-
-    # A chunk across tenants (key-range geometry) records its rows per tenant: they move from
-    # the audit row's own tenant to the tenants named in tenant_rows (index audit_across holds
-    # only those audit rows, so the grouped scan above need not look at tenant_rows).
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT run_id, tenant, sum(rows) FROM ("
-            " SELECT a.run_id, kv.key AS tenant, kv.value::bigint AS rows"
-            " FROM runs_auditrecord a, jsonb_each_text(a.tenant_rows) AS kv"
-            " WHERE a.run_id = ANY(%s) AND a.tenant_rows IS NOT NULL"
-            " UNION ALL"
-            " SELECT a.run_id, a.tenant, -a.rows_deleted FROM runs_auditrecord a"
-            " WHERE a.run_id = ANY(%s) AND a.tenant_rows IS NOT NULL"
-            ") moved GROUP BY 1, 2",
-            [ids, ids],
-        )
-        for run_id, name, rows in cur.fetchall():
+    for run_id, tally in tallies.items():
+        p = out[run_id]
+        for name, (rows, n, first, last) in tally["tenants"].items():
+            p.rows_deleted += rows
+            p.audit_records += n
+            p.first_commit = min(filter(None, (p.first_commit, first)), default=None)
+            p.last_commit = max(filter(None, (p.last_commit, last)), default=None)
             t = tenants[run_id].setdefault(name, TenantProgress(name))
-            t.rows_deleted += _int(rows)
+            t.rows_deleted += rows  # chunks across tenants: moved to their tenants below
+        # A chunk across tenants (key-range geometry) records its rows per tenant: they move
+        # from the audit row's own tenant to the tenants named in tenant_rows.
+        for name, rows in tally["moved"].items():
+            t = tenants[run_id].setdefault(name, TenantProgress(name))
+            t.rows_deleted += rows
+        if tally["recent_rows"]:
+            p.rate_per_s = float(tally["recent_rows"])
 
     # A reason read only while the back-off is still in force would vanish a few seconds after
     # each throttle; one lease budget back, the surfaces keep saying why the run is held.
@@ -323,6 +300,216 @@ def progress_for(
         p.last_commit_age_s = _age(now, p.last_commit)
         _derive(p, admitted[p.run_id], started[p.run_id], now)
     return out
+
+
+CHUNK_SUMS_KEY = "progress:chunk-sums:v1:{}"
+
+
+def _chunk_sums_key(p: RunProgress, started: datetime | None) -> str:
+    when = started.isoformat() if started else "-"
+    return CHUNK_SUMS_KEY.format(f"{p.run_id}:{p.run_key}:{when}:{p.state}")
+
+
+def _chunk_sums(
+    out: dict[int, RunProgress],
+    tallies: dict[int, dict],
+    started: dict,
+    now: datetime,
+    *,
+    known: dict,
+) -> tuple[list[dict], dict]:
+    """Chunks by (run, tenant, state): count, planned keys, retries, the oldest created and
+    how many are due (``not_before`` passed); and the cache entries to write.
+
+    A finished run's chunks no longer change (cancelling one fences the chunks in flight
+    first), so its sums are remembered with its state and the last audit record its trail's
+    sums reach (``tallies``), and read back from ``known`` (what the cache held) while both
+    still hold: a chunk that committed after all writes a record, and its run is counted
+    again. An open run's chunks are counted each time."""
+    rows: list[dict] = []
+    counted = []
+    for run_id, p in out.items():
+        kept = known.get(_chunk_sums_key(p, started[run_id])) if p.state in Run.TERMINAL else None
+        tally = tallies[run_id]
+        if (
+            isinstance(kept, dict)
+            and kept.get("seq") == tally["seq"]
+            and kept.get("hash") == tally["hash"]
+        ):
+            rows += kept["rows"]
+        else:
+            counted.append(run_id)
+    if not counted:
+        return rows, {}
+    # done chunks from the audit sums (one record per done chunk); the others counted here,
+    # a few per run (the planner's window), through index chunk_run_state
+    fresh = [
+        {"run_id": run_id, "tenant": name, "state": Chunk.State.DONE.value, "n": n,
+         "planned": planned, "retries": retries, "oldest": None, "ready": 0}
+        for run_id in counted
+        for name, (n, planned, retries) in tallies[run_id].get("done", {}).items()
+    ]  # fmt: skip
+    not_done = [s for s in Chunk.State.values if s != Chunk.State.DONE]
+    fresh += list(
+        Chunk.objects.filter(run_id__in=counted, state__in=not_done)
+        .values("run_id", "tenant", "state")
+        .annotate(
+            n=Count("*"),  # not "id": the covering index chunk_run_state holds every column read
+            planned=Sum("planned_rows"),
+            retries=Sum(F("attempts") - 1, filter=Q(attempts__gt=1)),
+            oldest=Min("created_at"),
+            ready=Count("id", filter=Q(not_before__lte=now)),
+        )
+        .order_by()
+    )
+    remember = {}
+    for run_id in counted:
+        p = out[run_id]
+        if p.state in Run.TERMINAL:
+            remember[_chunk_sums_key(p, started[run_id])] = {
+                "seq": tallies[run_id]["seq"], "hash": tallies[run_id]["hash"], "rows": [],
+            }  # fmt: skip
+    for row in fresh:
+        row["planned"], row["retries"] = _int(row["planned"]), _int(row["retries"])
+        entry = remember.get(_chunk_sums_key(out[row["run_id"]], started[row["run_id"]]))
+        if entry is not None:
+            entry["rows"].append(row)
+    return rows + fresh, remember
+
+
+# Each run's audit records after the chain_seq its remembered sums reach, read in one
+# statement (one snapshot): a range of index audit_run per run. Rows: ("sum", run, tenant,
+# rows, records, first, last), ("moved", run, tenant, rows), ("done", run, chunk tenant, planned
+# keys, chunks, -, -, retries) — a chunk is done only in the transaction that writes its one
+# audit record (runs.engine.worker._finish, partitions), and stays done — and ("top", run,
+# chain_seq, hash).
+# one branch per run, its values written in (constants: the planner picks index audit_run
+# for a run's few new records; with parameters it guessed a third of the trail and scanned it);
+# each new record's chunk looked up by its key (a lateral subquery that is not flattened, so
+# not a hash join over every chunk)
+_NEWER_BRANCH = sql.SQL(
+    "SELECT {run}::bigint AS run_id, a.tenant, a.rows_deleted, a.committed_at, a.chain_seq,"
+    " a.hash, a.tenant_rows, a.chunk_id FROM runs_auditrecord a"
+    " WHERE a.run_id = {run} AND a.chain_seq > {seq}"
+)
+_LAST_SEQ = (
+    "SELECT k.run_id, (SELECT max(a.chain_seq) FROM runs_auditrecord a WHERE a.run_id = k.run_id)"
+    " FROM unnest(%s::bigint[]) AS k(run_id)"
+)
+_NEWER = sql.SQL("""
+WITH newer AS ({branches})
+SELECT 'sum', run_id, tenant, sum(rows_deleted), count(*), min(committed_at),
+       max(committed_at), NULL::bigint, NULL::text
+FROM newer GROUP BY run_id, tenant
+UNION ALL
+SELECT 'moved', run_id, tenant, sum(rows), NULL, NULL, NULL, NULL, NULL FROM (
+  SELECT n.run_id, kv.key AS tenant, kv.value::bigint AS rows
+  FROM newer n CROSS JOIN jsonb_each_text(n.tenant_rows) AS kv WHERE n.tenant_rows IS NOT NULL
+  UNION ALL
+  SELECT run_id, tenant, -rows_deleted FROM newer WHERE tenant_rows IS NOT NULL
+) moved GROUP BY run_id, tenant
+UNION ALL
+SELECT 'done', n.run_id, c.tenant, sum(c.planned_rows), count(*), NULL, NULL,
+       coalesce(sum(c.attempts - 1) FILTER (WHERE c.attempts > 1), 0), NULL
+FROM newer n CROSS JOIN LATERAL (
+  SELECT c.tenant, c.planned_rows, c.attempts FROM runs_chunk c
+  WHERE c.id = n.chunk_id AND c.state = 'done' OFFSET 0
+) c
+GROUP BY n.run_id, c.tenant
+UNION ALL
+(SELECT DISTINCT ON (run_id) 'top', run_id, NULL, NULL, NULL, NULL, NULL, chain_seq, hash
+ FROM newer ORDER BY run_id, chain_seq DESC)
+""")
+
+
+AUDIT_TALLY_KEY = "progress:audit-tally:v2:{}"
+
+
+def _empty_tally() -> dict:
+    return {"seq": 0, "hash": "", "tenants": {}, "moved": {}, "done": {}}
+
+
+def audit_tallies(ids: list[int], recent: datetime, *, known: dict) -> tuple[dict[int, dict], dict]:
+    """Per run in ``ids``, its audit trail summed: ``tenants`` (tenant → [rows, records,
+    first commit, last commit]), ``moved`` (tenant → rows moved to it from the audit rows'
+    own tenant by ``tenant_rows``, a chunk across tenants) and ``recent_rows`` (deleted since
+    ``recent``).
+
+    The trail is append-only and ``chain_seq`` is assigned under a lock held to commit, so a
+    run's records up to the highest ``chain_seq`` seen never change: each run's sums up to
+    there are kept in the shared cache with that record's hash, and a reading sums only the
+    run's newer records (a range of index ``audit_run``) — a page of a run with a million
+    audit rows reads the few committed since its last refresh, not the million. If the
+    remembered record is gone or different (a restored or rebuilt database), the run's sums
+    are computed again from its first record. ``recent_rows`` is read afresh every time (a
+    range of index ``audit_run_time``): what is recent moves with the clock.
+
+    ``known`` is what the cache held (the caller reads every entry of a page at once); the
+    second value returned is the entries to write back (key → sums) for the runs that have
+    new records."""
+    out: dict[int, dict] = {}
+    if not ids:
+        return out, {}
+    keys = {AUDIT_TALLY_KEY.format(run_id): run_id for run_id in ids}
+    for key, run_id in keys.items():
+        tally = known.get(key)
+        out[run_id] = tally if isinstance(tally, dict) and "seq" in tally else _empty_tally()
+    remembered = {t["seq"]: run_id for run_id, t in out.items() if t["seq"]}
+    if remembered:
+        still = set(
+            AuditRecord.objects.filter(chain_seq__in=list(remembered)).values_list(
+                "chain_seq", "hash", "run_id"
+            )
+        )
+        for seq, run_id in remembered.items():
+            if (seq, out[run_id]["hash"], run_id) not in still:
+                out[run_id] = _empty_tally()
+    changed: set[int] = set()
+    with connection.cursor() as cur:
+        # each run's last record (index audit_run, read backwards): only the runs with records
+        # past the remembered one are read further
+        cur.execute(_LAST_SEQ, [list(out)])
+        behind = [
+            (run_id, out[run_id]["seq"])
+            for run_id, last in cur.fetchall()
+            if last is not None and last > out[run_id]["seq"]
+        ]
+        rows = []
+        if behind:
+            branches = sql.SQL(" UNION ALL ").join(
+                _NEWER_BRANCH.format(run=sql.Literal(run_id), seq=sql.Literal(seq))
+                for run_id, seq in behind
+            )
+            cur.execute(_NEWER.format(branches=branches).as_string(cur.connection))
+            rows = cur.fetchall()
+        for kind, run_id, name, summed, n, first, last, top, top_hash in rows:
+            tally = out[run_id]
+            if kind == "sum":
+                was = tally["tenants"].setdefault(name, [0, 0, None, None])
+                was[0] += _int(summed)
+                was[1] += _int(n)
+                was[2] = min(filter(None, (was[2], first)), default=None)
+                was[3] = max(filter(None, (was[3], last)), default=None)
+            elif kind == "moved":
+                tally["moved"][name] = tally["moved"].get(name, 0) + _int(summed)
+            elif kind == "done":
+                was = tally.setdefault("done", {}).setdefault(name, [0, 0, 0])
+                was[0] += _int(n)
+                was[1] += _int(summed)
+                was[2] += _int(top)
+            else:
+                tally["seq"], tally["hash"] = top, top_hash
+                changed.add(run_id)
+        cur.execute(
+            "SELECT run_id, sum(rows_deleted) FROM runs_auditrecord"
+            " WHERE run_id = ANY(%s) AND committed_at >= %s GROUP BY 1",
+            [list(out), recent],
+        )
+        recent_rows = {run_id: _int(rows) for run_id, rows in cur.fetchall()}
+    remember = {AUDIT_TALLY_KEY.format(run_id): dict(out[run_id]) for run_id in changed}
+    for run_id, tally in out.items():
+        tally["recent_rows"] = recent_rows.get(run_id, 0)
+    return out, remember
 
 
 TOP_TENANTS = 10  # with more than TOP_TENANTS + 2 tenants, the rest share one line

@@ -13,6 +13,16 @@ window.reasonBeingTyped = function () {
   });
 };
 
+// A refresh asked for just before someone began typing a reason can answer after: it is not
+// swapped in then, so it cannot wipe the reason (the first beat after the reason is cleared
+// brings the figures).
+document.addEventListener("htmx:beforeSwap", function (event) {
+  const target = event.detail.target;
+  if (target && target.id === "run-live" && window.reasonBeingTyped()) {
+    event.detail.shouldSwap = false;
+  }
+});
+
 // A destructive action asks first, saying what it will do: the form (or the button that
 // submits it) carries the question in data-confirm. Declining sends nothing.
 document.addEventListener("submit", function (event) {
@@ -29,3 +39,22 @@ document.addEventListener("submit", function (event) {
 window.pageVisible = function () {
   return document.visibilityState === "visible";
 };
+
+// The live parts refresh on the wall clock's beat — every REFRESH_MS, at :00, :05, :10 … —
+// not on a timer counted from each page's load. Two pages open side by side (the overview
+// and a run page, in two windows) then read the run at the same moment and show the same
+// figures; with a timer per page one lagged the other by up to a whole refresh. The pages
+// listen with hx-trigger="beat from:document". A hidden tab's throttled timer fires late:
+// the next beat is taken from the clock again, and a beat is dispatched once.
+const REFRESH_MS = 5000;
+let lastBeat = null;
+function nextBeat() {
+  const now = Date.now();
+  const slot = Math.floor(now / REFRESH_MS);
+  if (lastBeat !== null && slot !== lastBeat) {
+    document.dispatchEvent(new Event("beat"));
+  }
+  lastBeat = slot;
+  window.setTimeout(nextBeat, (slot + 1) * REFRESH_MS - now);
+}
+nextBeat();

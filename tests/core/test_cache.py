@@ -58,3 +58,13 @@ def test_the_cluster_cache_is_a_separate_table():
     caches["cluster"].set("k", "cluster")
     cache.set("k", "web")
     assert (caches["cluster"].get("k"), cache.get("k")) == ("cluster", "web")
+
+
+def test_set_many_writes_every_key_in_one_statement():
+    from django.test.utils import CaptureQueriesContext
+
+    cache.set("b", "old", 60)
+    with CaptureQueriesContext(connection) as captured:
+        assert cache.set_many({"b": {"n": 2}, "c": [1, 2], "d": "x"}, None) == []
+    assert len(captured) == 1
+    assert cache.get_many(["b", "c", "d"]) == {"b": {"n": 2}, "c": [1, 2], "d": "x"}
