@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("runs", "0022_audit_table_rows"),
+        ("runs", "0024_run_rollout_and_chunk_counts"),
     ]
 
     operations = [
