@@ -15,7 +15,14 @@ from psycopg import sql
 from retention import cascades, geometry
 from retention import predicate as P
 from retention.schedule_math import latest_tick
-from runs.engine.planner import boundaries, bounds_query, tenants_query, walk_filter, window_query
+from runs.engine.planner import (
+    boundaries,
+    bounds_query,
+    estimate_rows,
+    tenants_query,
+    walk_filter,
+    window_query,
+)
 from runs.engine.reconciler import bitmap_scan
 
 
@@ -60,7 +67,8 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
     cutoff = spec.cutoff_for(tick)
     # the cascade guard, on a table that cascading foreign keys reference (else None)
     _graph, cascade = cascades.for_run(spec, policy_id=policy.id, cutoff=cutoff, tick=tick)
-    bounds = bounds_query(policy.id, cutoff, spec, columns=columns)
+    estimate = estimate_rows(spec, columns)
+    bounds = bounds_query(policy.id, cutoff, spec, columns=columns, estimate=estimate)
     with connection.cursor() as cur:
         cur.execute(bounds.sql.as_string(cur.connection), bounds.params)
         lo, hi = cur.fetchone()
