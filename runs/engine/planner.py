@@ -159,9 +159,12 @@ def timestamp_indexed(spec: PolicySpec) -> bool:
 
 def run_bounds_query(run: Run, spec: PolicySpec, outside=(), columns=None) -> P.Fragment:
     """``bounds_query`` as a run's planner sends it: the last key estimated where
-    ``estimates_last_key`` (from ``RETENTION["BOUND_ESTIMATE_ROWS"]`` rows); a later pass
+    ``estimates_last_key`` (from ``RETENTION["BOUND_ESTIMATE_ROWS"]`` rows) and the chunks
+    are not per tenant; a later pass
     within the range its verification found rows in (``next_pass_range``)."""
-    estimate = estimate_rows(spec, columns)
+    # per-tenant chunks are verified over the whole old range, which does not say where a
+    # shortfall lies: their last key stays exact
+    estimate = None if run.per_tenant(spec) else estimate_rows(spec, columns)
     within, exact = next_pass_range(run, spec, columns)
     return bounds_query(
         run.policy_id, run.cutoff, spec, outside, columns,
