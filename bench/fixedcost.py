@@ -109,5 +109,51 @@ def main() -> None:
     )
 
 
+def summary(path: str) -> str:
+    """One line per shape of a matrix results JSON (``bench/run.py --shapes``): the product with
+    1 and 2 workers, guard off and on, against the key-range loop; 2 workers ÷ 1; the
+    foreground under each 2-worker contender against its idle baseline; where each product
+    run's wall went (``phases``: release → first chunk, last chunk → the worker's exit)."""
+    data = json.loads(open(path).read())  # noqa: SIM115 - a short read
+    names = ("product-1w", "product-1w-guard", "product-2w", "product-2w-guard")
+    lines = [
+        "| shape | key-range rows/s | 1w | 1w guard | 2w | 2w guard | 2w ÷ 1w | 2w guard ÷ 1w guard"
+        " | fg p99 × idle: 2w / 2w guard | fg max ms: 2w / 2w guard"
+        " | before first chunk / after last, s (1w, 2w) |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for key in data["datasets"]:
+        runs = {r["contender"]: r for r in data["runs"] if r.get("dataset") == key}
+        loop = runs.get("keyrange", {}).get("rows_per_s")
+        idle = data["idle"].get(key, {}).get("p99")
+
+        def rate(name, runs=runs):
+            return (runs.get(name) or {}).get("rows_per_s")
+
+        def ratio(a, b):
+            return f"{a / b:.2f}" if a and b else "–"
+
+        def fg(name, field, runs=runs):
+            return ((runs.get(name) or {}).get("foreground") or {}).get(field)
+
+        def phase(name, runs=runs):
+            p = (runs.get(name) or {}).get("phases") or {}
+            return f"{p.get('release_to_first_chunk_s', 0):.2f} / {p.get('last_commit_to_end_s', 0):.2f}"
+
+        lines.append(
+            f"| {key} | {loop or 0:,.0f} | "
+            + " | ".join(f"{ratio(rate(n), loop)}×" for n in names)
+            + f" | {ratio(rate('product-2w'), rate('product-1w'))}"
+            + f" | {ratio(rate('product-2w-guard'), rate('product-1w-guard'))}"
+            + f" | {ratio(fg('product-2w', 'p99'), idle)} / {ratio(fg('product-2w-guard', 'p99'), idle)}"
+            + f" | {fg('product-2w', 'max') or 0:.0f} / {fg('product-2w-guard', 'max') or 0:.0f}"
+            + f" | {phase('product-1w')}, {phase('product-2w')} |"
+        )
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "--summary":
+        print(summary(sys.argv[2]))
+    else:
+        main()
