@@ -179,8 +179,8 @@ def missed_ranges(run: Run, spec, *, types: dict, cascade=None) -> tuple | None:
 def missed_count(run: Run, spec, first, last, *, outside, limit: int, types: dict) -> P.Fragment:
     """The eligible rows (holds applied, discarded scopes left out) with a key below ``first``,
     and those from ``last`` on (``missed_ranges``), each counted up to ``limit``, in two
-    subqueries that PostgreSQL plans apart (run under ``bitmap_scan``, as the whole-range count). Each reads
-    the smaller of two sets: the keys beyond that end of the pass's chunks (few, when the last
+    subqueries that PostgreSQL plans apart (run under ``bitmap_scan``, as the whole-range
+    count). Each reads the smaller of two sets: the keys beyond that end of the pass's chunks (few, when the last
     eligible key is near the top of the key range: ages not in key order), or the rows older
     than the cutoff by the timestamp's index (a key in time order, where every young row lies
     above the last chunk: then it costs what the whole-range count did)."""
