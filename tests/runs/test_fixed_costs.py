@@ -203,3 +203,47 @@ def test_verification_reads_the_whole_old_range_where_the_chunks_cannot_tell(mak
     found = verify(run)
     assert found["read"] == "the whole range older than the cutoff"
     connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_with_nothing_to_claim_waits_for_the_other_workers_planner(
+    make_user, settings, monkeypatch
+):
+    """Another worker's planner holds the run's cursor and nothing is pending: this worker
+    waits ``PLANNING_WAIT_S`` before it asks again, instead of asking at once in a loop."""
+    from runs.engine import planner, stopping, worker
+    from runs.models import PlannerCursor
+    from tests.runs.processes import pg_connect
+
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    create_events(3000)
+    run, _ = trigger_run(_key_policy(make_user), tick=NOW)
+    planner.ensure_cursors(run, run.policy_version.parsed)
+    assert PlannerCursor.objects.filter(run=run, exhausted=False).count() == 1
+
+    events: list = []
+    real_process_one = worker.process_one
+
+    def process_one(run, **kw):
+        events.append("claim")
+        return real_process_one(run, **kw)
+
+    def sleep(seconds: float) -> bool:
+        events.append(("sleep", seconds))
+        return False
+
+    monkeypatch.setattr(worker, "process_one", process_one)
+    monkeypatch.setattr(stopping, "sleep", sleep)
+    # the drain ends at the next chunk boundary once it has asked three times
+    monkeypatch.setattr(stopping, "requested", lambda: events.count("claim") >= 3)
+    other = pg_connect(autocommit=False)  # the other worker's planner, inside its step
+    try:
+        other.execute("SELECT 1 FROM runs_plannercursor WHERE run_id = %s FOR UPDATE", [run.pk])
+        stats = worker.drain(run.pk, budget_s=60)
+    finally:
+        other.rollback()
+        other.close()
+    assert stats["stopped"] == "worker stopping" and stats["chunks"] == 0
+    # every claim that found nothing is followed by the wait before the next one
+    assert events == ["claim", ("sleep", worker.PLANNING_WAIT_S)] * 3
+    connection.close()
