@@ -105,6 +105,12 @@ def test_rows_beyond_an_estimated_last_key_are_found_and_deleted_by_another_pass
     assert count("public.rr_events", "id > 5000") == 10  # the young rows stay
     assert run.verification["remaining"] == 0
     assert run.verification["read"].startswith("outside the pass's chunks")
+    # the run page says what the verification read; where a next pass would plan stays inside
+    from tests.runs.test_after_run import verification_section
+
+    section = verification_section(run, make_user)
+    assert "<dt>Read</dt>" in section and "outside the pass&#x27;s chunks" in section, section
+    assert "missed" not in section
     connection.close()
 
 
