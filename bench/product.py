@@ -67,7 +67,7 @@ def _setup(spec: dict) -> dict:
     policy = _approve(spec)
     t1 = time.monotonic()
     run, _ = trigger_run(
-        policy, tick=datetime.fromisoformat(spec["tick"]), source="manual", actor="bench"
+        policy, tick=datetime.fromisoformat(spec["tick"]), source="manual", actor="scheduler"
     )
     t2 = time.monotonic()
     if run.cutoff != datetime.fromisoformat(spec["cutoff"]):

@@ -227,6 +227,7 @@ _SHORT = {
     "product-1w": "product 1w",
     "product-2w": "product 2w",
     "product-2w-guard": "product 2w guard",
+    "product-1w-guard": "product 1w guard",
 }
 
 

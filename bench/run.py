@@ -40,6 +40,7 @@ CONTENDERS: dict[str, dict] = {
     "product-1w": {"kind": "product", "workers": 1, "guard": False, "label": "product, 1 worker, guard off"},
     "product-2w": {"kind": "product", "workers": 2, "guard": False, "label": "product, 2 workers, guard off"},
     "product-2w-guard": {"kind": "product", "workers": 2, "guard": True, "label": "product, 2 workers, guard on"},
+    "product-1w-guard": {"kind": "product", "workers": 1, "guard": True, "label": "product, 1 worker, guard on"},
     "product-2w-async": {
         "kind": "product", "workers": 2, "guard": False, "sync_commit": False,
         "label": "product, 2 workers, guard off, synchronous_commit off",
@@ -281,6 +282,14 @@ class Bench:
                 [setup["run_id"]],
             ).fetchone()[0]
             result["worker_summaries"] = [o["summary"] for o in outs]
+            if chunks:  # where the wall went: before the first chunk, the chunks, after them
+                first = min(c["start"] for c in chunks)
+                last = max(c["start"] + c["seconds"] for c in chunks)
+                result["phases"] = {
+                    "release_to_first_chunk_s": round(first - started, 3),
+                    "chunk_span_s": round(last - first, 3),
+                    "last_commit_to_end_s": round(ended - last, 3),
+                }
         total_wal, other_wal = self.wal_bytes(lsn0, lsn1)
         remaining = dataset.remaining_eligible(self.conn, table, self.cutoff)
         result.update(

@@ -48,6 +48,11 @@ RETENTION = {
     "GLOBAL_CEILING": env_int("RETENTION_GLOBAL_CEILING", 4, minimum=1, maximum=256),
     "LEASE_BUDGET_S": env_int("RETENTION_LEASE_BUDGET_S", 20, minimum=1, maximum=50),
     "PLANNER_WINDOW": env_int("RETENTION_PLANNER_WINDOW", 32, minimum=2, maximum=10_000),
+    # the run's last eligible key: the largest among this many newest eligible rows, read along
+    # the timestamp's index (0: exact, a backward read of the key's index past the young rows)
+    "BOUND_ESTIMATE_ROWS": env_int(
+        "RETENTION_BOUND_ESTIMATE_ROWS", 10_000, minimum=0, maximum=10_000_000
+    ),
     "MAX_ATTEMPTS": env_int("RETENTION_MAX_ATTEMPTS", 5, minimum=1, maximum=100),
     "SPLIT_FLOOR_ROWS": env_int("RETENTION_SPLIT_FLOOR_ROWS", 50, minimum=1),
     # Off by default: a chunk's DELETE, audit row and state commit together, so a commit

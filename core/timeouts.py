@@ -8,6 +8,7 @@ timeout, and a statement that hits it fails as an ordinary ``DatabaseError``.
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 
 from django.conf import settings
@@ -104,7 +105,15 @@ def session(statement_ms: int | None = None, lock_ms: int | None = None):
 
 # -- every statement of the engine waits for a lock at most this long -------------------
 
-_engine_depth = 0  # > 0 while this process runs engine work (a task, ``retention drain``)
+
+class _Depth(threading.local):
+    """Engine work nested in this thread (each thread has its own database connection:
+    ``retention drain --workers N`` runs N workers as threads of one process)."""
+
+    value = 0
+
+
+_engine_depth = _Depth()  # > 0 while this thread runs engine work (a task, ``retention drain``)
 
 
 def engine_lock_ms() -> int:
@@ -123,7 +132,7 @@ def _apply_engine_lock_timeout(conn) -> None:
 
 def on_connection_created(sender, connection, **kwargs) -> None:
     """A connection opened during engine work (after a lost one) gets the engine's default."""
-    if _engine_depth > 0:
+    if _engine_depth.value > 0:
         _apply_engine_lock_timeout(connection)
 
 
@@ -133,16 +142,15 @@ def engine_session():
     session waits for a lock at most ``engine_lock_ms`` — also on a connection opened during
     the block (``on_connection_created``, connected in ``core.apps``). The session's default
     is restored afterwards (a django-q2 worker reuses its connection)."""
-    global _engine_depth
-    _engine_depth += 1
+    _engine_depth.value += 1
     try:
-        if _engine_depth == 1 and connection.connection is not None:
+        if _engine_depth.value == 1 and connection.connection is not None:
             _apply_engine_lock_timeout(connection)
         yield
     finally:
-        _engine_depth -= 1
+        _engine_depth.value -= 1
         if (
-            _engine_depth == 0
+            _engine_depth.value == 0
             and connection.connection is not None
             and not connection.needs_rollback
         ):

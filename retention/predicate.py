@@ -9,6 +9,7 @@ Python beforehand.
 
 from __future__ import annotations
 
+import threading
 import uuid
 import zoneinfo
 from collections.abc import Sequence
@@ -25,12 +26,21 @@ from retention.models import LegalHold
 from retention.spec import LIST_OPERATORS, KeepRule, PolicySpec
 
 ROW = sql.Identifier("t")
-_ALIASES: list[sql.Identifier] = []  # the open ``aliased`` scopes, innermost last
+
+
+class _Aliases(threading.local):
+    """The open ``aliased`` scopes of this thread, innermost last."""
+
+    def __init__(self) -> None:
+        self.open: list[sql.Identifier] = []
+
+
+_ALIASES = _Aliases()
 
 
 def row_alias() -> sql.Identifier:
     """The alias the row is read under: ``t``, or inside ``aliased`` that scope's."""
-    return _ALIASES[-1] if _ALIASES else ROW
+    return _ALIASES.open[-1] if _ALIASES.open else ROW
 
 
 class aliased:
@@ -42,11 +52,11 @@ class aliased:
         self.alias = sql.Identifier(name)
 
     def __enter__(self) -> sql.Identifier:
-        _ALIASES.append(self.alias)
+        _ALIASES.open.append(self.alias)
         return self.alias
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        _ALIASES.pop()
+        _ALIASES.open.pop()
         return False
 
 
@@ -281,7 +291,17 @@ def _hold_keys(spec: PolicySpec, hold: sql.Identifier, types) -> sql.Composable:
 
 
 _TYPES: dict = {}  # (token, schema, table, columns) -> types: kept until forgotten (or full)
-_SCOPE: list = []  # the open ``cached_types`` scopes, innermost last
+
+
+class _Scopes(threading.local):
+    """The open ``cached_types`` scopes of this thread, innermost last (``retention drain
+    --workers N`` runs its workers as threads, each in scopes of its own runs)."""
+
+    def __init__(self) -> None:
+        self.open: list = []
+
+
+_SCOPES = _Scopes()
 _MAX_CACHED = 256
 
 
@@ -289,9 +309,9 @@ def column_types(spec: PolicySpec) -> dict:
     """The catalog's types of the key, timestamp and tenant columns (``catalog.ColumnType``):
     one catalog query, or none inside a ``cached_types`` scope that looked them up already."""
     names = planned_columns(spec)
-    if not _SCOPE:
+    if not _SCOPES.open:
         return catalog.column_types(spec.schema, spec.table, names)
-    key = (_SCOPE[-1], spec.schema, spec.table, tuple(names))
+    key = (_SCOPES.open[-1], spec.schema, spec.table, tuple(names))
     found = _TYPES.get(key)
     if found is None:
         if len(_TYPES) >= _MAX_CACHED:
@@ -303,9 +323,9 @@ def column_types(spec: PolicySpec) -> dict:
 def scoped(name: tuple, compute):
     """``compute()``, once per ``cached_types`` scope and ``name`` (each call without a scope):
     catalog facts other than column types kept like them (``retention.cascades.graph_of``)."""
-    if not _SCOPE:
+    if not _SCOPES.open:
         return compute()
-    key = (_SCOPE[-1], *name)
+    key = (_SCOPES.open[-1], *name)
     if key not in _TYPES:
         if len(_TYPES) >= _MAX_CACHED:
             _TYPES.clear()
@@ -325,11 +345,11 @@ class cached_types:
         self.token = token
 
     def __enter__(self):
-        _SCOPE.append(self.token)
+        _SCOPES.open.append(self.token)
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        _SCOPE.pop()
+        _SCOPES.open.pop()
         if exc_type is not None:
             forget_types(self.token)
         return False

@@ -4,14 +4,13 @@ reconcile|startup|audit`` sub-commands: operations without a browser."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
 
-from django.conf import settings
 from django.core.management.base import CommandError
+from django.db import connections
 from django.utils import timezone
 
 from core import timeouts
@@ -92,28 +91,50 @@ def write_status(cmd, data: dict, *, as_json: bool) -> None:
         cmd.stdout.write(f"{key:26} {value}")
 
 
-def _drain_helpers(o) -> list:
-    """``--workers N``: N - 1 more drain processes beside this one (same run and options)."""
-
-    args = [sys.executable, str(settings.BASE_DIR / "manage.py"), "retention", "drain"]
-    if o.get("run_key"):
-        args.append(o["run_key"])
-    args += ["--budget", str(o["budget"]), "--workers", "1"]
-    if o["until_idle"]:
-        args.append("--until-idle")
-    return [subprocess.Popen(args) for _ in range(max(0, o["workers"] - 1))]
-
-
 def drain(cmd, o):
-    helpers = _drain_helpers(o)
+    """``--workers N``: N workers in this process — this thread and N - 1 more, each with its
+    own database connection (Django's are per thread) — on the same run and options. One
+    process start-up whatever N; the workers spend their time waiting on the database, which
+    releases the interpreter's lock."""
+    results: list = [None] * max(1, o["workers"])
+
+    def work(i: int) -> None:
+        try:
+            with timeouts.engine_session():
+                results[i] = _drain_here(o, Run, drain_run)
+        except BaseException as exc:  # noqa: BLE001 - reported by the command below
+            results[i] = exc
+        finally:
+            if i:
+                connections.close_all()  # this thread's own connections
+
+    helpers = [
+        threading.Thread(target=work, args=(i,), name=f"drain-{i + 1}", daemon=True)
+        for i in range(1, len(results))
+    ]
+    for helper in helpers:
+        helper.start()
     try:
-        with timeouts.engine_session():
-            _drain_here(cmd, o, Run, drain_run)
+        work(0)
     finally:
         for helper in helpers:
-            helper.wait()
-    if any(helper.returncode for helper in helpers):
-        raise CommandError("a drain worker process failed")
+            helper.join()
+    failed = [r for r in results if isinstance(r, BaseException)]
+    for i, r in enumerate(results):
+        if len(results) > 1 and not isinstance(r, BaseException):
+            cmd.stdout.write(f"worker {i + 1}: {_drained(r)}")
+    if failed:
+        if len(results) == 1:
+            raise failed[0]
+        raise CommandError(f"a drain worker failed: {failed[0]!r}")
+    total = {k: sum(r[k] for r in results) for k in ("chunks", "rows", "failed")}
+    cmd.stdout.write(_drained(total))
+
+
+def _drained(total: dict) -> str:
+    return (
+        f"drained {total['chunks']} chunk(s), {total['rows']} row(s); {total['failed']} failure(s)"
+    )
 
 
 IDLE_RETRY_S = 0.5  # every run idle (backing off, throttled, chunks in other hands): retry then
@@ -132,7 +153,7 @@ def wait_while_active(ids, seconds: float) -> bool:
     return False
 
 
-def _drain_here(cmd, o, Run, drain_run) -> None:
+def _drain_here(o, Run, drain_run) -> dict:
     run_keys = [o["run_key"]] if o.get("run_key") else None
     total = {"chunks": 0, "rows": 0, "failed": 0}
     while True:
@@ -155,9 +176,7 @@ def _drain_here(cmd, o, Run, drain_run) -> None:
             # (another worker may end them); the next round looks again at every active run,
             # a waiting run admitted meanwhile included — until none is left
             wait_while_active(ids, IDLE_RETRY_S)
-    cmd.stdout.write(
-        f"drained {total['chunks']} chunk(s), {total['rows']} row(s); {total['failed']} failure(s)"
-    )
+    return total
 
 
 def _control(action_name):
@@ -297,9 +316,7 @@ def register(areas) -> None:
         "--until-idle", action="store_true", help="keep going until no active run has work"
     )
     p.add_argument("--budget", type=float, default=30.0, help="seconds per run per round")
-    p.add_argument(
-        "--workers", type=int, default=1, help="worker processes (1 runs in this process)"
-    )
+    p.add_argument("--workers", type=int, default=1, help="workers, as threads of this process")
 
     for name, action, text in (
         ("pause", "pause_run", "stop admitting chunks of a run"),

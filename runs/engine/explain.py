@@ -15,7 +15,14 @@ from psycopg import sql
 from retention import cascades, geometry
 from retention import predicate as P
 from retention.schedule_math import latest_tick
-from runs.engine.planner import boundaries, bounds_query, tenants_query, walk_filter, window_query
+from runs.engine.planner import (
+    boundaries,
+    bounds_query,
+    estimate_rows,
+    tenants_query,
+    walk_filter,
+    window_query,
+)
 from runs.engine.reconciler import bitmap_scan
 
 
@@ -60,13 +67,14 @@ def statements(policy) -> list[tuple[str, P.Fragment]]:
     cutoff = spec.cutoff_for(tick)
     # the cascade guard, on a table that cascading foreign keys reference (else None)
     _graph, cascade = cascades.for_run(spec, policy_id=policy.id, cutoff=cutoff, tick=tick)
-    bounds = bounds_query(policy.id, cutoff, spec, columns=columns)
+    per_tenant = bool(spec.tenant) and shape.per_tenant
+    estimate = None if per_tenant else estimate_rows(spec, columns)
+    bounds = bounds_query(policy.id, cutoff, spec, columns=columns, estimate=estimate)
     with connection.cursor() as cur:
         cur.execute(bounds.sql.as_string(cur.connection), bounds.params)
         lo, hi = cur.fetchone()
     if lo is None:  # nothing eligible: plans of the statements over an empty range
         lo = hi = ["0"] if integer else None
-    per_tenant = bool(spec.tenant) and shape.per_tenant
     tenant = None
     if per_tenant and lo is not None:
         with connection.cursor() as cur:

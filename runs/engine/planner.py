@@ -67,23 +67,128 @@ def tenants(spec: PolicySpec) -> list[str]:
 
 
 def bounds_query(
-    run_policy_id: int, cutoff, spec: PolicySpec, outside=(), columns=None
+    run_policy_id: int,
+    cutoff,
+    spec: PolicySpec,
+    outside=(),
+    columns=None,
+    *,
+    estimate: int | None = None,
+    within: P.Fragment | None = None,
 ) -> P.Fragment:
     """First and last eligible key (on the chunk columns ``columns``: default the key's), each
     as an array of its columns' texts (holds left to the DELETE; ``outside``: discarded
-    scopes). Two ``ORDER BY key LIMIT 1`` reads of the key's index, for any key type (a
-    composite key has no ``min``)."""
+    scopes; ``within``: a further condition, a later pass's range). The first: an ``ORDER BY
+    key LIMIT 1`` read of the key's index (a composite key has no ``min``). The last, exact
+    (``estimate`` None): the same read backwards — on a key in time order it passes every
+    young row before the first old one, the young part of the table. With ``estimate`` (a
+    number of rows) it reads at most that many rows twice instead: the last ``estimate`` keys
+    of the key's index (an eligible one among them is the exact last key: ages not in key
+    order), else the largest key among the ``estimate`` newest eligible rows, read backwards
+    from the cutoff along the timestamp's index (a key in time order: its largest old keys
+    are the newest old rows'). That is an eligible row's key, so never past the true last one;
+    where it falls short, the verification finds the rows above it and the run plans another
+    pass over them (``reconciler.verify``, ``next_pass_range``)."""
     where = P.eligible(
         spec, policy_id=run_policy_id, cutoff=cutoff, include_holds=False, outside=outside
     )
+    if within is not None:
+        where = P.Fragment.join([where, within], " AND ")
     one = sql.SQL("(SELECT ARRAY[{k}] FROM {tbl} WHERE {w} ORDER BY {o} LIMIT 1)")
     k = P.key_texts(spec, columns=columns)
     first = one.format(k=k, tbl=P.table(spec), w=where.sql, o=P.key_order(spec, columns=columns))
-    last = one.format(
-        k=k, tbl=P.table(spec), w=where.sql,
-        o=P.key_order(spec, descending=True, columns=columns),
+    descending = P.key_order(spec, descending=True, columns=columns)
+    if estimate is None:
+        last = one.format(k=k, tbl=P.table(spec), w=where.sql, o=descending)
+        return P.Fragment(sql.SQL("SELECT {}, {}").format(first, last), where.params * 2)
+    cols = sql.SQL(", ").join(P.col(c) for c in P.chunk_columns(spec, columns))
+    every = sql.SQL(", ").join(
+        P.col(c) for c in dict.fromkeys([*P.chunk_columns(spec, columns), *P.required_columns(spec),
+                                         *(r.column for r in spec.keep)])
     )  # fmt: skip
-    return P.Fragment(sql.SQL("SELECT {}, {}").format(first, last), where.params * 2)
+    # the top of the key's index: exact when an eligible key is among its last ``estimate``
+    top = sql.SQL(
+        "(SELECT ARRAY[{k}] FROM (SELECT {every} FROM {tbl} ORDER BY {o} LIMIT %s) AS {t}"
+        " WHERE {w} ORDER BY {o} LIMIT 1)"
+    ).format(k=k, every=every, tbl=P.table(spec), o=descending, t=P.ROW, w=where.sql)
+    # else the newest eligible rows along the timestamp's index
+    newest = sql.SQL(
+        "(SELECT ARRAY[{k}] FROM (SELECT {cols} FROM {tbl} WHERE {w} ORDER BY {ts} DESC"
+        " LIMIT %s) AS {t} ORDER BY {o} LIMIT 1)"
+    ).format(
+        k=k, cols=cols, tbl=P.table(spec), w=where.sql, ts=P.col(spec.timestamp), t=P.ROW,
+        o=descending,
+    )  # fmt: skip
+    return P.Fragment(
+        sql.SQL("SELECT {}, coalesce({}, {})").format(first, top, newest),
+        [*where.params, estimate, *where.params, *where.params, estimate],
+    )
+
+
+def estimates_last_key(spec: PolicySpec, columns=None) -> bool:
+    """Whether the run's last eligible key is estimated (``bounds_query``): its chunks are not
+    on the timestamp (there the exact bound is one probe of its index already) and a btree
+    index leads with the timestamp column, which reads the newest eligible rows first."""
+    if P.chunk_columns(spec, columns)[0] == spec.timestamp:
+        return False
+    return timestamp_indexed(spec)
+
+
+def estimate_rows(spec: PolicySpec, columns=None) -> int | None:
+    """How many rows ``bounds_query`` estimates the last key from, or None (exact)."""
+    rows = settings.RETENTION["BOUND_ESTIMATE_ROWS"]
+    return rows if rows and estimates_last_key(spec, columns) else None
+
+
+def timestamp_indexed(spec: PolicySpec) -> bool:
+    """A valid, non-partial btree index of the target leads with the timestamp column."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index i"
+            " JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid"
+            " JOIN pg_catalog.pg_am am ON am.oid = ic.relam"
+            " JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
+            " WHERE i.indrelid = (SELECT c.oid FROM pg_catalog.pg_class c"
+            "  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            "  WHERE n.nspname = %s AND c.relname = %s)"
+            " AND am.amname = 'btree' AND i.indisvalid AND i.indpred IS NULL AND a.attname = %s)",
+            [spec.schema, spec.table, spec.timestamp],
+        )
+        return bool(cur.fetchone()[0])
+
+
+def run_bounds_query(run: Run, spec: PolicySpec, outside=(), columns=None) -> P.Fragment:
+    """``bounds_query`` as a run's planner sends it: the last key estimated where
+    ``estimates_last_key`` (from ``RETENTION["BOUND_ESTIMATE_ROWS"]`` rows) and the chunks
+    are not per tenant; a later pass
+    within the range its verification found rows in (``next_pass_range``)."""
+    # per-tenant chunks are verified over the whole old range, which does not say where a
+    # shortfall lies: their last key stays exact
+    estimate = None if run.per_tenant(spec) else estimate_rows(spec, columns)
+    within, exact = next_pass_range(run, spec, columns)
+    return bounds_query(
+        run.policy_id, run.bound, spec, outside, columns,
+        estimate=None if exact else estimate, within=within,
+    )  # fmt: skip
+
+
+def next_pass_range(run: Run, spec: PolicySpec, columns=None) -> tuple[P.Fragment | None, bool]:
+    """Where a pass after the first plans, when the previous pass's verification read only what
+    it may have missed (``reconciler.missed_ranges``) and found rows on one side only: from its
+    last chunk on (``key >= from``: an estimated last key fell short), or below its first
+    chunk (``key < below``, with the exact last key: the backward read starts there). The
+    bounds then never walk the key's index across the rows the passes before deleted.
+    ``(None, False)``: the whole table, as the first pass."""
+    found = run.verification or {}
+    missed = found.get("missed")
+    if run.pass_no < 2 or not missed or found.get("pass") != run.pass_no - 1:
+        return None, False
+    types = P.column_types(spec)
+    if missed["rows_from"] and not missed["rows_below"]:
+        return P.key_compare(spec, ">=", tuple(missed["from"]), types, columns=columns), False
+    if missed["rows_below"] and not missed["rows_from"]:
+        return P.key_compare(spec, "<", tuple(missed["below"]), types, columns=columns), True
+    return None, False
 
 
 def walk_filter(
@@ -261,9 +366,7 @@ def ensure_cursors(run: Run, spec: PolicySpec) -> None:
         if PlannerCursor.objects.filter(run=run, pass_no=run.pass_no).exists():
             return
         lo, hi = _fetchone(
-            bounds_query(
-                run.policy_id, run.bound, spec, discarded_scopes(run), run.bound_columns(spec)
-            )
+            run_bounds_query(run, spec, discarded_scopes(run), run.bound_columns(spec))
         )
         if lo is None:
             PlannerCursor.objects.create(run=run, pass_no=run.pass_no, tenant="", exhausted=True)

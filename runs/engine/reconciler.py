@@ -25,7 +25,7 @@ from psycopg import sql
 from core import locks, timeouts
 from retention import cascades
 from retention import predicate as P
-from retention.models import KillSwitch, Policy
+from retention.models import KillSwitch, LegalHold, Policy
 from retention.schedule_math import latest_tick
 from retention.spec import SpecError
 from runs.actions import (
@@ -39,15 +39,18 @@ from runs.actions import (
 from runs.engine import dispatch, stopping
 from runs.engine.maintenance import reclaim_vacuums, record_after_run
 from runs.engine.partitions import drop_kept_detached, settle_left_behind
+from runs.engine.planner import timestamp_indexed
 from runs.engine.schedules import sync_policy_schedule
 from runs.models import (
     Chunk,
     DeadLetter,
     GuardControlStep,
     GuardSample,
+    PartitionAction,
     Run,
     discarded_letters,
     discarded_scopes,
+    show_bound,
 )
 
 log = logging.getLogger(__name__)
@@ -66,21 +69,52 @@ def _count(frag: P.Fragment) -> int:
 def verify(run: Run, *, limit: int = 100_000) -> dict:
     """Eligible rows still present under the run's cutoff (kept and held rows, and the run's
     discarded scopes, excluded: the same predicate its later passes plan and delete by), rows
-    deferred by legal holds, rows never eligible because a planned column is NULL — one
-    statement, one scan of the old range (``predicate.verification_counts``), each count
-    stopping at ``limit`` — and the rows left in each discarded scope. ``holds``: the ids of
+    deferred by legal holds, rows never eligible because a planned column is NULL, each count
+    stopping at ``limit``, and the rows left in each discarded scope. ``holds``: the ids of
     the legal holds in force for that statement (what a drained run's leftover rows are judged
-    by after a hold's release: ``runs.evidence.invariants``)."""
+    by after a hold's release: ``runs.evidence.invariants``).
+
+    Where the pass's chunks tell what the run cannot have missed (``missed_ranges``), only the
+    rest is read: the keys below the pass's first chunk and from its last chunk on (that chunk
+    again, and everything above it: what an estimated last key left out). Elsewhere, one
+    statement and one scan of the whole old range (``predicate.verification_counts``).
+    ``read``: which of the two it was."""
     spec = run.policy_version.parsed
     types = P.column_types(spec)
     _graph, cascade = cascades.for_run(
         spec, policy_id=run.policy_id, cutoff=run.bound, tick=run.tick
     )
+    outside = discarded_scopes(run)
+    ranges = missed_ranges(run, spec, types=types, cascade=cascade)
+    if ranges is not None:
+        first, last = ranges
+        frag = missed_count(run, spec, first, last, outside=outside, limit=limit, types=types)
+        with transaction.atomic(), bitmap_scan(spec), connection.cursor() as cur:
+            cur.execute(frag.sql.as_string(cur.connection), frag.params)
+            below, above = cur.fetchone()
+        return {
+            "remaining": min(below + above, limit),
+            # where a later pass plans (``planner.next_pass_range``)
+            "missed": {
+                "below": list(first),
+                "from": list(last),
+                "rows_below": below,
+                "rows_from": above,
+            },  # fmt: skip
+            "deferred_by_holds": 0,
+            "holds": [],
+            "discarded": discarded_report(run, spec, types=types),
+            "not_eligible_null": 0,
+            "limit": limit,
+            "read": f"outside the pass's chunks: below {show_bound(first)}, from {show_bound(last)} on",
+            "checked_at": timezone.now().isoformat(),
+            "pass": run.pass_no,
+        }
     counts = P.verification_counts(
         spec,
         policy_id=run.policy_id,
         cutoff=run.bound,
-        outside=discarded_scopes(run),
+        outside=outside,
         limit=limit,
         types=types,
         cascade=cascade,
@@ -97,9 +131,72 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
         "discarded": discarded_report(run, spec, types=types),
         "not_eligible_null": nulls,
         "limit": limit,
+        "read": "the whole range older than the cutoff",
         "checked_at": timezone.now().isoformat(),
         "pass": run.pass_no,
     }
+
+
+def missed_ranges(run: Run, spec, *, types: dict, cascade=None) -> tuple | None:
+    """Where the run's current pass may have left eligible rows, when its chunks tell:
+    ``(first, last)`` — the keys (on the run's chunk columns) below ``first``, the pass's first
+    chunk's lower bound, and from ``last``, its last chunk's lower bound, on. None: the whole
+    old range must be read.
+
+    A pass's chunks are contiguous key ranges from its first eligible key to its last one
+    (``runs.engine.planner``); each done chunk's DELETE removed every row of its range that was
+    eligible in its snapshot. What can still be eligible is outside them: above an estimated
+    last key (``planner.bounds_query``), or written below the first key since; and the last
+    chunk is read again, the range a row written meanwhile most likely lands in. That holds
+    when nothing else can leave an eligible row inside a done chunk, so None when:
+
+    - chunks are per tenant (one walk per tenant: their union is not one range);
+    - a chunk of the pass is not done (dead-lettered, cancelled: their rows are counted);
+    - a legal hold applied to the policy at any time since the run was created (a row it
+      deferred becomes eligible again on its release, and the figures name the holds);
+    - a planned column can be NULL (those rows are counted and reported), or the table's
+      cascades are guarded (rows the guard defers are counted);
+    - the run has handled partitions (``runs.engine.partitions``)."""
+    if cascade is not None or run.per_tenant(spec):
+        return None
+    known_not_null = {name for name, t in types.items() if t.not_null}
+    if any(c not in known_not_null for c in P.required_columns(spec)):
+        return None
+    holds = LegalHold.objects.filter(Q(policy__isnull=True) | Q(policy_id=run.policy_id)).filter(
+        Q(released_at__isnull=True) | Q(released_at__gte=run.created_at)
+    )
+    if holds.exists() or PartitionAction.objects.filter(run=run).exists():
+        return None
+    chunks = Chunk.objects.filter(run=run, pass_no=run.pass_no)
+    if chunks.exclude(state__in=(Chunk.State.DONE, Chunk.State.SPLIT)).exists():
+        return None
+    # a split chunk keeps its row (and its whole range) beside its halves: first by id
+    first = chunks.filter(tenant="").order_by("seq", "id").first()
+    last = chunks.filter(tenant="").order_by("-seq", "id").first()
+    if first is None or chunks.exclude(tenant="").exists():
+        return None
+    return first.bounds()[0], last.bounds()[0]
+
+
+def missed_count(run: Run, spec, first, last, *, outside, limit: int, types: dict) -> P.Fragment:
+    """The eligible rows (holds applied, discarded scopes left out) with a key below ``first``,
+    and those from ``last`` on (``missed_ranges``), each counted up to ``limit``, in two
+    subqueries that PostgreSQL plans apart (run under ``bitmap_scan``, as the whole-range
+    count). Each reads the smaller of two sets: the keys beyond that end of the pass's chunks (few, when the last
+    eligible key is near the top of the key range: ages not in key order), or the rows older
+    than the cutoff by the timestamp's index (a key in time order, where every young row lies
+    above the last chunk: then it costs what the whole-range count did)."""
+    columns = run.bound_columns(spec)
+    cond = P.eligible(spec, policy_id=run.policy_id, cutoff=run.bound, outside=outside, types=types)
+    below = P.key_compare(spec, "<", first, types, columns=columns)
+    above = P.key_compare(spec, ">=", last, types, columns=columns)
+    part = sql.SQL("(SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {k} AND {c} LIMIT %s) AS s)")
+    text = sql.SQL("SELECT {}, {}").format(
+        part.format(t=P.table(spec), k=below.sql, c=cond.sql),
+        part.format(t=P.table(spec), k=above.sql, c=cond.sql),
+    )
+    params = [*below.params, *cond.params, limit, *above.params, *cond.params, limit]
+    return P.Fragment(text, params)
 
 
 PLAN_METHODS = ("enable_indexscan", "enable_indexonlyscan", "enable_seqscan")
@@ -115,21 +212,14 @@ def bitmap_scan(spec):
     again (a full-page image with data checksums); a bitmap heap scan visits each heap page
     once, in physical order. The previous settings are restored after the block (a failure
     rolls the caller's savepoint back, and the settings with it)."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index i"
-            " JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid"
-            " JOIN pg_catalog.pg_am am ON am.oid = ic.relam"
-            " JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
-            " WHERE i.indrelid = (SELECT c.oid FROM pg_catalog.pg_class c"
-            "  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-            "  WHERE n.nspname = %s AND c.relname = %s)"
-            " AND am.amname = 'btree' AND i.indisvalid AND i.indpred IS NULL AND a.attname = %s),"
-            " current_setting(%s), current_setting(%s), current_setting(%s)",
-            [spec.schema, spec.table, spec.timestamp, *PLAN_METHODS],
-        )
-        indexed, *before = cur.fetchone()
-        if indexed:
+    indexed = timestamp_indexed(spec)
+    if indexed:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT current_setting(%s), current_setting(%s), current_setting(%s)",
+                list(PLAN_METHODS),
+            )
+            before = cur.fetchone()
             _set_local(cur, {name: "off" for name in PLAN_METHODS})
     yield
     if indexed:

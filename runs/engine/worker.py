@@ -817,6 +817,7 @@ def _pace(run: Run, outcome: Outcome, deadline: float) -> None:
         stopping.sleep(min(wait, max(0.0, deadline - time.monotonic())))
 
 
+PLANNING_WAIT_S = 0.05  # a worker with nothing to claim while another plans waits this long
 IDLE_NOTE_EVERY_S = 5.0  # a reason unchanged is written again at most this often
 
 
@@ -902,6 +903,7 @@ def drain(
         return Run.objects.select_related("policy_version", "policy").filter(pk=run_id).first()
 
     planning_failures = 0
+    planned: int | None = None  # chunks the last planner call made (0: none, another planned)
     # the run's pending chunks as its last claim counted them (None: unknown, count them): the
     # planner tops the window up when half of it is left
     pending: int | None = None
@@ -963,7 +965,7 @@ def drain(
                 if pending <= window // 2:
                     pending = None  # the next claim counts them again
                     try:
-                        planner.plan(run, window=window, deadline=deadline)
+                        planned = planner.plan(run, window=window, deadline=deadline)
                     except DatabaseError as exc:
                         if _connection_lost(exc):
                             raise
@@ -1018,6 +1020,12 @@ def drain(
                 return stats
             pending = None if has_pending else 0
             if not run.planner_done and not has_pending:
+                if planned == 0:
+                    # another worker's planner holds the cursor: wait for its window to commit
+                    # rather than ask again at once (two workers on two cores: the asking
+                    # takes the CPU the planning needs)
+                    stopping.sleep(min(PLANNING_WAIT_S, max(0.0, deadline - time.monotonic())))
+                planned = None
                 continue  # plan at once
         if outcome.kind == THROTTLED:
             stats["throttled"] += 1

@@ -232,6 +232,7 @@ VERIFICATION_LABELS = {
     "holds": "Legal holds in force",
     "not_eligible_null": "Not eligible (NULL timestamp, key or tenant)",
     "limit": "Counts stop at",
+    "read": "Read",  # what the verification read: what the pass may have missed, or all
     "pass": "After pass",
     "checked_at": "Checked at",
     # what the run left for VACUUM (``runs.engine.maintenance``), once it drained
@@ -241,11 +242,12 @@ VERIFICATION_LABELS = {
     "vacuum_started_at": "Vacuum started",
     "vacuum_finished_at": "Vacuum finished",
 }
-VERIFICATION_TEXT = {"error", "vacuum_note"}
+VERIFICATION_TEXT = {"error", "vacuum_note", "read"}
 VERIFICATION_WHEN = {"checked_at", "vacuum_started_at", "vacuum_finished_at"}
 # shown by other rows: the discarded scopes' table, the policy's setting and the vacuum's
-# state (both in the "Vacuum" sentence)
-VERIFICATION_HIDDEN = {"discarded", "vacuum", "vacuum_state"}
+# state (both in the "Vacuum" sentence); where a next pass plans (``missed``: the "Read" row
+# says where the verification looked)
+VERIFICATION_HIDDEN = {"discarded", "vacuum", "vacuum_state", "missed"}
 
 
 def verification_items(result: dict | None) -> dict | None:

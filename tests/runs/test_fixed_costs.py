@@ -1,0 +1,255 @@
+"""The run's fixed costs that do not grow with the table: the last eligible key estimated from
+the newest eligible rows (the verification finds what the estimate left out, and another pass
+deletes it), a verification that reads only what the pass may have missed, and
+``retention drain --workers N`` as N workers in one process."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from runs.actions import trigger_run
+from runs.models import AuditRecord, Run
+from tests.factories import approved_policy, events_spec
+from tests.runs.conftest import NOW, count, create_events
+
+
+@pytest.mark.django_db(transaction=True)
+def test_drain_with_two_workers_runs_them_in_one_process(make_user, settings):
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    create_events(6000)
+    policy = approved_policy(
+        make_user, **events_spec(tenant=None, chunking="key", chunk_size=50, pace_rows_per_s=1500)
+    )
+    run, _ = trigger_run(policy, tick=NOW)
+    out = io.StringIO()
+    call_command("retention", "drain", run.run_key, "--until-idle", "--workers", "2", stdout=out)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    lines = out.getvalue().splitlines()
+    per_worker = [line for line in lines if line.startswith("worker ")]
+    assert len(per_worker) == 2, lines
+    # both workers took chunks, none failed
+    assert all(" 0 chunk(s)" not in line for line in per_worker), lines
+    assert lines[-1].endswith("; 0 failure(s)"), lines
+    assert set(AuditRecord.objects.filter(run=run).values_list("worker_pid", flat=True)) == {
+        os.getpid()
+    }
+    assert _eligible_left(run) == 0
+    connection.close()
+
+
+def _sql(text: str, params=None) -> None:
+    with connection.cursor() as cur:
+        cur.execute(text, params or [])
+
+
+def _eligible_left(run) -> int:
+    return count("public.rr_events", "occurred_at < %s AND status = 'closed'", [run.cutoff])
+
+
+def _key_policy(make_user, **overrides):
+    return approved_policy(
+        make_user, **events_spec(tenant=None, chunking="key", chunk_size=100, **overrides)
+    )
+
+
+@pytest.fixture
+def stragglers(db, settings):
+    """``rr_events`` (ids in time order) with three old rows at keys 4001-4003, above every
+    other old key and below ten young ones (5001-5010): the last eligible key is 4003. With an
+    estimate from 5 rows, neither the top of the key's index (young) nor the 5 newest eligible
+    rows (near the cutoff, keys around 1500) reach them."""
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False, "BOUND_ESTIMATE_ROWS": 5}
+    create_events(3000)
+    _sql(
+        "INSERT INTO public.rr_events SELECT g, 2, %s::timestamptz - interval '35 days',"
+        " 'closed', 'x' FROM generate_series(4001, 4003) AS g",
+        [NOW],
+    )
+    _sql(
+        "INSERT INTO public.rr_events SELECT g, 2, %s::timestamptz - interval '1 day',"
+        " 'closed', 'x' FROM generate_series(5001, 5010) AS g",
+        [NOW],
+    )
+    _sql("ANALYZE public.rr_events")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_beyond_an_estimated_last_key_are_found_and_deleted_by_another_pass(
+    stragglers, make_user
+):
+    from runs.engine import worker
+    from runs.models import PlannerCursor
+
+    run, _ = trigger_run(_key_policy(make_user), tick=NOW)
+    for _ in range(3):  # a drain ends with its pass; the next pass is drained again
+        worker.drain(run.pk, budget_s=120, until_idle=True)
+        run.refresh_from_db()
+        if run.state != Run.State.ACTIVE:
+            break
+    first_pass = PlannerCursor.objects.get(run=run, pass_no=1)
+    # the estimate fell short of the stragglers (what this test is about)
+    assert int(first_pass.bound_at[0]) < 4001
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert run.pass_no == 2  # the first pass's verification found them
+    second = PlannerCursor.objects.get(run=run, pass_no=2)
+    # the second pass planned from the first pass's last chunk on, to the last straggler
+    assert int(second.bound_at[0]) == 4003
+    assert _eligible_left(run) == 0
+    assert count("public.rr_events", "id BETWEEN 4001 AND 4003") == 0
+    assert count("public.rr_events", "id > 5000") == 10  # the young rows stay
+    assert run.verification["remaining"] == 0
+    assert run.verification["read"].startswith("outside the pass's chunks")
+    # the run page says what the verification read; where a next pass would plan stays inside
+    from tests.runs.test_after_run import verification_section
+
+    section = verification_section(run, make_user)
+    assert "<dt>Read</dt>" in section and "outside the pass&#x27;s chunks" in section, section
+    assert "missed" not in section
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_exact_bound_plans_the_stragglers_in_one_pass(stragglers, make_user, settings):
+    from runs.engine import worker
+    from runs.models import PlannerCursor
+
+    settings.RETENTION = {**settings.RETENTION, "BOUND_ESTIMATE_ROWS": 0}
+    run, _ = trigger_run(_key_policy(make_user), tick=NOW)
+    worker.drain(run.pk, budget_s=120, until_idle=True)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert (run.pass_no, PlannerCursor.objects.get(run=run).bound_at) == (1, ["4003"])
+    assert _eligible_left(run) == 0
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_top_of_the_key_index_gives_the_exact_last_key_when_it_is_old(make_user, settings):
+    """Ages not in key order: an old row among the key's last keys is the last eligible key."""
+    from runs.engine import planner
+
+    settings.RETENTION = {**settings.RETENTION, "BOUND_ESTIMATE_ROWS": 5}
+    create_events(3000)
+    _sql(
+        "INSERT INTO public.rr_events SELECT g, 2, %s::timestamptz - interval '35 days',"
+        " 'closed', 'x' FROM generate_series(9001, 9002) AS g",
+        [NOW],
+    )
+    _sql(
+        "INSERT INTO public.rr_events SELECT g, 2, %s::timestamptz - interval '1 day',"
+        " 'closed', 'x' FROM generate_series(9003, 9005) AS g",
+        [NOW],
+    )
+    run, _ = trigger_run(_key_policy(make_user), tick=NOW)
+    spec = run.policy_version.parsed
+    assert planner.estimate_rows(spec) == 5
+    with connection.cursor() as cur:
+        frag = planner.run_bounds_query(run, spec)
+        cur.execute(frag.sql.as_string(cur.connection), frag.params)
+        assert cur.fetchone() == (["1"], ["9002"])
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_verification_reads_below_the_first_chunk_and_from_the_last_one(make_user, settings):
+    from runs.engine import worker
+    from runs.engine.reconciler import verify
+
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    create_events(3000)
+    run, _ = trigger_run(_key_policy(make_user), tick=NOW)
+    worker.drain(run.pk, budget_s=120, until_idle=True)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED and run.pass_no == 1
+    # written after the run: one old row below its first chunk, one above its last
+    _sql(
+        "INSERT INTO public.rr_events VALUES (0, 2, %s::timestamptz - interval '30 days',"
+        " 'closed', 'x'), (7000, 2, %s::timestamptz - interval '30 days', 'closed', 'x')",
+        [NOW, NOW],
+    )
+    found = verify(run)
+    assert found["remaining"] == 2
+    assert (found["missed"]["rows_below"], found["missed"]["rows_from"]) == (1, 1)
+    assert found["missed"]["below"] == ["1"]
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_verification_reads_the_whole_old_range_where_the_chunks_cannot_tell(make_user, settings):
+    """Per-tenant chunks, and a legal hold on the policy since the run began: the whole range."""
+    from retention import actions
+    from runs.engine import worker
+    from runs.engine.reconciler import verify
+
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    create_events(3000)
+    per_tenant = approved_policy(make_user, **events_spec(slug="per-tenant"))
+    run, _ = trigger_run(per_tenant, tick=NOW)
+    worker.drain(run.pk, budget_s=120, until_idle=True)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED
+    assert run.verification["read"] == "the whole range older than the cutoff"
+
+    create_events(3000)
+    policy = _key_policy(make_user)
+    run, _ = trigger_run(policy, tick=NOW)
+    worker.drain(run.pk, budget_s=120, until_idle=True)
+    run.refresh_from_db()
+    assert run.verification["read"].startswith("outside the pass's chunks")
+    actions.place_hold(
+        actor=make_user("carol-fixed", "compliance"), reason="litigation", policy=policy,
+        key_from=100, key_to=200,
+    )  # fmt: skip
+    found = verify(run)
+    assert found["read"] == "the whole range older than the cutoff"
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_with_nothing_to_claim_waits_for_the_other_workers_planner(
+    make_user, settings, monkeypatch
+):
+    """Another worker's planner holds the run's cursor and nothing is pending: this worker
+    waits ``PLANNING_WAIT_S`` before it asks again, instead of asking at once in a loop."""
+    from runs.engine import planner, stopping, worker
+    from runs.models import PlannerCursor
+    from tests.runs.processes import pg_connect
+
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    create_events(3000)
+    run, _ = trigger_run(_key_policy(make_user), tick=NOW)
+    planner.ensure_cursors(run, run.policy_version.parsed)
+    assert PlannerCursor.objects.filter(run=run, exhausted=False).count() == 1
+
+    events: list = []
+    real_process_one = worker.process_one
+
+    def process_one(run, **kw):
+        events.append("claim")
+        return real_process_one(run, **kw)
+
+    def sleep(seconds: float) -> bool:
+        events.append(("sleep", seconds))
+        return False
+
+    monkeypatch.setattr(worker, "process_one", process_one)
+    monkeypatch.setattr(stopping, "sleep", sleep)
+    # the drain ends at the next chunk boundary once it has asked three times
+    monkeypatch.setattr(stopping, "requested", lambda: events.count("claim") >= 3)
+    other = pg_connect(autocommit=False)  # the other worker's planner, inside its step
+    try:
+        other.execute("SELECT 1 FROM runs_plannercursor WHERE run_id = %s FOR UPDATE", [run.pk])
+        stats = worker.drain(run.pk, budget_s=60)
+    finally:
+        other.rollback()
+        other.close()
+    assert stats["stopped"] == "worker stopping" and stats["chunks"] == 0
+    # every claim that found nothing is followed by the wait before the next one
+    assert events == ["claim", ("sleep", worker.PLANNING_WAIT_S)] * 3
+    connection.close()
