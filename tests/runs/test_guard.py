@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import secrets
 import threading
+import time
 
+import psycopg
 import pytest
 from django.db import connection
 
@@ -132,10 +136,6 @@ def test_chunk_size_halves_under_pressure_and_grows_slowly(policy):
 def test_lock_waits_count_in_this_database_only():
     """Sessions waiting on locks in another database of the same server are not a sign of
     harm done here; those of this database are."""
-    import secrets
-
-    import psycopg
-
     params = dict(connection.get_connection_params())
     for key in ("cursor_factory", "context", "prepare_threshold"):
         params.pop(key, None)
@@ -145,55 +145,43 @@ def test_lock_waits_count_in_this_database_only():
     admin.execute(f'CREATE DATABASE "{other}"')
     try:
         in_other = {**params, "dbname": other}
-        holder = psycopg.connect(**in_other)
-        holder.execute("CREATE TABLE held (id int)")
-        holder.commit()
-        holder.execute("LOCK TABLE held IN ACCESS EXCLUSIVE MODE")
-        waiter = psycopg.connect(**in_other, autocommit=True)
-        thread = threading.Thread(target=lambda: waiter.execute("SELECT * FROM held").fetchall())
-        thread.start()
-        try:
-            assert _waiting(admin, other) == 1
-            with connection.cursor() as cur:
-                cur.execute("SELECT lock_waits FROM guard_instance_signals()")
-                assert cur.fetchone()[0] == 0
-        finally:
-            holder.rollback()
-            thread.join(10)
-            holder.close()
-            waiter.close()
+        with psycopg.connect(**in_other, autocommit=True) as setup:
+            setup.execute("CREATE TABLE held (id int)")
+        with _one_waiting(admin, other, "held", lambda: psycopg.connect(**in_other)):
+            assert _instance_lock_waits() == 0
         create_events(10)
-        holder = pg_connect(autocommit=False)
-        holder.execute("LOCK TABLE public.rr_events IN ACCESS EXCLUSIVE MODE")
-        waiter = pg_connect()
-        thread = threading.Thread(
-            target=lambda: waiter.execute("SELECT 1 FROM rr_events").fetchall()
-        )
-        thread.start()
-        try:
-            assert _waiting(admin, connection.settings_dict["NAME"]) == 1
-            with connection.cursor() as cur:
-                cur.execute("SELECT lock_waits FROM guard_instance_signals()")
-                assert cur.fetchone()[0] == 1
-        finally:
-            holder.rollback()
-            thread.join(10)
-            holder.close()
-            waiter.close()
+        here = connection.settings_dict["NAME"]
+        with _one_waiting(admin, here, "public.rr_events", lambda: pg_connect(autocommit=False)):
+            assert _instance_lock_waits() == 1
     finally:
         admin.execute(f'DROP DATABASE IF EXISTS "{other}" WITH (FORCE)')
         admin.close()
 
 
-def _waiting(conn, database: str, timeout: float = 10.0) -> int:
-    import time
+def _instance_lock_waits() -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT lock_waits FROM guard_instance_signals()")
+        return cur.fetchone()[0]
 
-    deadline = time.monotonic() + timeout
-    while True:
-        waits = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = %s",
-            [database],
-        ).fetchone()[0]
-        if waits or time.monotonic() > deadline:
-            return waits
-        time.sleep(0.05)
+
+@contextlib.contextmanager
+def _one_waiting(admin, database: str, table: str, connect):
+    """One session of ``database`` holds ``table`` exclusively while another waits to read it."""
+    holder, waiter = connect(), connect()
+    holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+    thread = threading.Thread(target=lambda: waiter.execute(f"SELECT 1 FROM {table}").fetchall())
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        query = (
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = %s"
+        )
+        while not admin.execute(query, [database]).fetchone()[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert admin.execute(query, [database]).fetchone()[0] == 1
+        yield
+    finally:
+        holder.rollback()
+        thread.join(10)
+        holder.close()
+        waiter.close()
