@@ -177,13 +177,17 @@ def progress_for(
     now: datetime,
     broker: BrokerBacklog | None = None,
     kill_switch=UNREAD,
+    remembered: bool = True,
 ) -> dict[int, RunProgress]:
     """Progress of each run in ``runs`` (ids or loaded ``Run`` rows with their policy; unknown
     ids are left out), from at most six grouped queries: the runs (only when given ids),
     chunks, audit records, throttle reasons, the broker backlog (unless ``broker`` is
     passed by a caller that read it already) and the kill switch (unless ``kill_switch``,
     the global ``KillSwitch`` row or None, is passed). A stopped run (not active, its policy
-    paused, the kill switch on) has no admissible chunk, whatever their ``not_before``."""
+    paused, the kill switch on) has no admissible chunk, whatever their ``not_before``.
+    ``remembered=False``: every sum read from the records, nothing read from or written to the
+    shared cache — for the engine's own processes, whose login has no access to the cache the
+    pages trust (database/grants.py)."""
     given = list(runs)
     broker = broker if broker is not None else broker_backlog(now)
     out: dict[int, RunProgress] = {}
@@ -229,13 +233,17 @@ def progress_for(
     recent = now - RATE_WINDOW
     # what earlier readings remembered (runs.progress's two cache entries per run), read at once
     finished = [rid for rid, p in out.items() if p.state in Run.TERMINAL]
-    known = cache.get_many(
-        [AUDIT_TALLY_KEY.format(rid) for rid in ids]
-        + [_chunk_sums_key(out[rid], started[rid]) for rid in finished]
+    known = (
+        cache.get_many(
+            [AUDIT_TALLY_KEY.format(rid) for rid in ids]
+            + [_chunk_sums_key(out[rid], started[rid]) for rid in finished]
+        )
+        if remembered
+        else {}
     )
     tallies, remember = audit_tallies(ids, recent, known=known)
     chunk_rows, remember_chunks = _chunk_sums(out, tallies, started, now, known=known)
-    if remember or remember_chunks:
+    if remembered and (remember or remember_chunks):
         cache.set_many({**remember, **remember_chunks}, timeout=None)
 
     for row in chunk_rows:
