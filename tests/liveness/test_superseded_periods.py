@@ -21,6 +21,8 @@ from runs.engine.reconciler import reconcile
 from runs.models import Run
 from tests.factories import approved_policy, events_spec
 
+pytestmark = pytest.mark.usefixtures("no_guard")
+
 TICK = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)  # a tick of "0 3 * * *"
 
 

@@ -27,6 +27,8 @@ from runs.models import Run
 from tests.conftest import token_for_claim
 from tests.factories import approved_policy, events_spec
 
+pytestmark = pytest.mark.usefixtures("no_guard")
+
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 UUID_A = "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
 UUID_B = "b1eebc99-9c0b-4ef8-bb6d-6bb9bd380a22"

@@ -19,6 +19,8 @@ from runs.models import Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import count
 
+pytestmark = pytest.mark.usefixtures("no_guard")
+
 # (timezone, local noon on a day whose midnight-to-midnight is 23 or 25 hours)
 DST_DAYS = [
     ("Europe/Berlin", datetime(2026, 3, 29, 12, 0)),  # spring forward: 23-hour day

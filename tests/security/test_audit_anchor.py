@@ -25,6 +25,8 @@ from runs.evidence import audit, exports
 from runs.models import AuditRecord, Checkpoint, Chunk, Run
 from tests.runs.conftest import NOW
 
+pytestmark = pytest.mark.usefixtures("no_guard")
+
 KEY = "evidence-key-kept-off-the-database-host-0123456789"
 
 

@@ -26,6 +26,8 @@ from runs.evidence import audit
 from runs.models import AuditRecord, Chunk, Run
 from tests.runs.conftest import NOW
 
+pytestmark = pytest.mark.usefixtures("no_guard")
+
 V1 = {
     "chain_seq", "chunk_id", "run_id", "policy_version_id", "policy_slug", "table_name",
     "cutoff", "tenant", "key_from", "key_to", "attempt", "worker_host", "worker_pid",

@@ -17,6 +17,8 @@ from runs.models import AuditRecord, Run
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW, count, create_events, manage
 
+pytestmark = pytest.mark.usefixtures("no_guard")
+
 SHADOW = "public.rr_events_shadow"
 
 
