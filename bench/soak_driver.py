@@ -340,8 +340,10 @@ class Driver:
     def newest_run(self, ep: Epoch):
         from runs.models import Run
 
+        # a skipped run was folded into another run, which does its work: the newest of those
         return (
             Run.objects.filter(policy_id=ep.policy_id)
+            .exclude(state=Run.State.SKIPPED)
             .select_related("policy", "policy_version")
             .order_by("-created_at", "-pk")
             .first()
