@@ -91,11 +91,6 @@ def _spec(**overrides) -> dict:
     return spec
 
 
-@pytest.fixture
-def no_guard(db, settings):
-    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
-
-
 def _drain(run: Run) -> Run:
     worker.drain(run.pk, budget_s=120, until_idle=True)
     run.refresh_from_db()
