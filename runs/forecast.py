@@ -53,6 +53,25 @@ CACHE_SECONDS = 15
 
 
 UNREAD = object()
+BACKLOG = ":backlog"
+
+
+def _cache_key(policy, part: str = "") -> str:
+    return f"retention:drain-window{part}:{policy.pk}:{policy.created_at.timestamp()}"
+
+
+def measurements(policies) -> dict[int, dict | None]:
+    """Each policy's cached measurement (None: expired or never taken), one cache read for
+    all of them, for a page that judges several policies' drain windows."""
+    keys = [k for p in policies for k in (_cache_key(p), _cache_key(p, BACKLOG))]
+    found = cache.get_many(keys)
+    out = {}
+    for p in policies:
+        measured = found.get(_cache_key(p))
+        if measured is not None and _cache_key(p, BACKLOG) in found:
+            measured = {**measured, "table_backlog": found[_cache_key(p, BACKLOG)]}
+        out[p.pk] = measured
+    return out
 
 
 def drain_window(
@@ -63,6 +82,7 @@ def drain_window(
     latest_run=UNREAD,
     next_tick=UNREAD,
     kill_switch=UNREAD,
+    measured=UNREAD,
 ) -> dict:
     """The policy's drain window. The counts behind it read the target table, so they are
     measured at most every CACHE_SECONDS (the overview polls; ``fresh`` bypasses the cache);
@@ -71,23 +91,27 @@ def drain_window(
     ``progress`` (run id → ``RunProgress``, from the caller's own ``progress_for``) saves
     reading the policy's latest run's progress a second time; a page showing several
     policies passes what it read for all of them at once: the policy's latest run (None: no
-    run), the tick its schedule is armed for and the global ``KillSwitch`` row."""
-    key = f"retention:drain-window:{policy.pk}:{policy.created_at.timestamp()}"
-    measured = None if fresh else cache.get(key)
+    run), the tick its schedule is armed for, the global ``KillSwitch`` row and the cached
+    measurement (``measurements``; None: none cached)."""
+    if fresh:
+        measured = None
+    elif measured is UNREAD:
+        measured = cache.get(_cache_key(policy))
     if measured is None:
         measured = _measure(policy)
-        cache.set(key, measured, CACHE_SECONDS)
+        cache.set(_cache_key(policy), measured, CACHE_SECONDS)
     known = {"run": latest_run, "next_tick": next_tick, "kill_switch": kill_switch}
-    return _judge(policy, measured, timezone.now(), progress or {}, known)
+    return _judge(policy, measured, timezone.now(), progress or {}, known, fresh=fresh)
 
 
 def _measure(policy) -> dict:
-    """The slow part: the target table's oldest eligible row, a day's inflow, the eligible
-    count, and the observed rate."""
+    """The target table's oldest eligible row and a day's inflow (two index range reads),
+    and the observed rate. The eligible count of the whole table is read apart
+    (``_table_backlog``), only for a policy with no open run to take it from."""
     now = timezone.now()
     out = {
         "oldest_eligible_age_s": None, "overdue_s": None, "inflow_per_day": None,
-        "table_backlog": None, "rows_per_s": None, "version": None, "rollout": None,
+        "rows_per_s": None, "version": None, "rollout": None,
     }  # fmt: skip
     version = policy.approved_version
     if version is None:
@@ -122,10 +146,27 @@ def _measure(policy) -> dict:
         [*tomorrow.params, *older_now.params],
     )
     out["inflow_per_day"] = _one(P.count_where(spec, day))
-    out["table_backlog"] = _one(P.count_where(spec, where, limit=10_000_000), timeout_ms=5000)
     rate = observed_rate(policy, now)
     out["rows_per_s"] = round(rate, 1) if rate else None
     return out
+
+
+def _table_backlog(policy, measured: dict, *, fresh: bool = False) -> int | None:
+    """Rows of the target table eligible now (up to ten million; None: not counted within
+    5 s), cached like the measurement (``measured["table_backlog"]`` when the caller read the
+    cache for it). A whole-table count: read only where no open run knows its backlog, so a
+    page never counts a table that a run is draining."""
+    key = _cache_key(policy, BACKLOG)
+    counted = None if fresh else measured.get("table_backlog") or cache.get(key)
+    if counted is None:
+        version = policy.approved_version
+        if version is None:
+            return None
+        spec = version.parsed
+        where = P.eligible(spec, policy_id=policy.id, cutoff=spec.cutoff_for(timezone.now()))
+        counted = {"rows": _one(P.count_where(spec, where, limit=10_000_000), timeout_ms=5000)}
+        cache.set(key, counted, CACHE_SECONDS)
+    return counted["rows"]
 
 
 def _judge_counts(policy, out: dict, now) -> dict:
@@ -183,7 +224,7 @@ def _armed_tick(policy):
     )
 
 
-def _judge(policy, measured: dict, now, progress: dict, known: dict) -> dict:
+def _judge(policy, measured: dict, now, progress: dict, known: dict, *, fresh=False) -> dict:
     """``{"backlog_rows", "pending_chunks", "oldest_eligible_age_s", "overdue_s",
     "inflow_per_day", "rows_per_s", "eta_s", "next_tick", "verdict":
     "converges"|"at risk"|"idle"|"paused"|"stopped"|"unknown", "explanation"}``."""
@@ -204,9 +245,9 @@ def _judge(policy, measured: dict, now, progress: dict, known: dict) -> dict:
         if p.rows_expected:  # the admission count, or (planned) what the chunks hold at most
             out["backlog_rows"] = max(0, p.rows_expected - p.rows_deleted)
         else:  # no total yet: the pending chunks' keys are an upper bound of their rows
-            out["backlog_rows"] = p.rows_pending or measured["table_backlog"]
+            out["backlog_rows"] = p.rows_pending or _table_backlog(policy, measured, fresh=fresh)
     else:
-        out["backlog_rows"] = measured["table_backlog"]
+        out["backlog_rows"] = _table_backlog(policy, measured, fresh=fresh)
     upcoming = _armed_tick(policy) if known["next_tick"] is UNREAD else known["next_tick"]
     out["next_tick"] = upcoming
     backlog, pending, rate = out["backlog_rows"], out["pending_chunks"], measured["rows_per_s"]

@@ -282,25 +282,37 @@ def _read_prometheus(specs: list, previous: GuardSample | None) -> dict:
 
 def probe_percentiles(table: str, *, now=None) -> dict:
     """p50/p95/p99 of the probe latency over the sliding window."""
+    return probe_windows([table], now=now)[table]
+
+
+def probe_windows(tables, *, now=None) -> dict[str, dict]:
+    """``probe_percentiles`` of each of ``tables`` from one read of the window's samples, which
+    extracts only their probe values (not every table's signals)."""
     now = now or timezone.now()
-    since = now - timedelta(seconds=WINDOW_S)
-    values = sorted(
-        v
-        for v in (
-            s.get(table, {}).get("probe_ms")
-            for s in GuardSample.objects.filter(taken_at__gte=since).values_list(
-                "tables", flat=True
-            )
+    tables = list(dict.fromkeys(tables))
+    values: dict[str, list[float]] = {t: [] for t in tables}
+    if tables:
+        for table, v in _rows(
+            "SELECT t.name, (s.tables -> t.name ->> 'probe_ms')::float8 FROM runs_guardsample s,"
+            " unnest(%s::text[]) AS t(name)"
+            " WHERE s.taken_at >= %s AND s.tables -> t.name ->> 'probe_ms' IS NOT NULL",
+            [tables, now - timedelta(seconds=WINDOW_S)],
+        ):
+            values[table].append(v)
+    out = {}
+    for table, found in values.items():
+        found.sort()
+        out[table] = (
+            {
+                "p50": _pct(found, 0.50),
+                "p95": _pct(found, 0.95),
+                "p99": _pct(found, 0.99),
+                "n": len(found),
+            }
+            if found
+            else {}
         )
-        if v is not None
-    )
-    if not values:
-        return {}
-
-    def pct(p: float) -> float:
-        return round(values[min(len(values) - 1, int(round(p * (len(values) - 1))))], 2)
-
-    return {"p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99), "n": len(values)}
+    return out
 
 
 def idle_baseline(table: str, *, now=None) -> dict:
@@ -410,14 +422,15 @@ def _pace(spec, verdict: Verdict, now=None, *, busy=None) -> Verdict:
     return Verdict(False, reason, False, signals, paced=True, **knobs)
 
 
-def evaluate(spec, latest: GuardSample | None) -> Verdict:
-    """Compare the latest sample with the policy's thresholds."""
+def evaluate(spec, latest: GuardSample | None, *, probes=None) -> Verdict:
+    """Compare the latest sample with the policy's thresholds. ``probes``: the probe's window
+    (``probe_windows``), read by a caller that evaluates several policies."""
     if latest is None:
         return ADMIT
     g = spec.guard
     v = latest.values
     t = latest.tables.get(spec.qualified_table, {})
-    p = probe_percentiles(spec.qualified_table)
+    p = probes if probes is not None else probe_percentiles(spec.qualified_table)
     signals = {
         "probe_p95_ms": (p.get("p95"), g["probe_p95_ms"], g["critical_probe_p95_ms"], "ms"),
         "lock_waits": (v.get("lock_waits", 0) + 0, g["lock_waits"], g["critical_lock_waits"], ""),
@@ -826,12 +839,12 @@ def latest_sample():
     return GuardSample.objects.order_by("-taken_at").first()
 
 
-def current_state(policy, *, version=UNREAD, latest=UNREAD, control=UNREAD) -> dict:
+def current_state(policy, *, version=UNREAD, latest=UNREAD, control=UNREAD, probes=None) -> dict:
     """The guard as the dashboard shows it for ``policy``:
     ``{"level": "ok"|"throttled"|"critical", "reasons": [str], "signals": {name: {"value", "threshold", "unit"}},
     "sampled_at": datetime|None}``. A page showing several policies passes the latest sample
-    (``latest_sample``), each policy's approved version and its controller row (``control_of``;
-    None: it has none), read once for all of them."""
+    (``latest_sample``), each policy's approved version, its controller row (``control_of``;
+    None: it has none) and its table's probe window (``probe_windows``), read once for all."""
     if version is UNREAD:
         version = policy.approved_version
     if latest is UNREAD:
@@ -843,7 +856,7 @@ def current_state(policy, *, version=UNREAD, latest=UNREAD, control=UNREAD) -> d
             "signals": {},
             "sampled_at": latest.taken_at if latest else None,
         }
-    verdict = evaluate(version.parsed, latest)
+    verdict = evaluate(version.parsed, latest, probes=probes)
     if policy.paused and policy.paused_reason.startswith("guard critical"):
         level = "critical"
     else:

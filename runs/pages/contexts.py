@@ -10,6 +10,7 @@ Durations are seconds here; templates format them with the ``duration`` filter.
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Exists, OuterRef, Q
@@ -69,6 +70,82 @@ def _current_and_latest_runs(policy_ids: list[int]) -> tuple[dict[int, Run], dic
     return current, latest
 
 
+@dataclass
+class PolicyReadings:
+    """What a page listing several policies reads once for all of them (the overview,
+    /metrics): each policy's open run being worked and latest run, their progress, the kill
+    switch, each approved version with its guard controller row, the guard's latest sample,
+    the tick each schedule is armed for, the broker's backlog, each drain window's cached
+    measurement and each target table's probe window."""
+
+    current: dict[int, Run]
+    latest: dict[int, Run]
+    progress: dict
+    kill_switch: KillSwitch | None
+    approved: dict[int, PolicyVersion]
+    controls: dict
+    sample: object
+    next_runs: dict[str, object]
+    broker: object
+    measured: dict[int, dict | None]
+    probes: dict[str, dict]
+
+    def drain_window(self, policy) -> dict:
+        return forecast.drain_window(
+            policy,
+            progress=self.progress,
+            latest_run=self.latest.get(policy.id),
+            next_tick=self.next_runs.get(schedule_name(policy)),
+            kill_switch=self.kill_switch,
+            measured=self.measured.get(policy.id),
+        )
+
+    def guard_state(self, policy) -> dict:
+        return guard.current_state(
+            policy,
+            version=self.approved.get(policy.id),
+            latest=self.sample,
+            control=self.controls.get(policy.id),
+            probes=self.probes.get(self.approved[policy.id].parsed.qualified_table)
+            if policy.id in self.approved
+            else None,
+        )
+
+
+def policy_readings(policies: list[Policy], now) -> PolicyReadings:
+    ids = [p.id for p in policies]
+    current, latest = _current_and_latest_runs(ids)
+    broker = broker_backlog(now)
+    switch = KillSwitch.objects.filter(name="global").first()
+    progress = progress_for(current.values(), now=now, broker=broker, kill_switch=switch)
+    approved = {
+        v.policy_id: v
+        for v in PolicyVersion.objects.filter(policy_id__in=ids, state=PolicyVersion.State.APPROVED)
+        .select_related("policy__guard_control")
+        .order_by("policy_id", "-number")
+        .distinct("policy_id")
+    }  # one query for every policy's approved version (the guard's thresholds, the backlog
+    # SLO) and the guard's latency controller (its row, when it has stepped)
+    next_runs = dict(
+        Schedule.objects.filter(name__in=[schedule_name(p) for p in policies]).values_list(
+            "name", "next_run"
+        )
+    )
+    return PolicyReadings(
+        current=current,
+        latest=latest,
+        progress=progress,
+        kill_switch=switch,
+        approved=approved,
+        controls={pid: guard.control_of(v.policy) for pid, v in approved.items()},
+        sample=guard.latest_sample(),
+        next_runs=next_runs,
+        broker=broker,
+        measured=forecast.measurements(policies),
+        probes=guard.probe_windows(v.parsed.qualified_table for v in approved.values()),
+    )
+
+
 def policy_state(policy: Policy, run: Run | None, dead_letters: int, guard_level: str) -> str:
     if not policy.enabled:
         return DISABLED
@@ -103,36 +180,13 @@ def overview_context(request) -> dict:
         policies_qs = policies_qs.none()
     policies = list(policies_qs)
     ids = [p.id for p in policies]
-    current, latest = _current_and_latest_runs(ids)
-    broker = broker_backlog(now)
-    switch = KillSwitch.objects.filter(name="global").first()
-    progress = progress_for(current.values(), now=now, broker=broker, kill_switch=switch)
+    r = policy_readings(policies, now)
+    current, latest, switch, progress = r.current, r.latest, r.kill_switch, r.progress
     dead = dict(
         DeadLetter.objects.filter(resolution=DeadLetter.Resolution.OPEN, run__policy_id__in=ids)
         .values_list("run__policy_id")
         .annotate(n=Count("id"))
         .order_by()
-    )
-    slos = dict(
-        PolicyVersion.objects.filter(policy_id__in=ids, state=PolicyVersion.State.APPROVED)
-        .exclude(spec__max_backlog_age=None)
-        .values_list("policy_id", "spec__max_backlog_age")
-    )  # one query for every policy's backlog SLO
-
-    approved = {
-        v.policy_id: v
-        for v in PolicyVersion.objects.filter(policy_id__in=ids, state=PolicyVersion.State.APPROVED)
-        .select_related("policy__guard_control")
-        .order_by("policy_id", "-number")
-        .distinct("policy_id")
-    }  # one query for every policy's approved version (the guard's thresholds) and the guard's
-    # latency controller (its row, when it has stepped)
-    controls = {pid: guard.control_of(v.policy) for pid, v in approved.items()}
-    sample = guard.latest_sample()
-    next_runs = dict(
-        Schedule.objects.filter(name__in=[schedule_name(p) for p in policies]).values_list(
-            "name", "next_run"
-        )
     )
     rows = []
     for policy in policies:
@@ -145,19 +199,8 @@ def overview_context(request) -> dict:
             if run is not None and run.state == Run.State.ACTIVE
             else None
         )
-        window = forecast.drain_window(
-            policy,
-            progress=progress,
-            latest_run=latest.get(policy.id),
-            next_tick=next_runs.get(schedule_name(policy)),
-            kill_switch=switch,
-        )
-        guard_state = guard.current_state(
-            policy,
-            version=approved.get(policy.id),
-            latest=sample,
-            control=controls.get(policy.id),
-        )
+        window = r.drain_window(policy)
+        guard_state = r.guard_state(policy)
         dead_n = dead.get(policy.id, 0)
         eta = p.eta_s if p else window.get("eta_s")
         throttle = (p.throttle_reason if p else "") or "; ".join(guard_state.get("reasons") or [])
@@ -170,10 +213,15 @@ def overview_context(request) -> dict:
                 "progress": p,
                 "health": health,
                 "eta_s": eta,
-                "next_run": next_runs.get(schedule_name(policy)),
+                "next_run": r.next_runs.get(schedule_name(policy)),
                 "window": window,
                 "backlog_age_s": window.get("oldest_eligible_age_s"),
-                "slo": backlog_slo(slos.get(policy.id), window),
+                "slo": backlog_slo(
+                    r.approved[policy.id].spec.get("max_backlog_age")
+                    if policy.id in r.approved
+                    else None,
+                    window,
+                ),
                 "guard": guard_state,
                 "throttle_reason": throttle,
                 "dead_letters": dead_n,
@@ -198,7 +246,7 @@ def overview_context(request) -> dict:
         if slug
         else sum(1 for r in rows if r["run"] and r["run"].state == Run.State.ACTIVE),
         "kill_switch_token": switch.decision_token if switch else "off:0",
-        "broker": broker,
+        "broker": r.broker,
         "now": now,
     }
 

@@ -18,12 +18,11 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
-from retention.models import KillSwitch, Policy
+from retention.models import Policy
 from retention.schedule_math import latest_tick
-from runs import forecast
-from runs.engine import guard
 from runs.models import AuditRecord, Chunk, DeadLetter, Run
-from runs.progress import broker_backlog, progress_for
+from runs.pages.contexts import policy_readings
+from runs.progress import progress_for
 
 # Upper bounds (seconds) of the chunk-duration histogram buckets.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -176,25 +175,34 @@ class LedgerCollector:
             Run.objects.values_list("policy_id").annotate(t=Max("tick")).order_by()
         ):
             run_tick.add_metric([by_id.get(policy_id, "?")], tick.timestamp())
+        # What every policy's figures need, read once for all of them (as the overview does).
+        readings = policy_readings(policies, now)
         # Ids first: a join would make the planner walk every chunk of every run. Read once,
-        # for the drain windows below and the chunk and run families after them.
+        # for the chunk and run families below (every open run, not only each policy's first).
         open_runs = list(Run.objects.filter(state__in=Run.OPEN).values_list("id", flat=True))
-        progress = progress_for(open_runs, now=now)
+        unread = [i for i in open_runs if i not in readings.progress]
+        progress = {i: readings.progress[i] for i in open_runs if i in readings.progress}
+        if unread:  # a policy's second open run (its first is the one being worked)
+            progress.update(
+                progress_for(
+                    unread, now=now, broker=readings.broker, kill_switch=readings.kill_switch
+                )
+            )
         for policy in policies:
-            window = forecast.drain_window(policy, progress=progress)
+            window = readings.drain_window(policy)
             age = window.get("oldest_eligible_age_s")
             if age is not None:
                 backlog.add_metric([policy.slug], float(age))
             if window.get("overdue_s") is not None:
                 overdue.add_metric([policy.slug], max(0.0, float(window["overdue_s"])))
-            version = policy.approved_version
+            version = readings.approved.get(policy.id)
             if version is not None:
                 if version.parsed.max_backlog_age_s is not None:
                     slo.add_metric([policy.slug], version.parsed.max_backlog_age_s)
                 tick = latest_tick(policy, now)
                 if policy.enabled and not policy.paused and tick >= (version.decided_at or now):
                     due_tick.add_metric([policy.slug], tick.timestamp())
-            state = guard.current_state(policy)
+            state = readings.guard_state(policy)
             level = state.get("level", "ok")
             guard_level.add_metric(
                 [policy.slug], {"ok": 0, "throttled": 1, "critical": 2}.get(level, 0)
@@ -220,7 +228,7 @@ class LedgerCollector:
             queue_age.add_metric([slug], age)
         yield queue_age
 
-        broker = broker_backlog(now)
+        broker = readings.broker
         yield GaugeMetricFamily(
             "retention_broker_oldest_message_age_seconds",
             "Age of the oldest django-q2 message not yet taken by a worker",
@@ -326,7 +334,7 @@ class LedgerCollector:
         yield GaugeMetricFamily(
             "retention_kill_switch_on",
             "1 while the global kill switch is on",
-            value=1 if KillSwitch.is_on() else 0,
+            value=1 if readings.kill_switch and readings.kill_switch.on else 0,
         )
 
 

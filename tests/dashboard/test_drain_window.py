@@ -63,3 +63,27 @@ def test_a_paused_run_with_pending_chunks_is_not_idle(client_for, run, users):
     page = client_for("viewer").get(reverse("runs:detail", args=[run.pk])).content.decode()
     assert "nothing eligible" not in page
     assert f"{pending} chunks pending" in page
+
+
+def test_a_window_counts_the_whole_table_only_when_no_open_run_knows_the_backlog(run):
+    """A page showing a draining run never counts the table that run is deleting from (the
+    run's own figures give the backlog): only the oldest eligible row and a day's inflow are
+    read there. With no open run, the eligible count is read too."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from runs.models import Run
+
+    def reads_of_the_table() -> list[str]:
+        with CaptureQueriesContext(connection) as captured:
+            window = drain_window(run.policy, fresh=True)
+        return window, [q["sql"] for q in captured.captured_queries if '"rr_events"' in q["sql"]]
+
+    window, reads = reads_of_the_table()
+    assert window["backlog_rows"] is not None and window["backlog_rows"] > 0
+    assert len(reads) == 2, reads  # the oldest eligible row, a day's inflow
+    assert not any("10000000" in sql for sql in reads)
+    Run.objects.filter(pk=run.pk).update(state=Run.State.DRAINED)
+    window, reads = reads_of_the_table()
+    assert len(reads) == 3, reads  # and the eligible rows of the whole table
+    assert isinstance(window["backlog_rows"], int)  # counted, not left unknown

@@ -96,3 +96,31 @@ def test_the_runs_list_shows_rows_deleted_per_run_with_a_fixed_number_of_queries
     row = html.split(f">{run.run_key}</a>")[1].split("</tr>")[0]
     assert f'<td class="num" data-testid="rows-deleted">{truth.rows_deleted:,}</td>' in row
     assert "<th>Rows deleted</th>" in html
+
+
+def more_policies(make_user, n: int) -> None:
+    """``n`` more approved policies, each on its own table, none with a run."""
+    from tests.factories import approved_policy, events_spec
+    from tests.runs.conftest import create_events
+
+    for i in range(n):
+        create_events(300, name=f"rr_more{i}")
+        approved_policy(make_user, **events_spec(slug=f"more{i}", table=f"rr_more{i}"))
+
+
+@pytest.mark.parametrize("url", ["home", "metrics"])
+def test_the_overview_and_metrics_read_every_policy_with_a_fixed_number_of_queries(
+    client_for, run, make_user, url, django_assert_max_num_queries
+):
+    """What each policy's card and series need (its runs, approved version, guard state,
+    armed tick, cached drain-window measurement) is read once for all policies: three more
+    policies add no query once their drain windows are measured (the warm-up request)."""
+    client = client_for("oncall")
+    before = queries(client, reverse(url), run)
+    more_policies(make_user, 3)
+    client.get(reverse(url))  # measures the new policies' drain windows (cached 15 s)
+    with django_assert_max_num_queries(before):
+        response = client.get(reverse(url))
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert all(f"more{i}" in body for i in range(3))
