@@ -21,6 +21,9 @@ CEILING_GLOBAL = 0x52520010
 CEILING_POLICY = 0x52520011
 CEILING_TENANT = 0x52520012
 PLANNER = 0x52520020  # one planner per run
+FINISHER = (
+    0x52520021  # the session concluding a run's pass (verifying it), for idle drains to wait on
+)
 POLICY_FENCE = (
     0x52520030  # per-policy fence (approval, pause, cancel): decisions exclusive, chunks shared
 )

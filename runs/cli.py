@@ -10,10 +10,10 @@ from datetime import datetime
 from pathlib import Path
 
 from django.core.management.base import CommandError
-from django.db import connections
+from django.db import DatabaseError, connection, connections, transaction
 from django.utils import timezone
 
-from core import timeouts
+from core import locks, timeouts
 from core.cli_identity import acting_user
 from core.filters import as_id
 from core.oplog import verify_operator_log
@@ -143,13 +143,37 @@ IDLE_POLL_S = 0.05  # meanwhile, how often to look whether the runs are still ac
 
 def wait_while_active(ids, seconds: float) -> bool:
     """Wait up to ``seconds`` while any run of ``ids`` is active. False as soon as none is
-    (a run another worker is verifying ends without this one), True when the time is up."""
+    (a run another worker is verifying ends without this one), True when the time is up.
+    While another session concludes one of them (``reconciler.finish_run``: the verification)
+    it waits for that transaction to end rather than looking again every ``IDLE_POLL_S``."""
     end = time.monotonic() + seconds
     while Run.objects.filter(pk__in=ids, state=Run.State.ACTIVE).exists():
         left = end - time.monotonic()
         if left <= 0:
             return True
-        time.sleep(min(IDLE_POLL_S, left))
+        if not _wait_for_finisher(ids, left):
+            time.sleep(min(IDLE_POLL_S, left))
+    return False
+
+
+def _wait_for_finisher(ids, seconds: float) -> bool:
+    """When a session is concluding one of the runs ``ids`` (it holds ``locks.FINISHER`` for
+    the run), wait up to ``seconds`` for its transaction to end; True if one was waited for.
+    Each look is a shared lock taken and released by one statement: a finisher waits behind
+    this drain for one statement at most."""
+    for run_id in ids:
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_xact_lock_shared(%s, %s)", [locks.FINISHER, run_id])
+            if cur.fetchone()[0]:
+                continue  # nobody is concluding this run
+        ms = max(1, int(seconds * 1000))
+        try:
+            with transaction.atomic(), timeouts.bounded(ms + 1000, ms):
+                locks.xact_lock(locks.FINISHER, run_id, shared=True)
+        except DatabaseError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != "55P03":
+                raise
+        return True
     return False
 
 

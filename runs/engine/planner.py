@@ -357,7 +357,11 @@ def _end(last_text: str | None, integer: bool):
 
 
 def ensure_cursors(run: Run, spec: PolicySpec) -> None:
-    """Create the cursors of the run's current pass (once; serialized by an advisory lock)."""
+    """Create the cursors of the run's current pass (once; serialized by an advisory lock). Once
+    they exist, one read says so: a planner call takes no lock that another worker's call
+    would queue behind."""
+    if PlannerCursor.objects.filter(run=run, pass_no=run.pass_no).exists():
+        return
     with (
         transaction.atomic(),
         timeouts.bounded(timeouts.engine_statement_ms(), timeouts.target_lock_ms(spec)),
@@ -506,12 +510,27 @@ def _whole_value(spec: PolicySpec, walk: P.Fragment, lo, value, integer: bool, t
     return tuple(lo), hi, keys
 
 
-def plan(run: Run, *, window: int | None = None, deadline: float | None = None) -> int:
+class Planned(int):
+    """The number of chunks a ``plan`` call created. ``busy``: it found every cursor the pass
+    has left locked by another session's planner step — a window is on the way, and asking
+    again before it commits would only find them locked again (``wait_for_window``)."""
+
+    busy: bool = False
+
+    @classmethod
+    def of(cls, created: int, *, busy: bool = False) -> Planned:
+        planned = cls(created)
+        planned.busy = busy
+        return planned
+
+
+def plan(run: Run, *, window: int | None = None, deadline: float | None = None) -> Planned:
     """Top the run's pending chunks up to ``window``, a window of chunks per step (no step
     starts after ``deadline``, a ``time.monotonic()`` value); mark the planner done when every
-    cursor of the pass is exhausted. Returns the number of chunks created."""
+    cursor of the pass is exhausted. Returns the number of chunks created (``Planned``: and
+    whether another session's planner held the cursors)."""
     if run.planner_done:
-        return 0
+        return Planned.of(0)
     spec = run.policy_version.parsed
     window = window or settings.RETENTION["PLANNER_WINDOW"]
     chunk_size = run.chunk_size or spec.chunk_size
@@ -521,15 +540,20 @@ def plan(run: Run, *, window: int | None = None, deadline: float | None = None) 
         _context(exc, stage="finding the first and last eligible keys and the tenants")
         raise
     created = 0
+    locked = False  # a step found no free cursor
     pending = Chunk.objects.pending().filter(run=run).count()
     while pending < window and (deadline is None or time.monotonic() < deadline):
         with P.cached_types(("run", run.pk, run.policy_version_id)):
             made = step(run, spec, chunk_size, window - pending)
         if made is None:
+            locked = True
             break
         created += made
         pending += made
-    if not PlannerCursor.objects.filter(run=run, pass_no=run.pass_no, exhausted=False).exists():
+    left = PlannerCursor.objects.filter(run=run, pass_no=run.pass_no, exhausted=False).exists()
+    if locked and left:  # every cursor left is in another planner's step
+        return Planned.of(created, busy=True)
+    if not left:
         # never waits for the run's row (a finisher verifying it, an operator's decision):
         # while another session holds it, the next call marks the planner done
         with connection.cursor() as cur:
@@ -539,4 +563,28 @@ def plan(run: Run, *, window: int | None = None, deadline: float | None = None) 
                 [run.pk, run.pass_no],
             )
             run.planner_done = run.planner_done or cur.rowcount > 0
-    return created
+    return Planned.of(created)
+
+
+def wait_for_window(run: Run, seconds: float) -> bool:
+    """Wait up to ``seconds`` for another session's planner step on the run's current pass to
+    end (its window committed or rolled back): a ``FOR KEY SHARE`` read of the pass's open
+    cursors, which queues behind the step's ``FOR UPDATE`` of them and behind nothing else, and
+    releases its lock at once. True: no step holds them now; False: the time was up first."""
+    ms = max(1, int(seconds * 1000))
+    try:
+        with (
+            transaction.atomic(),
+            timeouts.bounded(ms + timeouts.engine_statement_ms(), ms),
+            connection.cursor() as cur,
+        ):
+            cur.execute(
+                "SELECT count(*) FROM (SELECT 1 FROM runs_plannercursor WHERE run_id = %s"
+                " AND pass_no = %s AND NOT exhausted FOR KEY SHARE) AS c",
+                [run.pk, run.pass_no],
+            )
+    except DatabaseError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != "55P03":
+            raise
+        return False
+    return True

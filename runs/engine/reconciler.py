@@ -288,6 +288,9 @@ def finish_run(run: Run) -> str:
         if locked is None:
             return Run.objects.filter(pk=run.pk).values_list("state", flat=True).first() or ""
         run = locked
+        # never contended between finishers (the row lock above chooses one): it lets an idle
+        # drain wait for this transaction instead of polling the run (``runs.cli``)
+        locks.xact_lock(locks.FINISHER, run.pk)
         if run.state != Run.State.ACTIVE or not run.planner_done:
             return run.state
         if Chunk.objects.pending().filter(run=run).exists():

@@ -817,7 +817,9 @@ def _pace(run: Run, outcome: Outcome, deadline: float) -> None:
         stopping.sleep(min(wait, max(0.0, deadline - time.monotonic())))
 
 
-PLANNING_WAIT_S = 0.05  # a worker with nothing to claim while another plans waits this long
+# a worker with nothing to claim while another worker's planner holds the cursors waits for
+# that window this long at most (``planner.wait_for_window``: it wakes when the window commits)
+PLANNING_WAIT_S = 2.0
 IDLE_NOTE_EVERY_S = 5.0  # a reason unchanged is written again at most this often
 
 
@@ -895,7 +897,10 @@ def drain(
     decides when to come back. With a lease (slot, generation) it stops when superseded."""
     budget = budget_s if budget_s is not None else settings.RETENTION["LEASE_BUDGET_S"]
     deadline = time.monotonic() + budget
-    stats = {"chunks": 0, "rows": 0, "failed": 0, "throttled": 0, "stopped": "", "continue": False}
+    stats = {
+        "chunks": 0, "rows": 0, "failed": 0, "throttled": 0, "stopped": "", "continue": False,
+        "planned": 0, "planner_waits": 0,  # chunks this lease planned; waits for another's window
+    }  # fmt: skip
     last_beat = 0.0
     window = settings.RETENTION["PLANNER_WINDOW"]
 
@@ -903,7 +908,10 @@ def drain(
         return Run.objects.select_related("policy_version", "policy").filter(pk=run_id).first()
 
     planning_failures = 0
-    planned: int | None = None  # chunks the last planner call made (0: none, another planned)
+    # another worker's planner held the cursors at this lease's last planner call: its window is
+    # on the way, so this lease drains what is pending meanwhile instead of asking again on
+    # every chunk, and waits for that window when nothing is left to claim
+    planner_busy = False
     # the run's pending chunks as its last claim counted them (None: unknown, count them): the
     # planner tops the window up when half of it is left
     pending: int | None = None
@@ -959,13 +967,15 @@ def drain(
                     return stats
                 stopping.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
                 continue
-            if not run.planner_done:
+            if not run.planner_done and not planner_busy:
                 if pending is None:
                     pending = Chunk.objects.pending().filter(run=run).count()
                 if pending <= window // 2:
                     pending = None  # the next claim counts them again
                     try:
                         planned = planner.plan(run, window=window, deadline=deadline)
+                        planner_busy = planned.busy
+                        stats["planned"] += planned
                     except DatabaseError as exc:
                         if _connection_lost(exc):
                             raise
@@ -995,6 +1005,8 @@ def drain(
             stopping.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
             continue
         if outcome.pending is not None:
+            if planner_busy and pending is not None and outcome.pending > pending:
+                planner_busy = False  # the other planner's window has committed
             pending = outcome.pending - (outcome.kind == DONE)  # the claimed chunk is done
         if outcome.kind == DONE:
             stats["chunks"] += 1
@@ -1020,13 +1032,18 @@ def drain(
                 return stats
             pending = None if has_pending else 0
             if not run.planner_done and not has_pending:
-                if planned == 0:
-                    # another worker's planner holds the cursor: wait for its window to commit
-                    # rather than ask again at once (two workers on two cores: the asking
-                    # takes the CPU the planning needs)
-                    stopping.sleep(min(PLANNING_WAIT_S, max(0.0, deadline - time.monotonic())))
-                planned = None
-                continue  # plan at once
+                if planner_busy:
+                    # another worker's planner holds the cursors: wait for its window to commit
+                    # (a lock wait that ends with its transaction) rather than ask again in a
+                    # loop, then count what is pending again — that window has filled it —
+                    # and claim from it; plan at once only if it did not (rolled back)
+                    stats["planner_waits"] += 1
+                    planner.wait_for_window(
+                        run, min(PLANNING_WAIT_S, max(0.001, deadline - time.monotonic()))
+                    )
+                    planner_busy = False
+                    pending = None
+                continue
         if outcome.kind == THROTTLED:
             stats["throttled"] += 1
             adapt_chunk_size(run, None)

@@ -79,3 +79,59 @@ def test_drain_until_idle_goes_on_with_a_run_admitted_after_its_round(events_pol
     second.refresh_from_db()
     assert first.state == Run.State.DRAINED, first.state_reason
     assert second.state == Run.State.DRAINED, (second.state, second.state_reason, calls)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_idle_drain_waits_for_the_session_verifying_the_run_instead_of_polling(
+    events_policy, monkeypatch
+):
+    """Another session concludes the run (it holds the run's finisher lock while it verifies,
+    as ``finish_run`` does): the idle drain looks once, waits for that transaction, and returns
+    when it commits the run's end — no poll every ``IDLE_POLL_S`` meanwhile."""
+    from core import locks
+    from runs import cli
+
+    run, _ = trigger_run(events_policy, tick=NOW)
+    naps: list = []
+    monkeypatch.setattr(cli.time, "sleep", lambda s: naps.append(s) or time.sleep(s))
+    finisher = pg_connect(autocommit=False)
+    finisher.execute("SELECT pg_advisory_xact_lock(%s, %s)", [locks.FINISHER, run.pk])
+    finisher.execute("UPDATE runs_run SET state = 'drained' WHERE id = %s", [run.pk])
+    done = threading.Timer(0.5, finisher.commit)  # the verification ends half a second later
+    done.start()
+    try:
+        assert wait_while_active([run.pk], 30) is False
+    finally:
+        done.join()
+        finisher.close()
+    assert naps == []  # it waited on the finisher's transaction, not by polling
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_finisher_holds_the_runs_finisher_lock_while_it_verifies(events_policy, monkeypatch):
+    from core import locks
+    from runs.engine import planner, reconciler
+
+    run, _ = trigger_run(events_policy, tick=NOW)
+    planner.plan(run, window=10_000)
+    from runs.engine import worker
+
+    while worker.process_one(run).kind != worker.NO_WORK:
+        pass
+    run.refresh_from_db()
+    seen: list = []
+    real_verify = reconciler.verify
+
+    def verify(run, **kw):
+        with pg_connect() as other:  # another session tries the lock an idle drain waits on
+            seen.append(
+                other.execute(
+                    "SELECT pg_try_advisory_lock_shared(%s, %s)", [locks.FINISHER, run.pk]
+                ).fetchone()[0]
+            )
+        return real_verify(run, **kw)
+
+    monkeypatch.setattr(reconciler, "verify", verify)
+    assert reconciler.finish_run(run) == Run.State.DRAINED
+    assert seen == [False]  # held by the finisher
+    connection.close()

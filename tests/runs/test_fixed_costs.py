@@ -211,45 +211,129 @@ def test_verification_reads_the_whole_old_range_where_the_chunks_cannot_tell(mak
     connection.close()
 
 
+class _OtherPlanner:
+    """Another worker's planner inside its step: a thread with its own connection that plans a
+    window of ``chunks`` chunks (``planner.step``) and keeps that transaction open for
+    ``hold_s`` seconds — a quarter of the longest wait for a window (``PLANNING_WAIT_S``);
+    ``open`` is set while it is."""
+
+    def __init__(self, run, chunks: int, hold_s: float = 0.5):
+        import threading
+
+        self.run, self.chunks, self.hold_s = run, chunks, hold_s
+        self.open, self.go = threading.Event(), threading.Event()
+        self.planned: int | None = None
+        self.thread = threading.Thread(target=self._plan, daemon=True)
+
+    def _plan(self) -> None:
+        from django.db import transaction
+
+        from runs.engine import planner
+
+        spec = self.run.policy_version.parsed
+        try:
+            with transaction.atomic():
+                self.planned = planner.step(self.run, spec, spec.chunk_size, self.chunks)
+                self.open.set()
+                self.go.wait(self.hold_s)
+                self.open.clear()
+        finally:
+            connection.close()
+
+    def __enter__(self):
+        from runs.engine import worker
+
+        assert self.hold_s * 4 <= worker.PLANNING_WAIT_S
+        self.thread.start()
+        assert self.open.wait(30)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.go.set()
+        self.thread.join(30)
+
+
+def _recording(monkeypatch, other: _OtherPlanner) -> list:
+    """Every claim and planner call of the drain under test, each with whether the other
+    planner's transaction was open when it returned: ``("claim", kind, open)``, ``("plan",
+    created, busy, open)``."""
+    from runs.engine import planner, worker
+
+    events: list = []
+    real_process_one, real_plan = worker.process_one, planner.plan
+
+    def process_one(run, **kw):
+        outcome = real_process_one(run, **kw)
+        events.append(("claim", outcome.kind, other.open.is_set()))
+        return outcome
+
+    def plan(run, **kw):
+        planned = real_plan(run, **kw)
+        events.append(("plan", int(planned), planned.busy, other.open.is_set()))
+        return planned
+
+    monkeypatch.setattr(worker, "process_one", process_one)
+    monkeypatch.setattr(planner, "plan", plan)
+    return events
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_worker_with_nothing_to_claim_waits_for_the_other_workers_planner(
+def test_a_worker_with_nothing_to_claim_waits_for_the_other_workers_window_and_claims_from_it(
     make_user, settings, monkeypatch
 ):
-    """Another worker's planner holds the run's cursor and nothing is pending: this worker
-    waits ``PLANNING_WAIT_S`` before it asks again, instead of asking at once in a loop."""
-    from runs.engine import planner, stopping, worker
-    from runs.models import PlannerCursor
-    from tests.runs.processes import pg_connect
+    """Another worker's planner is inside its step and nothing is pending: this worker asks
+    once, waits for that step's transaction (a lock wait, not a poll), then claims from the
+    window it committed — every chunk of the run — without planning a chunk of its own."""
+    from runs.engine import planner, worker
+    from runs.models import Chunk
 
     settings.RETENTION = {**settings.RETENTION, "GUARD": False}
     create_events(3000)
     run, _ = trigger_run(_key_policy(make_user), tick=NOW)
     planner.ensure_cursors(run, run.policy_version.parsed)
-    assert PlannerCursor.objects.filter(run=run, exhausted=False).count() == 1
+    with _OtherPlanner(run, chunks=1000) as other:  # one window: the whole run
+        events = _recording(monkeypatch, other)
+        stats = worker.drain(run.pk, budget_s=60, until_idle=True)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    window = Chunk.objects.filter(run=run).count()
+    assert other.planned == window > 1
+    # asked once while the other planner's transaction was open, then waited for it
+    assert [e for e in events if e[-1]] == [
+        ("plan", 0, True, True),
+        ("claim", worker.NO_WORK, True),
+    ], events
+    assert stats["planner_waits"] == 1
+    # and drained the other planner's window, planning nothing itself
+    assert stats["chunks"] == window and stats["planned"] == 0
+    assert _eligible_left(run) == 0
+    connection.close()
 
-    events: list = []
-    real_process_one = worker.process_one
 
-    def process_one(run, **kw):
-        events.append("claim")
-        return real_process_one(run, **kw)
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_drains_what_is_pending_while_another_worker_plans_the_next_window(
+    make_user, settings, monkeypatch
+):
+    """The window is half drained and another worker's planner is planning the next one: this
+    worker asks the planner once, then claims the pending chunks without asking again on each
+    of them (each ask a planner transaction that finds the cursor locked), and waits for the
+    other's window when nothing is left to claim."""
+    from runs.engine import planner, worker
 
-    def sleep(seconds: float) -> bool:
-        events.append(("sleep", seconds))
-        return False
-
-    monkeypatch.setattr(worker, "process_one", process_one)
-    monkeypatch.setattr(stopping, "sleep", sleep)
-    # the drain ends at the next chunk boundary once it has asked three times
-    monkeypatch.setattr(stopping, "requested", lambda: events.count("claim") >= 3)
-    other = pg_connect(autocommit=False)  # the other worker's planner, inside its step
-    try:
-        other.execute("SELECT 1 FROM runs_plannercursor WHERE run_id = %s FOR UPDATE", [run.pk])
-        stats = worker.drain(run.pk, budget_s=60)
-    finally:
-        other.rollback()
-        other.close()
-    assert stats["stopped"] == "worker stopping" and stats["chunks"] == 0
-    # every claim that found nothing is followed by the wait before the next one
-    assert events == ["claim", ("sleep", worker.PLANNING_WAIT_S)] * 3
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False, "PLANNER_WINDOW": 8}
+    create_events(6000)
+    policy = approved_policy(make_user, **events_spec(tenant=None, chunking="key", chunk_size=50))
+    run, _ = trigger_run(policy, tick=NOW)
+    planner.plan(run, window=4)  # pending 4 <= 8 // 2: a worker's next call plans
+    with _OtherPlanner(run, chunks=4) as other:
+        events = _recording(monkeypatch, other)
+        stats = worker.drain(run.pk, budget_s=60, until_idle=True)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    while_open = [e for e in events if e[-1]]
+    # one planner call found the cursor locked; the four pending chunks were claimed after it
+    assert [e for e in while_open if e[0] == "plan"] == [("plan", 0, True, True)], while_open
+    assert [e[1] for e in while_open if e[0] == "claim"] == [worker.DONE] * 4 + [worker.NO_WORK]
+    assert stats["planner_waits"] == 1
+    assert _eligible_left(run) == 0
     connection.close()
