@@ -255,7 +255,50 @@ def matrix_markdown(data: dict) -> str:
         )
     for size in sizes:
         lines += ["", f"Targets at {size} rows:", "", *matrix_targets(data, size)]
+    steps = controller_table(data)
+    if steps:
+        lines += [
+            "",
+            "The guard controller's own report (its recorded steps during each guarded run):",
+            "",
+        ]
+        lines += steps
     return "\n".join(lines) + "\n"
+
+
+def controller_table(data: dict) -> list[str]:
+    """Per guarded product run: the controller's steps by action, its settings after the last
+    step, the highest inflation it measured against its budget, and its last reason (when it
+    could not meet the budget at its minimum setting, that reason says so)."""
+    rows = []
+    for r in data["runs"]:
+        steps = r.get("controller")
+        if steps is None:
+            continue
+        key = r["dataset"]
+        if not steps:
+            rows.append(f"| {key} | {r['contender']} | no step (the run ended first) | – | – | – |")
+            continue
+        actions: dict[str, int] = {}
+        for s in steps:
+            actions[s["action"]] = actions.get(s["action"], 0) + 1
+        last = steps[-1]
+        measured = [s["inflation"] for s in steps if s["inflation"] is not None]
+        rows.append(
+            f"| {key} | {r['contender']}"
+            f" | {', '.join(f'{a} {n}' for a, n in actions.items())}"
+            f" | {last['concurrency']} / {last['chunk_ms']} ms / {last['duty_cycle']:.2f}"
+            f" | {_f(max(measured), 2) if measured else '–'} (budget {_f(last['budget'], 2)})"
+            f" | {(last['reason'] or '').replace('|', '/')[:160]} |"
+        )
+    if not rows:
+        return []
+    return [
+        "| shape | contender | steps | concurrency / chunk ms / duty cycle after the last"
+        " | highest inflation × idle p99 | last reason |",
+        "|---|---|---|--:|--:|---|",
+        *rows,
+    ]
 
 
 def _geometry(data: dict, key: str) -> str:

@@ -282,6 +282,8 @@ class Bench:
                 [setup["run_id"]],
             ).fetchone()[0]
             result["worker_summaries"] = [o["summary"] for o in outs]
+            if spec["guard"]:
+                result["controller"] = self.controller(setup["run_id"])
             if chunks:  # where the wall went: before the first chunk, the chunks, after them
                 first = min(c["start"] for c in chunks)
                 last = max(c["start"] + c["seconds"] for c in chunks)
@@ -348,6 +350,21 @@ class Bench:
         if rows >= 10_000_000 and "time_cap_10m_s" in mode:
             return mode["time_cap_10m_s"]
         return mode["time_cap_s"]
+
+    def controller(self, run_id: int) -> list[dict]:
+        """The guard controller's steps for the run's policy, as it recorded them: what it saw
+        (probe p99 against its idle baseline and the budget), what it did and why."""
+        rows = self.conn.execute(
+            "SELECT extract(epoch FROM s.taken_at), s.action, s.concurrency, s.chunk_ms,"
+            " s.duty_cycle, s.probe_p99_ms, s.baseline_ms, s.inflation, s.budget, s.reason"
+            " FROM retention_runner.runs_guardcontrolstep s"
+            " JOIN retention_runner.runs_run r ON r.policy_id = s.policy_id"
+            " WHERE r.id = %s ORDER BY s.taken_at, s.id",
+            [run_id],
+        ).fetchall()
+        keys = ("at", "action", "concurrency", "chunk_ms", "duty_cycle", "probe_p99_ms",
+                "baseline_ms", "inflation", "budget", "reason")  # fmt: skip
+        return [dict(zip(keys, (float(r[0]), *r[1:]), strict=True)) for r in rows]
 
     def ledger(self, run_id: int) -> list[dict]:
         rows = self.conn.execute(
