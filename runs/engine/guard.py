@@ -751,10 +751,15 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
                 ),
             )
             action = HOLD if raised == (concurrency, chunk_ms, duty) else INCREASE
-            reason = (
-                f"probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × idle p99 {_fmt(base)} ms"
-                f" within budget {_fmt(budget)} ×"
-            )
+            reason = f"probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × idle p99 {_fmt(base)} ms"
+            if p99 > base * budget:  # over the budget's multiple, under the margin over idle
+                margin = float(cfg["GUARD_PROBE_MARGIN_MS"])
+                reason += (
+                    f", under the limit of idle + {_fmt(margin)} ms (the margin for jitter;"
+                    f" budget {_fmt(budget)} ×)"
+                )
+            else:
+                reason += f" within budget {_fmt(budget)} ×"
             concurrency, chunk_ms, duty = raised
         row.concurrency, row.chunk_ms, row.duty_cycle = concurrency, chunk_ms, duty
         row.stepped_at, row.budget, row.action, row.reason = now, budget, action, reason

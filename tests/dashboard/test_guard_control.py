@@ -131,3 +131,24 @@ def test_a_policys_inflation_budget_overrides_the_instances(make_user, db):
     plain = approved_policy(make_user, **events_spec(slug="plain")).approved_version.parsed
     assert guard.budget_of(plain) == 1.5
     assert "inflation_budget" not in plain.to_json()  # unset: older versions keep their hash
+
+
+def test_a_step_within_the_margin_says_the_margin_admitted_it_not_the_budget(run, settings):
+    """A sub-millisecond idle p99 (0.6 ms) and a probe at 1.5 ms: 2.5 × idle, over the 1.5 ×
+    budget, but under the margin over idle (``RETENTION_GUARD_PROBE_MARGIN_MS``, 1 ms), so it
+    is no pressure. The reason says which limit held, never "2.5 × … within budget 1.5 ×"."""
+    settings.RETENTION = {**settings.RETENTION, "GUARD_CONTROL_PERIOD_MS": 5000}
+    spec = run.policy_version.parsed
+    GuardSample.objects.all().delete()
+    GuardControl.objects.all().delete()
+    start = timezone.now() + timedelta(seconds=60)
+    for n in range(6):
+        sample(start - timedelta(seconds=n + 1), 0.6, in_flight=False)
+    step = guard.control_step(run.policy_id, spec, now=period(start, 0, 1.5))
+    assert step.action == guard.HOLD  # the policy's own settings, nothing lowered
+    assert step.inflation == 2.5
+    assert "within budget" not in step.reason
+    assert step.reason == (
+        "probe p99 1.5 ms = 2.5 × idle p99 0.6 ms, under the limit of idle + 1 ms"
+        " (the margin for jitter; budget 1.5 ×)"
+    )

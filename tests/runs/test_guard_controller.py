@@ -172,7 +172,7 @@ def test_the_controller_lowers_concurrency_and_chunk_time_under_load_and_raises_
         what=lambda: f"the controller to raise concurrency and chunk time:\n{history(policy)}",
     )
     assert raised.inflation <= BUDGET or raised.probe_p99_ms <= raised.baseline_ms + 5
-    assert "within budget" in raised.reason
+    assert "within budget" in raised.reason or "under the limit of idle + 5 ms" in raised.reason
 
     # the shared row holds the latest step, and the surfaces read it
     row = GuardControl.objects.get(policy=policy)
