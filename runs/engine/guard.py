@@ -707,9 +707,11 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
             if v is not None
         )
         if len(probes) < 2:
-            # nothing to judge this period (samples are taken only while chunks are asked
-            # for): the next step is due a period from now, not at every admission meanwhile
-            row.stepped_at = now
+            # nothing to judge yet (samples are taken only while chunks are asked for): the
+            # next step is due once two more samples can exist — a run's first step comes in
+            # its first second, not a period later — and not at every admission meanwhile
+            wait = min(period, timedelta(milliseconds=2 * cfg["GUARD_SAMPLE_MS"]))
+            row.stepped_at = now - period + wait
             row.save(update_fields=["stepped_at"])
             return None
         concurrency, chunk_ms, duty = _clamped(spec, row.concurrency, row.chunk_ms, row.duty_cycle)

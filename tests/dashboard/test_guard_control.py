@@ -152,3 +152,28 @@ def test_a_step_within_the_margin_says_the_margin_admitted_it_not_the_budget(run
         "probe p99 1.5 ms = 2.5 × idle p99 0.6 ms, under the limit of idle + 1 ms"
         " (the margin for jitter; budget 1.5 ×)"
     )
+
+
+def test_a_run_gets_its_first_step_once_two_samples_exist_not_a_period_later(run, settings):
+    """The first admission of a run finds no samples to judge yet. The step is then tried again
+    two sample intervals later (``RETENTION_GUARD_SAMPLE_MS``), not a whole control period
+    later: a run of a few seconds is controlled from its first second on."""
+    settings.RETENTION = {
+        **settings.RETENTION,
+        "GUARD_CONTROL_PERIOD_MS": 5000,
+        "GUARD_SAMPLE_MS": 500,
+    }
+    spec = run.policy_version.parsed
+    GuardSample.objects.all().delete()
+    GuardControl.objects.all().delete()
+    start = timezone.now() + timedelta(seconds=60)
+    for n in range(6):  # an idle baseline of 2 ms, older than the period
+        sample(start - timedelta(seconds=10 + n), 2.0, in_flight=False)
+    assert guard.control_step(run.policy_id, spec, now=start) is None  # nothing to judge yet
+    sample(start + timedelta(milliseconds=400), 10.0, in_flight=True)
+    sample(start + timedelta(milliseconds=900), 10.0, in_flight=True)
+    early = start + timedelta(milliseconds=800)
+    assert guard.control_step(run.policy_id, spec, now=early) is None  # not due yet
+    first = guard.control_step(run.policy_id, spec, now=start + timedelta(milliseconds=1000))
+    assert first is not None and first.action == guard.DECREASE
+    assert first.concurrency == 1 and first.inflation == 5.0
