@@ -12,7 +12,7 @@ import threading
 from contextlib import contextmanager
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 
 
 def task_timeout_s() -> float:
@@ -70,6 +70,21 @@ def bounded(statement_ms: int, lock_ms: int | None = None):
     set_local(tighter(statement_ms, prev_statement), tighter(lock_ms, prev_lock))
     yield
     set_local(prev_statement, prev_lock)
+
+
+def wait_for_lock(seconds: float, take) -> bool:
+    """Run ``take()`` — statements that queue for a lock another session holds — in a
+    transaction of its own with a lock timeout of ``seconds``: True when the lock was had (and
+    released at the end of that transaction), False when the time was up first."""
+    ms = max(1, int(seconds * 1000))
+    try:
+        with transaction.atomic(), bounded(ms + engine_statement_ms(), ms):
+            take()
+    except DatabaseError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
+            raise
+        return False
+    return True
 
 
 @contextmanager

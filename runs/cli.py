@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 
 from django.core.management.base import CommandError
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import connection, connections
 from django.utils import timezone
 
 from core import locks, timeouts
@@ -166,13 +166,9 @@ def _wait_for_finisher(ids, seconds: float) -> bool:
             cur.execute("SELECT pg_try_advisory_xact_lock_shared(%s, %s)", [locks.FINISHER, run_id])
             if cur.fetchone()[0]:
                 continue  # nobody is concluding this run
-        ms = max(1, int(seconds * 1000))
-        try:
-            with transaction.atomic(), timeouts.bounded(ms + 1000, ms):
-                locks.xact_lock(locks.FINISHER, run_id, shared=True)
-        except DatabaseError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) != "55P03":
-                raise
+        timeouts.wait_for_lock(
+            seconds, lambda run_id=run_id: locks.xact_lock(locks.FINISHER, run_id, shared=True)
+        )
         return True
     return False
 

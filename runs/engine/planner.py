@@ -571,20 +571,13 @@ def wait_for_window(run: Run, seconds: float) -> bool:
     end (its window committed or rolled back): a ``FOR KEY SHARE`` read of the pass's open
     cursors, which queues behind the step's ``FOR UPDATE`` of them and behind nothing else, and
     releases its lock at once. True: no step holds them now; False: the time was up first."""
-    ms = max(1, int(seconds * 1000))
-    try:
-        with (
-            transaction.atomic(),
-            timeouts.bounded(ms + timeouts.engine_statement_ms(), ms),
-            connection.cursor() as cur,
-        ):
+
+    def take() -> None:
+        with connection.cursor() as cur:
             cur.execute(
                 "SELECT count(*) FROM (SELECT 1 FROM runs_plannercursor WHERE run_id = %s"
                 " AND pass_no = %s AND NOT exhausted FOR KEY SHARE) AS c",
                 [run.pk, run.pass_no],
             )
-    except DatabaseError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) != "55P03":
-            raise
-        return False
-    return True
+
+    return timeouts.wait_for_lock(seconds, take)
