@@ -75,8 +75,11 @@ RETENTION = {
     # chunk's target duration (not below the floor) and the duty cycle (not below its floor).
     "GUARD_CONTROL": env_bool("RETENTION_GUARD_CONTROL", True),
     "GUARD_CONTROL_PERIOD_MS": env_int(
-        "RETENTION_GUARD_CONTROL_PERIOD_MS", 5000, minimum=100, maximum=600_000
+        "RETENTION_GUARD_CONTROL_PERIOD_MS", 2000, minimum=100, maximum=600_000
     ),
+    # A probe reading is idle only with no chunk of the table's runs in flight and none
+    # committed within this gap: the CPU a chunk leaves behind (WAL, the next plan) is load.
+    "GUARD_IDLE_GAP_MS": env_int("RETENTION_GUARD_IDLE_GAP_MS", 250, minimum=0, maximum=60_000),
     "GUARD_CHUNK_MS_FLOOR": env_int("RETENTION_GUARD_CHUNK_MS_FLOOR", 50, minimum=10),
     "GUARD_DUTY_FLOOR": env_int("RETENTION_GUARD_DUTY_FLOOR_PCT", 10, minimum=1, maximum=100) / 100,
     # An external admission signal: a Prometheus query over a threshold is pressure; no answer

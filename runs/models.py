@@ -655,6 +655,10 @@ class GuardControl(models.Model):
     budget = models.FloatField()
     action = models.CharField(max_length=16, default="hold")
     reason = models.TextField(blank=True, default="")
+    # while the table's runs drain without pause and the probe has no idle reading in the
+    # baseline window, the controller stops the policy's chunks until then so that the sampler
+    # can take idle probes (a baseline the run's own load does not lift)
+    quiet_until = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"guard control of policy {self.policy_id}"

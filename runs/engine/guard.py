@@ -43,7 +43,8 @@ from runs.models import GuardControl, GuardControlStep, GuardSample, Run
 
 log = logging.getLogger(__name__)
 
-IDLE_PROBE_GAP_S = 0.01  # between the probes a first sample takes to learn an idle baseline
+IDLE_PROBE_GAP_S = 0.01  # between the probes a sample takes to learn an idle baseline
+IDLE_PROBES = 10  # how many: the baseline's p99 is then not one reading's
 WINDOW_S = 30.0  # sliding window for probe percentiles
 BASELINE_WINDOW_S = 600.0  # idle samples of the last ten minutes make the probe's baseline
 BASELINE_MIN_SAMPLES = 5  # fewer idle samples: no baseline, only the absolute threshold
@@ -96,12 +97,25 @@ def _rows(query, params=()) -> list[tuple]:
 
 
 def _targets() -> list:
-    """Specs of the runs that are draining now (their tables are what we watch)."""
+    """Specs of the runs that are draining now, one per policy (their tables are what we
+    watch)."""
     specs = {}
     for run in Run.objects.filter(state=Run.State.ACTIVE).select_related("policy_version"):
         spec = run.policy_version.parsed
-        specs[spec.qualified_table] = spec
+        specs[spec.slug] = spec
     return list(specs.values())
+
+
+def _since_last_chunk_s(slugs: list[str]) -> float | None:
+    """Seconds since the last chunk of these policies committed (its audit row's time, the
+    database's clock), None when none ever did: one backward step of ``audit_policy_time``
+    per policy."""
+    return _rows(
+        "SELECT extract(epoch FROM clock_timestamp() - max(last.committed_at))::float8"
+        " FROM unnest(%s::text[]) AS p(slug), LATERAL (SELECT committed_at FROM runs_auditrecord"
+        "  WHERE policy_slug = p.slug ORDER BY committed_at DESC LIMIT 1) AS last",
+        [slugs],
+    )[0][0]
 
 
 def _probe_ms(spec) -> float | None:
@@ -140,18 +154,25 @@ def _in_flight(oid: int) -> bool:
     return bool(_table_signals(oid)[0])
 
 
-def _idle_probes(spec, oid: int, count: int) -> list[float]:
+def _idle_probes(spec, oid: int, count: int, slugs: list[str]) -> list[float]:
     """``count`` more probes of a table that has no idle baseline yet, taken now while nothing
-    is in flight on it (none if a chunk started meanwhile): a run's first sample learns the
-    baseline at once instead of draining on absolute thresholds for its first minutes."""
+    is in flight on it (none if a chunk of ``slugs`` ran meanwhile): a run's first sample
+    learns the baseline at once instead of draining on absolute thresholds for its first
+    minutes, and a quiet window of the controller learns it anew."""
     probes = []
+    t0 = time.monotonic()
     for _ in range(count):
         time.sleep(IDLE_PROBE_GAP_S)
         value = _probe_ms(spec)
         if value is None:
             return []
         probes.append(round(value, 3))
-    return [] if _in_flight(oid) else probes
+    if _in_flight(oid):
+        return []
+    since = _since_last_chunk_s(slugs)
+    if since is not None and since < time.monotonic() - t0:
+        return []  # a chunk started and committed while they were taken
+    return probes
 
 
 def read_signals(specs: list | None = None) -> tuple[dict, dict]:
@@ -180,7 +201,12 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
         ]
 
     tables: dict = {}
-    for spec in specs if specs is not None else _targets():
+    specs = specs if specs is not None else _targets()
+    slugs: dict[str, list[str]] = {}
+    for spec in specs:
+        slugs.setdefault(spec.qualified_table, []).append(spec.slug)
+    gap_s = float(settings.RETENTION["GUARD_IDLE_GAP_MS"]) / 1000
+    for spec in {s.qualified_table: s for s in specs}.values():
         oid_rows = _rows("SELECT to_regclass(%s)::oid", [f'"{spec.schema}"."{spec.table}"'])
         oid = oid_rows[0][0] if oid_rows else None
         if oid is None:
@@ -190,11 +216,17 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
         # a chunk transaction of the product in flight on the target: this sample's probe is
         # not an idle reading
         info["in_flight"] = bool(in_flight)
-        if not info["in_flight"] and info["probe_ms"] is not None:
+        since = None
+        if not info["in_flight"] and info["probe_ms"] is not None and gap_s > 0:
+            since = _since_last_chunk_s(slugs[spec.qualified_table])
+        if since is not None and since < gap_s:
+            # nothing in flight, but a chunk has just committed: the CPU it leaves behind (its
+            # WAL, the next chunk's plan) is the run's own load, not the foreground's idle
+            info["not_baseline"] = f"a chunk committed {since:.2f} s before"
+        elif not info["in_flight"] and info["probe_ms"] is not None:
             baseline = idle_baseline(spec.qualified_table)
-            missing = BASELINE_MIN_SAMPLES - 1 - baseline["n"]
-            if missing > 0:
-                probes = _idle_probes(spec, oid, missing + 1)
+            if baseline["n"] < BASELINE_MIN_SAMPLES:
+                probes = _idle_probes(spec, oid, IDLE_PROBES, slugs[spec.qualified_table])
                 if probes:
                     info["idle_probes_ms"] = probes
                     # the sample's own probe may be the session's first read of the table
@@ -416,8 +448,9 @@ def _pace(spec, verdict: Verdict, now=None, *, busy=None) -> Verdict:
     if duty < cap:
         return Verdict(True, "", False, signals, paced=True, **knobs)
     reason = (
-        f"{verdict.reason}; {duty:.1%} of the last {window} s in chunk transactions"
-        f" > duty cycle {cap:.0%}"
+        f"{verdict.reason + '; ' if verdict.reason else ''}{duty:.1%} of the last {window} s"
+        f" in chunk transactions > duty cycle {cap:.0%}"
+        + ("" if verdict.reason else " (the latency controller's setting)")
     )
     return Verdict(False, reason, False, signals, paced=True, **knobs)
 
@@ -573,11 +606,31 @@ def admission(run, spec, *, now=None) -> Verdict:
         if knobs is None or (timezone.now() - knobs[3]).total_seconds() >= period_s:
             stepped = control_step(run.policy_id, spec)
             if stepped is not None:
-                knobs = (stepped.concurrency, stepped.chunk_ms, stepped.duty_cycle, None)
+                knobs = (
+                    stepped.concurrency,
+                    stepped.chunk_ms,
+                    stepped.duty_cycle,
+                    None,
+                    stepped.quiet_until,
+                )
         if knobs is not None:
             concurrency, chunk_ms, duty = _clamped(spec, *knobs[:3])
             _chunk_ms[run.policy_id] = chunk_ms
             verdict = replace(verdict, concurrency=concurrency, duty_cycle=duty)
+            if knobs[4] is not None and knobs[4] > clock:
+                return replace(
+                    verdict,
+                    admit=False,
+                    paced=False,
+                    reason=(
+                        "the guard is taking idle probes of the foreground until"
+                        f" {timezone.localtime(knobs[4]).time().isoformat('milliseconds')}"
+                        f" (none in the last {BASELINE_WINDOW_S / 60:.0f} min)"
+                    ),
+                )
+            if verdict.admit and duty < ceilings_of(spec).duty_cycle:
+                # the controller has lowered the duty cycle: it applies whatever the probe reads
+                verdict = replace(verdict, paced=True)
     if verdict.paced:  # the duty cycle is judged per chunk, not per sample
         return _pace(spec, verdict, clock, busy=busy)
     return verdict
@@ -592,7 +645,8 @@ def target_chunk_ms(policy_id: int, spec) -> int:
 
 
 _HEAD = (
-    "SELECT s.id, s.taken_at, {busy}, c.concurrency, c.chunk_ms, c.duty_cycle, c.stepped_at"
+    "SELECT s.id, s.taken_at, {busy}, c.concurrency, c.chunk_ms, c.duty_cycle, c.stepped_at,"
+    " c.quiet_until"
     " FROM (SELECT 1) AS one LEFT JOIN LATERAL"
     " (SELECT id, taken_at FROM runs_guardsample ORDER BY taken_at DESC LIMIT 1) AS s ON true"
     " LEFT JOIN runs_guardcontrol c ON c.policy_id = %s"
@@ -602,7 +656,8 @@ _HEAD = (
 def _head(spec, policy_id: int, busy_at) -> tuple:
     """(id, taken_at) of the latest sample (Nones: no sample), with ``busy_at`` the policy's
     busy seconds of the duty window ending then (else None), and the controller's knobs
-    (concurrency, chunk_ms, duty_cycle, stepped_at; None before its first step): one statement."""
+    (concurrency, chunk_ms, duty_cycle, stepped_at, quiet_until; None before its first step):
+    one statement."""
     if busy_at is None:
         row = _rows(sql.SQL(_HEAD).format(busy=sql.SQL("NULL")), [policy_id])[0]
     else:
@@ -649,7 +704,8 @@ def _clamped(spec, concurrency: int, chunk_ms: int, duty: float) -> tuple[int, i
     )
 
 
-DECREASE, INCREASE, HOLD, FLOOR = "decrease", "increase", "hold", "at floor"
+DECREASE, INCREASE, HOLD, FLOOR, QUIET = "decrease", "increase", "hold", "at floor", "measure"
+QUIET_EVERY_S = 60.0  # a quiet window at most this often, whatever its probes found
 ADDITIVE_STEPS = 5  # an increase moves chunk time and duty cycle a fifth of their range
 
 
@@ -718,7 +774,18 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
         base = idle_baseline(spec.qualified_table, now=now)["p99"]
         p99 = _pct(probes, 0.99)
         inflation = round(p99 / base, 3) if base else None
-        if base is None:
+        quiet_ms = top.chunk_ms + int(cfg["GUARD_IDLE_GAP_MS"]) + 3 * int(cfg["GUARD_SAMPLE_MS"])
+        if base is None and _quiet_due(row, spec, now, period):
+            # the run drains without a pause long enough for an idle reading: the policy's
+            # chunks wait for a moment so that the sampler takes idle probes, rather than the
+            # controller judging the foreground against readings the run itself lifted
+            row.quiet_until = now + timedelta(milliseconds=quiet_ms)
+            action = QUIET
+            reason = (
+                f"no idle reading of the probe in the last {BASELINE_WINDOW_S / 60:.0f} min"
+                f" while the run drains: its chunks wait {quiet_ms} ms for idle probes"
+            )
+        elif base is None:
             action, reason = HOLD, "no idle baseline of the probe yet"
         elif p99 > _limit(base, budget):
             lowered = (
@@ -784,6 +851,15 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
     if action in (DECREASE, FLOOR):
         log.info("guard controller of policy %s: %s: %s", spec.slug, action, reason)
     return row
+
+
+def _quiet_due(row: GuardControl, spec, now, period: timedelta) -> bool:
+    """A quiet window is due: the policy's chunks committed within the last period (its run
+    drains, so no idle reading comes by itself) and the last window is over a minute old."""
+    if row.quiet_until is not None and now - row.quiet_until < timedelta(seconds=QUIET_EVERY_S):
+        return False
+    since = _since_last_chunk_s([spec.slug])
+    return since is not None and since < period.total_seconds()
 
 
 def control_summary(policy, spec=None, *, row=UNREAD) -> dict | None:

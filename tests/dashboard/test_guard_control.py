@@ -12,14 +12,14 @@ from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from runs.engine import guard
-from runs.models import GuardControl, GuardControlStep, GuardSample
+from runs.engine import guard, worker
+from runs.models import GuardControl, GuardControlStep, GuardSample, Run
 from runs.status import run_status
 
 from .test_metrics import scrape
 
 TABLE = "public.rr_events"
-PERIOD = timedelta(milliseconds=5000)  # RETENTION_GUARD_CONTROL_PERIOD_MS's default
+PERIOD = timedelta(milliseconds=5000)  # the period these tests set
 
 
 def sample(at, probe_ms: float, *, in_flight: bool) -> None:
@@ -177,3 +177,53 @@ def test_a_run_gets_its_first_step_once_two_samples_exist_not_a_period_later(run
     first = guard.control_step(run.policy_id, spec, now=start + timedelta(milliseconds=1000))
     assert first is not None and first.action == guard.DECREASE
     assert first.concurrency == 1 and first.inflation == 5.0
+
+
+def test_a_run_draining_without_idle_readings_gets_a_quiet_window_then_a_baseline(run, settings):
+    """A run that drains without a pause leaves the probe no idle reading: once the baseline
+    window holds none, the controller stops the policy's chunks for a moment (a step of its
+    own, with its reason), the sampler takes idle probes in it, and the next step judges the
+    run's readings against them — not against readings the run itself lifted."""
+    settings.RETENTION = {
+        **settings.RETENTION,
+        "GUARD_CONTROL_PERIOD_MS": 60_000,  # the fixture's chunks committed within a period
+        "GUARD_IDLE_GAP_MS": 0,
+    }
+    spec = run.policy_version.parsed
+    GuardSample.objects.all().delete()
+    GuardControl.objects.all().delete()
+    now = timezone.now()
+    sample(now - timedelta(seconds=2), 10.0, in_flight=True)
+    sample(now - timedelta(seconds=1), 10.0, in_flight=True)
+
+    quiet = guard.control_step(run.policy_id, spec, now=now)
+    assert quiet.action == guard.QUIET and quiet.baseline_ms is None
+    assert quiet.quiet_until > now
+    assert "no idle reading of the probe in the last 10 min while the run drains" in quiet.reason
+
+    refused = worker.process_one(Run.objects.get(pk=run.pk))
+    assert refused.kind == worker.THROTTLED
+    assert refused.reason.startswith("the guard is taking idle probes of the foreground until")
+
+    # nothing in flight: a sample (the refused admission's, or this one) takes the idle probes
+    # the baseline lacks
+    guard.sample(force=True)
+    taken = [
+        s.tables[TABLE]["idle_probes_ms"]
+        for s in GuardSample.objects.all()
+        if "idle_probes_ms" in s.tables.get(TABLE, {})
+    ]
+    assert [len(t) for t in taken] == [guard.IDLE_PROBES]
+    base = guard.idle_baseline(TABLE)
+    assert base["n"] >= guard.IDLE_PROBES and base["p99"] is not None
+
+    later = now + timedelta(seconds=61)
+    sample(later - timedelta(seconds=2), 1000.0, in_flight=True)
+    sample(later - timedelta(seconds=1), 1000.0, in_flight=True)
+    judged = guard.control_step(run.policy_id, spec, now=later)
+    assert judged.action == guard.DECREASE
+    assert judged.baseline_ms == base["p99"]
+    assert [s.action for s in GuardControlStep.objects.filter(policy_id=run.policy_id)] == [
+        guard.QUIET,
+        guard.DECREASE,
+    ]

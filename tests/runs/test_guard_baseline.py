@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from runs.actions import trigger_run
 from runs.engine import guard, planner, worker
-from runs.models import AuditRecord, Chunk, GuardSample, Run
+from runs.models import AuditRecord, Chunk, GuardControl, GuardSample, Run
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events
 from tests.runs.processes import pg_connect
@@ -111,7 +111,7 @@ def test_the_idle_baseline_is_learnt_from_samples_with_no_chunk_in_flight(
     baseline = guard.idle_baseline(TABLE)
     # the first sample took the missing idle probes (its own, perhaps cold, probe is not part
     # of the baseline); the two after it one probe each
-    assert baseline["n"] == guard.BASELINE_MIN_SAMPLES + 2
+    assert baseline["n"] == guard.IDLE_PROBES + 2
     probes = [
         v
         for s in GuardSample.objects.all()
@@ -137,7 +137,7 @@ def test_the_idle_baseline_is_learnt_from_samples_with_no_chunk_in_flight(
         cleanup.close()
     latest = GuardSample.objects.order_by("-taken_at").first()
     assert latest.tables[TABLE]["in_flight"] is True
-    assert guard.idle_baseline(TABLE)["n"] == guard.BASELINE_MIN_SAMPLES + 2
+    assert guard.idle_baseline(TABLE)["n"] == guard.IDLE_PROBES + 2
 
 
 def test_too_few_idle_samples_learn_no_baseline(db, make_user):
@@ -202,17 +202,17 @@ def test_a_table_with_no_idle_baseline_learns_one_in_its_first_sample(committed_
     guard.sample(force=True)
     assert GuardSample.objects.count() == 1
     first = GuardSample.objects.get().tables[TABLE]
-    assert len(first["idle_probes_ms"]) == guard.BASELINE_MIN_SAMPLES
+    assert len(first["idle_probes_ms"]) == guard.IDLE_PROBES
     assert first["not_baseline"] == "first probe"
     baseline = guard.idle_baseline(TABLE)
-    assert baseline["n"] == guard.BASELINE_MIN_SAMPLES
+    assert baseline["n"] == guard.IDLE_PROBES
     assert baseline["p95"] is not None
 
     # a table that has its baseline takes no extra probes
     guard.sample(force=True)
     latest = GuardSample.objects.order_by("-taken_at").first()
     assert "idle_probes_ms" not in latest.tables[TABLE]
-    assert guard.idle_baseline(TABLE)["n"] == guard.BASELINE_MIN_SAMPLES + 1
+    assert guard.idle_baseline(TABLE)["n"] == guard.IDLE_PROBES + 1
 
 
 def test_no_idle_probes_are_taken_while_a_chunk_is_in_flight(committed_policy):
@@ -252,7 +252,7 @@ def test_an_idle_reading_over_the_budget_of_the_idle_median_stays_out_of_the_bas
     GuardSample.objects.all().delete()
     guard.sample(force=True)
     before = guard.idle_baseline(TABLE)
-    assert before["n"] == guard.BASELINE_MIN_SAMPLES and before["p50"] is not None
+    assert before["n"] == guard.IDLE_PROBES and before["p50"] is not None
 
     # a foreground session holds the table's ACCESS EXCLUSIVE lock for 300 ms: the probe
     # waits for it, far over 1.5 × the idle median and the 1 ms margin
@@ -269,3 +269,60 @@ def test_an_idle_reading_over_the_budget_of_the_idle_median_stays_out_of_the_bas
     assert reading["in_flight"] is False and reading["probe_ms"] >= 250
     assert reading["not_baseline"] == "over budget"
     assert guard.idle_baseline(TABLE) == before
+
+
+def test_a_reading_right_after_a_chunk_committed_is_not_idle(committed_policy, settings):
+    """Between two chunks nothing of the product is in flight, yet the CPU the last one left
+    behind (its WAL, the next plan) is the run's own load: a reading within the idle gap after
+    a commit is not part of the baseline, so a run cannot lift the baseline it is judged by."""
+    settings.RETENTION = {
+        **settings.RETENTION, "GUARD_PROBE_MARGIN_MS": 60_000, "GUARD_IDLE_GAP_MS": 60_000,
+    }  # fmt: skip
+    run, _ = trigger_run(committed_policy, tick=NOW)
+    planner.plan(run)
+    GuardSample.objects.all().delete()
+    # the first admission finds no chunk committed yet: it learns the baseline from idle probes
+    assert worker.process_one(Run.objects.get(pk=run.pk)).kind == worker.DONE
+    before = guard.idle_baseline(TABLE)
+    assert before["n"] == guard.IDLE_PROBES
+
+    after = guard.sample(force=True).tables[TABLE]
+    assert after["in_flight"] is False
+    assert after["not_baseline"].startswith("a chunk committed ")
+    assert "idle_probes_ms" not in after
+    assert guard.idle_baseline(TABLE) == before
+
+    # once the gap has passed, a reading with nothing in flight is idle again
+    settings.RETENTION = {**settings.RETENTION, "GUARD_IDLE_GAP_MS": 0}
+    later = guard.sample(force=True).tables[TABLE]
+    assert "not_baseline" not in later
+    assert guard.idle_baseline(TABLE)["n"] == guard.IDLE_PROBES + 1
+
+
+def test_the_controllers_duty_cycle_paces_chunks_with_the_probe_at_its_baseline(
+    committed_policy, settings
+):
+    """A duty cycle the controller lowered applies to every admission, not only while the probe
+    reads over its baseline: the controller's decrease is what keeps the foreground's share."""
+    settings.RETENTION = {
+        **settings.RETENTION, "GUARD_DUTY_FLOOR": 1e-6, "GUARD_DUTY_WINDOW_S": 60,
+    }  # fmt: skip
+    run, _ = trigger_run(committed_policy, tick=NOW)
+    planner.plan(run)
+    for _ in range(6):
+        probe_sample(1.0)
+    probe_sample(1.0, ahead_s=120)
+    GuardControl.objects.create(
+        policy=committed_policy,
+        concurrency=1,
+        chunk_ms=300,
+        duty_cycle=1e-6,
+        stepped_at=timezone.now() + timedelta(hours=1),  # no step during the test
+        budget=1.5,
+    )
+    first = worker.process_one(Run.objects.get(pk=run.pk))
+    assert first.kind == worker.DONE
+    second = worker.process_one(Run.objects.get(pk=run.pk))
+    assert second.kind == worker.THROTTLED
+    assert second.reason.endswith("> duty cycle 0% (the latency controller's setting)")
+    assert Chunk.objects.get(pk=second.chunk_id).throttle_reason == second.reason
