@@ -36,7 +36,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg import sql
 
-from core import locks
+from core import locks, timeouts
 from retention import actions as policy_actions
 from runs.engine import prometheus
 from runs.models import GuardControl, GuardControlStep, GuardSample, Run
@@ -254,9 +254,15 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
     return values, tables
 
 
+SAMPLER_WAIT_S = 5.0  # the longest a worker waits for another's sample when it has none recent
+
+
 def sample(*, force: bool = False) -> GuardSample | None:
     """Take a sample if the latest is older than ``RETENTION_GUARD_SAMPLE_MS`` and no one else
-    is sampling; return the latest."""
+    is sampling; return the latest. While another session samples, the latest is returned if
+    it is recent (two intervals); otherwise — a run starting after a quiet spell, whose first
+    sample takes its idle probes — the sample being taken is waited for, so that no chunk is
+    admitted on a reading from before the run (or none) and in flight during those probes."""
     fresh_s = settings.RETENTION["GUARD_SAMPLE_MS"] / 1000
     latest = GuardSample.objects.order_by("-taken_at").first()
     if (
@@ -265,9 +271,22 @@ def sample(*, force: bool = False) -> GuardSample | None:
         and (timezone.now() - latest.taken_at).total_seconds() < fresh_s
     ):
         return latest
+    taken = _take_sample(force, fresh_s)
+    if taken is not _BUSY_SAMPLER:
+        return taken
+    if latest is not None and (timezone.now() - latest.taken_at).total_seconds() < 2 * fresh_s:
+        return latest
+    timeouts.wait_for_lock(SAMPLER_WAIT_S, lambda: locks.xact_lock(locks.SAMPLER, 0))
+    return GuardSample.objects.order_by("-taken_at").first()
+
+
+_BUSY_SAMPLER = object()  # another session holds the sampler's lock
+
+
+def _take_sample(force: bool, fresh_s: float):
     with transaction.atomic():
         if not locks.try_xact_lock(locks.SAMPLER, 0):
-            return latest
+            return _BUSY_SAMPLER
         again = GuardSample.objects.order_by("-taken_at").first()
         if (
             not force

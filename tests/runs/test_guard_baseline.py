@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from core import locks
 from runs.actions import trigger_run
 from runs.engine import guard, planner, worker
 from runs.models import AuditRecord, Chunk, GuardControl, GuardSample, Run
@@ -326,3 +327,28 @@ def test_the_controllers_duty_cycle_paces_chunks_with_the_probe_at_its_baseline(
     assert second.kind == worker.THROTTLED
     assert second.reason.endswith("> duty cycle 0% (the latency controller's setting)")
     assert Chunk.objects.get(pk=second.chunk_id).throttle_reason == second.reason
+
+
+def test_a_worker_with_no_recent_sample_waits_for_the_one_being_taken(committed_policy):
+    """Two workers start a run after a quiet spell: the one that finds the other sampling (its
+    first sample takes the idle probes) waits for that sample instead of admitting a chunk on a
+    reading from before the run, or on none — a chunk in flight would spoil those probes."""
+    trigger_run(committed_policy, tick=NOW)
+    GuardSample.objects.all().delete()
+    other = pg_connect(autocommit=False, application_name="retention:worker")
+    other.execute("SELECT pg_advisory_xact_lock(%s, 0)", [locks.SAMPLER])
+    other.execute(
+        "INSERT INTO runs_guardsample (taken_at, values, tables)"
+        " VALUES (clock_timestamp(), '{}', %s::jsonb)",
+        ['{"public.rr_events": {"probe_ms": 0.5, "in_flight": false}}'],
+    )
+    done = threading.Timer(0.3, other.commit)
+    done.start()
+    try:
+        seen = guard.sample()
+    finally:
+        done.join()
+        other.close()
+    assert seen is not None
+    assert seen.tables == {TABLE: {"probe_ms": 0.5, "in_flight": False}}
+    assert GuardSample.objects.count() == 1  # the other's, not one of its own
