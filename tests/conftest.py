@@ -46,6 +46,16 @@ def make_user(db):
 
 
 @pytest.fixture(autouse=True)
+def no_probe_session_left():
+    """The guard's probe keeps a session per thread (runs.engine.guard): none outlives a test."""
+    yield
+    # the product's modules: importable once pytest-django has set Django up
+    from runs.engine import guard
+
+    guard.close_probe_connection()
+
+
+@pytest.fixture(autouse=True)
 def no_cli_identity(monkeypatch):
     """No test inherits a CLI identity, and whatever one sets is undone after it."""
     monkeypatch.setenv("RETENTION_TOKEN", "")

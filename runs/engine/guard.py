@@ -27,10 +27,12 @@ with the built-in signals and judged like them; no answer is pressure after a gr
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
@@ -118,9 +120,44 @@ def _since_last_chunk_s(slugs: list[str]) -> float | None:
     )[0][0]
 
 
+PROBE_TIMEOUT_MS = 2000  # a probe that times out is as slow as its timeout
+_probe_session = threading.local()  # each thread's connection for the probe
+
+
+def _probe_connection() -> psycopg.Connection:
+    """This thread's connection for the probe's commit: a session of its own (its transaction
+    commits by itself, not inside the sampler's), with synchronous commit on whatever the
+    product's sessions use, and marked as the product's (``retention:…``) so that the guard
+    never counts it as foreground."""
+    conn = getattr(_probe_session, "conn", None)
+    if conn is None or conn.closed or conn.broken:
+        params = {
+            k: v
+            for k, v in connection.get_connection_params().items()
+            if k not in ("cursor_factory", "context", "prepare_threshold")
+        }
+        params["application_name"] = "retention:guard-probe"
+        conn = psycopg.connect(**params, autocommit=True, connect_timeout=2)
+        conn.execute(f"SET statement_timeout = {PROBE_TIMEOUT_MS}")
+        conn.execute("SET synchronous_commit = on")
+        _probe_session.conn = conn
+    return conn
+
+
+def close_probe_connection() -> None:
+    """Close this thread's probe connection (a test's end, so that no session outlives it)."""
+    conn = getattr(_probe_session, "conn", None)
+    if conn is not None:
+        conn.close()
+        _probe_session.conn = None
+
+
 def _probe_ms(spec) -> float | None:
-    """The default foreground probe: read the newest row of the target by its key index —
-    the hot end of the table, where foreground traffic lives."""
+    """The default foreground probe: read the newest row of the target by its key index (the
+    hot end of the table, where foreground traffic lives), then commit a WAL record durably in a
+    session of its own (a transactional logical message, no table written) — the read and the
+    durable commit of a foreground request, timed together. Cleanup slows the second most: each
+    chunk's WAL is written and flushed before a foreground commit behind it can be."""
     if spec.probe == "none":
         return None
     query = sql.SQL("SELECT 1 FROM {s}.{t} ORDER BY {k} LIMIT 1").format(
@@ -133,11 +170,16 @@ def _probe_ms(spec) -> float | None:
     t0 = time.perf_counter()
     try:
         with transaction.atomic():
-            _rows("SELECT set_config('statement_timeout', '2000ms', true)")
+            _rows("SELECT set_config('statement_timeout', %s, true)", [f"{PROBE_TIMEOUT_MS}ms"])
             _rows(query)
+        read_ms = (time.perf_counter() - t0) * 1000
+        conn = _probe_connection()
+        t1 = time.perf_counter()
+        with conn.transaction():
+            conn.execute("SELECT pg_logical_emit_message(true, 'retention-runner-probe', '')")
+        return read_ms + (time.perf_counter() - t1) * 1000
     except Exception:
-        return 2000.0  # a probe that times out is as slow as its timeout
-    return (time.perf_counter() - t0) * 1000
+        return float(PROBE_TIMEOUT_MS)
 
 
 def _table_signals(oid: int) -> tuple:

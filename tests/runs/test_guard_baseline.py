@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.utils import timezone
+from psycopg import sql
 
 from core import locks
 from runs.actions import trigger_run
@@ -352,3 +353,28 @@ def test_a_worker_with_no_recent_sample_waits_for_the_one_being_taken(committed_
     assert seen is not None
     assert seen.tables == {TABLE: {"probe_ms": 0.5, "in_flight": False}}
     assert GuardSample.objects.count() == 1  # the other's, not one of its own
+
+
+def test_the_probe_includes_a_durable_commit(committed_policy):
+    """Cleanup slows the foreground's commits most (each chunk's WAL is flushed before a
+    commit behind it can be), so the probe commits a WAL record durably, whatever the
+    product's own sessions use: a WAL flush held back by 100 ms (``commit_delay``, for every
+    new session of the database) shows in the probe, which a read alone would not see."""
+    spec = committed_policy.approved_version.parsed
+    database = sql.Identifier(connection.settings_dict["NAME"])
+
+    def alter(setting: str) -> None:
+        with connection.cursor() as cur:
+            statement = sql.SQL("ALTER DATABASE {} " + setting).format(database)
+            cur.execute(statement.as_string(cur.connection))
+
+    alter("SET commit_delay = 100000")
+    alter("SET commit_siblings = 0")
+    try:
+        guard.close_probe_connection()  # the next probe opens a session with the delay
+        delayed = guard._probe_ms(spec)
+    finally:
+        alter("RESET commit_delay")
+        alter("RESET commit_siblings")
+        guard.close_probe_connection()
+    assert delayed >= 100.0
