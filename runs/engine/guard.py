@@ -880,7 +880,6 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
                     round(duty + (top.duty_cycle - top.duty_floor) / ADDITIVE_STEPS, 4),
                 ),
             )
-            action = HOLD if raised == (concurrency, chunk_ms, duty) else INCREASE
             reason = f"probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × idle p99 {_fmt(base)} ms"
             if p99 > base * budget:  # over the budget's multiple, under the margin over idle
                 margin = float(cfg["GUARD_PROBE_MARGIN_MS"])
@@ -890,6 +889,13 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
                 )
             else:
                 reason += f" within budget {_fmt(budget)} ×"
+            if raised != (concurrency, chunk_ms, duty) and row.action in (DECREASE, FLOOR):
+                # one period within the budget right after a decrease is as likely the
+                # foreground's quiet moment as headroom: a second one steps up (without it, a
+                # few samples' p99 had the knobs go up and down every period)
+                raised = (concurrency, chunk_ms, duty)
+                reason += "; a second period within it before stepping up after a decrease"
+            action = HOLD if raised == (concurrency, chunk_ms, duty) else INCREASE
             concurrency, chunk_ms, duty = raised
         row.concurrency, row.chunk_ms, row.duty_cycle = concurrency, chunk_ms, duty
         row.stepped_at, row.budget, row.action, row.reason = now, budget, action, reason

@@ -102,11 +102,14 @@ def test_the_controller_halves_to_its_floor_says_so_and_steps_back_up(run, clien
     assert metrics[("retention_guard_signal_value", labels("probe_p99_inflation"))] == 5
     assert metrics[("retention_guard_signal_threshold", labels("probe_p99_inflation"))] == 1.5
 
-    # the foreground is back at its idle value: one more chunk transaction at once and a fifth
-    # of the chunk time's and the duty cycle's range per step, up to the policy's own settings
+    # the foreground is back at its idle value: after a first period within the budget (right
+    # after the floor, it may be the foreground's quiet moment), one more chunk transaction at
+    # once and a fifth of the chunk time's and the duty cycle's range per step, up to the
+    # policy's own settings
     later = timezone.now() + timedelta(seconds=600)
-    up = [guard.control_step(policy.id, spec, now=period(later, k, 2.0)) for k in range(6)]
+    up = [guard.control_step(policy.id, spec, now=period(later, k, 2.0)) for k in range(7)]
     assert [(u.concurrency, u.chunk_ms, u.action) for u in up] == [
+        (1, 50, guard.HOLD),
         (2, 100, guard.INCREASE),
         (2, 150, guard.INCREASE),
         (2, 200, guard.INCREASE),
@@ -115,7 +118,11 @@ def test_the_controller_halves_to_its_floor_says_so_and_steps_back_up(run, clien
         (2, 300, guard.HOLD),
     ]
     assert up[-1].duty_cycle == 0.5
-    assert up[0].reason == "probe p99 2 ms = 1 × idle p99 2 ms within budget 1.5 ×"
+    assert up[0].reason == (
+        "probe p99 2 ms = 1 × idle p99 2 ms within budget 1.5 ×; a second period within it"
+        " before stepping up after a decrease"
+    )
+    assert up[1].reason == "probe p99 2 ms = 1 × idle p99 2 ms within budget 1.5 ×"
 
 
 def test_a_policys_inflation_budget_overrides_the_instances(make_user, db):
