@@ -408,13 +408,13 @@ def probe_windows(tables, *, now=None) -> dict[str, dict]:
     return out
 
 
-def idle_baseline(table: str, *, now=None) -> dict:
+def idle_baseline(table: str, *, now=None, rank: float | None = None) -> dict:
     """The probe's idle baseline on ``table``: p95 of the probe over the samples of the last
     ``BASELINE_WINDOW_S`` taken while no chunk transaction of the product was in flight on it
     (with the idle probes a first sample took, ``idle_probes_ms``), but not the probes a sample
     marked ``not_baseline`` (over the budget of the idle median, or a cold first probe before
-    idle probes). ``{"p50", "p95", "p99": ms | None, "n": idle probes}``;
-    no percentile under ``BASELINE_MIN_SAMPLES``."""
+    idle probes). ``{"p50", "p95", "p99": ms | None, "n": idle probes}``, and ``"at_rank"``:
+    the percentile ``rank`` when asked; no percentile under ``BASELINE_MIN_SAMPLES``."""
     now = now or timezone.now()
     values = sorted(
         v
@@ -438,12 +438,13 @@ def idle_baseline(table: str, *, now=None) -> dict:
         )
     )
     if len(values) < BASELINE_MIN_SAMPLES:
-        return {"p50": None, "p95": None, "p99": None, "n": len(values)}
+        return {"p50": None, "p95": None, "p99": None, "n": len(values), "at_rank": None}
     return {
         "p50": _pct(values, 0.50),
         "p95": _pct(values, 0.95),
         "p99": _pct(values, 0.99),
         "n": len(values),
+        "at_rank": _pct(values, rank) if rank is not None else None,
     }
 
 
@@ -832,7 +833,13 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
             row.save(update_fields=["stepped_at"])
             return None
         concurrency, chunk_ms, duty = _clamped(spec, row.concurrency, row.chunk_ms, row.duty_cycle)
-        base = idle_baseline(spec.qualified_table, now=now)["p99"]
+        # the run's p99 of n readings is their highest below a hundred: what an idle spell
+        # would read as its highest of n is the idle readings' n/(n+1) percentile, so that is
+        # the idle value it is judged against — the p99 of hundreds of idle readings would let
+        # four readings of a run at 2 × its idle typical value pass as "within the budget"
+        rank = min(0.99, len(probes) / (len(probes) + 1))
+        base = idle_baseline(spec.qualified_table, now=now, rank=rank)["at_rank"]
+        idle = f"idle p{round(rank * 100)}"
         p99 = _pct(probes, 0.99)
         inflation = round(p99 / base, 3) if base else None
         quiet_ms = top.chunk_ms + int(cfg["GUARD_IDLE_GAP_MS"]) + 3 * int(cfg["GUARD_SAMPLE_MS"])
@@ -858,13 +865,13 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
                 action = FLOOR
                 reason = (
                     f"over the budget at the controller's minimum ({_describe(*lowered)}):"
-                    f" probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × idle p99 {_fmt(base)} ms"
+                    f" probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × {idle} {_fmt(base)} ms"
                     f" > budget {_fmt(budget)} ×"
                 )
             else:
                 action = DECREASE
                 reason = (
-                    f"probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × idle p99 {_fmt(base)} ms"
+                    f"probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × {idle} {_fmt(base)} ms"
                     f" > budget {_fmt(budget)} ×"
                 )
             concurrency, chunk_ms, duty = lowered
@@ -880,7 +887,7 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
                     round(duty + (top.duty_cycle - top.duty_floor) / ADDITIVE_STEPS, 4),
                 ),
             )
-            reason = f"probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × idle p99 {_fmt(base)} ms"
+            reason = f"probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × {idle} {_fmt(base)} ms"
             if p99 > base * budget:  # over the budget's multiple, under the margin over idle
                 margin = float(cfg["GUARD_PROBE_MARGIN_MS"])
                 reason += (

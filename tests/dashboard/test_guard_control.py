@@ -67,7 +67,7 @@ def test_the_controller_halves_to_its_floor_says_so_and_steps_back_up(run, clien
     floor = taken[-1]
     assert floor.reason == (
         "over the budget at the controller's minimum (1 chunk transaction at once, 50 ms"
-        " chunks, duty cycle 10%): probe p99 10 ms = 5 × idle p99 2 ms > budget 1.5 ×"
+        " chunks, duty cycle 10%): probe p99 10 ms = 5 × idle p67 2 ms > budget 1.5 ×"
     )
     assert GuardControlStep.objects.filter(policy=policy).count() == 4
 
@@ -119,10 +119,10 @@ def test_the_controller_halves_to_its_floor_says_so_and_steps_back_up(run, clien
     ]
     assert up[-1].duty_cycle == 0.5
     assert up[0].reason == (
-        "probe p99 2 ms = 1 × idle p99 2 ms within budget 1.5 ×; a second period within it"
+        "probe p99 2 ms = 1 × idle p67 2 ms within budget 1.5 ×; a second period within it"
         " before stepping up after a decrease"
     )
-    assert up[1].reason == "probe p99 2 ms = 1 × idle p99 2 ms within budget 1.5 ×"
+    assert up[1].reason == "probe p99 2 ms = 1 × idle p67 2 ms within budget 1.5 ×"
 
 
 def test_a_policys_inflation_budget_overrides_the_instances(make_user, db):
@@ -156,7 +156,7 @@ def test_a_step_within_the_margin_says_the_margin_admitted_it_not_the_budget(run
     assert step.inflation == 2.5
     assert "within budget" not in step.reason
     assert step.reason == (
-        "probe p99 1.5 ms = 2.5 × idle p99 0.6 ms, under the limit of idle + 1 ms"
+        "probe p99 1.5 ms = 2.5 × idle p67 0.6 ms, under the limit of idle + 1 ms"
         " (the margin for jitter; budget 1.5 ×)"
     )
 
@@ -229,8 +229,33 @@ def test_a_run_draining_without_idle_readings_gets_a_quiet_window_then_a_baselin
     sample(later - timedelta(seconds=1), 1000.0, in_flight=True)
     judged = guard.control_step(run.policy_id, spec, now=later)
     assert judged.action == guard.DECREASE
-    assert judged.baseline_ms == base["p99"]
+    # n readings since the quiet step: judged against the idle readings' n/(n+1) percentile
+    n = GuardControlStep.objects.filter(policy_id=run.policy_id).last().samples
+    assert judged.baseline_ms == guard.idle_baseline(TABLE, now=later, rank=n / (n + 1))["at_rank"]
     assert [s.action for s in GuardControlStep.objects.filter(policy_id=run.policy_id)] == [
         guard.QUIET,
         guard.DECREASE,
     ]
+
+
+def test_a_steps_readings_are_judged_against_the_idle_value_of_the_same_rank(run, settings):
+    """A period's p99 of four readings is their highest, which an idle spell reads at its
+    p80, not at the p99 of hundreds of idle readings: a run holding the probe at 2.5 × its
+    typical idle value is over the budget even though a few idle readings were slower (judged
+    against the idle p99 of 3 ms it would pass as 0.83 ×)."""
+    settings.RETENTION = {**settings.RETENTION, "GUARD_CONTROL_PERIOD_MS": 5000}
+    spec = run.policy_version.parsed
+    GuardSample.objects.all().delete()
+    GuardControl.objects.all().delete()
+    start = timezone.now() + timedelta(seconds=60)
+    for n in range(20):  # idle: 1 ms, two readings of 3 ms among them (the idle p99)
+        sample(start - timedelta(seconds=n + 1), 3.0 if n in (4, 11) else 1.0, in_flight=False)
+    assert guard.idle_baseline(TABLE, now=start)["p99"] == 3.0
+    end = start + PERIOD
+    for k in range(4):
+        sample(end - PERIOD * (k + 1) / 5, 2.5, in_flight=True)
+
+    step = guard.control_step(run.policy_id, spec, now=end)
+    assert step.action == guard.DECREASE
+    assert (step.baseline_ms, step.inflation) == (1.0, 2.5)
+    assert step.reason == "probe p99 2.5 ms = 2.5 × idle p80 1 ms > budget 1.5 ×"
