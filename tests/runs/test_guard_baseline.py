@@ -84,6 +84,29 @@ def test_a_probe_inflated_over_its_idle_baseline_throttles_and_names_the_baselin
     assert Chunk.objects.get(pk=outcome.chunk_id).throttle_reason == outcome.reason
 
 
+def test_the_absolute_thresholds_judge_the_probes_read_and_the_baseline_its_commit_too(
+    db, make_user, hard_stop
+):
+    """A commit's latency depends on the storage: 40 ms of a slow fsync is not over the read's
+    absolute 25 ms, but it is over the probe's own idle baseline, which the same server's
+    commits make."""
+    create_events(500)
+    spec = make_policy(make_user).approved_version.parsed
+    for _ in range(6):
+        probe_sample(2.0)
+    slow = GuardSample.objects.create(
+        taken_at=timezone.now() + timedelta(seconds=120),
+        values={"lock_waits": 0, "replication_lag_s": 0.0, "connections_free": 100},
+        tables={TABLE: {"probe_ms": 40.0, "probe_read_ms": 1.0, "in_flight": True}},
+    )
+    verdict = guard.evaluate(spec, slow)
+    # the reads' p95 over the window (the idle samples read 2 ms), not the 40 ms commit
+    assert verdict.signals["probe_p95_ms"]["value"] == 2.0
+    assert verdict.signals["probe_p95_vs_idle"]["value"] == 40.0  # read and commit
+    assert not verdict.admit and not verdict.critical
+    assert verdict.reason == "probe p95 40 ms > 1.5 × idle baseline 2 ms (p95 of 6 idle samples)"
+
+
 def test_a_probe_near_its_baseline_admits_and_a_millisecond_margin_applies(
     db, make_user, hard_stop
 ):
