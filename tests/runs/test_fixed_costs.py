@@ -436,3 +436,63 @@ def test_a_finisher_waits_for_the_read_above_in_progress_rather_than_read_beside
     assert taken["record"] is not None
     assert record == taken["record"]
     connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_per_tenant_run_estimates_its_last_key_instead_of_reading_the_young_rows(
+    make_user, settings
+):
+    """Per-tenant chunks: the pass's bounds read a few index entries, not the young half of the
+    key's index backwards (on a heap clustered by tenant each of those entries is a heap row in
+    another tenant's part of the table), and the estimate is the exact last key here."""
+    from django.db import transaction
+
+    from runs.engine import planner
+    from runs.models import PlannerCursor
+
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False, "BOUND_ESTIMATE_ROWS": 50}
+    create_events(3000)  # ids in time order: 1-1500 older than the cutoff, 1501-3000 younger
+    run, _ = trigger_run(approved_policy(make_user, **events_spec(slug="per-tenant")), tick=NOW)
+    spec = run.policy_version.parsed
+    assert run.per_tenant(spec)
+    with connection.cursor() as cur:
+        frag = planner.bounds_query(run.policy_id, run.bound, spec)  # exact
+        cur.execute(frag.sql.as_string(cur.connection), frag.params)
+        _first, last = cur.fetchone()
+    with transaction.atomic():
+        before = _index_entries_read("rr_events")
+        planner.ensure_cursors(run, spec)
+        read = _index_entries_read("rr_events") - before
+    # the first key, the key index's last 50 entries, the 50 newest eligible rows (and the
+    # kept ones among them) by the timestamp's index, and the tenants; read exactly, the
+    # 1,500 young keys above the last old one
+    assert read <= 200, read
+    cursors = PlannerCursor.objects.filter(run=run)
+    assert cursors.count() == 5
+    assert {tuple(c.bound_at) for c in cursors} == {tuple(last)}
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_per_tenant_run_deletes_old_rows_above_its_estimate_in_another_pass(
+    stragglers, make_user
+):
+    """The estimate falls short of three old rows above it: the per-tenant verification, over
+    the whole old range, finds them and the next pass deletes them."""
+    from runs.engine import worker
+    from runs.models import PlannerCursor
+
+    policy = approved_policy(make_user, **events_spec(slug="per-tenant", chunk_size=100))
+    run, _ = trigger_run(policy, tick=NOW)
+    for _ in range(3):
+        worker.drain(run.pk, budget_s=120, until_idle=True)
+        run.refresh_from_db()
+        if run.state != Run.State.ACTIVE:
+            break
+    assert all(int(c.bound_at[0]) < 4001 for c in PlannerCursor.objects.filter(run=run, pass_no=1))
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert run.pass_no == 2
+    assert run.verification["read"] == "the whole range older than the cutoff"
+    assert _eligible_left(run) == 0
+    assert count("public.rr_events", "id > 5000") == 10  # the young rows stay
+    connection.close()
