@@ -8,7 +8,9 @@ before the estimate) and estimated; drains the run with ``--workers`` workers in
 (``manage.py retention drain``), timing release → first chunk, the chunks and last chunk →
 drained from the audit ledger; then the plans of the verification over the whole old range
 (the statement before) and over what the run may have missed (``reconciler.missed_count``),
-on the drained table. Nothing is timed in tests; this prints.
+on the drained table — without and with the read above the last key that the drain took
+beside its chunks (``reconciler.read_above``, whose statement is explained on the fresh table
+before the drain). Nothing is timed in tests; this prints.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def main() -> None:
     from retention import predicate as P
     from runs.actions import trigger_run
     from runs.engine import planner, reconciler
-    from runs.models import AuditRecord, discarded_scopes
+    from runs.models import AuditRecord, PlannerCursor, discarded_scopes
 
     now = datetime.now(UTC)
     tick = now.replace(hour=0, minute=0, second=0, microsecond=0)
@@ -66,6 +68,12 @@ def main() -> None:
             cur.execute(frag.sql.as_string(cur.connection), frag.params)
             found = cur.fetchone()
         print(f"\n== planner: eligible key bounds, {title}: {found}\n{_explain(frag)}")
+    if reconciler.reads_above_early(run, spec) and found[1] is not None:
+        top, above = reconciler.above_queries(
+            run, spec, tuple(found[1]), types=P.column_types(spec)
+        )
+        print(f"\n== reconciler: the read above the last key, on the fresh table\n{_explain(top)}")
+        print(_explain(above, scans=lambda: reconciler.bitmap_scan(spec)))
     released = time.time()
     out = io.StringIO()
     call_command(
@@ -104,8 +112,20 @@ def main() -> None:
         run, spec, *ranges, outside=discarded_scopes(run), limit=100_000, types=types
     )
     print(
-        f"\n== reconciler: verification of what the run may have missed (after), {ranges}\n"
+        f"\n== reconciler: verification of what the run may have missed, {ranges}\n"
         + _explain(narrow, scans=lambda: reconciler.bitmap_scan(spec))
+    )
+    record = PlannerCursor.objects.filter(run=run, pass_no=run.pass_no, tenant="").first()
+    if record is None or not record.read_above or record.read_above.get("found") is None:
+        print("\n(no read above the last key was taken beside the chunks)")
+        return
+    early = record.read_above
+    narrow = reconciler.missed_count(
+        run, spec, *ranges, outside=discarded_scopes(run), limit=100_000, types=types, early=early
+    )
+    print(
+        f"\n== reconciler: the same, with the read above the last key taken beside the chunks,"
+        f" {early}\n" + _explain(narrow, scans=lambda: reconciler.bitmap_scan(spec))
     )
 
 

@@ -182,6 +182,10 @@ class PlannerCursor(models.Model):
     bound_at = models.JSONField(null=True, blank=True)
     exhausted = models.BooleanField(default=False)
     chunks_planned = models.PositiveIntegerField(default=0)
+    # The verification's read above the walk's last key, taken while the pass's last chunks
+    # were deleted (``runs.engine.reconciler.read_above``): the highest key then, and the
+    # eligible keys it found above the last key. NULL: not taken (the finish reads it all).
+    read_above = models.JSONField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -159,12 +159,15 @@ def timestamp_indexed(spec: PolicySpec) -> bool:
 
 def run_bounds_query(run: Run, spec: PolicySpec, outside=(), columns=None) -> P.Fragment:
     """``bounds_query`` as a run's planner sends it: the last key estimated where
-    ``estimates_last_key`` (from ``RETENTION["BOUND_ESTIMATE_ROWS"]`` rows) and the chunks
-    are not per tenant; a later pass
-    within the range its verification found rows in (``next_pass_range``)."""
-    # per-tenant chunks are verified over the whole old range, which does not say where a
-    # shortfall lies: their last key stays exact
-    estimate = None if run.per_tenant(spec) else estimate_rows(spec, columns)
+    ``estimates_last_key`` (from ``RETENTION["BOUND_ESTIMATE_ROWS"]`` rows); a later pass
+    within the range its verification found rows in (``next_pass_range``).
+
+    Per-tenant chunks estimate it too: their verification reads the whole old range, so it
+    finds the rows above a short estimate as any others, and another pass plans them (over
+    the whole table: that verification does not say where they are). Read exactly, the last
+    key of a heap clustered by tenant is a backward read of the key's index whose heap rows
+    lie in every tenant's part of the table in turn (1.15 s, 4.5M buffers at 10M rows)."""
+    estimate = estimate_rows(spec, columns)
     within, exact = next_pass_range(run, spec, columns)
     return bounds_query(
         run.policy_id, run.bound, spec, outside, columns,

@@ -47,6 +47,7 @@ from runs.models import (
     GuardControlStep,
     GuardSample,
     PartitionAction,
+    PlannerCursor,
     Run,
     discarded_letters,
     discarded_scopes,
@@ -88,10 +89,21 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
     ranges = missed_ranges(run, spec, types=types, cascade=cascade)
     if ranges is not None:
         first, last = ranges
-        frag = missed_count(run, spec, first, last, outside=outside, limit=limit, types=types)
+        early = early_read(run, spec)
+        frag = missed_count(
+            run, spec, first, last, outside=outside, limit=limit, types=types, early=early
+        )
         with transaction.atomic(), bitmap_scan(spec), connection.cursor() as cur:
             cur.execute(frag.sql.as_string(cur.connection), frag.params)
             below, above = cur.fetchone()
+        read = f"outside the pass's chunks: below {show_bound(first)}, from {show_bound(last)} on"
+        if early is not None:
+            read = (
+                f"outside the pass's chunks: below {show_bound(first)}, from {show_bound(last)}"
+                f" to {show_bound(tuple(early['last']))}, from {show_bound(tuple(early['top']))}"
+                f" on, and the {len(early['found'])} eligible key(s) between them that a read"
+                f" at {early['at']} found"
+            )
         return {
             "remaining": min(below + above, limit),
             # where a later pass plans (``planner.next_pass_range``)
@@ -106,7 +118,8 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
             "discarded": discarded_report(run, spec, types=types),
             "not_eligible_null": 0,
             "limit": limit,
-            "read": f"outside the pass's chunks: below {show_bound(first)}, from {show_bound(last)} on",
+            "read": read,
+            **({"read_above": early} if early is not None else {}),
             "checked_at": timezone.now().isoformat(),
             "pass": run.pass_no,
         }
@@ -157,15 +170,7 @@ def missed_ranges(run: Run, spec, *, types: dict, cascade=None) -> tuple | None:
     - a planned column can be NULL (those rows are counted and reported), or the table's
       cascades are guarded (rows the guard defers are counted);
     - the run has handled partitions (``runs.engine.partitions``)."""
-    if cascade is not None or run.per_tenant(spec):
-        return None
-    known_not_null = {name for name, t in types.items() if t.not_null}
-    if any(c not in known_not_null for c in P.required_columns(spec)):
-        return None
-    holds = LegalHold.objects.filter(Q(policy__isnull=True) | Q(policy_id=run.policy_id)).filter(
-        Q(released_at__isnull=True) | Q(released_at__gte=run.created_at)
-    )
-    if holds.exists() or PartitionAction.objects.filter(run=run).exists():
+    if not _chunks_can_tell(run, spec, types=types, cascade=cascade):
         return None
     chunks = Chunk.objects.filter(run=run, pass_no=run.pass_no)
     if chunks.exclude(state__in=(Chunk.State.DONE, Chunk.State.SPLIT)).exists():
@@ -178,18 +183,193 @@ def missed_ranges(run: Run, spec, *, types: dict, cascade=None) -> tuple | None:
     return first.bounds()[0], last.bounds()[0]
 
 
-def missed_count(run: Run, spec, first, last, *, outside, limit: int, types: dict) -> P.Fragment:
+def _chunks_can_tell(run: Run, spec, *, types: dict, cascade) -> bool:
+    """The conditions of ``missed_ranges`` that do not depend on the pass's chunks' states."""
+    if cascade is not None or run.per_tenant(spec):
+        return False
+    known_not_null = {name for name, t in types.items() if t.not_null}
+    if any(c not in known_not_null for c in P.required_columns(spec)):
+        return False
+    holds = LegalHold.objects.filter(Q(policy__isnull=True) | Q(policy_id=run.policy_id)).filter(
+        Q(released_at__isnull=True) | Q(released_at__gte=run.created_at)
+    )
+    return not (holds.exists() or PartitionAction.objects.filter(run=run).exists())
+
+
+FOUND_MAX = 100  # eligible keys above the last key an early read names; more: the finish reads all
+
+
+def reads_above_early(run: Run, spec) -> bool:
+    """Whether the run's verification reads what lies above the walk's last key early
+    (``read_above``): its chunks are key ranges across tenants on the key itself. Not for
+    chunks in timestamp order: there the rows above the last chunk that can be eligible are
+    a short range of the timestamp's own index, read at the finish as before."""
+    if run.per_tenant(spec):
+        return False
+    return P.chunk_columns(spec, run.bound_columns(spec))[0] != spec.timestamp
+
+
+def read_above(run: Run) -> dict | None:
+    """The verification's read above the pass's last key, taken once and early — beside the
+    pass's chunks: ``runs.engine.worker.drain`` starts it once the pass's bounds are known —
+    so that the finish does not read it after them.
+
+    The run's cutoff never changes, so a row that is not eligible when read (young, kept)
+    becomes eligible only by a write: an INSERT, or an UPDATE of its timestamp, a kept column
+    or its key. This read records ``top``, the highest key in the table, and then, in a
+    statement that starts after that one, the eligible rows' keys above ``last``, the walk's
+    last key (``found``: at most ``FOUND_MAX``, else None): every row with a key up to ``top``
+    that existed then was judged. The finish reads only the last chunk's range up to
+    ``last``, the keys from ``top`` on (rows written since: a key in time order puts new rows
+    there) and the ``found`` keys again (``missed_count``). Not looked for: a row that a write
+    after this read made eligible with a key between ``last`` and ``top`` — as a row made
+    eligible inside a done chunk's range after its DELETE is not.
+
+    One session takes it: the pass's cursor row, locked while it reads (a finisher that finds
+    it locked waits for it, ``early_read``). None: it does not apply (``reads_above_early``,
+    the conditions of ``missed_ranges`` that do not depend on the chunks), the pass has no
+    bounds yet (or nothing to plan), or another session took it."""
+    spec = run.policy_version.parsed
+    if not reads_above_early(run, spec):
+        return None
+    types = P.column_types(spec)
+    _graph, cascade = cascades.for_run(
+        spec, policy_id=run.policy_id, cutoff=run.bound, tick=run.tick
+    )
+    if not _chunks_can_tell(run, spec, types=types, cascade=cascade):
+        return None
+    with (
+        transaction.atomic(),
+        timeouts.bounded(timeouts.engine_statement_ms(), timeouts.target_lock_ms(spec)),
+    ):
+        cursor = (
+            PlannerCursor.objects.select_for_update(skip_locked=True)
+            .filter(run=run, pass_no=run.pass_no, tenant="", read_above__isnull=True)
+            .first()
+        )
+        if cursor is None or cursor.last() is None:
+            return None
+        last = cursor.last()
+        top_query, found_query = above_queries(run, spec, last, types=types)
+        # the highest key first, then the rows above ``last``: a row committed between the two
+        # statements is seen by the second
+        top = _fetch(top_query)
+        if top is None:
+            return None
+        with bitmap_scan(spec):
+            found = _fetch(found_query)
+        record = {
+            "last": list(last),
+            "top": list(top),
+            "found": [list(k) for k in found] if len(found) <= FOUND_MAX else None,
+            "at": timezone.now().isoformat(),
+        }
+        cursor.read_above = record
+        cursor.save(update_fields=["read_above"])
+    return record
+
+
+def above_queries(run: Run, spec, last, *, types: dict) -> tuple[P.Fragment, P.Fragment]:
+    """``read_above``'s two statements: the highest key in the table (one probe of the key's
+    index), and the keys of up to ``FOUND_MAX`` + 1 eligible rows above ``last`` (run under
+    ``bitmap_scan``: on a key in time order, the old range by the timestamp's index)."""
+    columns = run.bound_columns(spec)
+    keys = P.key_texts(spec, columns=columns)
+    top = sql.SQL("SELECT ARRAY[{k}] FROM {t} ORDER BY {o} LIMIT 1").format(
+        k=keys, t=P.table(spec), o=P.key_order(spec, descending=True, columns=columns)
+    )
+    above = P.key_compare(spec, ">", last, types, columns=columns)
+    # discarded scopes are not left out: the finish counts the keys found under the run's
+    # scopes as they are then
+    cond = P.eligible(spec, policy_id=run.policy_id, cutoff=run.bound, types=types)
+    found = sql.SQL(
+        "SELECT coalesce(array_agg(DISTINCT k), '{{}}') FROM (SELECT ARRAY[{k}] AS k"
+        " FROM {t} WHERE {a} AND {c} LIMIT %s) AS s"
+    ).format(k=keys, t=P.table(spec), a=above.sql, c=cond.sql)
+    return P.Fragment(top, []), P.Fragment(found, [*above.params, *cond.params, FOUND_MAX + 1])
+
+
+def _fetch(frag: P.Fragment):
+    with connection.cursor() as cur:
+        cur.execute(frag.sql.as_string(cur.connection), frag.params)
+        row = cur.fetchone()
+        return row[0] if row else None
+
+
+def above_unread(run: Run) -> bool:
+    """Whether the pass has bounds whose range above the last key nobody has read yet."""
+    return PlannerCursor.objects.filter(
+        run=run, pass_no=run.pass_no, tenant="", bound_at__isnull=False, read_above__isnull=True
+    ).exists()
+
+
+def early_read(run: Run, spec, *, wait_s: float | None = None) -> dict | None:
+    """The pass's read above its last key (``read_above``), when it was taken and names what it
+    found. While another session takes it (the cursor's row is locked) wait for it — at most
+    ``wait_s``, default the read's own statement bound — rather than read the same range beside
+    it. None: the finish reads everything from the last chunk on."""
+    if not reads_above_early(run, spec):
+        return None
+    mine = PlannerCursor.objects.filter(run=run, pass_no=run.pass_no, tenant="")
+
+    def record():
+        return mine.values_list("read_above", flat=True).first()
+
+    def take() -> None:  # queues behind the early reader's FOR UPDATE of the row, nothing else
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM (SELECT 1 FROM runs_plannercursor WHERE run_id = %s"
+                " AND pass_no = %s AND tenant = '' FOR KEY SHARE) AS c",
+                [run.pk, run.pass_no],
+            )
+
+    found = record()
+    if found is None:
+        seconds = timeouts.engine_statement_ms() / 1000 if wait_s is None else wait_s
+        if not timeouts.wait_for_lock(seconds, take):
+            return None
+        found = record()
+    if not found or found.get("found") is None:  # not taken, or it found too many to name
+        return None
+    return found
+
+
+def missed_count(
+    run: Run,
+    spec,
+    first,
+    last,
+    *,
+    outside,
+    limit: int,
+    types: dict,
+    early: dict | None = None,
+) -> P.Fragment:
     """The eligible rows (holds applied, discarded scopes left out) with a key below ``first``,
     and those from ``last`` on (``missed_ranges``), each counted up to ``limit``, in two
     subqueries that PostgreSQL plans apart (run under ``bitmap_scan``, as the whole-range
     count). Each reads the smaller of two sets: the keys beyond that end of the pass's chunks (few, when the last
     eligible key is near the top of the key range: ages not in key order), or the rows older
     than the cutoff by the timestamp's index (a key in time order, where every young row lies
-    above the last chunk: then it costs what the whole-range count did)."""
+    above the last chunk: then it costs what the whole-range count did).
+
+    With an ``early`` read above the walk's last key (``read_above``), the side from the last
+    chunk on reads only the last chunk's range up to that key, the keys from the highest key
+    the early read saw on, and the keys it found: a few ranges of the key's index."""
     columns = run.bound_columns(spec)
     cond = P.eligible(spec, policy_id=run.policy_id, cutoff=run.bound, outside=outside, types=types)
     below = P.key_compare(spec, "<", first, types, columns=columns)
     above = P.key_compare(spec, ">=", last, types, columns=columns)
+    if early is not None:
+        parts = [
+            P.key_compare(spec, "<=", tuple(early["last"]), types, columns=columns),
+            P.key_compare(spec, ">=", tuple(early["top"]), types, columns=columns),
+            *(P.key_compare(spec, "=", tuple(k), types, columns=columns) for k in early["found"]),
+        ]
+        either = P.Fragment.join(parts, " OR ")
+        above = P.Fragment(
+            sql.SQL("{} AND ({})").format(above.sql, either.sql), above.params + either.params
+        )
     part = sql.SQL("(SELECT count(*) FROM (SELECT 1 FROM {t} WHERE {k} AND {c} LIMIT %s) AS s)")
     text = sql.SQL("SELECT {}, {}").format(
         part.format(t=P.table(spec), k=below.sql, c=cond.sql),

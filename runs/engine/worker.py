@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -31,7 +32,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from psycopg import sql
 
-from core import locks
+from core import locks, timeouts
 from core.pipeline import one_round_trip
 from retention import cascades
 from retention import predicate as P
@@ -882,6 +883,35 @@ def adapt_chunk_size(run: Run, seconds: float | None) -> int:
     return new
 
 
+def read_above_beside(run: Run) -> threading.Thread | None:
+    """Start the verification's read above the pass's last key (``reconciler.read_above``) in
+    a thread of this process with its own connection, once the pass's bounds are known: it
+    then overlaps the pass's chunks — this lease's and any other worker's — instead of
+    following them at the finish. None: the run's verification does not read it early, or
+    another session has taken it."""
+    if not reconciler.reads_above_early(run, run.policy_version.parsed):
+        return None
+    if not reconciler.above_unread(run):
+        return None
+    thread = threading.Thread(
+        target=_read_above, args=(run.pk,), name=f"read-above-{run.pk}", daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def _read_above(run_id: int) -> None:
+    try:
+        with timeouts.engine_session():
+            run = Run.objects.select_related("policy_version").filter(pk=run_id).first()
+            if run is not None and run.state == Run.State.ACTIVE:
+                reconciler.read_above(run)
+    except Exception:  # noqa: BLE001 - the finish then reads what lies above the last chunk
+        log.warning("the early read above run %s's last key failed", run_id, exc_info=True)
+    finally:
+        connection.close()  # this thread's own connection
+
+
 def drain(
     run_id: int,
     *,
@@ -923,6 +953,8 @@ def drain(
         stats["stopped"] = "run not found"
         return stats
     idle = IdleNotes(run)
+    early: threading.Thread | None = None  # this lease's read above the pass's last key
+    looked_above = False  # whether this lease has looked whether that read is to be taken
     while time.monotonic() < deadline:
         if stopping.requested():  # the worker is stopping: end at this chunk boundary
             stats["stopped"] = "worker stopping"
@@ -976,6 +1008,9 @@ def drain(
                         planned = planner.plan(run, window=window, deadline=deadline)
                         planner_busy = planned.busy
                         stats["planned"] += planned
+                        if not looked_above:  # the pass's bounds are known now
+                            looked_above = True
+                            early = read_above_beside(run)
                     except DatabaseError as exc:
                         if _connection_lost(exc):
                             raise
@@ -1027,6 +1062,8 @@ def drain(
                 return stats
             has_pending = Chunk.objects.pending().filter(run=run).exists()
             if run.planner_done and not has_pending:
+                if early is not None:  # its record, not a read of the same range beside it
+                    early.join(timeouts.engine_statement_ms() / 1000)
                 reconciler.finish_run(run)
                 stats["stopped"] = "no work left"
                 return stats

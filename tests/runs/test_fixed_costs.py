@@ -337,3 +337,162 @@ def test_a_worker_drains_what_is_pending_while_another_worker_plans_the_next_win
     assert stats["planner_waits"] == 1
     assert _eligible_left(run) == 0
     connection.close()
+
+
+def _index_entries_read(table: str) -> int:
+    """Index entries this transaction has read from ``table``'s indexes so far."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(indexrelid)), 0)"
+            " FROM pg_index WHERE indrelid = %s::regclass",
+            [f"public.{table}"],
+        )
+        return int(cur.fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_read_above_the_last_key_is_taken_beside_the_chunks_and_the_finish_reads_past_it(
+    make_user, settings
+):
+    """The drain takes the read above the walk's last key once the planner has reached that
+    key; the finish then reads the last chunk's keys and those from the highest key that read
+    saw on — not the young keys above the last chunk, nor the old range — and still finds an
+    old row written at the top after the run."""
+    from django.db import transaction
+
+    from runs.engine import worker
+    from runs.engine.reconciler import verify
+    from runs.models import PlannerCursor
+
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    create_events(3000)  # ids in time order: 1-1500 older than the cutoff, 1501-3000 younger
+    run, _ = trigger_run(_key_policy(make_user), tick=NOW)
+    worker.drain(run.pk, budget_s=120, until_idle=True)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    record = PlannerCursor.objects.get(run=run).read_above
+    assert record is not None and record["top"] == ["3000"] and record["found"] == []
+    assert run.verification["read_above"] == record
+    assert "from 3000 on" in run.verification["read"], run.verification["read"]
+    _sql(
+        "INSERT INTO public.rr_events VALUES (3001, 2, %s::timestamptz - interval '30 days',"
+        " 'closed', 'late')",
+        [NOW],
+    )
+    with transaction.atomic():
+        before = _index_entries_read("rr_events")
+        found = verify(run)
+        narrow = _index_entries_read("rr_events") - before
+    assert (found["remaining"], found["missed"]["rows_from"]) == (1, 1)
+    # the last chunk (100 keys) and the keys from 3000 on; without the early read, the 1,500
+    # young keys above the last chunk or the 1,500 old rows by the timestamp's index
+    assert narrow <= 2 * 100, narrow
+    PlannerCursor.objects.filter(run=run).update(read_above=None)
+    with transaction.atomic():
+        before = _index_entries_read("rr_events")
+        assert verify(run)["remaining"] == 1
+        assert _index_entries_read("rr_events") - before >= 1500
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_finisher_waits_for_the_read_above_in_progress_rather_than_read_beside_it(
+    make_user, settings
+):
+    """Another session is taking the read above the last key (it holds the pass's cursor row):
+    the finisher's look for it waits for that transaction and uses its record."""
+    import threading
+
+    from django.db import transaction
+
+    from runs.engine import planner, reconciler, worker
+    from runs.models import PlannerCursor
+
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    create_events(3000)
+    run, _ = trigger_run(_key_policy(make_user), tick=NOW)
+    planner.plan(run, window=100_000)  # the walk reaches its last key
+    while worker.process_one(run).kind == worker.DONE:
+        pass
+    spec = run.policy_version.parsed
+    assert reconciler.early_read(run, spec) is None  # not taken: the finish reads it all
+    holding, taken = threading.Event(), {}
+
+    def other() -> None:
+        try:
+            with transaction.atomic():
+                list(PlannerCursor.objects.select_for_update().filter(run=run))
+                holding.set()
+                threading.Event().wait(0.5)  # a read in progress
+                taken["record"] = reconciler.read_above(run)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=other, daemon=True)
+    thread.start()
+    assert holding.wait(30)
+    record = reconciler.early_read(run, spec)
+    thread.join(30)
+    assert taken["record"] is not None
+    assert record == taken["record"]
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_per_tenant_run_estimates_its_last_key_instead_of_reading_the_young_rows(
+    make_user, settings
+):
+    """Per-tenant chunks: the pass's bounds read a few index entries, not the young half of the
+    key's index backwards (on a heap clustered by tenant each of those entries is a heap row in
+    another tenant's part of the table), and the estimate is the exact last key here."""
+    from django.db import transaction
+
+    from runs.engine import planner
+    from runs.models import PlannerCursor
+
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False, "BOUND_ESTIMATE_ROWS": 50}
+    create_events(3000)  # ids in time order: 1-1500 older than the cutoff, 1501-3000 younger
+    run, _ = trigger_run(approved_policy(make_user, **events_spec(slug="per-tenant")), tick=NOW)
+    spec = run.policy_version.parsed
+    assert run.per_tenant(spec)
+    with connection.cursor() as cur:
+        frag = planner.bounds_query(run.policy_id, run.bound, spec)  # exact
+        cur.execute(frag.sql.as_string(cur.connection), frag.params)
+        _first, last = cur.fetchone()
+    with transaction.atomic():
+        before = _index_entries_read("rr_events")
+        planner.ensure_cursors(run, spec)
+        read = _index_entries_read("rr_events") - before
+    # the first key, the key index's last 50 entries, the 50 newest eligible rows (and the
+    # kept ones among them) by the timestamp's index, and the tenants; read exactly, the
+    # 1,500 young keys above the last old one
+    assert read <= 200, read
+    cursors = PlannerCursor.objects.filter(run=run)
+    assert cursors.count() == 5
+    assert {tuple(c.bound_at) for c in cursors} == {tuple(last)}
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_per_tenant_run_deletes_old_rows_above_its_estimate_in_another_pass(
+    stragglers, make_user
+):
+    """The estimate falls short of three old rows above it: the per-tenant verification, over
+    the whole old range, finds them and the next pass deletes them."""
+    from runs.engine import worker
+    from runs.models import PlannerCursor
+
+    policy = approved_policy(make_user, **events_spec(slug="per-tenant", chunk_size=100))
+    run, _ = trigger_run(policy, tick=NOW)
+    for _ in range(3):
+        worker.drain(run.pk, budget_s=120, until_idle=True)
+        run.refresh_from_db()
+        if run.state != Run.State.ACTIVE:
+            break
+    assert all(int(c.bound_at[0]) < 4001 for c in PlannerCursor.objects.filter(run=run, pass_no=1))
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert run.pass_no == 2
+    assert run.verification["read"] == "the whole range older than the cutoff"
+    assert _eligible_left(run) == 0
+    assert count("public.rr_events", "id > 5000") == 10  # the young rows stay
+    connection.close()
