@@ -295,7 +295,7 @@ def controller_table(data: dict) -> list[str]:
         return []
     return [
         "| shape | contender | steps | concurrency / chunk ms / duty cycle after the last"
-        " | highest inflation × idle p99 | last reason |",
+        " | highest inflation × idle (same rank) | last reason |",
         "|---|---|---|--:|--:|---|",
         *rows,
     ]
