@@ -315,7 +315,7 @@ def report(result: dict) -> None:
         f" reporting job from {result['phases']['pressure_from']:g} s"
         f" to {result['phases']['pressure_to']:g} s\n"
     )
-    print("| t (s) | action | at once | chunk ms | duty | probe p99 ms | idle p99 ms | inflation |")
+    print("| t (s) | action | at once | chunk ms | duty | probe p99 ms | idle ms (same rank) | inflation |")
     print("|--:|---|--:|--:|--:|--:|--:|--:|")
     for s in result["steps"]:
         print(
@@ -412,7 +412,7 @@ def draw(result: dict) -> None:
         [
             ("foreground p99", "#c0392b", fg_points, False, False),
             ("probe p99", "#2c3e50", probe, False, False),
-            ("budget × idle p99", "#7f8c8d", limit, True, True),
+            ("budget × idle (same rank)", "#7f8c8d", limit, True, True),
         ],
         ymax,
         " ms",
