@@ -50,6 +50,17 @@ def idle_then_inflated(inflated_ms: float = 20.0, *, idle_ms: float = 1.0) -> No
     probe_sample(inflated_ms, in_flight=True, ahead_s=120)
 
 
+def planned_run_at_baseline(policy) -> Run:
+    """A planned run of ``policy`` whose probe reads its idle baseline of 1 ms (the latest
+    sample dated ahead, so that it stays the fresh one for the whole test)."""
+    run, _ = trigger_run(policy, tick=NOW)
+    planner.plan(run)
+    for _ in range(6):
+        probe_sample(1.0)
+    probe_sample(1.0, ahead_s=120)
+    return run
+
+
 @pytest.fixture
 def committed_policy(transactional_db, make_user):
     create_events(2000)
@@ -208,11 +219,7 @@ def test_the_duty_cycle_does_not_apply_when_the_foreground_is_at_its_baseline(
     settings.RETENTION = {
         **settings.RETENTION, "GUARD_DUTY_CYCLE": 1e-6, "GUARD_DUTY_WINDOW_S": 60,
     }  # fmt: skip
-    run, _ = trigger_run(committed_policy, tick=NOW)
-    planner.plan(run)
-    for _ in range(6):
-        probe_sample(1.0)
-    probe_sample(1.0, ahead_s=120)
+    run = planned_run_at_baseline(committed_policy)
     outcomes = [worker.process_one(Run.objects.get(pk=run.pk)).kind for _ in range(3)]
     assert outcomes == [worker.DONE] * 3
 
@@ -334,11 +341,7 @@ def test_the_controllers_duty_cycle_paces_chunks_with_the_probe_at_its_baseline(
     settings.RETENTION = {
         **settings.RETENTION, "GUARD_DUTY_FLOOR": 1e-6, "GUARD_DUTY_WINDOW_S": 60,
     }  # fmt: skip
-    run, _ = trigger_run(committed_policy, tick=NOW)
-    planner.plan(run)
-    for _ in range(6):
-        probe_sample(1.0)
-    probe_sample(1.0, ahead_s=120)
+    run = planned_run_at_baseline(committed_policy)
     GuardControl.objects.create(
         policy=committed_policy,
         concurrency=1,
