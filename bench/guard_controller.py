@@ -315,7 +315,9 @@ def report(result: dict) -> None:
         f" reporting job from {result['phases']['pressure_from']:g} s"
         f" to {result['phases']['pressure_to']:g} s\n"
     )
-    print("| t (s) | action | at once | chunk ms | duty | probe p99 ms | idle ms (same rank) | inflation |")
+    print(
+        "| t (s) | action | at once | chunk ms | duty | probe p99 ms | idle ms (same rank) | inflation |"
+    )
     print("|--:|---|--:|--:|--:|--:|--:|--:|")
     for s in result["steps"]:
         print(

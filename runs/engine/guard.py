@@ -34,13 +34,14 @@ from datetime import datetime, timedelta
 
 import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from psycopg import sql
 
 from core import locks, timeouts
 from retention import actions as policy_actions
 from runs.engine import prometheus
+from runs.engine.errors import sqlstate_of
 from runs.models import GuardControl, GuardControlStep, GuardSample, Run
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,9 @@ def _since_last_chunk_s(slugs: list[str]) -> float | None:
     )[0][0]
 
 
-PROBE_TIMEOUT_MS = 2000  # the probe's statement timeout
+PROBE_TIMEOUT_MS = 1000  # each of the probe's two statements; a probe that times out reads this
+PROBE_SESSION_MAX_AGE_S = 60.0  # the probe's session is opened anew after this (a failover)
+IDLE_PROBES_BUDGET_S = 1.0  # the idle probes of one sample stop after this
 _probe_session = threading.local()  # each thread's connection for the probe
 
 
@@ -128,19 +131,34 @@ def _probe_connection() -> psycopg.Connection:
     """This thread's connection for the probe's commit: a session of its own (its transaction
     commits by itself, not inside the sampler's), with synchronous commit on whatever the
     product's sessions use, and marked as the product's (``retention:…``) so that the guard
-    never counts it as foreground."""
+    never counts it as foreground. Opened anew after an error and once a minute (a failover,
+    a restart); TCP keepalives and a user timeout bound a dead network path to seconds, and
+    the server's statement timeout a slow commit."""
     conn = getattr(_probe_session, "conn", None)
+    opened = getattr(_probe_session, "opened", 0.0)
+    if conn is not None and time.monotonic() - opened > PROBE_SESSION_MAX_AGE_S:
+        close_probe_connection()
+        conn = None
     if conn is None or conn.closed or conn.broken:
         params = {
             k: v
             for k, v in connection.get_connection_params().items()
-            if k not in ("cursor_factory", "context", "prepare_threshold")
+            if k not in ("cursor_factory", "context", "prepare_threshold", "autocommit")
         }
         params["application_name"] = "retention:guard-probe"
-        conn = psycopg.connect(**params, autocommit=True, connect_timeout=2)
+        for key, value in (
+            ("connect_timeout", 2),
+            ("keepalives", 1),
+            ("keepalives_idle", 5),
+            ("keepalives_interval", 2),
+            ("keepalives_count", 2),
+            ("tcp_user_timeout", 5000),
+        ):
+            params.setdefault(key, value)
+        conn = psycopg.connect(**params, autocommit=True)
         conn.execute(f"SET statement_timeout = {PROBE_TIMEOUT_MS}")
         conn.execute("SET synchronous_commit = on")
-        _probe_session.conn = conn
+        _probe_session.conn, _probe_session.opened = conn, time.monotonic()
     return conn
 
 
@@ -177,20 +195,33 @@ def _probe(spec) -> tuple[float, float] | None:
         s=sql.Identifier(spec.schema),
         t=sql.Identifier(spec.table),
     )
-    timeout = read_ms = float(PROBE_TIMEOUT_MS)  # a probe that fails is as slow as its timeout
+    timeout = float(PROBE_TIMEOUT_MS)  # a probe that times out reads as slow as its timeout
     t0 = time.perf_counter()
     try:
         with transaction.atomic():
             _rows("SELECT set_config('statement_timeout', %s, true)", [f"{PROBE_TIMEOUT_MS}ms"])
             _rows(query)
-        read_ms = (time.perf_counter() - t0) * 1000
+    except DatabaseError as exc:
+        if sqlstate_of(exc) == "57014":  # query_canceled: the statement timeout
+            return timeout, timeout
+        log.warning("the guard's probe of %s could not read: %s", spec.qualified_table, exc)
+        return None
+    read_ms = (time.perf_counter() - t0) * 1000
+    try:
         conn = _probe_connection()
         t1 = time.perf_counter()
         with conn.transaction():
             conn.execute("SELECT pg_logical_emit_message(true, 'retention-runner-probe', '')")
         return read_ms + (time.perf_counter() - t1) * 1000, read_ms
-    except Exception:
-        return timeout, read_ms
+    except psycopg.errors.QueryCanceled:
+        return read_ms + timeout, read_ms
+    except psycopg.Error as exc:
+        # no reading rather than a made-up one (a lost session, a login that may not commit
+        # the message): a 1000 ms reading would pass for pressure, or be learnt as the idle
+        # baseline; the next probe opens the session anew
+        close_probe_connection()
+        log.warning("the guard's probe could not commit: %s", exc)
+        return None
 
 
 def _table_signals(oid: int) -> tuple:
@@ -217,8 +248,12 @@ def _idle_probes(spec, oid: int, count: int, slugs: list[str]) -> list[float]:
     for _ in range(count):
         time.sleep(IDLE_PROBE_GAP_S)
         value = _probe_ms(spec)
-        if value is None:
-            return []
+        if (
+            value is None
+            or value >= PROBE_TIMEOUT_MS
+            or time.monotonic() - t0 > IDLE_PROBES_BUDGET_S
+        ):
+            return []  # no idle reading from a probe that failed, timed out or ran long
         probes.append(round(value, 3))
     if _in_flight(oid):
         return []
@@ -310,7 +345,7 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
     return values, tables
 
 
-SAMPLER_WAIT_S = 5.0  # the longest a worker waits for another's sample when it has none recent
+SAMPLER_WAIT_S = 2.0  # the longest a worker waits for another's sample when it has none recent
 
 
 def sample(*, force: bool = False) -> GuardSample | None:
@@ -318,7 +353,8 @@ def sample(*, force: bool = False) -> GuardSample | None:
     is sampling; return the latest. While another session samples, the latest is returned if
     it is recent (two intervals); otherwise — a run starting after a quiet spell, whose first
     sample takes its idle probes — the sample being taken is waited for, so that no chunk is
-    admitted on a reading from before the run (or none) and in flight during those probes."""
+    admitted on a reading from before the run and in flight during those probes (the wait is
+    bounded: after ``SAMPLER_WAIT_S`` the latest sample, or none, is judged)."""
     fresh_s = settings.RETENTION["GUARD_SAMPLE_MS"] / 1000
     latest = GuardSample.objects.order_by("-taken_at").first()
     if (

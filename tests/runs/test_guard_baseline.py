@@ -406,3 +406,33 @@ def test_the_probe_includes_a_durable_commit(committed_policy):
         alter("RESET commit_siblings")
         guard.close_probe_connection()
     assert delayed >= 100.0
+
+
+def test_the_probe_session_takes_the_databases_own_connect_timeout(committed_policy, monkeypatch):
+    """A ``DATABASE_URL`` with ``?connect_timeout=5`` puts the parameter in the connection's
+    options: the probe's own session keeps it instead of failing on a second value (which
+    made every probe unreadable)."""
+    spec = committed_policy.approved_version.parsed
+    params = connection.get_connection_params()
+    monkeypatch.setattr(
+        connection, "get_connection_params", lambda: {**params, "connect_timeout": 5}
+    )
+    guard.close_probe_connection()
+    probe = guard._probe_ms(spec)
+    assert probe is not None and probe < guard.PROBE_TIMEOUT_MS
+
+
+def test_a_lost_probe_session_gives_no_reading_and_the_next_probe_opens_another(
+    committed_policy,
+):
+    """A failover or a restart ends the probe's session: that probe reports nothing (a made-up
+    1 s reading would pass for pressure, or be learnt as the idle baseline) and the next one
+    works on a new session."""
+    spec = committed_policy.approved_version.parsed
+    assert guard._probe_ms(spec) is not None  # the thread's session is open
+    lost = guard._probe_connection().info.backend_pid
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(%s)", [lost])
+    assert guard._probe_ms(spec) is None
+    assert guard._probe_ms(spec) is not None
+    assert guard._probe_connection().info.backend_pid != lost
