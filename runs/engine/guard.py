@@ -182,10 +182,10 @@ def _probe(spec) -> tuple[float, float] | None:
     then commit a WAL record durably in a session of its own (a transactional logical message,
     no table written) — the read and the durable commit of a foreground request, timed
     together. Cleanup slows the second most: each chunk's WAL is written and flushed before a
-    foreground commit behind it can be. The absolute thresholds (``probe_p95_ms``) judge the read, as the read alone was judged
-    before: a commit's latency depends on the storage, and on a busy server fsync alone passes
-    25 ms; the baseline, the relative limit and the controller judge both, against the idle
-    readings of the same server."""
+    foreground commit behind it can be. The absolute thresholds (``probe_p95_ms``) judge the
+    read, as the read alone was judged before: a commit's latency depends on the storage, and
+    on a busy server fsync alone passes 25 ms; the baseline, the relative limit and the
+    controller judge both, against the idle readings of the same server."""
     if spec.probe == "none":
         return None
     query = sql.SQL("SELECT 1 FROM {s}.{t} ORDER BY {k} LIMIT 1").format(
@@ -903,6 +903,7 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
         idle = f"idle p{round(rank * 100)}"
         p99 = _pct(probes, 0.99)
         inflation = round(p99 / base, 3) if base else None
+        measured = f"probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × {idle} {_fmt(base)} ms"
         quiet_ms = top.chunk_ms + int(cfg["GUARD_IDLE_GAP_MS"]) + 3 * int(cfg["GUARD_SAMPLE_MS"])
         if base is None and _quiet_due(row, spec, now, period):
             # the run drains without a pause long enough for an idle reading: the policy's
@@ -926,15 +927,11 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
                 action = FLOOR
                 reason = (
                     f"over the budget at the controller's minimum ({_describe(*lowered)}):"
-                    f" probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × {idle} {_fmt(base)} ms"
-                    f" > budget {_fmt(budget)} ×"
+                    f" {measured} > budget {_fmt(budget)} ×"
                 )
             else:
                 action = DECREASE
-                reason = (
-                    f"probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × {idle} {_fmt(base)} ms"
-                    f" > budget {_fmt(budget)} ×"
-                )
+                reason = f"{measured} > budget {_fmt(budget)} ×"
             concurrency, chunk_ms, duty = lowered
         else:
             raised = (
@@ -948,7 +945,7 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
                     round(duty + (top.duty_cycle - top.duty_floor) / ADDITIVE_STEPS, 4),
                 ),
             )
-            reason = f"probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × {idle} {_fmt(base)} ms"
+            reason = measured
             if p99 > base * budget:  # over the budget's multiple, under the margin over idle
                 margin = float(cfg["GUARD_PROBE_MARGIN_MS"])
                 reason += (
