@@ -228,6 +228,7 @@ _SHORT = {
     "product-2w": "product 2w",
     "product-2w-guard": "product 2w guard",
     "product-1w-guard": "product 1w guard",
+    "product-2w-guard-sparse": "product 2w guard, no probes between samples",
 }
 
 
