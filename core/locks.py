@@ -15,6 +15,7 @@ from django.db import connection
 HOLDS = 0x52520001  # the global fence (legal holds, the kill switch): decisions exclusive, chunks shared
 RECONCILER = 0x52520002  # one reconciler pass at a time
 SAMPLER = 0x52520003  # one guard sampler at a time
+PROBER = 0x52520006  # one guard sampler thread probes between samples (a session lock)
 AUDIT_CHAIN = 0x52520004  # appending to the audit hash chain
 OPERATOR_CHAIN = 0x52520005  # appending to the operator-action chain
 CEILING_GLOBAL = 0x52520010

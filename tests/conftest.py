@@ -46,12 +46,18 @@ def make_user(db):
 
 
 @pytest.fixture(autouse=True)
-def no_probe_session_left():
-    """The guard's probe keeps a session per thread (runs.engine.guard): none outlives a test."""
+def no_probe_session_left(settings):
+    """The guard's probe keeps a session per thread (runs.engine.guard): none outlives a test.
+    A drain in the test's own process samples at its admissions only: the sampler thread that
+    a worker process keeps beside its chunks (``guard.sample_beside``) would write committed
+    samples behind the test's back and outlive it. The tests of that thread turn it on, and
+    worker processes a test starts have it as deployed."""
+    settings.RETENTION = {**settings.RETENTION, "GUARD_SAMPLER_THREAD": False}
     yield
     # the product's modules: importable once pytest-django has set Django up
     from runs.engine import guard
 
+    guard.stop_sampling_beside()
     guard.close_probe_connection()
 
 

@@ -227,8 +227,9 @@ def _probe(spec) -> tuple[float, float] | None:
 def _table_signals(oid: int) -> tuple:
     """(in_flight, lock_waits, conflicting_locks, autovacuum_running) of a target, read by
     the SECURITY DEFINER function ``guard_table_signals`` (database/migrations): aggregates of
-    other sessions' locks, never their statements. ``in_flight``: a chunk transaction of the
-    product holds the table (its DELETE holds RowExclusiveLock until commit)."""
+    other sessions' locks, never their statements. ``in_flight``: work of the product is in
+    flight on the table — another of its sessions holds a lock on it: a chunk's DELETE, the
+    planner's reads of a window, the verification's count."""
     return _rows(
         "SELECT * FROM guard_table_signals(%s::oid::regclass, %s)", [oid, list(CONFLICTING_MODES)]
     )[0]
@@ -303,6 +304,10 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
         info: dict = {"probe_ms": probe[0] if probe else None}
         if probe:
             info["probe_read_ms"] = round(probe[1], 3)
+        between = _between.pop(spec.qualified_table, None)
+        if between:
+            # this process's sampler thread's probes since its last sample: [ms, in flight]
+            info["probes"] = between
         in_flight, lock_waits, conflicting, autovacuum = _table_signals(oid)
         # a chunk transaction of the product in flight on the target: this sample's probe is
         # not an idle reading
@@ -373,6 +378,107 @@ def sample(*, force: bool = False) -> GuardSample | None:
 
 
 _BUSY_SAMPLER = object()  # another session holds the sampler's lock
+
+
+# -- the sampler beside the chunks -------------------------------------------------------
+
+SAMPLER_LINGER_S = 5.0  # a process samples this long after its last drain loop asked it to
+
+_beside_lock = threading.Lock()
+_beside: dict = {"thread": None, "until": 0.0, "stop": threading.Event()}
+# the probes this process's sampler thread took since its last sample, per table: [[ms, in
+# flight], …] — written into the next sample this process takes (``read_signals``)
+_between: dict[str, list] = {}
+
+
+def sample_beside() -> None:
+    """Keep a sampler thread in this process, on a connection of its own, for the next
+    ``SAMPLER_LINGER_S``: each drain loop's turn calls this, so the thread lives as long as
+    the process drains and a few seconds more. One such thread in the pool — the first to
+    take the session lock ``locks.PROBER`` — takes the guard's samples every
+    ``GUARD_SAMPLE_MS`` and probes the foreground between them every ``GUARD_PROBE_MS``; the
+    threads of other processes stand by to take over when its process stops draining.
+
+    A worker's own admission takes a sample between its chunks, never during one: with one
+    chunk transaction at a time (the controller's floor) no probe would ever meet a chunk in
+    flight, and the controller would read a foreground its chunks slow as idle. The thread's
+    probes land wherever the foreground's requests land — in a chunk as often as the chunks
+    fill the time — and the admission samples only when it finds no recent sample."""
+    cfg = settings.RETENTION
+    if not cfg.get("GUARD", True) or not cfg.get("GUARD_SAMPLER_THREAD", True):
+        return
+    with _beside_lock:
+        _beside["until"] = time.monotonic() + SAMPLER_LINGER_S
+        if _beside["thread"] is not None:
+            return
+        stop = _beside["stop"] = threading.Event()
+        thread = threading.Thread(
+            target=_sample_beside, args=(stop,), name="guard-sampler", daemon=True
+        )
+        _beside["thread"] = thread
+    thread.start()
+
+
+def _probe_between(specs: list) -> None:
+    """One probe of each target between two samples, kept for this process's next sample
+    (``probes``): the controller judges a period by a few dozen readings rather than the
+    four its samples take — the highest of four follows the foreground's typical request,
+    not the tail that its p99 is. One thread in the pool does this (``locks.PROBER``)."""
+    for spec in {s.qualified_table: s for s in specs}.values():
+        oid_rows = _rows("SELECT to_regclass(%s)::oid", [f'"{spec.schema}"."{spec.table}"'])
+        if not oid_rows or oid_rows[0][0] is None:
+            continue
+        probe = _probe(spec)
+        if probe is None:
+            continue
+        readings = _between.setdefault(spec.qualified_table, [])
+        readings.append([round(probe[0], 3), bool(_in_flight(oid_rows[0][0]))])
+        del readings[:-200]  # at most the latest 200 while no sample of this process is taken
+
+
+def stop_sampling_beside(timeout_s: float = 5.0) -> None:
+    """Stop this process's sampler thread, if any, and wait for it (a test's end)."""
+    with _beside_lock:
+        thread = _beside["thread"]
+        _beside["stop"].set()
+    if thread is not None:
+        thread.join(timeout_s)
+
+
+def _sample_beside(stop: threading.Event) -> None:
+    cfg = settings.RETENTION
+    every = cfg["GUARD_SAMPLE_MS"] / 1000
+    tick = min(every, cfg["GUARD_PROBE_MS"] / 1000)
+    sampled = 0.0
+    prober = False  # this thread holds the pool's prober lock (its session's)
+    try:
+        while True:
+            with _beside_lock:
+                if stop.is_set() or time.monotonic() >= _beside["until"]:
+                    _beside["thread"] = None
+                    return
+            t0 = time.monotonic()
+            try:
+                with timeouts.engine_session():
+                    specs = _targets()  # nothing draining (or nothing this session can see)
+                    if specs and not prober:
+                        (prober,) = _rows("SELECT pg_try_advisory_lock(%s, 0)", [locks.PROBER])[0]
+                    if specs and prober and t0 - sampled >= every:
+                        sample()
+                        sampled = t0
+                    elif specs and prober:
+                        _probe_between(specs)
+            except Exception:  # noqa: BLE001 - the admission samples by itself meanwhile
+                log.warning("the guard's sampler thread failed a sample", exc_info=True)
+                connection.close()  # the prober's lock goes with the session
+                prober = False
+            stop.wait(max(0.005, tick - (time.monotonic() - t0)))
+    finally:
+        with _beside_lock:
+            if _beside["thread"] is threading.current_thread():
+                _beside["thread"] = None
+        close_probe_connection()
+        connection.close()  # this thread's own connection
 
 
 def _take_sample(force: bool, fresh_s: float):
@@ -570,6 +676,24 @@ def _pace(spec, verdict: Verdict, now=None, *, busy=None) -> Verdict:
         + ("" if verdict.reason else " (the latency controller's setting)")
     )
     return Verdict(False, reason, False, signals, paced=True, **knobs)
+
+
+def pause_after(spec, verdict: Verdict, seconds: float) -> float:
+    """How long a worker waits after a chunk transaction of ``seconds`` that ``verdict``
+    admitted under the duty cycle, so that its chunks fill its share of the wall time (the
+    duty cycle over the chunk transactions the verdict allows at once) chunk by chunk: the
+    foreground then meets them spread evenly, as often as the duty cycle says, where the
+    window's share alone (``_pace``) admits them back to back until the window fills and then
+    stops them — a burst at every run's start. 0 when the verdict does not pace."""
+    if not verdict.paced or not verdict.admit:
+        return 0.0
+    cap = float(settings.RETENTION["GUARD_DUTY_CYCLE"])
+    if verdict.duty_cycle is not None:
+        cap = min(cap, verdict.duty_cycle)
+    if cap <= 0:
+        return 0.0
+    share = cap / max(1, verdict.concurrency or spec.policy_workers)
+    return max(0.0, seconds) * (1 / share - 1) if share < 1 else 0.0
 
 
 def evaluate(spec, latest: GuardSample | None, *, probes=None) -> Verdict:
@@ -828,8 +952,18 @@ def _clamped(spec, concurrency: int, chunk_ms: int, duty: float) -> tuple[int, i
 
 
 DECREASE, INCREASE, HOLD, FLOOR, QUIET = "decrease", "increase", "hold", "at floor", "measure"
+START = "start"
 QUIET_EVERY_S = 60.0  # a quiet window at most this often, whatever its probes found
+# no step for this long (nothing of the policy drained): the next run starts at the floor again
+RESTART_AFTER_S = 60.0
 ADDITIVE_STEPS = 5  # an increase moves chunk time and duty cycle a fifth of their range
+
+
+def floor_of(spec) -> tuple[int, int, float]:
+    """The controller's minimum for a policy: one chunk transaction at a time, the shortest
+    chunk and the lowest duty cycle."""
+    c = ceilings_of(spec)
+    return 1, c.chunk_ms_floor, c.duty_floor
 
 
 def _describe(concurrency: int, chunk_ms: int, duty: float) -> str:
@@ -844,26 +978,31 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
     samples since the last step against its idle baseline's p99, halve the knobs when the
     inflation is over the budget and step them back up towards the policy's own settings when
     it is not (additive increase, multiplicative decrease). At the floor and still over the
-    budget, its reason says so with the figures. Returns the row after the step, or None when
-    another worker holds the row, the step is not due or there were not two samples since the
-    last one to judge (the next step is then due a period later). The row is shared by every process and host (its row lock orders the steps)."""
+    budget, its reason says so with the figures. A run starts at the floor (the policy's
+    first, and any after ``RESTART_AFTER_S`` without a step): the controller knows nothing of
+    the foreground's tolerance before its first period, and the additive increase takes the
+    knobs to the policy's settings in ``ADDITIVE_STEPS`` periods within the budget. Returns
+    the row after the step, or None when another worker holds the row, the step is not due or
+    there were not two samples since the last one to judge (the next step is then due a
+    period later). The row is shared by every process and host (its row lock orders the
+    steps)."""
     cfg = settings.RETENTION
     now = now or timezone.now()
     period = timedelta(milliseconds=cfg["GUARD_CONTROL_PERIOD_MS"])
     top = ceilings_of(spec)
+    floor = floor_of(spec)
     budget = budget_of(spec)
     with transaction.atomic():
         with connection.cursor() as cur:
+            # a new row is stale at once: the step below starts it at the floor
             cur.execute(
                 "INSERT INTO runs_guardcontrol (policy_id, concurrency, chunk_ms, duty_cycle,"
                 " stepped_at, budget, action, reason) VALUES (%s, %s, %s, %s, %s, %s, %s, '')"
                 " ON CONFLICT (policy_id) DO NOTHING",
                 [
                     policy_id,
-                    top.concurrency,
-                    top.chunk_ms,
-                    top.duty_cycle,
-                    now - period,
+                    *floor,
+                    now - timedelta(seconds=RESTART_AFTER_S) - period,
                     budget,
                     HOLD,
                 ],
@@ -875,13 +1014,39 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
         )
         if row is None or now - row.stepped_at < period:
             return None
+        if now - row.stepped_at >= timedelta(seconds=RESTART_AFTER_S) + period:
+            idle_s = (now - row.stepped_at).total_seconds()
+            _record_step(
+                row,
+                policy_id,
+                now,
+                floor,
+                budget,
+                START,
+                (
+                    "a run starts at the controller's minimum"
+                    + (f" (no step for {idle_s:.0f} s)" if row.reason else "")
+                    + f": {_describe(*floor)}, stepped up each period within the budget"
+                ),
+                measured=(None, None, None, 0),
+            )
+            # its first judgment once two samples can exist (a run of a few seconds is
+            # controlled from its first second), not a period later
+            row.stepped_at = now - period + _first_wait(period)
+            row.save(update_fields=["stepped_at"])
+            return row
         since = max(row.stepped_at, now - 3 * period)
+        if row.action == START:  # the run's readings, from its start: none from before it
+            since = row.stepped_at + period - _first_wait(period)
         probes = sorted(
             v
             for (v,) in _rows(
                 "SELECT (tables -> %s ->> 'probe_ms')::float8 FROM runs_guardsample"
-                " WHERE taken_at > %s AND taken_at <= %s",
-                [spec.qualified_table, since, now],
+                " WHERE taken_at > %s AND taken_at <= %s"
+                " UNION ALL SELECT (e.r ->> 0)::float8 FROM runs_guardsample s,"
+                " jsonb_array_elements(coalesce(s.tables -> %s -> 'probes', '[]')) AS e(r)"
+                " WHERE s.taken_at > %s AND s.taken_at <= %s",
+                [spec.qualified_table, since, now, spec.qualified_table, since, now],
             )
             if v is not None
         )
@@ -889,8 +1054,7 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
             # nothing to judge yet (samples are taken only while chunks are asked for): the
             # next step is due once two more samples can exist — a run's first step comes in
             # its first second, not a period later — and not at every admission meanwhile
-            wait = min(period, timedelta(milliseconds=2 * cfg["GUARD_SAMPLE_MS"]))
-            row.stepped_at = now - period + wait
+            row.stepped_at = now - period + _first_wait(period)
             row.save(update_fields=["stepped_at"])
             return None
         concurrency, chunk_ms, duty = _clamped(spec, row.concurrency, row.chunk_ms, row.duty_cycle)
@@ -962,26 +1126,48 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
                 reason += "; a second period within it before stepping up after a decrease"
             action = HOLD if raised == (concurrency, chunk_ms, duty) else INCREASE
             concurrency, chunk_ms, duty = raised
-        row.concurrency, row.chunk_ms, row.duty_cycle = concurrency, chunk_ms, duty
-        row.stepped_at, row.budget, row.action, row.reason = now, budget, action, reason
-        row.probe_p99_ms, row.baseline_ms, row.inflation = p99, base, inflation
-        row.save()
-        GuardControlStep.objects.create(
-            policy_id=policy_id,
-            taken_at=now,
-            concurrency=concurrency,
-            chunk_ms=chunk_ms,
-            duty_cycle=duty,
-            probe_p99_ms=p99,
-            baseline_ms=base,
-            inflation=inflation,
-            budget=budget,
-            samples=len(probes),
-            action=action,
-            reason=reason,
+        _record_step(
+            row,
+            policy_id,
+            now,
+            (concurrency, chunk_ms, duty),
+            budget,
+            action,
+            reason,
+            measured=(p99, base, inflation, len(probes)),
         )
     if action in (DECREASE, FLOOR):
         log.info("guard controller of policy %s: %s: %s", spec.slug, action, reason)
+    return row
+
+
+def _first_wait(period: timedelta) -> timedelta:
+    """Two sample intervals (at most a period): when two samples to judge can exist."""
+    return min(period, timedelta(milliseconds=2 * settings.RETENTION["GUARD_SAMPLE_MS"]))
+
+
+def _record_step(row, policy_id, now, knobs, budget, action, reason, *, measured) -> GuardControl:
+    """The step on the controller's row and in its history: ``knobs`` (concurrency, chunk ms,
+    duty cycle) and ``measured`` (probe p99, idle value, inflation, readings)."""
+    p99, base, inflation, readings = measured
+    row.concurrency, row.chunk_ms, row.duty_cycle = knobs
+    row.stepped_at, row.budget, row.action, row.reason = now, budget, action, reason
+    row.probe_p99_ms, row.baseline_ms, row.inflation = p99, base, inflation
+    row.save()
+    GuardControlStep.objects.create(
+        policy_id=policy_id,
+        taken_at=now,
+        concurrency=knobs[0],
+        chunk_ms=knobs[1],
+        duty_cycle=knobs[2],
+        probe_p99_ms=p99,
+        baseline_ms=base,
+        inflation=inflation,
+        budget=budget,
+        samples=readings,
+        action=action,
+        reason=reason,
+    )
     return row
 
 

@@ -71,6 +71,7 @@ class Outcome:
     seconds: float = 0.0
     reason: str = ""
     pending: int | None = None  # the run's pending chunks when it was claimed, if counted
+    pause_s: float = 0.0  # the guard's duty cycle: this worker waits so long before its next chunk
 
 
 @dataclass
@@ -337,6 +338,8 @@ def _process_one(run: Run, *, chunk_id: int | None) -> Outcome:
             _release(claim.chunk_id)
             return Outcome(BUSY, reason="waiting for an operator decision to commit")
         outcome.pending = claim.pending
+        if outcome.kind == DONE:
+            outcome.pause_s = guard.pause_after(spec, verdict, outcome.seconds)
         if outcome.kind != TENANT_BUSY:
             return outcome
         skip.append(claim.tenant)
@@ -808,12 +811,13 @@ def _planning_failed(run: Run, exc: BaseException) -> str:
 
 
 def _pace(run: Run, outcome: Outcome, deadline: float) -> None:
-    """Honour the policy's optional rate cap (rows/s across its workers)."""
+    """Honour the policy's optional rate cap (rows/s across its workers) and the guard's duty
+    cycle (``outcome.pause_s``), whichever waits longer."""
     spec = run.policy_version.parsed
-    if not spec.pace_rows_per_s:
-        return
-    per_worker = spec.pace_rows_per_s / policy_ceiling(run, spec)
-    wait = outcome.rows / per_worker - outcome.seconds
+    wait = outcome.pause_s
+    if spec.pace_rows_per_s:
+        per_worker = spec.pace_rows_per_s / policy_ceiling(run, spec)
+        wait = max(wait, outcome.rows / per_worker - outcome.seconds)
     if wait > 0:
         stopping.sleep(min(wait, max(0.0, deadline - time.monotonic())))
 
@@ -956,6 +960,7 @@ def drain(
     early: threading.Thread | None = None  # this lease's read above the pass's last key
     looked_above = False  # whether this lease has looked whether that read is to be taken
     while time.monotonic() < deadline:
+        guard.sample_beside()  # the guard's samples, taken beside the chunks, not between them
         if stopping.requested():  # the worker is stopping: end at this chunk boundary
             stats["stopped"] = "worker stopping"
             stats["continue"] = True  # the next generation waits in the queue for a live worker

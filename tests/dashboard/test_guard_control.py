@@ -38,6 +38,24 @@ def period(start, k: int, probe_ms: float):
     return end
 
 
+def at_its_settings(run, at) -> None:
+    """The controller of ``run``'s policy as a run leaves it that has stepped up to the
+    policy's own settings, its last step at ``at``."""
+    top = guard.ceilings_of(run.policy_version.parsed)
+    GuardControl.objects.update_or_create(
+        policy_id=run.policy_id,
+        defaults={
+            "concurrency": top.concurrency,
+            "chunk_ms": top.chunk_ms,
+            "duty_cycle": top.duty_cycle,
+            "stepped_at": at,
+            "budget": 1.5,
+            "action": guard.INCREASE,
+            "reason": "stepped up",
+        },
+    )
+
+
 def test_the_controller_halves_to_its_floor_says_so_and_steps_back_up(run, client_for, settings):
     settings.RETENTION = {**settings.RETENTION, "GUARD_CONTROL_PERIOD_MS": 5000}
     policy = run.policy
@@ -50,9 +68,35 @@ def test_the_controller_halves_to_its_floor_says_so_and_steps_back_up(run, clien
     for n in range(6):  # an idle baseline of 2 ms
         sample(start - timedelta(seconds=n + 1), 2.0, in_flight=False)
 
-    # the first admission creates the row at the policy's own settings; its first step sees
-    # the probe at 10 ms = 5 × its idle p99: over the budget of 1.5 × — halve every knob
-    taken = [guard.control_step(policy.id, spec, now=period(start, k, 10.0)) for k in range(4)]
+    # the first admission creates the row and starts the run at the controller's minimum: it
+    # knows nothing yet of what the foreground tolerates
+    first = guard.control_step(policy.id, spec, now=start)
+    assert (first.concurrency, first.chunk_ms, first.duty_cycle, first.action) == (
+        1,
+        50,
+        0.1,
+        guard.START,
+    )
+    assert first.reason == (
+        "a run starts at the controller's minimum: 1 chunk transaction at once, 50 ms chunks,"
+        " duty cycle 10%, stepped up each period within the budget"
+    )
+    # the foreground at its idle value: one more chunk transaction at once and a fifth of the
+    # chunk time's and the duty cycle's range per step, up to the policy's own settings
+    up = [guard.control_step(policy.id, spec, now=period(start, k, 2.0)) for k in range(6)]
+    assert [(u.concurrency, u.chunk_ms, u.duty_cycle, u.action) for u in up] == [
+        (2, 100, 0.18, guard.INCREASE),
+        (2, 150, 0.26, guard.INCREASE),
+        (2, 200, 0.34, guard.INCREASE),
+        (2, 250, 0.42, guard.INCREASE),
+        (2, 300, 0.5, guard.INCREASE),
+        (2, 300, 0.5, guard.HOLD),
+    ]
+    assert up[0].reason == "probe p99 2 ms = 1 × idle p67 2 ms within budget 1.5 ×"
+
+    # then the probe at 10 ms = 5 × its idle value: over the budget of 1.5 × — halve every knob
+    busy = start + 6 * PERIOD
+    taken = [guard.control_step(policy.id, spec, now=period(busy, k, 10.0)) for k in range(4)]
     assert [(t.concurrency, t.chunk_ms, t.duty_cycle, t.action) for t in taken] == [
         (1, 150, 0.25, guard.DECREASE),
         (1, 75, 0.125, guard.DECREASE),
@@ -69,13 +113,14 @@ def test_the_controller_halves_to_its_floor_says_so_and_steps_back_up(run, clien
         "over the budget at the controller's minimum (1 chunk transaction at once, 50 ms"
         " chunks, duty cycle 10%): probe p99 10 ms = 5 × idle p67 2 ms > budget 1.5 ×"
     )
-    assert GuardControlStep.objects.filter(policy=policy).count() == 4
+    assert GuardControlStep.objects.filter(policy=policy).count() == 11
 
     # not due again within the period: nothing changes
     assert guard.control_step(policy.id, spec, now=floor.stepped_at + PERIOD / 2) is None
 
     # what an operator reads while it is at its floor (the steps above are dated ahead: the
     # row's time is brought back to now, so the floor reads as recent)
+    floor_at = floor.stepped_at
     GuardControl.objects.filter(pk=floor.pk).update(stepped_at=timezone.now())
     state = guard.current_state(policy)
     assert floor.reason in state["reasons"] and state["level"] == "throttled"
@@ -103,11 +148,9 @@ def test_the_controller_halves_to_its_floor_says_so_and_steps_back_up(run, clien
     assert metrics[("retention_guard_signal_threshold", labels("probe_p99_inflation"))] == 1.5
 
     # the foreground is back at its idle value: after a first period within the budget (right
-    # after the floor, it may be the foreground's quiet moment), one more chunk transaction at
-    # once and a fifth of the chunk time's and the duty cycle's range per step, up to the
-    # policy's own settings
-    later = timezone.now() + timedelta(seconds=600)
-    up = [guard.control_step(policy.id, spec, now=period(later, k, 2.0)) for k in range(7)]
+    # after the floor, it may be the foreground's quiet moment), the additive increase again
+    GuardControl.objects.filter(pk=floor.pk).update(stepped_at=floor_at)
+    up = [guard.control_step(policy.id, spec, now=period(floor_at, k, 2.0)) for k in range(7)]
     assert [(u.concurrency, u.chunk_ms, u.action) for u in up] == [
         (1, 50, guard.HOLD),
         (2, 100, guard.INCREASE),
@@ -122,7 +165,17 @@ def test_the_controller_halves_to_its_floor_says_so_and_steps_back_up(run, clien
         "probe p99 2 ms = 1 × idle p67 2 ms within budget 1.5 ×; a second period within it"
         " before stepping up after a decrease"
     )
-    assert up[1].reason == "probe p99 2 ms = 1 × idle p67 2 ms within budget 1.5 ×"
+
+    # a minute and more without a step (no run drained): the next run starts at the minimum
+    idle = up[-1].stepped_at + timedelta(seconds=guard.RESTART_AFTER_S) + PERIOD
+    again = guard.control_step(policy.id, spec, now=idle)
+    assert (again.concurrency, again.chunk_ms, again.duty_cycle, again.action) == (
+        1,
+        50,
+        0.1,
+        guard.START,
+    )
+    assert again.reason.startswith("a run starts at the controller's minimum (no step for 65 s)")
 
 
 def test_a_policys_inflation_budget_overrides_the_instances(make_user, db):
@@ -151,8 +204,9 @@ def test_a_step_within_the_margin_says_the_margin_admitted_it_not_the_budget(run
     start = timezone.now() + timedelta(seconds=60)
     for n in range(6):
         sample(start - timedelta(seconds=n + 1), 0.6, in_flight=False)
+    assert guard.control_step(run.policy_id, spec, now=start).action == guard.START
     step = guard.control_step(run.policy_id, spec, now=period(start, 0, 1.5))
-    assert step.action == guard.HOLD  # the policy's own settings, nothing lowered
+    assert step.action == guard.INCREASE  # no pressure: up from the minimum the run started at
     assert step.inflation == 2.5
     assert "within budget" not in step.reason
     assert step.reason == (
@@ -162,9 +216,10 @@ def test_a_step_within_the_margin_says_the_margin_admitted_it_not_the_budget(run
 
 
 def test_a_run_gets_its_first_step_once_two_samples_exist_not_a_period_later(run, settings):
-    """The first admission of a run finds no samples to judge yet. The step is then tried again
-    two sample intervals later (``RETENTION_GUARD_SAMPLE_MS``), not a whole control period
-    later: a run of a few seconds is controlled from its first second on."""
+    """The first admission of a run starts it at the controller's minimum, with no samples to
+    judge yet. The first judgment comes two sample intervals later
+    (``RETENTION_GUARD_SAMPLE_MS``), not a whole control period later: a run of a few seconds
+    is controlled from its first second on — and over the budget at its minimum, it says so."""
     settings.RETENTION = {
         **settings.RETENTION,
         "GUARD_CONTROL_PERIOD_MS": 5000,
@@ -176,14 +231,15 @@ def test_a_run_gets_its_first_step_once_two_samples_exist_not_a_period_later(run
     start = timezone.now() + timedelta(seconds=60)
     for n in range(6):  # an idle baseline of 2 ms, older than the period
         sample(start - timedelta(seconds=10 + n), 2.0, in_flight=False)
-    assert guard.control_step(run.policy_id, spec, now=start) is None  # nothing to judge yet
+    assert guard.control_step(run.policy_id, spec, now=start).action == guard.START
     sample(start + timedelta(milliseconds=400), 10.0, in_flight=True)
     sample(start + timedelta(milliseconds=900), 10.0, in_flight=True)
     early = start + timedelta(milliseconds=800)
     assert guard.control_step(run.policy_id, spec, now=early) is None  # not due yet
     first = guard.control_step(run.policy_id, spec, now=start + timedelta(milliseconds=1000))
-    assert first is not None and first.action == guard.DECREASE
+    assert first is not None and first.action == guard.FLOOR
     assert first.concurrency == 1 and first.inflation == 5.0
+    assert first.reason.startswith("over the budget at the controller's minimum")
 
 
 def test_a_run_draining_without_idle_readings_gets_a_quiet_window_then_a_baseline(run, settings):
@@ -200,6 +256,7 @@ def test_a_run_draining_without_idle_readings_gets_a_quiet_window_then_a_baselin
     GuardSample.objects.all().delete()
     GuardControl.objects.all().delete()
     now = timezone.now()
+    at_its_settings(run, now - timedelta(seconds=60))
     sample(now - timedelta(seconds=2), 10.0, in_flight=True)
     sample(now - timedelta(seconds=1), 10.0, in_flight=True)
 
@@ -251,6 +308,7 @@ def test_a_steps_readings_are_judged_against_the_idle_value_of_the_same_rank(run
     for n in range(20):  # idle: 1 ms, two readings of 3 ms among them (the idle p99)
         sample(start - timedelta(seconds=n + 1), 3.0 if n in (4, 11) else 1.0, in_flight=False)
     assert guard.idle_baseline(TABLE, now=start)["p99"] == 3.0
+    at_its_settings(run, start)
     end = start + PERIOD
     for k in range(4):
         sample(end - PERIOD * (k + 1) / 5, 2.5, in_flight=True)
@@ -259,3 +317,36 @@ def test_a_steps_readings_are_judged_against_the_idle_value_of_the_same_rank(run
     assert step.action == guard.DECREASE
     assert (step.baseline_ms, step.inflation) == (1.0, 2.5)
     assert step.reason == "probe p99 2.5 ms = 2.5 × idle p80 1 ms > budget 1.5 ×"
+
+
+def test_a_step_judges_the_probes_taken_between_samples_too(run, settings):
+    """The sampler thread probes between its samples (``probes``: [ms, in flight]): a period
+    of two samples holds twenty readings, judged at their p99 against the idle p95 — the
+    one slow reading in twenty is the tail a p99 is about, which four readings would miss."""
+    settings.RETENTION = {**settings.RETENTION, "GUARD_CONTROL_PERIOD_MS": 5000}
+    spec = run.policy_version.parsed
+    GuardSample.objects.all().delete()
+    GuardControl.objects.all().delete()
+    start = timezone.now() + timedelta(seconds=60)
+    for n in range(40):  # idle: 1 ms, a 1.2 ms reading every tenth
+        sample(start - timedelta(seconds=n + 1), 1.2 if n % 10 == 0 else 1.0, in_flight=False)
+    at_its_settings(run, start)
+    end = start + PERIOD
+    for k, slow in enumerate((False, True)):
+        GuardSample.objects.create(
+            taken_at=end - PERIOD * (k + 1) / 3,
+            values={"lock_waits": 0, "connections_free": 100},
+            tables={
+                TABLE: {
+                    "probe_ms": 1.0,
+                    "in_flight": False,
+                    "dead_tuple_ratio": 0.0,
+                    "probes": [[4.0 if slow and i == 3 else 1.0, i % 2 == 0] for i in range(9)],
+                }
+            },
+        )
+    step = guard.control_step(run.policy_id, spec, now=end)
+    assert GuardControlStep.objects.filter(policy_id=run.policy_id).last().samples == 20
+    assert (step.probe_p99_ms, step.baseline_ms) == (4.0, 1.2)
+    assert step.action == guard.DECREASE
+    assert step.reason == "probe p99 4 ms = 3.33 × idle p95 1.2 ms > budget 1.5 ×"

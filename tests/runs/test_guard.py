@@ -185,3 +185,22 @@ def _one_waiting(admin, database: str, table: str, connect):
         thread.join(10)
         holder.close()
         waiter.close()
+
+
+def test_under_the_duty_cycle_each_chunk_is_followed_by_its_share_of_idle_time(policy):
+    """A chunk admitted under the duty cycle is followed by a pause of its worker, so that the
+    chunks fill the duty cycle chunk by chunk (spread evenly through the time) instead of back
+    to back until the duty window fills: time × (chunks at once ÷ duty cycle − 1)."""
+    spec = policy.approved_version.parsed
+    floor = guard.Verdict(True, paced=True, concurrency=1, duty_cycle=0.1)
+    assert guard.pause_after(spec, floor, 0.05) == pytest.approx(0.45)
+    # two chunk transactions at once share the duty cycle: each worker fills half of it
+    two = guard.Verdict(True, paced=True, concurrency=2, duty_cycle=0.5)
+    assert guard.pause_after(spec, two, 0.1) == pytest.approx(0.3)
+    # the configured duty cycle caps the controller's
+    assert guard.pause_after(spec, guard.Verdict(True, paced=True, concurrency=1), 0.1) == (
+        pytest.approx(0.1)
+    )
+    # not paced (no pressure, the controller at its ceiling), or refused: no pause
+    assert guard.pause_after(spec, guard.Verdict(True, concurrency=1, duty_cycle=0.1), 0.1) == 0
+    assert guard.pause_after(spec, guard.Verdict(False, paced=True, duty_cycle=0.1), 0.1) == 0
