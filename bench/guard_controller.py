@@ -35,7 +35,7 @@ from bench.common import ROOT, SCHEMA, percentile, server_url, with_database
 DB = "retention_bench_guard"
 STAMP = format(int(time.time()), "x")[-6:]
 TABLE = f"guard_events_{STAMP}"  # a new table each time: an earlier run left open has its own
-# a new policy each time (its controller starts at the policy's own settings)
+# a new policy each time (its controller starts from the floor, with no step of an earlier run)
 SLUG = f"guard-controller-{STAMP}"
 RESULTS = ROOT / "bench" / "results"
 SVG = ROOT / "docs" / "img" / "guard-controller.svg"

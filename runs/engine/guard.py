@@ -75,6 +75,9 @@ UNREAD = object()  # an argument the caller did not read for us
 _last_verdict: dict = {}  # the verdict for the latest sample, per process
 # the controller's chunk target per policy as this process's last admission read it
 _chunk_ms: dict[int, int] = {}
+# policies whose duty cycle the controller had lowered at this process's last admission: their
+# next admission reads the busy seconds in its one statement
+_lowered: dict[int, bool] = {}
 
 
 def budget_of(spec) -> float:
@@ -827,7 +830,7 @@ def admission(run, spec, *, now=None) -> Verdict:
     rest = (spec.qualified_table, tuple(sorted(spec.guard.items())), prometheus.source_of(spec))
     kept = next(((k[0], v) for k, v in _last_verdict.items() if k[1:] == rest), None)
     clock = now or timezone.now()
-    paced = kept is not None and kept[1].paced
+    paced = (kept is not None and kept[1].paced) or _lowered.get(run.policy_id, False)
     head_pk, taken_at, busy, knobs = _head(spec, run.policy_id, clock if paced else None)
     fresh_s = settings.RETENTION["GUARD_SAMPLE_MS"] / 1000
     if (
@@ -863,6 +866,7 @@ def admission(run, spec, *, now=None) -> Verdict:
         if knobs is not None:
             concurrency, chunk_ms, duty = _clamped(spec, *knobs[:3])
             _chunk_ms[run.policy_id] = chunk_ms
+            _lowered[run.policy_id] = duty < ceilings_of(spec).duty_cycle
             verdict = replace(verdict, concurrency=concurrency, duty_cycle=duty)
             if knobs[4] is not None and knobs[4] > clock:
                 return replace(
