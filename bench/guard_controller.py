@@ -422,9 +422,11 @@ def draw(result: dict) -> None:
     )
     top_of = result.get("ceilings") or {"concurrency": 2, "chunk_ms": 300, "duty_cycle": 0.5}
 
-    # before its first step the controller runs at the policy's own settings
+    # a run's first step (``start``) sets the floor before its first chunk: the stairs begin
+    # there (a run recorded before runs started at the floor began at the policy's settings)
     def stairs(key: str, scale: float = 1.0) -> list:
-        return [(0.0, top_of[key] * scale)] + [(s["t"], s[key] * scale) for s in steps]
+        first = steps[0][key] if steps and steps[0]["action"] == "start" else top_of[key]
+        return [(0.0, first * scale)] + [(s["t"], s[key] * scale) for s in steps]
 
     panel(
         1,
