@@ -65,8 +65,8 @@ RETENTION = {
     # most GUARD_DUTY_CYCLE of the wall time of the last GUARD_DUTY_WINDOW_S (0: a hard stop).
     # a guard sample is reused by every worker for this long (then the next admission samples)
     "GUARD_SAMPLE_MS": env_int("RETENTION_GUARD_SAMPLE_MS", 500, minimum=1, maximum=60_000),
-    # a thread of each draining process takes the samples beside the chunks (runs.engine.guard,
-    # sample_beside); off, only the admissions between chunks take them
+    # a thread in one draining process of the pool takes the samples beside the chunks
+    # (runs.engine.guard, sample_beside); off, only the admissions between chunks take them
     "GUARD_SAMPLER_THREAD": env_bool("RETENTION_GUARD_SAMPLER_THREAD", True),
     # and, between its samples, probes the foreground this often (one thread in the pool)
     "GUARD_PROBE_MS": env_int("RETENTION_GUARD_PROBE_MS", 100, minimum=10, maximum=60_000),

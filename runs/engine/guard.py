@@ -394,10 +394,11 @@ _beside: dict = {"thread": None, "until": 0.0, "stop": threading.Event()}
 _between: dict[str, list] = {}
 
 
-def sample_beside() -> None:
+def sample_beside(linger_s: float = SAMPLER_LINGER_S) -> None:
     """Keep a sampler thread in this process, on a connection of its own, for the next
-    ``SAMPLER_LINGER_S``: each drain loop's turn calls this, so the thread lives as long as
-    the process drains and a few seconds more. One such thread in the pool — the first to
+    ``linger_s`` (``SAMPLER_LINGER_S``; a worker pausing longer under the duty cycle asks for
+    its pause and that): each drain loop's turn calls this, so the thread lives as long as the
+    process drains and a few seconds more. One such thread in the pool — the first to
     take the session lock ``locks.PROBER`` — takes the guard's samples every
     ``GUARD_SAMPLE_MS`` and probes the foreground between them every ``GUARD_PROBE_MS``; the
     threads of other processes stand by to take over when its process stops draining.
@@ -411,7 +412,7 @@ def sample_beside() -> None:
     if not cfg.get("GUARD", True) or not cfg.get("GUARD_SAMPLER_THREAD", True):
         return
     with _beside_lock:
-        _beside["until"] = time.monotonic() + SAMPLER_LINGER_S
+        _beside["until"] = max(_beside["until"], time.monotonic() + linger_s)
         if _beside["thread"] is not None:
             return
         stop = _beside["stop"] = threading.Event()
@@ -422,21 +423,23 @@ def sample_beside() -> None:
     thread.start()
 
 
-def _probe_between(specs: list) -> None:
-    """One probe of each target between two samples, kept for this process's next sample
-    (``probes``): the controller judges a period by a few dozen readings rather than the
-    four its samples take — the highest of four follows the foreground's typical request,
-    not the tail that its p99 is. One thread in the pool does this (``locks.PROBER``)."""
-    for spec in {s.qualified_table: s for s in specs}.values():
-        oid_rows = _rows("SELECT to_regclass(%s)::oid", [f'"{spec.schema}"."{spec.table}"'])
-        if not oid_rows or oid_rows[0][0] is None:
-            continue
+def _probe_between(specs: list) -> bool:
+    """One probe of each controlled target between two samples, kept for this process's next
+    sample (``probes``: [ms, epoch seconds]): the controller judges a period by a few dozen
+    readings rather than the four its samples take — the highest of four follows the
+    foreground's typical request, not the tail that its p99 is. One thread in the pool does
+    this (``locks.PROBER``). False when a probe gave no reading (the thread then waits for its
+    next sample rather than opening a session ten times a second)."""
+    ok = True
+    for spec in {s.qualified_table: s for s in specs if controlled(s)}.values():
         probe = _probe(spec)
         if probe is None:
+            ok = False
             continue
         readings = _between.setdefault(spec.qualified_table, [])
-        readings.append([round(probe[0], 3), bool(_in_flight(oid_rows[0][0]))])
+        readings.append([round(probe[0], 3), round(time.time(), 3)])
         del readings[:-200]  # at most the latest 200 while no sample of this process is taken
+    return ok
 
 
 def stop_sampling_beside(timeout_s: float = 5.0) -> None:
@@ -448,12 +451,20 @@ def stop_sampling_beside(timeout_s: float = 5.0) -> None:
         thread.join(timeout_s)
 
 
+def _backend_pid() -> int | None:
+    """The server process of this thread's connection (None: not connected)."""
+    raw = connection.connection
+    return None if raw is None or raw.closed else raw.info.backend_pid
+
+
 def _sample_beside(stop: threading.Event) -> None:
     cfg = settings.RETENTION
     every = cfg["GUARD_SAMPLE_MS"] / 1000
     tick = min(every, cfg["GUARD_PROBE_MS"] / 1000)
-    sampled = 0.0
-    prober = False  # this thread holds the pool's prober lock (its session's)
+    sampled = tried = 0.0
+    # the session that holds the pool's prober lock (a session lock: a new session after a
+    # lost connection holds nothing, and takes it again only if no other thread has)
+    prober: int | None = None
     try:
         while True:
             with _beside_lock:
@@ -463,23 +474,32 @@ def _sample_beside(stop: threading.Event) -> None:
             t0 = time.monotonic()
             try:
                 with timeouts.engine_session():
-                    specs = _targets()  # nothing draining (or nothing this session can see)
-                    if specs and not prober:
-                        (prober,) = _rows("SELECT pg_try_advisory_lock(%s, 0)", [locks.PROBER])[0]
-                    if specs and prober and t0 - sampled >= every:
-                        sample()
-                        sampled = t0
-                    elif specs and prober:
-                        _probe_between(specs)
+                    if prober is not None and prober != _backend_pid():
+                        prober = None
+                        _between.clear()
+                    if prober is None and t0 - tried >= every:  # standing by: seldom
+                        tried = t0
+                        if _targets():
+                            (got,) = _rows("SELECT pg_try_advisory_lock(%s, 0)", [locks.PROBER])[0]
+                            prober = _backend_pid() if got else None
+                    if prober is not None:
+                        specs = _targets()  # nothing draining (or nothing this session can see)
+                        if specs and t0 - sampled >= every:
+                            sample()
+                            sampled = t0
+                        elif specs and not _probe_between(specs):
+                            sampled = t0  # no reading: nothing more until the next sample
             except Exception:  # noqa: BLE001 - the admission samples by itself meanwhile
                 log.warning("the guard's sampler thread failed a sample", exc_info=True)
                 connection.close()  # the prober's lock goes with the session
-                prober = False
+                prober = None
+                _between.clear()
             stop.wait(max(0.005, tick - (time.monotonic() - t0)))
     finally:
         with _beside_lock:
             if _beside["thread"] is threading.current_thread():
                 _beside["thread"] = None
+        _between.clear()
         close_probe_connection()
         connection.close()  # this thread's own connection
 
@@ -681,13 +701,14 @@ def _pace(spec, verdict: Verdict, now=None, *, busy=None) -> Verdict:
     return Verdict(False, reason, False, signals, paced=True, **knobs)
 
 
-def pause_after(spec, verdict: Verdict, seconds: float) -> float:
+def pause_after(spec, verdict: Verdict, seconds: float, *, slots: int | None = None) -> float:
     """How long a worker waits after a chunk transaction of ``seconds`` that ``verdict``
     admitted under the duty cycle, so that its chunks fill its share of the wall time (the
     duty cycle over the chunk transactions the verdict allows at once) chunk by chunk: the
     foreground then meets them spread evenly, as often as the duty cycle says, where the
     window's share alone (``_pace``) admits them back to back until the window fills and then
-    stops them — a burst at every run's start. 0 when the verdict does not pace."""
+    stops them — a burst at every run's start. ``slots``: the run's own ceiling of chunk
+    transactions at once (one for a slice run). 0 when the verdict does not pace."""
     if not verdict.paced or not verdict.admit:
         return 0.0
     cap = float(settings.RETENTION["GUARD_DUTY_CYCLE"])
@@ -695,7 +716,8 @@ def pause_after(spec, verdict: Verdict, seconds: float) -> float:
         cap = min(cap, verdict.duty_cycle)
     if cap <= 0:
         return 0.0
-    share = cap / max(1, verdict.concurrency or spec.policy_workers)
+    at_once = verdict.concurrency or spec.policy_workers
+    share = cap / max(1, min(at_once, slots) if slots else at_once)
     return max(0.0, seconds) * (1 / share - 1) if share < 1 else 0.0
 
 
@@ -851,17 +873,18 @@ def admission(run, spec, *, now=None) -> Verdict:
             _last_verdict[key] = verdict
             if verdict.critical:
                 _pause_for_critical(run, verdict)
-    if settings.RETENTION["GUARD_CONTROL"]:
-        period_s = settings.RETENTION["GUARD_CONTROL_PERIOD_MS"] / 1000
-        if knobs is None or (timezone.now() - knobs[3]).total_seconds() >= period_s:
+    if controlled(spec):
+        period = timedelta(milliseconds=settings.RETENTION["GUARD_CONTROL_PERIOD_MS"])
+        if knobs is None or timezone.now() - knobs[3] >= _due(knobs[5], period):
             stepped = control_step(run.policy_id, spec)
             if stepped is not None:
                 knobs = (
                     stepped.concurrency,
                     stepped.chunk_ms,
                     stepped.duty_cycle,
-                    None,
+                    stepped.stepped_at,
                     stepped.quiet_until,
+                    stepped.action,
                 )
         if knobs is not None:
             concurrency, chunk_ms, duty = _clamped(spec, *knobs[:3])
@@ -887,17 +910,24 @@ def admission(run, spec, *, now=None) -> Verdict:
     return verdict
 
 
+def controlled(spec) -> bool:
+    """Whether the latency controller sets the policy's knobs: the guard and its controller on,
+    and a probe to judge by (a policy without one keeps its own settings)."""
+    cfg = settings.RETENTION
+    return bool(cfg.get("GUARD", True) and cfg["GUARD_CONTROL"] and spec.probe != "none")
+
+
 def target_chunk_ms(policy_id: int, spec) -> int:
     """The chunk transaction's target duration for the policy's next chunks: the controller's
     setting as this process's last admission read it, else the policy's ``target_chunk_ms``."""
-    if not settings.RETENTION.get("GUARD", True) or not settings.RETENTION["GUARD_CONTROL"]:
+    if not controlled(spec):
         return spec.target_chunk_ms
     return min(spec.target_chunk_ms, _chunk_ms.get(policy_id, spec.target_chunk_ms))
 
 
 _HEAD = (
     "SELECT s.id, s.taken_at, {busy}, c.concurrency, c.chunk_ms, c.duty_cycle, c.stepped_at,"
-    " c.quiet_until"
+    " c.quiet_until, c.action"
     " FROM (SELECT 1) AS one LEFT JOIN LATERAL"
     " (SELECT id, taken_at FROM runs_guardsample ORDER BY taken_at DESC LIMIT 1) AS s ON true"
     " LEFT JOIN runs_guardcontrol c ON c.policy_id = %s"
@@ -907,7 +937,8 @@ _HEAD = (
 def _head(spec, policy_id: int, busy_at) -> tuple:
     """(id, taken_at) of the latest sample (Nones: no sample), with ``busy_at`` the policy's
     busy seconds of the duty window ending then (else None), and the controller's knobs
-    (concurrency, chunk_ms, duty_cycle, stepped_at, quiet_until; None before its first step):
+    (concurrency, chunk_ms, duty_cycle, stepped_at, quiet_until, action; None before its first
+    step):
     one statement."""
     if busy_at is None:
         row = _rows(sql.SQL(_HEAD).format(busy=sql.SQL("NULL")), [policy_id])[0]
@@ -960,6 +991,8 @@ START = "start"
 QUIET_EVERY_S = 60.0  # a quiet window at most this often, whatever its probes found
 # no step for this long (nothing of the policy drained): the next run starts at the floor again
 RESTART_AFTER_S = 60.0
+# periods after a run's start with no reading of the probe: the policy's own settings then
+NO_READINGS_PERIODS = 3
 ADDITIVE_STEPS = 5  # an increase moves chunk time and duty cycle a fifth of their range
 
 
@@ -1016,7 +1049,7 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
             .filter(policy_id=policy_id)
             .first()
         )
-        if row is None or now - row.stepped_at < period:
+        if row is None or now - row.stepped_at < _due(row.action, period):
             return None
         if now - row.stepped_at >= timedelta(seconds=RESTART_AFTER_S) + period:
             idle_s = (now - row.stepped_at).total_seconds()
@@ -1034,14 +1067,9 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
                 ),
                 measured=(None, None, None, 0),
             )
-            # its first judgment once two samples can exist (a run of a few seconds is
-            # controlled from its first second), not a period later
-            row.stepped_at = now - period + _first_wait(period)
-            row.save(update_fields=["stepped_at"])
             return row
-        since = max(row.stepped_at, now - 3 * period)
-        if row.action == START:  # the run's readings, from its start: none from before it
-            since = row.stepped_at + period - _first_wait(period)
+        # the run's readings since the last step (since its start: none from before it)
+        since = row.stepped_at if row.action == START else max(row.stepped_at, now - 3 * period)
         probes = sorted(
             v
             for (v,) in _rows(
@@ -1049,11 +1077,30 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
                 " WHERE taken_at > %s AND taken_at <= %s"
                 " UNION ALL SELECT (e.r ->> 0)::float8 FROM runs_guardsample s,"
                 " jsonb_array_elements(coalesce(s.tables -> %s -> 'probes', '[]')) AS e(r)"
-                " WHERE s.taken_at > %s AND s.taken_at <= %s",
-                [spec.qualified_table, since, now, spec.qualified_table, since, now],
+                " WHERE s.taken_at > %s AND (e.r ->> 1)::float8"
+                "  BETWEEN extract(epoch FROM %s::timestamptz) AND extract(epoch FROM %s::timestamptz)",
+                [spec.qualified_table, since, now, spec.qualified_table, since, since, now],
             )
             if v is not None
         )
+        if len(probes) < 2 and row.action == START:
+            if now - row.stepped_at < NO_READINGS_PERIODS * period:
+                # its first judgment comes once two readings exist, at the next admission
+                return None
+            # no reading of the probe since the run started (a probe that fails, a table the
+            # sampler cannot read): nothing to judge the foreground by — the policy's own
+            # settings, as without the controller, rather than its minimum for good
+            return _record_step(
+                row,
+                policy_id,
+                now,
+                (top.concurrency, top.chunk_ms, top.duty_cycle),
+                budget,
+                HOLD,
+                f"no reading of the probe in the {(now - row.stepped_at).total_seconds():.0f} s"
+                " since the run started: the policy's own settings",
+                measured=(None, None, None, len(probes)),
+            )
         if len(probes) < 2:
             # nothing to judge yet (samples are taken only while chunks are asked for): the
             # next step is due once two more samples can exist — a run's first step comes in
@@ -1148,6 +1195,13 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
 def _first_wait(period: timedelta) -> timedelta:
     """Two sample intervals (at most a period): when two samples to judge can exist."""
     return min(period, timedelta(milliseconds=2 * settings.RETENTION["GUARD_SAMPLE_MS"]))
+
+
+def _due(action: str | None, period: timedelta) -> timedelta:
+    """How long after the last step the next is due: a period, but a run's first judgment
+    (after ``start``) once two samples can exist — a run of a few seconds is controlled from
+    its first second."""
+    return _first_wait(period) if action == START else period
 
 
 def _record_step(row, policy_id, now, knobs, budget, action, reason, *, measured) -> GuardControl:

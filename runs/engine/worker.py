@@ -339,7 +339,9 @@ def _process_one(run: Run, *, chunk_id: int | None) -> Outcome:
             return Outcome(BUSY, reason="waiting for an operator decision to commit")
         outcome.pending = claim.pending
         if outcome.kind == DONE:
-            outcome.pause_s = guard.pause_after(spec, verdict, outcome.seconds)
+            outcome.pause_s = guard.pause_after(
+                spec, verdict, outcome.seconds, slots=policy_ceiling(run, spec)
+            )
         if outcome.kind != TENANT_BUSY:
             return outcome
         skip.append(claim.tenant)
@@ -819,6 +821,7 @@ def _pace(run: Run, outcome: Outcome, deadline: float) -> None:
         per_worker = spec.pace_rows_per_s / policy_ceiling(run, spec)
         wait = max(wait, outcome.rows / per_worker - outcome.seconds)
     if wait > 0:
+        guard.sample_beside(wait + guard.SAMPLER_LINGER_S)  # its sampler goes on meanwhile
         stopping.sleep(min(wait, max(0.0, deadline - time.monotonic())))
 
 
@@ -960,11 +963,11 @@ def drain(
     early: threading.Thread | None = None  # this lease's read above the pass's last key
     looked_above = False  # whether this lease has looked whether that read is to be taken
     while time.monotonic() < deadline:
-        guard.sample_beside()  # the guard's samples, taken beside the chunks, not between them
         if stopping.requested():  # the worker is stopping: end at this chunk boundary
             stats["stopped"] = "worker stopping"
             stats["continue"] = True  # the next generation waits in the queue for a live worker
             return stats
+        guard.sample_beside()  # the guard's samples, taken beside the chunks, not between them
         try:
             if slot is not None and time.monotonic() - last_beat > 2:
                 # the heartbeat doubles as the generation check: a superseded lease updates nothing

@@ -12,6 +12,7 @@ from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 
+from runs.actions import trigger_run
 from runs.engine import guard, worker
 from runs.models import GuardControl, GuardControlStep, GuardSample, Run
 from runs.status import run_status
@@ -320,7 +321,7 @@ def test_a_steps_readings_are_judged_against_the_idle_value_of_the_same_rank(run
 
 
 def test_a_step_judges_the_probes_taken_between_samples_too(run, settings):
-    """The sampler thread probes between its samples (``probes``: [ms, in flight]): a period
+    """The sampler thread probes between its samples (``probes``: [ms, epoch]): a period
     of two samples holds twenty readings, judged at their p99 against the idle p95 — the
     one slow reading in twenty is the tail a p99 is about, which four readings would miss."""
     settings.RETENTION = {**settings.RETENTION, "GUARD_CONTROL_PERIOD_MS": 5000}
@@ -333,15 +334,18 @@ def test_a_step_judges_the_probes_taken_between_samples_too(run, settings):
     at_its_settings(run, start)
     end = start + PERIOD
     for k, slow in enumerate((False, True)):
+        taken = end - PERIOD * (k + 1) / 3
         GuardSample.objects.create(
-            taken_at=end - PERIOD * (k + 1) / 3,
+            taken_at=taken,
             values={"lock_waits": 0, "connections_free": 100},
             tables={
                 TABLE: {
                     "probe_ms": 1.0,
                     "in_flight": False,
                     "dead_tuple_ratio": 0.0,
-                    "probes": [[4.0 if slow and i == 3 else 1.0, i % 2 == 0] for i in range(9)],
+                    "probes": [
+                        [4.0 if slow and i == 3 else 1.0, taken.timestamp()] for i in range(9)
+                    ],
                 }
             },
         )
@@ -350,3 +354,61 @@ def test_a_step_judges_the_probes_taken_between_samples_too(run, settings):
     assert (step.probe_p99_ms, step.baseline_ms) == (4.0, 1.2)
     assert step.action == guard.DECREASE
     assert step.reason == "probe p99 4 ms = 3.33 × idle p95 1.2 ms > budget 1.5 ×"
+    # a reading taken before the last step, written into a sample after it, is not this
+    # period's: readings are judged by their own time
+    stale = end - PERIOD  # before the step above
+    GuardSample.objects.create(
+        taken_at=end + PERIOD / 2,
+        values={"lock_waits": 0, "connections_free": 100},
+        tables={
+            TABLE: {
+                "probe_ms": 1.0,
+                "in_flight": False,
+                "dead_tuple_ratio": 0.0,
+                "probes": [[50.0, stale.timestamp()], [1.0, (end + PERIOD / 3).timestamp()]],
+            }
+        },
+    )
+    later = guard.control_step(run.policy_id, spec, now=end + PERIOD)
+    assert later.probe_p99_ms == 1.0  # not the 50 ms reading of before the step
+
+
+def test_a_run_whose_probe_gives_no_reading_gets_the_policys_own_settings(run, settings):
+    """A run starts at the controller's minimum and is stepped from its probe's readings; when
+    none comes (a probe that fails, a table the sampler cannot read), it does not stay at the
+    minimum for good: after a few periods, the policy's own settings, and the reason says why."""
+    settings.RETENTION = {**settings.RETENTION, "GUARD_CONTROL_PERIOD_MS": 5000}
+    spec = run.policy_version.parsed
+    GuardSample.objects.all().delete()
+    GuardControl.objects.all().delete()
+    start = timezone.now() + timedelta(seconds=60)
+    assert guard.control_step(run.policy_id, spec, now=start).action == guard.START
+    assert guard.control_step(run.policy_id, spec, now=start + 2 * PERIOD) is None  # waits
+    top = guard.ceilings_of(spec)
+    given = guard.control_step(run.policy_id, spec, now=start + 3 * PERIOD)
+    assert (given.concurrency, given.chunk_ms, given.duty_cycle, given.action) == (
+        top.concurrency,
+        top.chunk_ms,
+        top.duty_cycle,
+        guard.HOLD,
+    )
+    assert given.reason == (
+        "no reading of the probe in the 15 s since the run started: the policy's own settings"
+    )
+
+
+def test_a_policy_without_a_probe_keeps_its_own_settings(make_user, db):
+    """``probe = "none"``: nothing to judge the foreground by, so no controller and no start
+    at its minimum — the policy's own settings, as before the controller."""
+    from tests.factories import approved_policy, events_spec
+    from tests.runs.conftest import NOW, create_events
+
+    create_events(300)
+    policy = approved_policy(make_user, **events_spec(slug="unprobed", guard={"probe": "none"}))
+    spec = policy.approved_version.parsed
+    assert spec.probe == "none" and not guard.controlled(spec)
+    run, _ = trigger_run(policy, tick=NOW)
+    verdict = guard.admission(Run.objects.get(pk=run.pk), spec)
+    assert verdict.concurrency is None and verdict.duty_cycle is None
+    assert not GuardControl.objects.filter(policy=policy).exists()
+    assert guard.target_chunk_ms(policy.id, spec) == spec.target_chunk_ms

@@ -265,6 +265,31 @@ def test_no_idle_probes_are_taken_while_a_chunk_is_in_flight(committed_policy):
     }  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "application, in_flight",
+    [("retention:cleanup", True), ("retention:web", True), ("reporting", False)],
+)
+def test_a_read_of_the_product_on_the_table_is_in_flight_too(
+    committed_policy, application, in_flight
+):
+    """Any work of the product on the target — the planner's reads of a window's bounds, the
+    verification's count, a dashboard's preview, not only a chunk's DELETE — makes a sample's
+    probe no idle reading: a read holding the table's ACCESS SHARE lock in a session of the
+    product is in flight; the same read by the foreground is not."""
+    trigger_run(committed_policy, tick=NOW)
+    GuardSample.objects.all().delete()
+    reader = pg_connect(autocommit=False, application_name=application)
+    try:
+        reader.execute("SELECT count(*) FROM public.rr_events WHERE id < 100")
+        guard.sample(force=True)
+    finally:
+        reader.rollback()
+        reader.close()
+    latest = GuardSample.objects.get()
+    assert latest.tables[TABLE]["in_flight"] is in_flight
+    assert ("idle_probes_ms" in latest.tables[TABLE]) is not in_flight
+
+
 def test_samples_are_reused_for_the_configured_interval(committed_policy, settings):
     trigger_run(committed_policy, tick=NOW)
     GuardSample.objects.all().delete()
