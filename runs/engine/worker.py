@@ -960,6 +960,14 @@ def drain(
         stats["stopped"] = "run not found"
         return stats
     idle = IdleNotes(run)
+    if settings.RETENTION.get("GUARD", True):
+        # before this lease plans or reads anything: the guard's sample, whose idle probes
+        # learn the table's baseline when it has none (a run's first lease) — taken while
+        # none of the run's work is in flight, where the sampler thread's first sample would
+        # meet the planner's first window and the read above the last key, and learn a
+        # baseline several times the foreground's own (a worker that finds another's sample
+        # being taken waits for it: ``guard.sample``)
+        guard.sample()
     early: threading.Thread | None = None  # this lease's read above the pass's last key
     looked_above = False  # whether this lease has looked whether that read is to be taken
     while time.monotonic() < deadline:

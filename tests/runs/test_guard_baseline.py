@@ -461,3 +461,26 @@ def test_a_lost_probe_session_gives_no_reading_and_the_next_probe_opens_another(
     assert guard._probe_ms(spec) is None
     assert guard._probe_ms(spec) is not None
     assert guard._probe_connection().info.backend_pid != lost
+
+
+def test_a_leases_first_act_is_the_guards_sample_before_it_plans(committed_policy, monkeypatch):
+    """A run's idle baseline is learnt before any of its work is in flight: a lease takes the
+    guard's sample (its idle probes, the table having no baseline) before it plans its first
+    window — not beside the planner's reads and the read above the last key, which lifted it to
+    several times the foreground's own."""
+    run, _ = trigger_run(committed_policy, tick=NOW)
+    GuardSample.objects.all().delete()
+    seen: list = []
+    real_plan = planner.plan
+
+    def plan(*args, **kwargs):
+        seen.append(
+            [s.tables.get(TABLE, {}).get("idle_probes_ms") for s in GuardSample.objects.all()]
+        )
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "plan", plan)
+    stats = worker.drain(run.pk, budget_s=60)
+    assert stats["stopped"] == "no work left", stats
+    assert seen, "the lease planned"
+    assert [len(p or []) for p in seen[0]] == [guard.IDLE_PROBES]
