@@ -26,10 +26,12 @@ from .live import gunicorn, with_api, with_database
 # the server's log lines (django-q's "Enqueued …"): a command run with the database writes
 # them to its own stderr, the server to its log; they are not the command's output
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ .*\n", re.M)
+# a time relative to now ("(in 3h 24m)"): two commands a few seconds apart may straddle a minute
+FROM_NOW = re.compile(r"\(in [0-9dhms ]+\)")
 
 
 def output(result) -> tuple[str, str]:
-    return result.stdout, LOG_LINE.sub("", result.stderr)
+    return FROM_NOW.sub("(in …)", result.stdout), LOG_LINE.sub("", result.stderr)
 
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]

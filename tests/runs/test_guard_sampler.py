@@ -29,8 +29,10 @@ def drain(run_key: str, *, thread: bool, log) -> int:
         "RETENTION_GUARD_SAMPLE_MS": "50",
         "RETENTION_GUARD_PROBE_MS": "20",
         "RETENTION_GUARD_SAMPLER_THREAD": "1" if thread else "0",
-        # the policy's own settings throughout: this is about when samples are taken
-        "RETENTION_GUARD_CONTROL": "0",
+        # the controller on (it asks for the probes between samples) with nothing to move:
+        # its floor is the policy's own settings, so chunks run back to back throughout
+        "RETENTION_GUARD_DUTY_FLOOR_PCT": "50",
+        "RETENTION_GUARD_CHUNK_MS_FLOOR": "100000",
     }
     return subprocess.run(
         [sys.executable, "manage.py", "retention", "drain", run_key, "--until-idle"],
