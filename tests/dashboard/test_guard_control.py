@@ -23,11 +23,13 @@ TABLE = "public.rr_events"
 PERIOD = timedelta(milliseconds=5000)  # the period these tests set
 
 
-def sample(at, probe_ms: float, *, in_flight: bool) -> None:
+def sample(at, probe_ms: float, *, in_flight: bool, probes: list | None = None) -> None:
+    """A sample of ``TABLE`` at ``at``; ``probes``: the readings taken between samples."""
+    table = {"probe_ms": probe_ms, "in_flight": in_flight, "dead_tuple_ratio": 0.0}
+    if probes is not None:
+        table["probes"] = probes
     GuardSample.objects.create(
-        taken_at=at,
-        values={"lock_waits": 0, "connections_free": 100},
-        tables={TABLE: {"probe_ms": probe_ms, "in_flight": in_flight, "dead_tuple_ratio": 0.0}},
+        taken_at=at, values={"lock_waits": 0, "connections_free": 100}, tables={TABLE: table}
     )
 
 
@@ -335,20 +337,8 @@ def test_a_step_judges_the_probes_taken_between_samples_too(run, settings):
     end = start + PERIOD
     for k, slow in enumerate((False, True)):
         taken = end - PERIOD * (k + 1) / 3
-        GuardSample.objects.create(
-            taken_at=taken,
-            values={"lock_waits": 0, "connections_free": 100},
-            tables={
-                TABLE: {
-                    "probe_ms": 1.0,
-                    "in_flight": False,
-                    "dead_tuple_ratio": 0.0,
-                    "probes": [
-                        [4.0 if slow and i == 3 else 1.0, taken.timestamp()] for i in range(9)
-                    ],
-                }
-            },
-        )
+        readings = [[4.0 if slow and i == 3 else 1.0, taken.timestamp()] for i in range(9)]
+        sample(taken, 1.0, in_flight=False, probes=readings)
     step = guard.control_step(run.policy_id, spec, now=end)
     assert GuardControlStep.objects.filter(policy_id=run.policy_id).last().samples == 20
     assert (step.probe_p99_ms, step.baseline_ms) == (4.0, 1.2)
@@ -357,18 +347,8 @@ def test_a_step_judges_the_probes_taken_between_samples_too(run, settings):
     # a reading taken before the last step, written into a sample after it, is not this
     # period's: readings are judged by their own time
     stale = end - PERIOD  # before the step above
-    GuardSample.objects.create(
-        taken_at=end + PERIOD / 2,
-        values={"lock_waits": 0, "connections_free": 100},
-        tables={
-            TABLE: {
-                "probe_ms": 1.0,
-                "in_flight": False,
-                "dead_tuple_ratio": 0.0,
-                "probes": [[50.0, stale.timestamp()], [1.0, (end + PERIOD / 3).timestamp()]],
-            }
-        },
-    )
+    readings = [[50.0, stale.timestamp()], [1.0, (end + PERIOD / 3).timestamp()]]
+    sample(end + PERIOD / 2, 1.0, in_flight=False, probes=readings)
     later = guard.control_step(run.policy_id, spec, now=end + PERIOD)
     assert later.probe_p99_ms == 1.0  # not the 50 ms reading of before the step
 
