@@ -462,6 +462,7 @@ def _sample_beside(stop: threading.Event) -> None:
     every = cfg["GUARD_SAMPLE_MS"] / 1000
     tick = min(every, cfg["GUARD_PROBE_MS"] / 1000)
     sampled = tried = 0.0
+    specs: list = []  # the targets of the last sample, probed between samples
     # the session that holds the pool's prober lock (a session lock: a new session after a
     # lost connection holds nothing, and takes it again only if no other thread has)
     prober: int | None = None
@@ -482,17 +483,18 @@ def _sample_beside(stop: threading.Event) -> None:
                         if _targets():
                             (got,) = _rows("SELECT pg_try_advisory_lock(%s, 0)", [locks.PROBER])[0]
                             prober = _backend_pid() if got else None
-                    if prober is not None:
-                        specs = _targets()  # nothing draining (or nothing this session can see)
-                        if specs and t0 - sampled >= every:
+                    if prober is not None and t0 - sampled >= every:
+                        # the runs draining now (that this session can see): read once a
+                        # sample interval, not at every probe between samples
+                        specs, sampled = _targets(), t0
+                        if specs:
                             sample()
-                            sampled = t0
-                        elif specs and not _probe_between(specs):
-                            sampled = t0  # no reading: nothing more until the next sample
+                    elif prober is not None and specs and not _probe_between(specs):
+                        specs = []  # no reading: nothing more until the next sample
             except Exception:  # noqa: BLE001 - the admission samples by itself meanwhile
                 log.warning("the guard's sampler thread failed a sample", exc_info=True)
                 connection.close()  # the prober's lock goes with the session
-                prober = None
+                prober, specs = None, []
                 _between.clear()
             stop.wait(max(0.005, tick - (time.monotonic() - t0)))
     finally:
