@@ -106,11 +106,17 @@ def proxied():
 
 @pytest.fixture
 def guard(request, monkeypatch):
-    """The guard on or off; on, its sample stays fresh for the whole test."""
+    """The guard on or off; on, its sample stays fresh and its controller's next step is not
+    due for the whole test, however slow the machine (a step is a read and a write of its own)."""
     monkeypatch.setattr(
         settings,
         "RETENTION",
-        {**settings.RETENTION, "GUARD": request.param, "GUARD_SAMPLE_MS": 60_000},
+        {
+            **settings.RETENTION,
+            "GUARD": request.param,
+            "GUARD_SAMPLE_MS": 60_000,
+            "GUARD_CONTROL_PERIOD_MS": 60_000,
+        },
     )
     return request.param
 
