@@ -256,6 +256,15 @@ def matrix_markdown(data: dict) -> str:
         )
     for size in sizes:
         lines += ["", f"Targets at {size} rows:", "", *matrix_targets(data, size)]
+    waited = overlap_table(data)
+    if waited:
+        lines += [
+            "",
+            "Where the foreground waited: its requests split by whether they overlapped a chunk"
+            " transaction (× idle: against the idle p99 of the same shape):",
+            "",
+            *waited,
+        ]
     steps = controller_table(data)
     if steps:
         lines += [
@@ -265,6 +274,43 @@ def matrix_markdown(data: dict) -> str:
         ]
         lines += steps
     return "\n".join(lines) + "\n"
+
+
+def overlap_table(data: dict) -> list[str]:
+    """Per run with chunk times: the share of foreground requests that overlapped a chunk
+    transaction, their p99 and the p99 of the others, each also × the idle p99."""
+    rows = []
+    for r in data["runs"]:
+        fg = r.get("foreground") or {}
+        during, between = fg.get("during_chunks"), fg.get("between_chunks")
+        if not during or not between:
+            continue
+        idle = data["idle"].get(r["dataset"], {}).get("p99")
+        n = during["n"] + between["n"]
+        probe = r.get("probe") or {}
+        seen = (
+            f"{_f(probe.get('p99'), 1)} ({_f(_ratio(probe.get('p99'), probe.get('idle_p95')), 2)}"
+            f" × its idle p95 {_f(probe.get('idle_p95'), 1)}; {probe.get('n', 0)} readings)"
+            if probe
+            else "–"
+        )
+        rows.append(
+            f"| {r['dataset']} | {_SHORT.get(r['contender'], r['contender'])}"
+            f" | {_f(fg.get('p99'), 1)} ({_f(_ratio(fg.get('p99'), idle), 2)})"
+            f" | {_f(100 * during['n'] / n if n else None, 0)}%"
+            f" | {_f(during['p99'], 1)} ({_f(_ratio(during['p99'], idle), 2)})"
+            f" | {_f(between['p99'], 1)} ({_f(_ratio(between['p99'], idle), 2)}) | {seen}"
+            f" | {_f(r.get('xacts_per_chunk'), 1)} |"
+        )
+    if not rows:
+        return []
+    return [
+        "| shape | contender | fg p99 ms (× idle) | requests during chunks"
+        " | p99 during chunks ms (× idle) | p99 between chunks ms (× idle)"
+        " | the guard's probe over the run: p99 ms | product transactions per chunk |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
+        *rows,
+    ]
 
 
 def controller_table(data: dict) -> list[str]:

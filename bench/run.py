@@ -15,6 +15,7 @@ when ``rsvg-convert`` or ImageMagick's ``convert`` is installed). See bench/READ
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import subprocess
@@ -44,6 +45,10 @@ CONTENDERS: dict[str, dict] = {
     "product-2w-guard-sparse": {
         "kind": "product", "workers": 2, "guard": True, "env": {"RETENTION_GUARD_PROBE_MS": "500"},
         "label": "product, 2 workers, guard on, no probes between samples",
+    },
+    "product-2w-guard-nothread": {
+        "kind": "product", "workers": 2, "guard": True, "env": {"RETENTION_GUARD_SAMPLER_THREAD": "0"},
+        "label": "product, 2 workers, guard on, samples by the admissions alone",
     },
     "product-2w-async": {
         "kind": "product", "workers": 2, "guard": False, "sync_commit": False,
@@ -138,6 +143,14 @@ class Bench:
                 f"{proc.tag} failed (exit {proc.returncode}); see {self.logs / proc.tag}.log"
             )
         return json.loads(lines[-1])
+
+    def xacts(self) -> int:
+        """Transactions committed and rolled back in the bench database so far (as the
+        server's statistics hold them: flushed by each session within a second)."""
+        return self.conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database"
+            " WHERE datname = current_database()"
+        ).fetchone()[0]
 
     def lsn(self) -> str:
         return self.conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
@@ -260,6 +273,7 @@ class Bench:
             self.wait_ready(proc)
         self.conn.execute("CHECKPOINT")
         lsn0 = self.lsn()
+        xacts0 = self.xacts()
         load.stdin.write("go\n")
         load.stdin.flush()
         time.sleep(0.2)  # the load runs a moment before cleanup starts
@@ -270,6 +284,8 @@ class Bench:
         outs = [self.finish(proc) for proc in workers]
         lsn1 = self.lsn()
         fg = self.finish(load, "stop\n")
+        time.sleep(1.1)  # every session has flushed its statistics
+        xacts = self.xacts() - xacts0 - 2 - len(fg["ops"])  # not this session's, not the load's
         started, ended = min(o["started"] for o in outs), max(o["ended"] for o in outs)
         wall = ended - started
         if spec["kind"] == "loop":
@@ -289,6 +305,15 @@ class Bench:
             result["worker_summaries"] = [o["summary"] for o in outs]
             if spec["guard"]:
                 result["controller"] = self.controller(setup["run_id"])
+                # what the guard's probe saw over the run, beside what the foreground saw
+                readings, idle = self.probe_readings(table, started, ended)
+                result["probe"] = {
+                    "n": len(readings),
+                    "p99": percentile([ms for _, ms in readings], 99),
+                    "idle_n": len(idle),
+                    "idle_p95": percentile(idle, 95),
+                }
+            result["xacts_per_chunk"] = round(xacts / len(chunks), 1) if chunks else None
             if chunks:  # where the wall went: before the first chunk, the chunks, after them
                 first = min(c["start"] for c in chunks)
                 last = max(c["start"] + c["seconds"] for c in chunks)
@@ -308,7 +333,7 @@ class Bench:
             worker_rss_kb=max(o["rss_kb"] for o in outs),
             setup_rss_kb=setup["rss_kb"] if setup else None,
             chunks=chunk_stats(chunks),
-            foreground=foreground_stats(fg["ops"], fg["t0"], started, ended),
+            foreground=foreground_stats(fg["ops"], fg["t0"], started, ended, chunks),
         )  # fmt: skip
         if shape.cascade:
             result["orphans"] = dataset.orphans(self.conn, table)
@@ -370,6 +395,26 @@ class Bench:
         keys = ("at", "action", "concurrency", "chunk_ms", "duty_cycle", "probe_p99_ms",
                 "baseline_ms", "inflation", "budget", "reason")  # fmt: skip
         return [dict(zip(keys, (float(r[0]), *r[1:]), strict=True)) for r in rows]
+
+    def probe_readings(self, table: str, start: float, end: float) -> tuple[list, list]:
+        """The guard's probe readings of ``table`` in [start, end] (epoch seconds), as its
+        samples recorded them: (epoch, ms), the samples' own and those taken between them;
+        and the idle probes (ms) its samples took while nothing of the run was in flight."""
+        rows = self.conn.execute(
+            "SELECT extract(epoch FROM s.taken_at)::float8, (t.v ->> 'probe_ms')::float8,"
+            " coalesce(t.v -> 'probes', '[]'::jsonb), coalesce(t.v -> 'idle_probes_ms', '[]')"
+            " FROM retention_runner.runs_guardsample s, jsonb_each(s.tables) AS t(k, v)"
+            " WHERE t.k = %s AND s.taken_at BETWEEN to_timestamp(%s) - interval '10 s'"
+            " AND to_timestamp(%s)",
+            [f"{SCHEMA}.{table}", start, end],
+        ).fetchall()
+        out, idle = [], []
+        for at, ms, between, idle_probes in rows:
+            if ms is not None and start <= at <= end:
+                out.append((at, ms))
+            out += [(float(e), float(v)) for v, e in between if start <= float(e) <= end]
+            idle += [float(v) for v in idle_probes]
+        return sorted(out), idle
 
     def ledger(self, run_id: int) -> list[dict]:
         rows = self.conn.execute(
@@ -484,15 +529,31 @@ def chunk_stats(chunks: list[dict]) -> dict:
     }
 
 
-def foreground_stats(ops: list, t0: float, start: float, end: float) -> dict:
+def foreground_stats(
+    ops: list, t0: float, start: float, end: float, chunks: list[dict] | None = None
+) -> dict:
     """Latency percentiles (ms, from the scheduled time) of the foreground operations scheduled
-    inside [start, end] (epoch seconds); ``t0`` is the epoch of the load's schedule origin."""
+    inside [start, end] (epoch seconds); ``t0`` is the epoch of the load's schedule origin.
+    With the cleanup's ``chunks`` (``start`` epoch, ``seconds``): the same split into the
+    operations that overlapped a chunk transaction and those that did not."""
     inside = [op for op in ops if start <= t0 + op[0] <= end]
     lat = [op[1] for op in inside]
     if not lat:
         return {"n": 0}
     kinds = sorted({op[2] for op in inside})
+    split = {}
+    if chunks:
+        during, between = overlap_split(inside, t0, chunks)
+        split = {
+            # what a request waits for while a chunk transaction runs, and outside one
+            "during_chunks": {"n": len(during), "p99": percentile(during, 99) if during else None},
+            "between_chunks": {
+                "n": len(between),
+                "p99": percentile(between, 99) if between else None,
+            },
+        }
     return {
+        **split,
         "n": len(lat),
         "p50": percentile(lat, 50),
         "p95": percentile(lat, 95),
@@ -502,6 +563,23 @@ def foreground_stats(ops: list, t0: float, start: float, end: float) -> dict:
         # which requests the cleanup slows: point reads, a tenant's latest rows, inserts
         "p99_by_kind": {k: percentile([op[1] for op in inside if op[2] == k], 99) for k in kinds},
     }
+
+
+def overlap_split(ops: list, t0: float, chunks: list[dict]) -> tuple[list, list]:
+    """The latencies of ``ops`` (scheduled offset from ``t0``, latency ms) whose span, from the
+    scheduled time to the answer, overlapped any chunk interval, and of the others."""
+    spans = sorted((c["start"], c["start"] + c["seconds"]) for c in chunks)
+    starts = [s for s, _ in spans]
+    reach = []  # the latest end of any chunk starting at or before each one
+    for _, e in spans:
+        reach.append(max(e, reach[-1]) if reach else e)
+    during, between = [], []
+    for op in ops:
+        a = t0 + op[0]
+        b = a + op[1] / 1000
+        i = bisect.bisect_right(starts, b) - 1  # the last chunk that started before the answer
+        (during if i >= 0 and reach[i] >= a else between).append(op[1])
+    return during, between
 
 
 def load_average() -> str:
