@@ -229,6 +229,9 @@ _SHORT = {
     "product-2w-guard": "product 2w guard",
     "product-1w-guard": "product 1w guard",
     "product-2w-guard-sparse": "product 2w guard, no probes between samples",
+    "product-2w-guard-nothread": "product 2w guard, samples by the admissions alone",
+    "product-2w-nice": "product 2w, workers at nice 10",
+    "product-2w-guard-nice": "product 2w guard, workers at nice 10",
 }
 
 

@@ -50,6 +50,14 @@ CONTENDERS: dict[str, dict] = {
         "kind": "product", "workers": 2, "guard": True, "env": {"RETENTION_GUARD_SAMPLER_THREAD": "0"},
         "label": "product, 2 workers, guard on, samples by the admissions alone",
     },
+    "product-2w-nice": {
+        "kind": "product", "workers": 2, "guard": False, "nice": 10,
+        "label": "product, 2 workers, guard off, worker processes at nice 10",
+    },
+    "product-2w-guard-nice": {
+        "kind": "product", "workers": 2, "guard": True, "nice": 10,
+        "label": "product, 2 workers, guard on, worker processes at nice 10",
+    },
     "product-2w-async": {
         "kind": "product", "workers": 2, "guard": False, "sync_commit": False,
         "label": "product, 2 workers, guard off, synchronous_commit off",
@@ -120,10 +128,13 @@ class Bench:
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
-    def spawn(self, module: str, *args: str, env: dict | None = None, tag: str) -> subprocess.Popen:
+    def spawn(
+        self, module: str, *args: str, env: dict | None = None, tag: str, nice: int = 0
+    ) -> subprocess.Popen:
         err = open(self.logs / f"{tag}.log", "w")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args], cwd=ROOT, env=env or self.child_env(),
+            [*(["nice", "-n", str(nice)] if nice else []), sys.executable, "-m", module, *args],
+            cwd=ROOT, env=env or self.child_env(),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
         )  # fmt: skip
         proc.tag = tag  # type: ignore[attr-defined]
@@ -264,6 +275,7 @@ class Bench:
                         ),
                         env=env,
                         tag=f"{tag}-w{i}",
+                        nice=spec.get("nice", 0),
                     )  # fmt: skip
                 )
         load = self.spawn(
