@@ -279,6 +279,14 @@ def matrix_markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _kinds(part: dict) -> str:
+    """A part's p99 per request kind (read / tenant / insert), "–" for one it has none of."""
+    by = part.get("p99_by_kind") or {}
+    return " / ".join(
+        _f(by.get(k), 1) if by.get(k) is not None else "–" for k in ("read", "tenant", "insert")
+    )
+
+
 def overlap_table(data: dict) -> list[str]:
     """Per run with chunk times: the share of foreground requests that overlapped a chunk
     transaction, their p99 and the p99 of the others, each also × the idle p99."""
@@ -302,7 +310,8 @@ def overlap_table(data: dict) -> list[str]:
             f" | {_f(fg.get('p99'), 1)} ({_f(_ratio(fg.get('p99'), idle), 2)})"
             f" | {_f(100 * during['n'] / n if n else None, 0)}%"
             f" | {_f(during['p99'], 1)} ({_f(_ratio(during['p99'], idle), 2)})"
-            f" | {_f(between['p99'], 1)} ({_f(_ratio(between['p99'], idle), 2)}) | {seen}"
+            f" | {_f(between['p99'], 1)} ({_f(_ratio(between['p99'], idle), 2)})"
+            f" | {_kinds(during)} | {_kinds(between)} | {seen}"
             f" | {_f(r.get('xacts_per_chunk'), 1)} |"
         )
     if not rows:
@@ -310,8 +319,9 @@ def overlap_table(data: dict) -> list[str]:
     return [
         "| shape | contender | fg p99 ms (× idle) | requests during chunks"
         " | p99 during chunks ms (× idle) | p99 between chunks ms (× idle)"
+        " | during: read / tenant / insert p99 ms | between: read / tenant / insert p99 ms"
         " | the guard's probe over the run: p99 ms | product transactions per chunk |",
-        "|---|---|--:|--:|--:|--:|--:|--:|",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
         *rows,
     ]
 

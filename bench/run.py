@@ -556,14 +556,17 @@ def foreground_stats(
     split = {}
     if chunks:
         during, between = overlap_split(inside, t0, chunks)
-        split = {
-            # what a request waits for while a chunk transaction runs, and outside one
-            "during_chunks": {"n": len(during), "p99": percentile(during, 99) if during else None},
-            "between_chunks": {
-                "n": len(between),
-                "p99": percentile(between, 99) if between else None,
-            },
-        }
+
+        def part(ops: list) -> dict:
+            by_kind = {k: [op[1] for op in ops if op[2] == k] for k in kinds}
+            return {
+                "n": len(ops),
+                "p99": percentile([op[1] for op in ops], 99),
+                "p99_by_kind": {k: percentile(v, 99) for k, v in by_kind.items() if v},
+            }
+
+        # what a request waits for while a chunk transaction runs, and outside one
+        split = {"during_chunks": part(during), "between_chunks": part(between)}
     return {
         **split,
         "n": len(lat),
@@ -578,8 +581,8 @@ def foreground_stats(
 
 
 def overlap_split(ops: list, t0: float, chunks: list[dict]) -> tuple[list, list]:
-    """The latencies of ``ops`` (scheduled offset from ``t0``, latency ms) whose span, from the
-    scheduled time to the answer, overlapped any chunk interval, and of the others."""
+    """The ``ops`` (scheduled offset from ``t0``, latency ms, kind) whose span, from the
+    scheduled time to the answer, overlapped any chunk interval, and the others."""
     spans = sorted((c["start"], c["start"] + c["seconds"]) for c in chunks)
     starts = [s for s, _ in spans]
     reach = []  # the latest end of any chunk starting at or before each one
@@ -590,7 +593,7 @@ def overlap_split(ops: list, t0: float, chunks: list[dict]) -> tuple[list, list]
         a = t0 + op[0]
         b = a + op[1] / 1000
         i = bisect.bisect_right(starts, b) - 1  # the last chunk that started before the answer
-        (during if i >= 0 and reach[i] >= a else between).append(op[1])
+        (during if i >= 0 and reach[i] >= a else between).append(op)
     return during, between
 
 
