@@ -52,6 +52,8 @@ def run_status(run: Run) -> dict:
         "drain_window": _window(run),
         # the guard's latency controller for the run's policy (runs.engine.guard)
         "guard_control": _control(run),
+        # and its steps while this run drained: whether the run kept the foreground's budget
+        "guard_over_run": guard.run_budget(run),
     }
 
 

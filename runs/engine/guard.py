@@ -1275,6 +1275,59 @@ def control_summary(policy, spec=None, *, row=UNREAD) -> dict | None:
     }
 
 
+def run_budget(run) -> dict | None:
+    """The controller's report over ``run``: the steps it took for the run's policy while the
+    run drained (its history, kept for a day), how many judged the foreground over the
+    budget, how many of those at its minimum, and the worst inflation it measured — with a
+    sentence that says whether the run kept the budget. A step's reason speaks of its own
+    period; this speaks of the run. None when no step falls within the run."""
+    if run.started_at is None:
+        return None
+    steps = list(
+        GuardControlStep.objects.filter(
+            policy_id=run.policy_id,
+            taken_at__gte=run.started_at,
+            taken_at__lte=run.finished_at or timezone.now(),
+        ).values_list("action", "inflation", "budget")
+    )
+    if not steps:
+        return None
+    judged = [(a, i, b) for a, i, b in steps if i is not None]
+    # against the budget itself, not the controller's limit (which allows a margin for jitter)
+    over = sum(1 for a, i, b in judged if i > b or a in (DECREASE, FLOOR))
+    at_floor = sum(1 for a, _, _ in judged if a == FLOOR)
+    worst = max((i for _, i, _ in judged), default=None)
+    budget = steps[-1][2]
+    if not judged:
+        verdict = "the controller judged no period of this run (it ended before its first)"
+    elif at_floor:
+        verdict = (
+            f"over the budget at the controller's minimum in {at_floor} of {len(judged)}"
+            f" periods judged (worst {_fmt(worst)} × idle, budget {_fmt(budget)} ×): the"
+            " foreground's budget and this run's progress could not both be had"
+            + (f"; over it in {over} periods in all" if over > at_floor else "")
+        )
+    elif over:
+        verdict = (
+            f"over the budget in {over} of {len(judged)} periods judged (worst {_fmt(worst)}"
+            f" × idle, budget {_fmt(budget)} ×); never at the controller's minimum"
+        )
+    else:
+        verdict = (
+            f"within the budget in all {len(judged)} periods judged (worst {_fmt(worst)}"
+            f" × idle, budget {_fmt(budget)} ×)"
+        )
+    return {
+        "steps": len(steps),
+        "judged": len(judged),
+        "over_budget": over,
+        "over_at_minimum": at_floor,
+        "worst_inflation": worst,
+        "budget": budget,
+        "verdict": verdict,
+    }
+
+
 def _pause_for_critical(run, verdict: Verdict) -> None:
     """Pause the policy through the same action an operator uses (one writer of the
     paused flag, one operator-log row); a policy already paused is left as it is."""

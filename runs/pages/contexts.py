@@ -438,6 +438,7 @@ def run_page_context(run: Run) -> dict:
         "progress": p,
         "window": window,
         "guard": guard_state,
+        "guard_over_run": guard.run_budget(run),
         "last": last,
         "last_age_s": _age(now, last.committed_at) if last else None,
         "histogram": charts.state_histogram(p.chunks),

@@ -392,3 +392,63 @@ def test_a_policy_without_a_probe_keeps_its_own_settings(make_user, db):
     assert verdict.concurrency is None and verdict.duty_cycle is None
     assert not GuardControl.objects.filter(policy=policy).exists()
     assert guard.target_chunk_ms(policy.id, spec) == spec.target_chunk_ms
+
+
+def step(run, at, action: str, inflation: float | None) -> None:
+    GuardControlStep.objects.create(
+        policy_id=run.policy_id, taken_at=at, concurrency=1, chunk_ms=50, duty_cycle=0.1,
+        inflation=inflation, budget=1.5, action=action, reason="",
+    )  # fmt: skip
+
+
+def test_the_run_page_and_status_say_whether_the_run_kept_the_budget(run, client_for):
+    """A step's reason speaks of its period; the run's report counts its steps: how many
+    judged the foreground over the budget (the jitter margin's included), how many at the
+    controller's minimum, the worst — and only the steps taken while the run drained."""
+    GuardControlStep.objects.all().delete()
+    started = timezone.now() - timedelta(minutes=5)
+    Run.objects.filter(pk=run.pk).update(started_at=started)
+    run.refresh_from_db()
+    page = lambda: client_for("viewer").get(reverse("runs:detail", args=[run.pk])).content.decode()  # noqa: E731
+    assert run_status(run)["guard_over_run"] is None  # no step: nothing said
+    assert "Foreground budget over this run" not in page()
+
+    step(run, started - timedelta(seconds=30), guard.FLOOR, 9.0)  # another run's, before
+    step(run, started + timedelta(seconds=1), guard.START, None)
+    step(run, started + timedelta(seconds=3), guard.INCREASE, 1.2)
+    step(run, started + timedelta(seconds=5), guard.INCREASE, 1.4)
+    assert run_status(run)["guard_over_run"] == {
+        "steps": 3, "judged": 2, "over_budget": 0, "over_at_minimum": 0,
+        "worst_inflation": 1.4, "budget": 1.5,
+        "verdict": "within the budget in all 2 periods judged (worst 1.4 × idle, budget 1.5 ×)",
+    }  # fmt: skip
+
+    # over the budget within the controller's margin for jitter (no decrease), then over its
+    # limit, then at its minimum
+    step(run, started + timedelta(seconds=7), guard.HOLD, 1.7)
+    step(run, started + timedelta(seconds=9), guard.DECREASE, 5.0)
+    step(run, started + timedelta(seconds=11), guard.FLOOR, 4.0)
+    report = run_status(run)["guard_over_run"]
+    assert (report["judged"], report["over_budget"], report["over_at_minimum"]) == (5, 3, 1)
+    assert report["verdict"] == (
+        "over the budget at the controller's minimum in 1 of 5 periods judged (worst 5 × idle,"
+        " budget 1.5 ×): the foreground's budget and this run's progress could not both be"
+        " had; over it in 3 periods in all"
+    )
+    assert (
+        "Foreground budget over this run: over the budget at the controller&#x27;s minimum"
+        " in 1 of 5 periods judged" in page()
+    )
+    out = StringIO()
+    call_command("retention", "status", run.run_key, "--json", stdout=out)
+    assert json.loads(out.getvalue())["guard_over_run"] == report
+
+    # a finished run: the steps after it are another run's
+    Run.objects.filter(pk=run.pk).update(finished_at=started + timedelta(seconds=8))
+    run.refresh_from_db()
+    report = run_status(run)["guard_over_run"]
+    assert (report["judged"], report["over_budget"], report["over_at_minimum"]) == (3, 1, 0)
+    assert report["verdict"] == (
+        "over the budget in 1 of 3 periods judged (worst 1.7 × idle, budget 1.5 ×); never at"
+        " the controller's minimum"
+    )
