@@ -1298,24 +1298,26 @@ def run_budget(run) -> dict | None:
     at_floor = sum(1 for a, _, _ in judged if a == FLOOR)
     worst = max((i for _, i, _ in judged), default=None)
     budget = steps[-1][2]
+    n = len(judged)
+    judged_text = f"the {n} period judged" if n == 1 else f"{n} periods judged"
     if not judged:
         verdict = "the controller judged no period of this run (it ended before its first)"
     elif at_floor:
         verdict = (
-            f"over the budget at the controller's minimum in {at_floor} of {len(judged)}"
-            f" periods judged (worst {_fmt(worst)} × idle, budget {_fmt(budget)} ×): the"
-            " foreground's budget and this run's progress could not both be had"
+            f"over the budget at the controller's minimum in {at_floor} of {judged_text}"
+            f" (worst {_fmt(worst)} × idle, budget {_fmt(budget)} ×): the foreground's budget"
+            " and this run's progress could not both be had"
             + (f"; over it in {over} periods in all" if over > at_floor else "")
         )
     elif over:
         verdict = (
-            f"over the budget in {over} of {len(judged)} periods judged (worst {_fmt(worst)}"
-            f" × idle, budget {_fmt(budget)} ×); never at the controller's minimum"
+            f"over the budget in {over} of {judged_text} (worst {_fmt(worst)} × idle, budget"
+            f" {_fmt(budget)} ×); never at the controller's minimum"
         )
     else:
         verdict = (
-            f"within the budget in all {len(judged)} periods judged (worst {_fmt(worst)}"
-            f" × idle, budget {_fmt(budget)} ×)"
+            f"within the budget in {'all ' if n > 1 else ''}{judged_text}"
+            f" (worst {_fmt(worst)} × idle, budget {_fmt(budget)} ×)"
         )
     return {
         "steps": len(steps),

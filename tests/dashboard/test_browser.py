@@ -146,6 +146,38 @@ def test_oncall_pauses_and_resumes_from_the_run_page(login, live_server, active_
     ) == ["run.pause", "run.resume"]
 
 
+def test_the_run_page_says_whether_the_run_kept_the_foregrounds_budget(
+    login, live_server, active_run
+):
+    from django.utils import timezone
+
+    from runs.engine import guard
+    from runs.models import GuardControlStep
+
+    def step(action: str, inflation: float) -> None:
+        GuardControlStep.objects.create(
+            policy_id=active_run.policy_id, taken_at=timezone.now(), concurrency=1, chunk_ms=50,
+            duty_cycle=0.1, inflation=inflation, budget=1.5, action=action, reason="",
+        )  # fmt: skip
+
+    GuardControlStep.objects.all().delete()
+    assert active_run.started_at is not None
+    step(guard.INCREASE, 1.2)
+    page = login("viewer")
+    page.goto(f"{live_server.url}/runs/{active_run.pk}/")
+    line = page.locator('[data-testid="guard-over-run"]')
+    expect(line).to_have_text(
+        "Foreground budget over this run: within the budget in the 1 period judged"
+        " (worst 1.2 × idle, budget 1.5 ×)."
+    )
+    step(guard.FLOOR, 4.5)
+    # no reload: the page's live part brings the run's new verdict
+    expect(line).to_contain_text(
+        "over the budget at the controller's minimum in 1 of 2 periods judged (worst 4.5 × idle",
+        timeout=15_000,
+    )
+
+
 def test_oncall_replays_a_dead_letter(login, live_server, make_user):
     letter = make_dead_letter(make_user, slug="gone", rows=300)
     page = login("oncall")
