@@ -263,8 +263,8 @@ def matrix_markdown(data: dict) -> str:
     if waited:
         lines += [
             "",
-            "Where the foreground waited: its requests split by whether they overlapped a chunk"
-            " transaction (× idle: against the idle p99 of the same shape):",
+            "Where the foreground waited: its requests split by whether they started while a"
+            " chunk transaction was in flight (× idle: against the idle p99 of the same shape):",
             "",
             *waited,
         ]

@@ -581,8 +581,9 @@ def foreground_stats(
 
 
 def overlap_split(ops: list, t0: float, chunks: list[dict]) -> tuple[list, list]:
-    """The ``ops`` (scheduled offset from ``t0``, latency ms, kind) whose span, from the
-    scheduled time to the answer, overlapped any chunk interval, and the others."""
+    """The ``ops`` (scheduled offset from ``t0``, latency ms, kind) that started while a chunk
+    transaction was in flight, and the others. By the start, not the whole span: a request
+    that is slow for another reason spans more time and would overlap a chunk more often."""
     spans = sorted((c["start"], c["start"] + c["seconds"]) for c in chunks)
     starts = [s for s, _ in spans]
     reach = []  # the latest end of any chunk starting at or before each one
@@ -591,8 +592,7 @@ def overlap_split(ops: list, t0: float, chunks: list[dict]) -> tuple[list, list]
     during, between = [], []
     for op in ops:
         a = t0 + op[0]
-        b = a + op[1] / 1000
-        i = bisect.bisect_right(starts, b) - 1  # the last chunk that started before the answer
+        i = bisect.bisect_right(starts, a) - 1  # the last chunk that started before this op
         (during if i >= 0 and reach[i] >= a else between).append(op)
     return during, between
 
