@@ -35,6 +35,7 @@ from datetime import datetime, timedelta
 import psycopg
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
+from django.db.models import Count, F, Max, Q
 from django.utils import timezone
 from psycopg import sql
 
@@ -1283,24 +1284,31 @@ def run_budget(run) -> dict | None:
     period; this speaks of the run. None when no step falls within the run."""
     if run.started_at is None:
         return None
-    steps = list(
-        GuardControlStep.objects.filter(
-            policy_id=run.policy_id,
-            taken_at__gte=run.started_at,
-            taken_at__lte=run.finished_at or timezone.now(),
-        ).values_list("action", "inflation", "budget")
+    steps = GuardControlStep.objects.filter(
+        policy_id=run.policy_id,
+        taken_at__gte=run.started_at,
+        taken_at__lte=run.finished_at or timezone.now(),
     )
-    if not steps:
+    # counted by the database: a day of steps is tens of thousands of rows, and the run page
+    # asks at every refresh of its live part
+    judged_q = Q(inflation__isnull=False)
+    counts = steps.aggregate(
+        steps=Count("id"),
+        judged=Count("id", filter=judged_q),
+        # against the budget itself, not the controller's limit (which allows a jitter margin)
+        over=Count(
+            "id",
+            filter=judged_q & (Q(inflation__gt=F("budget")) | Q(action__in=(DECREASE, FLOOR))),
+        ),
+        at_floor=Count("id", filter=judged_q & Q(action=FLOOR)),
+        worst=Max("inflation"),
+    )
+    if not counts["steps"]:
         return None
-    judged = [(a, i, b) for a, i, b in steps if i is not None]
-    # against the budget itself, not the controller's limit (which allows a margin for jitter)
-    over = sum(1 for a, i, b in judged if i > b or a in (DECREASE, FLOOR))
-    at_floor = sum(1 for a, _, _ in judged if a == FLOOR)
-    worst = max((i for _, i, _ in judged), default=None)
-    budget = steps[-1][2]
-    n = len(judged)
+    budget = steps.order_by("-taken_at", "-id").values_list("budget", flat=True).first()
+    over, at_floor, worst, n = counts["over"], counts["at_floor"], counts["worst"], counts["judged"]
     judged_text = f"the {n} period judged" if n == 1 else f"{n} periods judged"
-    if not judged:
+    if not n:
         verdict = "the controller judged no period of this run (it ended before its first)"
     elif at_floor:
         verdict = (
@@ -1320,8 +1328,8 @@ def run_budget(run) -> dict | None:
             f" (worst {_fmt(worst)} × idle, budget {_fmt(budget)} ×)"
         )
     return {
-        "steps": len(steps),
-        "judged": len(judged),
+        "steps": counts["steps"],
+        "judged": n,
         "over_budget": over,
         "over_at_minimum": at_floor,
         "worst_inflation": worst,
