@@ -226,7 +226,7 @@ def read_above(run: Run) -> dict | None:
     eligible inside a done chunk's range after its DELETE is not.
 
     One session takes it: the pass's cursor row, locked while it reads (a finisher that finds
-    it locked waits for it, ``early_read``). None: it does not apply (``reads_above_early``,
+    it locked waits for it, ``early_read``; the reader waits for a planner step holding it). None: it does not apply (``reads_above_early``,
     the conditions of ``missed_ranges`` that do not depend on the chunks), the pass has no
     bounds yet (or nothing to plan), or another session took it."""
     spec = run.policy_version.parsed
@@ -242,8 +242,10 @@ def read_above(run: Run) -> dict | None:
         transaction.atomic(),
         timeouts.bounded(timeouts.engine_statement_ms(), timeouts.target_lock_ms(spec)),
     ):
+        # waits for a planner step that holds the cursor (a short transaction) rather than
+        # skip the read; a session that took the read meanwhile leaves no row to lock
         cursor = (
-            PlannerCursor.objects.select_for_update(skip_locked=True)
+            PlannerCursor.objects.select_for_update()
             .filter(run=run, pass_no=run.pass_no, tenant="", read_above__isnull=True)
             .first()
         )

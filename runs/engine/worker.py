@@ -862,14 +862,18 @@ class IdleNotes:
 
 def adapt_chunk_size(run: Run, seconds: float | None) -> int:
     """Steer the size of chunks planned next toward the policy's target transaction time:
-    grow slowly (+10%) when well under it, halve when over it or under guard pressure
-    (``seconds`` None), within [chunk_size/16, chunk_size×4] of the policy."""
+    double while far under it (under an eighth: a run's first chunks, sized by the policy
+    before anything was measured), grow slowly (+10%) when well under it, halve when over it
+    or under guard pressure (``seconds`` None), within [chunk_size/16, chunk_size×4] of the
+    policy."""
     spec = run.policy_version.parsed
     current = run.chunk_size or spec.chunk_size
     floor, ceiling = max(10, spec.chunk_size // 16), spec.chunk_size * 4
     target = guard.target_chunk_ms(run.policy_id, spec) / 1000  # the controller's setting
     if seconds is None or seconds > 1.5 * target:
         new = max(floor, current // 2)
+    elif seconds < target / 8:
+        new = min(ceiling, current * 2)
     elif seconds < 0.5 * target:
         new = min(ceiling, int(current * 1.1) + 1)
     else:
@@ -1018,10 +1022,13 @@ def drain(
             if not run.planner_done and not planner_busy:
                 if pending is None:
                     pending = Chunk.objects.pending().filter(run=run).count()
-                if pending <= window // 2:
+                # until this lease has measured a chunk, a quarter of the window: the chunks
+                # after it are planned at the size the first ones steered to
+                ahead = window if stats["chunks"] else max(2, window // 4)
+                if pending <= ahead // 2:
                     pending = None  # the next claim counts them again
                     try:
-                        planned = planner.plan(run, window=window, deadline=deadline)
+                        planned = planner.plan(run, window=ahead, deadline=deadline)
                         planner_busy = planned.busy
                         stats["planned"] += planned
                         if not looked_above:  # the pass's bounds are known now

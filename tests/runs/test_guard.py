@@ -122,11 +122,14 @@ def test_one_sampler_at_a_time_for_the_whole_pool(make_user):
         cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
 
 
-def test_chunk_size_halves_under_pressure_and_grows_slowly(policy):
+def test_chunk_size_halves_under_pressure_doubles_far_under_target_and_grows_slowly_near_it(policy):
     run, _ = trigger_run(policy, tick=NOW)
+    assert policy.approved_version.parsed.target_chunk_ms == 300
     assert worker.adapt_chunk_size(run, None) == 100
-    assert worker.adapt_chunk_size(run, 0.01) == 111
-    assert worker.adapt_chunk_size(run, 5.0) == 55
+    assert worker.adapt_chunk_size(run, 0.01) == 200  # under an eighth of the target: doubles
+    assert worker.adapt_chunk_size(run, 0.1) == 221  # under half of it: +10%
+    assert worker.adapt_chunk_size(run, 0.2) == 221  # near it: stays
+    assert worker.adapt_chunk_size(run, 5.0) == 110
     for _ in range(200):
         worker.adapt_chunk_size(run, 0.001)
     assert Run.objects.get(pk=run.pk).chunk_size == 800  # the ceiling: 4 × the policy's size
