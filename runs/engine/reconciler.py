@@ -225,8 +225,10 @@ def read_above(run: Run) -> dict | None:
     after this read made eligible with a key between ``last`` and ``top`` — as a row made
     eligible inside a done chunk's range after its DELETE is not.
 
-    One session takes it: the pass's cursor row, locked while it reads (a finisher that finds
-    it locked waits for it, ``early_read``; the reader waits for a planner step holding it). None: it does not apply (``reads_above_early``,
+    One session takes it: it holds the pass's read-above lock while it reads (a finisher that
+    finds it held waits for it, ``early_read``), not the cursor's row, which the planner's steps
+    lock — a read of the old range at 10M rows takes half a second, and the planner would
+    find the cursor taken and every worker wait for it. None: it does not apply (``reads_above_early``,
     the conditions of ``missed_ranges`` that do not depend on the chunks), the pass has no
     bounds yet (or nothing to plan), or another session took it."""
     spec = run.policy_version.parsed
@@ -242,14 +244,14 @@ def read_above(run: Run) -> dict | None:
         transaction.atomic(),
         timeouts.bounded(timeouts.engine_statement_ms(), timeouts.target_lock_ms(spec)),
     ):
-        # waits for a planner step that holds the cursor (a short transaction) rather than
-        # skip the read; a session that took the read meanwhile leaves no row to lock
-        cursor = (
-            PlannerCursor.objects.select_for_update()
-            .filter(run=run, pass_no=run.pass_no, tenant="", read_above__isnull=True)
-            .first()
+        unread = PlannerCursor.objects.filter(
+            run=run, pass_no=run.pass_no, tenant="", read_above__isnull=True
         )
+        cursor = unread.first()
         if cursor is None or cursor.last() is None:
+            return None
+        # one reader: the lock, then a fresh look (a reader that committed since has left none)
+        if not locks.try_xact_lock(locks.READ_ABOVE, run.pk) or not unread.exists():
             return None
         last = cursor.last()
         top_query, found_query = above_queries(run, spec, last, types=types)
@@ -266,8 +268,8 @@ def read_above(run: Run) -> dict | None:
             "found": [list(k) for k in found] if len(found) <= FOUND_MAX else None,
             "at": timezone.now().isoformat(),
         }
-        cursor.read_above = record
-        cursor.save(update_fields=["read_above"])
+        # the cursor's row only now: a planner step holding it is a short wait
+        unread.filter(pk=cursor.pk).update(read_above=record)
     return record
 
 
@@ -307,7 +309,7 @@ def above_unread(run: Run) -> bool:
 
 def early_read(run: Run, spec, *, wait_s: float | None = None) -> dict | None:
     """The pass's read above its last key (``read_above``), when it was taken and names what it
-    found. While another session takes it (the cursor's row is locked) wait for it — at most
+    found. While another session takes it (holds the read-above lock) wait for it — at most
     ``wait_s``, default the read's own statement bound — rather than read the same range beside
     it. None: the finish reads everything from the last chunk on."""
     if not reads_above_early(run, spec):
@@ -317,13 +319,9 @@ def early_read(run: Run, spec, *, wait_s: float | None = None) -> dict | None:
     def record():
         return mine.values_list("read_above", flat=True).first()
 
-    def take() -> None:  # queues behind the early reader's FOR UPDATE of the row, nothing else
+    def take() -> None:  # queues behind the early reader's lock, nothing else
         with connection.cursor() as cur:
-            cur.execute(
-                "SELECT count(*) FROM (SELECT 1 FROM runs_plannercursor WHERE run_id = %s"
-                " AND pass_no = %s AND tenant = '' FOR KEY SHARE) AS c",
-                [run.pk, run.pass_no],
-            )
+            cur.execute("SELECT pg_advisory_xact_lock_shared(%s, %s)", [locks.READ_ABOVE, run.pk])
 
     found = record()
     if found is None:

@@ -12,6 +12,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
+from core import locks
 from runs.actions import trigger_run
 from runs.models import AuditRecord, Run
 from tests.factories import approved_policy, events_spec
@@ -401,8 +402,8 @@ def test_the_read_above_the_last_key_is_taken_beside_the_chunks_and_the_finish_r
 def test_a_finisher_waits_for_the_read_above_in_progress_rather_than_read_beside_it(
     make_user, settings
 ):
-    """Another session is taking the read above the last key (it holds the pass's cursor row):
-    the finisher's look for it waits for that transaction and uses its record."""
+    """Another session is taking the read above the last key (it holds the pass's read-above
+    lock): the finisher's look for it waits for that transaction and uses its record."""
     import threading
 
     from django.db import transaction
@@ -423,7 +424,7 @@ def test_a_finisher_waits_for_the_read_above_in_progress_rather_than_read_beside
     def other() -> None:
         try:
             with transaction.atomic():
-                list(PlannerCursor.objects.select_for_update().filter(run=run))
+                locks.xact_lock(locks.READ_ABOVE, run.pk)
                 holding.set()
                 threading.Event().wait(0.5)  # a read in progress
                 taken["record"] = reconciler.read_above(run)
@@ -437,6 +438,57 @@ def test_a_finisher_waits_for_the_read_above_in_progress_rather_than_read_beside
     thread.join(30)
     assert taken["record"] is not None
     assert record == taken["record"]
+    connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_planner_plans_while_the_read_above_the_last_key_is_in_progress(
+    make_user, settings, monkeypatch
+):
+    """The read above the last key takes half a second on a large table: the planner's steps,
+    which lock the pass's cursor, go on beside it (a step that found the cursor taken would
+    leave every worker waiting for the read), and the read's record is kept after them."""
+    import threading
+
+    from django.db import transaction
+
+    from runs.engine import planner, reconciler
+    from runs.models import PlannerCursor
+
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    create_events(3000)
+    run, _ = trigger_run(_key_policy(make_user), tick=NOW)
+    assert planner.plan(run, window=2) == 2  # the pass's bounds are known, the walk goes on
+    reading, done, taken = threading.Event(), threading.Event(), {}
+    fetch = reconciler._fetch
+
+    def slow_fetch(frag):  # the read, in its transaction, lasting until the planner has planned
+        found = fetch(frag)
+        reading.set()
+        done.wait(30)
+        return found
+
+    def other() -> None:
+        try:
+            taken["record"] = reconciler.read_above(run)
+        finally:
+            connection.close()
+
+    monkeypatch.setattr(reconciler, "_fetch", slow_fetch)
+    thread = threading.Thread(target=other, daemon=True)
+    thread.start()
+    assert reading.wait(30)
+    try:
+        with transaction.atomic():
+            made = planner.step(run, run.policy_version.parsed, 100, 3)
+    finally:
+        done.set()
+        thread.join(30)
+    assert made == 3
+    assert taken["record"] is not None and taken["record"]["top"] == ["3000"]
+    cursor = PlannerCursor.objects.get(run=run)
+    assert cursor.read_above == taken["record"]
+    assert cursor.chunks_planned == 5
     connection.close()
 
 
