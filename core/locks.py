@@ -22,7 +22,9 @@ CEILING_GLOBAL = 0x52520010
 CEILING_POLICY = 0x52520011
 CEILING_TENANT = 0x52520012
 PLANNER = 0x52520020  # one planner per run
-READ_ABOVE = 0x52520022  # per run: one session reads above its pass's last key (``reconciler.read_above``)
+READ_ABOVE = (
+    0x52520022  # per run: one session reads above its pass's last key (``reconciler.read_above``)
+)
 FINISHER = (
     0x52520021  # the session concluding a run's pass (verifying it), for idle drains to wait on
 )

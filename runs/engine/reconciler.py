@@ -244,14 +244,14 @@ def read_above(run: Run) -> dict | None:
         transaction.atomic(),
         timeouts.bounded(timeouts.engine_statement_ms(), timeouts.target_lock_ms(spec)),
     ):
+        # one reader: the lock, then the look (a reader that committed before has left none)
+        if not locks.try_xact_lock(locks.READ_ABOVE, run.pk):
+            return None
         unread = PlannerCursor.objects.filter(
             run=run, pass_no=run.pass_no, tenant="", read_above__isnull=True
         )
         cursor = unread.first()
         if cursor is None or cursor.last() is None:
-            return None
-        # one reader: the lock, then a fresh look (a reader that committed since has left none)
-        if not locks.try_xact_lock(locks.READ_ABOVE, run.pk) or not unread.exists():
             return None
         last = cursor.last()
         top_query, found_query = above_queries(run, spec, last, types=types)

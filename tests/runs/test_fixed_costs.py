@@ -409,7 +409,6 @@ def test_a_finisher_waits_for_the_read_above_in_progress_rather_than_read_beside
     from django.db import transaction
 
     from runs.engine import planner, reconciler, worker
-    from runs.models import PlannerCursor
 
     settings.RETENTION = {**settings.RETENTION, "GUARD": False}
     create_events(3000)
