@@ -300,8 +300,9 @@ def overlap_table(data: dict) -> list[str]:
         n = during["n"] + between["n"]
         probe = r.get("probe") or {}
         seen = (
-            f"{_f(probe.get('p99'), 1)} ({_f(_ratio(probe.get('p99'), probe.get('idle_p95')), 2)}"
-            f" × its idle p95 {_f(probe.get('idle_p95'), 1)}; {probe.get('n', 0)} readings)"
+            f"{_f(probe.get('p99'), 1)} ({_f(_ratio(probe.get('p99'), probe.get('idle')), 2)}"
+            f" × its idle p{probe.get('idle_rank') or '–'} {_f(probe.get('idle'), 1)};"
+            f" {probe.get('n', 0)} readings)"
             if probe
             else "–"
         )
@@ -337,7 +338,9 @@ def controller_table(data: dict) -> list[str]:
             continue
         key = r["dataset"]
         if not steps:
-            rows.append(f"| {key} | {r['contender']} | no step (the run ended first) | – | – | – |")
+            rows.append(
+                f"| {key} | {r['contender']} | no step (the run ended first) | – | – | – | – |"
+            )
             continue
         actions: dict[str, int] = {}
         for s in steps:
@@ -349,14 +352,15 @@ def controller_table(data: dict) -> list[str]:
             f" | {', '.join(f'{a} {n}' for a, n in actions.items())}"
             f" | {last['concurrency']} / {last['chunk_ms']} ms / {last['duty_cycle']:.2f}"
             f" | {_f(max(measured), 2) if measured else '–'} (budget {_f(last['budget'], 2)})"
-            f" | {(last['reason'] or '').replace('|', '/')[:160]} |"
+            f" | {(last['reason'] or '').replace('|', '/')[:160]}"
+            f" | {((r.get('budget_report') or {}).get('verdict') or '–').replace('|', '/')} |"
         )
     if not rows:
         return []
     return [
         "| shape | contender | steps | concurrency / chunk ms / duty cycle after the last"
-        " | highest inflation × idle (same rank) | last reason |",
-        "|---|---|---|--:|--:|---|",
+        " | highest inflation × idle (same rank) | last reason | its report over the run |",
+        "|---|---|---|--:|--:|---|---|",
         *rows,
     ]
 

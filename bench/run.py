@@ -317,13 +317,17 @@ class Bench:
             result["worker_summaries"] = [o["summary"] for o in outs]
             if spec["guard"]:
                 result["controller"] = self.controller(setup["run_id"])
-                # what the guard's probe saw over the run, beside what the foreground saw
-                readings, idle = self.probe_readings(table, started, ended)
+                # the controller's own report over the run (``retention status``): its
+                # verdict, and what the guard's probe saw over the whole run beside what the
+                # foreground saw
+                report = self.status(setup["run_key"]).get("guard_over_run") or {}
+                result["budget_report"] = report
+                pooled = report.get("pooled") or {}
                 result["probe"] = {
-                    "n": len(readings),
-                    "p99": percentile([ms for _, ms in readings], 99),
-                    "idle_n": len(idle),
-                    "idle_p95": percentile(idle, 95),
+                    "n": pooled.get("readings", 0),
+                    "p99": pooled.get("p99_ms"),
+                    "idle": pooled.get("baseline_ms"),
+                    "idle_rank": pooled.get("rank"),
                 }
             result["xacts_per_chunk"] = round(xacts / len(chunks), 1) if chunks else None
             if chunks:  # where the wall went: before the first chunk, the chunks, after them
@@ -408,25 +412,13 @@ class Bench:
                 "baseline_ms", "inflation", "budget", "reason")  # fmt: skip
         return [dict(zip(keys, (float(r[0]), *r[1:]), strict=True)) for r in rows]
 
-    def probe_readings(self, table: str, start: float, end: float) -> tuple[list, list]:
-        """The guard's probe readings of ``table`` in [start, end] (epoch seconds), as its
-        samples recorded them: (epoch, ms), the samples' own and those taken between them;
-        and the idle probes (ms) its samples took while nothing of the run was in flight."""
-        rows = self.conn.execute(
-            "SELECT extract(epoch FROM s.taken_at)::float8, (t.v ->> 'probe_ms')::float8,"
-            " coalesce(t.v -> 'probes', '[]'::jsonb), coalesce(t.v -> 'idle_probes_ms', '[]')"
-            " FROM retention_runner.runs_guardsample s, jsonb_each(s.tables) AS t(k, v)"
-            " WHERE t.k = %s AND s.taken_at BETWEEN to_timestamp(%s) - interval '10 s'"
-            " AND to_timestamp(%s)",
-            [f"{SCHEMA}.{table}", start, end],
-        ).fetchall()
-        out, idle = [], []
-        for at, ms, between, idle_probes in rows:
-            if ms is not None and start <= at <= end:
-                out.append((at, ms))
-            out += [(float(e), float(v)) for v, e in between if start <= float(e) <= end]
-            idle += [float(v) for v in idle_probes]
-        return sorted(out), idle
+    def status(self, run_key: str) -> dict:
+        """``retention status RUN_KEY --json``: the run as the product reports it."""
+        out = subprocess.run(
+            [sys.executable, "manage.py", "retention", "status", run_key, "--json"],
+            cwd=ROOT, env=self.child_env(), check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        return json.loads(out.stdout)
 
     def ledger(self, run_id: int) -> list[dict]:
         rows = self.conn.execute(

@@ -357,14 +357,18 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
 SAMPLER_WAIT_S = 2.0  # the longest a worker waits for another's sample when it has none recent
 
 
-def sample(*, force: bool = False) -> GuardSample | None:
+def sample(*, force: bool = False, by: str = "admission") -> GuardSample | None:
     """Take a sample if the latest is older than ``RETENTION_GUARD_SAMPLE_MS`` and no one else
     is sampling; return the latest. While another session samples, the latest is returned if
     it is recent (two intervals); otherwise — a run starting after a quiet spell, whose first
     sample takes its idle probes — the sample being taken is waited for, so that no chunk is
     admitted on a reading from before the run and in flight during those probes (the wait is
-    bounded: after ``SAMPLER_WAIT_S`` the latest sample, or none, is judged)."""
+    bounded: after ``SAMPLER_WAIT_S`` the latest sample, or none, is judged). ``by``: who
+    takes it, kept in the sample (``values["taken_by"]``): "sampler" (the thread beside the
+    chunks), "admission" (a worker before its next chunk) or "lease" (a lease's first)."""
     fresh_s = settings.RETENTION["GUARD_SAMPLE_MS"] / 1000
+    if by == "admission":
+        fresh_s = admission_fresh_s()
     latest = GuardSample.objects.order_by("-taken_at").first()
     if (
         not force
@@ -372,7 +376,7 @@ def sample(*, force: bool = False) -> GuardSample | None:
         and (timezone.now() - latest.taken_at).total_seconds() < fresh_s
     ):
         return latest
-    taken = _take_sample(force, fresh_s)
+    taken = _take_sample(force, fresh_s, by)
     if taken is not _BUSY_SAMPLER:
         return taken
     if latest is not None and (timezone.now() - latest.taken_at).total_seconds() < 2 * fresh_s:
@@ -382,6 +386,20 @@ def sample(*, force: bool = False) -> GuardSample | None:
 
 
 _BUSY_SAMPLER = object()  # another session holds the sampler's lock
+
+
+def admission_fresh_s() -> float:
+    """How old a sample an admission judges by before it takes one itself: a sample interval
+    without the sampler thread; with it, two — the thread samples every interval and carries
+    the probes it took between samples in its own, which a worker whose admission took the
+    sample first would lose (with two workers, most of them: a short run's controller then
+    judged eight readings in three seconds instead of thirty). The admission steps in when the
+    thread is late (a process that stopped draining, a thread standing by)."""
+    cfg = settings.RETENTION
+    fresh_s = cfg["GUARD_SAMPLE_MS"] / 1000
+    if cfg.get("GUARD_SAMPLER_THREAD", True):
+        return 2 * fresh_s
+    return fresh_s
 
 
 # -- the sampler beside the chunks -------------------------------------------------------
@@ -489,7 +507,7 @@ def _sample_beside(stop: threading.Event) -> None:
                         # sample interval, not at every probe between samples
                         specs, sampled = _targets(), t0
                         if specs:
-                            sample()
+                            sample(by="sampler")
                     elif prober is not None and specs and not _probe_between(specs):
                         specs = []  # no reading: nothing more until the next sample
             except Exception:  # noqa: BLE001 - the admission samples by itself meanwhile
@@ -507,7 +525,7 @@ def _sample_beside(stop: threading.Event) -> None:
         connection.close()  # this thread's own connection
 
 
-def _take_sample(force: bool, fresh_s: float):
+def _take_sample(force: bool, fresh_s: float, by: str):
     with transaction.atomic():
         if not locks.try_xact_lock(locks.SAMPLER, 0):
             return _BUSY_SAMPLER
@@ -528,6 +546,7 @@ def _take_sample(force: bool, fresh_s: float):
         readings = _read_prometheus(specs, again)
         if readings:
             values["prometheus"] = readings
+        values["taken_by"] = by
         return GuardSample.objects.create(values=values, tables=tables)
 
 
@@ -857,7 +876,7 @@ def admission(run, spec, *, now=None) -> Verdict:
     clock = now or timezone.now()
     paced = (kept is not None and kept[1].paced) or _lowered.get(run.policy_id, False)
     head_pk, taken_at, busy, knobs = _head(spec, run.policy_id, clock if paced else None)
-    fresh_s = settings.RETENTION["GUARD_SAMPLE_MS"] / 1000
+    fresh_s = admission_fresh_s()
     if (
         kept is not None
         and head_pk is not None
@@ -1013,6 +1032,24 @@ def _describe(concurrency: int, chunk_ms: int, duty: float) -> str:
     )
 
 
+def _readings(table: str, since, until) -> tuple[sql.Composable, list]:
+    """The probe's readings of ``table`` in (``since``, ``until``] as a query of one column
+    ``v`` (ms) and its parameters: each sample's own probe and the probes the sampler thread
+    took between samples (kept in the next sample with their instant). The controller's
+    period and the run's report (``run_budget``) read the same readings."""
+    return (
+        sql.SQL(
+            "SELECT (tables -> %s ->> 'probe_ms')::float8 AS v FROM runs_guardsample"
+            " WHERE taken_at > %s AND taken_at <= %s"
+            " UNION ALL SELECT (e.r ->> 0)::float8 FROM runs_guardsample s,"
+            " jsonb_array_elements(coalesce(s.tables -> %s -> 'probes', '[]')) AS e(r)"
+            " WHERE s.taken_at > %s AND (e.r ->> 1)::float8"
+            "  BETWEEN extract(epoch FROM %s::timestamptz) AND extract(epoch FROM %s::timestamptz)"
+        ),
+        [table, since, until, table, since, since, until],
+    )
+
+
 def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
     """Take the controller's step for the policy if one is due: from the probe's p99 over the
     samples since the last step against its idle baseline's p99, halve the knobs when the
@@ -1073,18 +1110,12 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
             return row
         # the run's readings since the last step (since its start: none from before it)
         since = row.stepped_at if row.action == START else max(row.stepped_at, now - 3 * period)
+        readings, params = _readings(spec.qualified_table, since, now)
         probes = sorted(
             v
             for (v,) in _rows(
-                "SELECT (tables -> %s ->> 'probe_ms')::float8 FROM runs_guardsample"
-                " WHERE taken_at > %s AND taken_at <= %s"
-                " UNION ALL SELECT (e.r ->> 0)::float8 FROM runs_guardsample s,"
-                " jsonb_array_elements(coalesce(s.tables -> %s -> 'probes', '[]')) AS e(r)"
-                " WHERE s.taken_at > %s AND (e.r ->> 1)::float8"
-                "  BETWEEN extract(epoch FROM %s::timestamptz) AND extract(epoch FROM %s::timestamptz)",
-                [spec.qualified_table, since, now, spec.qualified_table, since, since, now],
+                sql.SQL("SELECT v FROM ({}) r WHERE v IS NOT NULL").format(readings), params
             )
-            if v is not None
         )
         if len(probes) < 2 and row.action == START:
             if now - row.stepped_at < NO_READINGS_PERIODS * period:
@@ -1279,15 +1310,17 @@ def control_summary(policy, spec=None, *, row=UNREAD) -> dict | None:
 def run_budget(run) -> dict | None:
     """The controller's report over ``run``: the steps it took for the run's policy while the
     run drained (its history, kept for a day), how many judged the foreground over the
-    budget, how many of those at its minimum, and the worst inflation it measured — with a
-    sentence that says whether the run kept the budget. A step's reason speaks of its own
-    period; this speaks of the run. None when no step falls within the run."""
+    budget, how many of those at its minimum, and the worst inflation it measured; and the
+    run as a whole — the p99 of every probe reading taken while it drained against the idle
+    readings' percentile of the same rank (``pooled``). A period judges twenty-odd readings,
+    whose p99 is their highest: a short run's two periods can each pass while its hundred
+    readings' p99 does not. The sentence says whether the run kept the budget: over it as a
+    whole is over it, whatever its periods said. None when no step falls within the run."""
     if run.started_at is None:
         return None
+    end = run.finished_at or timezone.now()
     steps = GuardControlStep.objects.filter(
-        policy_id=run.policy_id,
-        taken_at__gte=run.started_at,
-        taken_at__lte=run.finished_at or timezone.now(),
+        policy_id=run.policy_id, taken_at__gte=run.started_at, taken_at__lte=end
     )
     # counted by the database: a day of steps is tens of thousands of rows, and the run page
     # asks at every refresh of its live part
@@ -1307,6 +1340,8 @@ def run_budget(run) -> dict | None:
         return None
     budget = steps.order_by("-taken_at", "-id").values_list("budget", flat=True).first()
     over, at_floor, worst, n = counts["over"], counts["at_floor"], counts["worst"], counts["judged"]
+    pooled = _pooled(run.policy_version.parsed.qualified_table, run.started_at, end)
+    pooled_over = pooled is not None and pooled["inflation"] > budget
     judged_text = f"the {n} period judged" if n == 1 else f"{n} periods judged"
     if not n:
         verdict = "the controller judged no period of this run (it ended before its first)"
@@ -1322,10 +1357,22 @@ def run_budget(run) -> dict | None:
             f"over the budget in {over} of {judged_text} (worst {_fmt(worst)} × idle, budget"
             f" {_fmt(budget)} ×); never at the controller's minimum"
         )
+    elif pooled_over:
+        verdict = (
+            f"over the budget over the run as a whole, though within it in"
+            f" {'all ' if n > 1 else ''}{judged_text} (worst {_fmt(worst)} × idle)"
+        )
     else:
         verdict = (
             f"within the budget in {'all ' if n > 1 else ''}{judged_text}"
             f" (worst {_fmt(worst)} × idle, budget {_fmt(budget)} ×)"
+        )
+    if pooled is not None:
+        verdict += (
+            f"; the run as a whole: probe p99 of {pooled['readings']} readings"
+            f" {_fmt(pooled['p99_ms'])} ms = {_fmt(pooled['inflation'])} × idle"
+            f" p{pooled['rank']} {_fmt(pooled['baseline_ms'])} ms"
+            + (f" > budget {_fmt(budget)} ×" if pooled_over else f", within {_fmt(budget)} ×")
         )
     return {
         "steps": counts["steps"],
@@ -1334,7 +1381,36 @@ def run_budget(run) -> dict | None:
         "over_at_minimum": at_floor,
         "worst_inflation": worst,
         "budget": budget,
+        "pooled": pooled,
         "verdict": verdict,
+    }
+
+
+def _pooled(table: str, since, until) -> dict | None:
+    """The probe over (``since``, ``until``] as one period: the p99 of all its readings (by
+    the database: an hour's run is tens of thousands), the idle baseline's percentile of the
+    rank a highest-of-n reading has (``n/(n+1)``, at most p99, as the controller judges a
+    period) and their ratio. None with fewer than two readings or no idle baseline."""
+    readings, params = _readings(table, since, until)
+    ((count, p99),) = _rows(
+        sql.SQL(
+            "SELECT count(v), percentile_disc(0.99) WITHIN GROUP (ORDER BY v)"
+            " FROM ({}) r WHERE v IS NOT NULL"
+        ).format(readings),
+        params,
+    )
+    if count < 2:
+        return None
+    rank = min(0.99, count / (count + 1))
+    base = idle_baseline(table, now=until, rank=rank)["at_rank"]
+    if not base:
+        return None
+    return {
+        "readings": count,
+        "p99_ms": round(p99, 2),
+        "rank": round(rank * 100),
+        "baseline_ms": base,
+        "inflation": round(p99 / base, 3),
     }
 
 

@@ -971,7 +971,7 @@ def drain(
         # meet the planner's first window and the read above the last key, and learn a
         # baseline several times the foreground's own (a worker that finds another's sample
         # being taken waits for it: ``guard.sample``)
-        guard.sample()
+        guard.sample(by="lease")
     early: threading.Thread | None = None  # this lease's read above the pass's last key
     looked_above = False  # whether this lease has looked whether that read is to be taken
     while time.monotonic() < deadline:

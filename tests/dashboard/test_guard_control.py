@@ -419,7 +419,7 @@ def test_the_run_page_and_status_say_whether_the_run_kept_the_budget(run, client
     step(run, started + timedelta(seconds=5), guard.INCREASE, 1.4)
     assert run_status(run)["guard_over_run"] == {
         "steps": 3, "judged": 2, "over_budget": 0, "over_at_minimum": 0,
-        "worst_inflation": 1.4, "budget": 1.5,
+        "worst_inflation": 1.4, "budget": 1.5, "pooled": None,
         "verdict": "within the budget in all 2 periods judged (worst 1.4 × idle, budget 1.5 ×)",
     }  # fmt: skip
 
@@ -452,3 +452,51 @@ def test_the_run_page_and_status_say_whether_the_run_kept_the_budget(run, client
         "over the budget in 1 of 3 periods judged (worst 1.7 × idle, budget 1.5 ×); never at"
         " the controller's minimum"
     )
+
+
+def test_a_run_whose_periods_each_pass_but_whose_readings_do_not_is_reported_over(run):
+    """A period's p99 is the highest of its twenty-odd readings, judged against the idle
+    readings' p95: a short run's two periods can each pass while the p99 of all its readings
+    (a stall in one reading of fifty) is far over the budget. The run's report pools them,
+    against the idle readings' percentile of the same rank, and says the run was over."""
+    GuardControlStep.objects.all().delete()
+    GuardSample.objects.all().delete()
+    now = timezone.now()
+    started = now - timedelta(seconds=20)
+    Run.objects.filter(pk=run.pk).update(started_at=started)
+    run.refresh_from_db()
+    for i in range(60):  # idle before the run: 2 ms, 3 ms at its highest
+        sample(started - timedelta(seconds=120 - i), 3.0 if i % 20 == 0 else 2.0, in_flight=False)
+    step(run, started + timedelta(seconds=1), guard.START, None)
+    step(run, started + timedelta(seconds=5), guard.INCREASE, 1.3)
+    step(run, started + timedelta(seconds=9), guard.INCREASE, 1.4)
+    report = run_status(run)["guard_over_run"]
+    assert report["pooled"] is None  # no reading during the run: nothing pooled
+    assert report["verdict"].startswith("within the budget in all 2 periods judged")
+
+    # fifty readings while it drained, 2.5 ms, and a stall of 30 ms in one of them
+    for i in range(10):
+        at = started + timedelta(seconds=1 + i)
+        stall = 30.0 if i == 6 else 2.5
+        between = [[2.5, (at - timedelta(milliseconds=100 * k)).timestamp()] for k in range(1, 4)]
+        sample(at, 2.5, in_flight=True, probes=[[stall, at.timestamp() - 0.05], *between])
+    report = run_status(run)["guard_over_run"]
+    assert report["pooled"] == {
+        "readings": 50, "p99_ms": 30.0, "rank": 98, "baseline_ms": 3.0, "inflation": 10.0,
+    }  # fmt: skip
+    assert report["verdict"] == (
+        "over the budget over the run as a whole, though within it in all 2 periods judged"
+        " (worst 1.4 × idle); the run as a whole: probe p99 of 50 readings 30 ms = 10 × idle"
+        " p98 3 ms > budget 1.5 ×"
+    )
+
+    # ten readings without the stall: their highest is judged against idle p91 (2 ms; the
+    # idle readings' highest, 3 ms, is their p97), within the budget, and the report says so
+    GuardSample.objects.filter(taken_at__gte=started).delete()
+    for i in range(10):
+        sample(started + timedelta(seconds=1 + i), 2.5, in_flight=True)
+    report = run_status(run)["guard_over_run"]
+    assert report["pooled"] == {
+        "readings": 10, "p99_ms": 2.5, "rank": 91, "baseline_ms": 2.0, "inflation": 1.25,
+    }  # fmt: skip
+    assert report["verdict"].endswith("= 1.25 × idle p91 2 ms, within 1.5 ×")

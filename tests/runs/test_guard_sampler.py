@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 from django.db import connection
+from django.db.models import Max, Min
 
 from runs.actions import trigger_run
 from runs.models import AuditRecord, GuardSample, Run
@@ -22,11 +24,11 @@ from tests.runs.conftest import NOW, ROOT, create_events, worker_env
 TABLE = "public.rr_events"
 
 
-def drain(run_key: str, *, thread: bool, log) -> int:
-    env = {
+def drain_env(*, thread: bool, sample_ms: int = 50) -> dict:
+    return {
         **os.environ,
         **worker_env(),
-        "RETENTION_GUARD_SAMPLE_MS": "50",
+        "RETENTION_GUARD_SAMPLE_MS": str(sample_ms),
         "RETENTION_GUARD_PROBE_MS": "20",
         "RETENTION_GUARD_SAMPLER_THREAD": "1" if thread else "0",
         # the controller on (it asks for the probes between samples) with nothing to move:
@@ -34,21 +36,23 @@ def drain(run_key: str, *, thread: bool, log) -> int:
         "RETENTION_GUARD_DUTY_FLOOR_PCT": "50",
         "RETENTION_GUARD_CHUNK_MS_FLOOR": "100000",
     }
+
+
+DRAIN = [sys.executable, "manage.py", "retention", "drain"]
+
+
+def drain(run_key: str, *, thread: bool, log) -> int:
     return subprocess.run(
-        [sys.executable, "manage.py", "retention", "drain", run_key, "--until-idle"],
+        [*DRAIN, run_key, "--until-idle"],
         cwd=ROOT,
-        env=env,
+        env=drain_env(thread=thread),
         stdout=log,
         stderr=subprocess.STDOUT,
         timeout=300,
     ).returncode
 
 
-@pytest.mark.parametrize("thread", [True, False], ids=["sampler-thread", "admissions-only"])
-def test_with_one_chunk_at_a_time_the_samples_meet_chunks_in_flight(
-    transactional_db, make_user, tmp_path, thread
-):
-    create_events(3000)
+def slow_deletes() -> None:
     with connection.cursor() as cur:
         # every deleted row takes a millisecond: a chunk of 40 rows is 40 ms in flight
         cur.execute(
@@ -59,6 +63,20 @@ def test_with_one_chunk_at_a_time_the_samples_meet_chunks_in_flight(
             "CREATE TRIGGER rr_slow BEFORE DELETE ON public.rr_events"
             " FOR EACH ROW EXECUTE FUNCTION public.rr_slow_delete()"
         )
+
+
+def drop_events() -> None:
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
+        cur.execute("DROP FUNCTION IF EXISTS public.rr_slow_delete()")
+
+
+@pytest.mark.parametrize("thread", [True, False], ids=["sampler-thread", "admissions-only"])
+def test_with_one_chunk_at_a_time_the_samples_meet_chunks_in_flight(
+    transactional_db, make_user, tmp_path, thread
+):
+    create_events(3000)
+    slow_deletes()
     policy = approved_policy(
         make_user,
         **events_spec(
@@ -101,6 +119,70 @@ def test_with_one_chunk_at_a_time_the_samples_meet_chunks_in_flight(
             # every sample is the admission's, before the worker's next chunk opens
             assert len(taken) >= 10 and met == 0, (met, len(taken))
     finally:
-        with connection.cursor() as cur:
-            cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
-            cur.execute("DROP FUNCTION IF EXISTS public.rr_slow_delete()")
+        drop_events()
+
+
+def test_with_two_workers_the_samples_are_the_threads_and_keep_its_probes(
+    transactional_db, make_user, tmp_path
+):
+    """Two worker processes drain one run; the sampler thread of one of them takes the
+    samples, with the probes it took between them. An admission samples only when the
+    thread's sample is two intervals old: before, the other worker's admission took the
+    sample as soon as one interval had passed — most of them — and the probes the thread took
+    meanwhile never reached the controller (eight readings in a three-second run)."""
+    create_events(6000)  # six seconds of chunks: both workers are up well before the end
+    slow_deletes()
+    policy = approved_policy(
+        make_user,
+        **events_spec(
+            keep=[],
+            chunking="key",
+            chunk_size=40,
+            limits={"policy_workers": 2, "tenant_workers": 2},
+            guard={"probe_p95_ms": 5000.0, "lock_waits": 1000},
+        ),
+    )
+    run, _ = trigger_run(policy, tick=NOW)
+    interval_ms = 200
+    try:
+        env = drain_env(thread=True, sample_ms=interval_ms)
+        logs = [open(tmp_path / f"worker{i}.log", "w") for i in range(2)]
+        workers = [
+            subprocess.Popen(
+                [*DRAIN, run.run_key, "--until-idle"],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            for log in logs
+        ]
+        assert [w.wait(timeout=300) for w in workers] == [0, 0]
+        for log in logs:
+            log.close()
+        run.refresh_from_db()
+        assert run.state == Run.State.DRAINED, (tmp_path / "worker0.log").read_text()
+        pids = set(AuditRecord.objects.filter(run_id=run.pk).values_list("worker_pid", flat=True))
+        assert len(pids) == 2  # both drained
+        first, last = (
+            AuditRecord.objects.filter(run_id=run.pk)
+            .aggregate(first=Min("started_at"), last=Max("committed_at"))
+            .values()
+        )
+        during = list(
+            GuardSample.objects.filter(taken_at__gt=first, taken_at__lte=last).order_by("taken_at")
+        )
+        assert len(during) >= 5, len(during)
+        by = Counter(s.values.get("taken_by") for s in during)
+        assert set(by) <= {"sampler", "admission", "lease"}, by
+        # an admission took one only where the thread's was two intervals old
+        for before, s in zip(during, during[1:], strict=False):
+            if s.values["taken_by"] == "admission":
+                gap_ms = (s.taken_at - before.taken_at).total_seconds() * 1000
+                assert gap_ms >= 2 * interval_ms, (gap_ms, by)
+        assert by["sampler"] > len(during) / 2, by
+        # and the thread's samples carry its probes between them
+        between = [r for s in during for r in s.tables.get(TABLE, {}).get("probes", [])]
+        assert len(between) >= by["sampler"], (len(between), by)
+    finally:
+        drop_events()
