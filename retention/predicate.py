@@ -796,10 +796,35 @@ def delete_chunk(
         cond = Fragment.join([cond, cascade], " AND ")
     delete = sql.SQL("DELETE FROM {} WHERE {} AND {}").format(table(spec), scope.sql, cond.sql)
     if by_tenant and spec.tenant:
-        delete = sql.SQL(
-            "WITH d AS ({} RETURNING {} AS tenant) SELECT tenant, count(*) FROM d GROUP BY 1"
-        ).format(delete, tenant_text(spec))
+        delete = _per_tenant(spec, delete)
     return Fragment(delete, scope.params + cond.params)
+
+
+# Tenant types whose equality is identity of their text: grouped by the value itself, each
+# group's text is the text of every row in it. (numeric 1.0 = 1.00, citext, a nondeterministic
+# collation: equal values whose texts differ — those are grouped by their text.)
+_GROUP_RAW = frozenset({"int2", "int4", "int8", "uuid"})
+
+
+def _per_tenant(spec: PolicySpec, delete: sql.Composable) -> sql.Composable:
+    """``delete`` returning (tenant as text, rows deleted) per tenant. The rows are grouped by
+    the tenant's own value and only each group's value is cast to text where the type allows
+    (``_GROUP_RAW``): a cast per row is a tenth of a chunk of 5,000 rows' time."""
+    types = column_types(spec)
+    cols = spec.tenant_columns
+    if all(types[c].base in _GROUP_RAW and types[c].typname == types[c].base for c in cols):
+        d = sql.Identifier("d")
+        return sql.SQL("WITH d AS ({} RETURNING {}) SELECT {}, count(*) FROM d GROUP BY {}").format(
+            delete,
+            sql.SQL(", ").join(
+                sql.SQL("{}.{}").format(row_alias(), sql.Identifier(c)) for c in cols
+            ),
+            tenant_text(spec, d),
+            sql.SQL(", ").join(sql.SQL("{}.{}").format(d, sql.Identifier(c)) for c in cols),
+        )
+    return sql.SQL(
+        "WITH d AS ({} RETURNING {} AS tenant) SELECT tenant, count(*) FROM d GROUP BY 1"
+    ).format(delete, tenant_text(spec))
 
 
 def lock_chunk(

@@ -165,3 +165,38 @@ def test_the_policy_can_pin_the_geometry_and_without_the_index_auto_takes_key_ra
     assert geometry.choose(spec) == geometry.Geometry(
         "key", "no (tenant_id, id) index: key-range chunks"
     )
+
+
+@pytest.mark.parametrize("kind", ["int", "numeric"])
+def test_the_rows_deleted_per_tenant_are_counted_by_the_tenants_text(interleaved, make_user, kind):
+    """A chunk across tenants counts its rows per tenant. An integer tenant is grouped by its
+    value (the text of equal integers is one text); a numeric one by its text: 2.0 and 2.00
+    are equal numbers that an auditor reads as two tenants, and each keeps its own count."""
+    if kind == "numeric":
+        with connection.cursor() as cur:
+            cur.execute("ALTER TABLE public.rr_events ALTER tenant_id TYPE numeric")
+            cur.execute(
+                "UPDATE public.rr_events SET tenant_id = 2.00 WHERE tenant_id = 2 AND id / 4 % 2 = 0"
+            )
+            cur.execute(
+                "UPDATE public.rr_events SET tenant_id = 2.0 WHERE tenant_id = 2 AND id / 4 % 2 = 1"
+            )
+            cur.execute("DROP TABLE public.rr_events_shadow")
+            cur.execute("CREATE TABLE public.rr_events_shadow AS SELECT * FROM public.rr_events")
+            cur.execute("ANALYZE public.rr_events")
+    policy = _policy(make_user, chunking="key")
+    run, _ = trigger_run(policy, tick=NOW)
+    worker.drain(run.pk, budget_s=120, until_idle=True)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT s.tenant_id::text, count(*) FROM public.rr_events_shadow s"
+            " LEFT JOIN public.rr_events e ON e.id = s.id WHERE e.id IS NULL GROUP BY 1"
+        )
+        gone = dict(cur.fetchall())
+    audited = Counter()
+    for r in AuditRecord.objects.filter(run=run):
+        audited.update(r.tenant_rows)
+    assert dict(audited) == gone
+    assert {"2.0", "2.00"} <= set(gone) if kind == "numeric" else "2" in gone
