@@ -7,7 +7,7 @@ entirely by a tenant-scoped hold on all policies."""
 from __future__ import annotations
 
 import io
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pytest
 from django.core.management import call_command
@@ -19,6 +19,7 @@ from core.models import OperatorAction
 from retention import actions
 from retention.actions import ActionError
 from retention.models import LegalHold
+from retention.schedule_math import latest_tick
 from retention.spec import PolicySpec, SpecError
 from runs.actions import trigger_run
 from runs.engine import worker
@@ -249,7 +250,10 @@ def test_the_chunk_delete_keeps_its_key_range_index_scan_under_a_typed_hold(make
     assert "Anti Join" in delete, delete
     assert "Index Scan using rr_big_tenant_id_idx" in delete, delete
     assert "Bitmap" not in delete and "Seq Scan on rr_big" not in delete, delete
-    assert (datetime.now(UTC) - NOW) < timedelta(days=3650)
+    # the plans are of the statements a run created now would send: under the cutoff of the
+    # wall clock's latest tick (not NOW's), every row, 40 days older than NOW, is eligible
+    cutoff = policy.approved_version.parsed.cutoff_for(latest_tick(policy, datetime.now(UTC)))
+    assert _sql("SELECT count(*) FROM public.rr_big WHERE occurred_at < %s", [cutoff]) == [(9000,)]
 
 
 def test_the_holds_page_says_what_a_hold_covers_in_each_policy(make_user, officer, client):

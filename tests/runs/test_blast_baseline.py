@@ -76,11 +76,15 @@ def test_a_new_version_far_over_its_own_preview_is_held_naming_the_preview(db, m
     version = policy.approved_version
     from django.db import connection
 
+    # the preview counted the rows older than 30 days before the wall clock's latest tick: the
+    # later the clock is past NOW, the more of the table's 40 days that is. The burst is sized
+    # from it, so that it is far over 3× the preview whatever today is.
+    burst = max(40_000, 4 * version.preview["eligible"])
     with connection.cursor() as cur:  # after approval, a burst far over the approved preview
         cur.execute(
             "INSERT INTO public.rr_events SELECT 1000000 + g, 2, %s, 'closed', 'x'"
-            " FROM generate_series(1, 40000) AS g",
-            [NOW - timedelta(days=60)],
+            " FROM generate_series(1, %s) AS g",
+            [NOW - timedelta(days=60), burst],
         )
     run, _ = trigger_run(policy, tick=NOW + timedelta(days=1))
     assert run.state == Run.State.CONFIRM
