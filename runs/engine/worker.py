@@ -108,6 +108,22 @@ def _claim_ttl_s(spec) -> float:
     return min(spec.lock_timeout_ms, spec.statement_timeout_ms) / 1000 + 5
 
 
+# a chunk of run %s a claim may take now: pending, not backing off, and not in another
+# attempt's hands (its claim older than %s seconds: that attempt was killed)
+_CLAIMABLE = sql.SQL(
+    "run_id = %s AND state = 'pending' AND not_before <= clock_timestamp()"
+    " AND (claimed_at IS NULL OR claimed_at < clock_timestamp() - make_interval(secs => %s))"
+)
+
+
+def _claimable(run: Run, spec) -> bool:
+    """Whether a claim of ``run`` would find a chunk now (``_claim``'s condition)."""
+    with connection.cursor() as cur:
+        query = sql.SQL("SELECT EXISTS (SELECT 1 FROM runs_chunk WHERE {})").format(_CLAIMABLE)
+        cur.execute(query.as_string(cur.connection), [run.id, _claim_ttl_s(spec)])
+        return cur.fetchone()[0]
+
+
 def _claim(
     run: Run, spec, *, chunk_id: int | None, skip_tenants: list[str], count_pending: bool = False
 ) -> Claim | None:
@@ -119,21 +135,19 @@ def _claim(
     One statement in autocommit, its own transaction (asynchronous commit: a lost claim is
     harmless); ``count_pending``: it also counts the run's pending chunks (for the planner's
     window, ``drain``)."""
-    query = (
+    query = sql.SQL(
         # set_config in a CTE the UPDATE joins: evaluated in the statement's transaction
         "WITH s AS (SELECT set_config('synchronous_commit', 'off', true)),"
-        " c AS (SELECT id, claimed_at FROM runs_chunk"
-        " WHERE run_id = %s AND state = 'pending' AND not_before <= clock_timestamp()"
-        " AND (claimed_at IS NULL OR claimed_at < clock_timestamp() - make_interval(secs => %s))"
-    )
+        " c AS (SELECT id, claimed_at FROM runs_chunk WHERE {}"
+    ).format(_CLAIMABLE)
     params: list = [run.id, _claim_ttl_s(spec)]
     if chunk_id is not None:
-        query += " AND id = %s"
+        query += sql.SQL(" AND id = %s")
         params.append(chunk_id)
     if skip_tenants:
-        query += " AND tenant <> ALL(%s)"
+        query += sql.SQL(" AND tenant <> ALL(%s)")
         params.append(skip_tenants)
-    query += (
+    query += sql.SQL(
         " ORDER BY seq, id LIMIT 1 FOR UPDATE SKIP LOCKED)"
         " UPDATE runs_chunk k SET claimed_at = clock_timestamp(),"
         " attempts = k.attempts + (c.claimed_at IS NOT NULL)::int"
@@ -142,12 +156,14 @@ def _claim(
         " c.claimed_at IS NOT NULL, k.claimed_at, "
     )
     if count_pending:
-        query += "(SELECT count(*) FROM runs_chunk p WHERE p.run_id = %s AND p.state = 'pending')"
+        query += sql.SQL(
+            "(SELECT count(*) FROM runs_chunk p WHERE p.run_id = %s AND p.state = 'pending')"
+        )
         params.append(run.id)
     else:
-        query += "NULL::bigint"
+        query += sql.SQL("NULL::bigint")
     with connection.cursor() as cur:
-        cur.execute(query, params)
+        cur.execute(query.as_string(cur.connection), params)
         row = cur.fetchone()
     return Claim.from_row(row) if row else None
 
@@ -972,6 +988,7 @@ def drain(
         # baseline several times the foreground's own (a worker that finds another's sample
         # being taken waits for it: ``guard.sample``)
         guard.sample(by="lease")
+    reclaims = 0  # claims in a row that found nothing while a chunk could be claimed
     early: threading.Thread | None = None  # this lease's read above the pass's last key
     looked_above = False  # whether this lease has looked whether that read is to be taken
     while time.monotonic() < deadline:
@@ -1066,6 +1083,8 @@ def drain(
             if planner_busy and pending is not None and outcome.pending > pending:
                 planner_busy = False  # the other planner's window has committed
             pending = outcome.pending - (outcome.kind == DONE)  # the claimed chunk is done
+        if outcome.kind != NO_WORK:
+            reclaims = 0
         if outcome.kind == DONE:
             stats["chunks"] += 1
             stats["rows"] += outcome.rows
@@ -1091,6 +1110,13 @@ def drain(
                 stats["stopped"] = "no work left"
                 return stats
             pending = None if has_pending else 0
+            if has_pending and reclaims < 3 and _claimable(run, run.policy_version.parsed):
+                # the claim found nothing a moment ago, and now there is a chunk to take:
+                # another worker's window committed in between (a run's first window, planned
+                # by the worker that started first) — claim again rather than leave the run
+                # as idle, which ``--until-idle`` and the task's next generation wait out
+                reclaims += 1
+                continue
             if not run.planner_done and not has_pending:
                 if planner_busy:
                     # another worker's planner holds the cursors: wait for its window to commit

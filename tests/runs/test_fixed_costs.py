@@ -549,3 +549,47 @@ def test_a_per_tenant_run_deletes_old_rows_above_its_estimate_in_another_pass(
     assert _eligible_left(run) == 0
     assert count("public.rr_events", "id > 5000") == 10  # the young rows stay
     connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_that_looked_just_before_another_workers_window_committed_claims_again(
+    make_user, settings, monkeypatch
+):
+    """Two workers start a run together: the first plans its first window while the second
+    finds the planner busy and claims — nothing yet — and the window commits just after that
+    claim looked. The second worker then sees chunks pending: it claims again and drains them,
+    where before it reported the run idle ("no chunk is admissible now") and `--until-idle`
+    waited half a second before looking again — most of a 1M-row run, drained by one worker."""
+    from runs.engine import planner, worker
+    from runs.models import Chunk
+
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    create_events(3000)
+    run, _ = trigger_run(_key_policy(make_user), tick=NOW)
+    real_plan, real_claim = planner.plan, worker._claim
+    events: list = []
+
+    def plan(run, **kw):
+        if not events:  # the other worker's planner holds the cursors: nothing planned here
+            events.append("plan: busy")
+            return planner.Planned.of(0, busy=True)
+        return real_plan(run, **kw)
+
+    def claim(run, spec, **kw):
+        found = real_claim(run, spec, **kw)
+        if events == ["plan: busy"]:
+            events.append(f"claim: {found}")
+            # the other worker's window commits right after this claim looked
+            events.append(f"window: {int(real_plan(run, window=1000))}")
+        return found
+
+    monkeypatch.setattr(planner, "plan", plan)
+    monkeypatch.setattr(worker, "_claim", claim)
+    stats = worker.drain(run.pk, budget_s=60, until_idle=True)
+    run.refresh_from_db()
+    chunks = Chunk.objects.filter(run=run).count()
+    assert events[:2] == ["plan: busy", "claim: None"] and events[2] == f"window: {chunks}"
+    assert chunks > 1
+    assert (stats["chunks"], stats.get("stopped")) == (chunks, "no work left"), stats
+    assert run.state == Run.State.DRAINED, run.state_reason
+    connection.close()
