@@ -367,7 +367,7 @@ def sample(*, force: bool = False, by: str = "admission") -> GuardSample | None:
     takes it, kept in the sample (``values["taken_by"]``): "sampler" (the thread beside the
     chunks), "admission" (a worker before its next chunk) or "lease" (a lease's first)."""
     fresh_s = settings.RETENTION["GUARD_SAMPLE_MS"] / 1000
-    if by == "admission":
+    if by != "sampler":  # a worker's: the sampler thread's sample, when recent, is taken
         fresh_s = admission_fresh_s()
     latest = GuardSample.objects.order_by("-taken_at").first()
     if (
@@ -389,7 +389,8 @@ _BUSY_SAMPLER = object()  # another session holds the sampler's lock
 
 
 def admission_fresh_s() -> float:
-    """How old a sample an admission judges by before it takes one itself: a sample interval
+    """How old a sample an admission (or a lease's first look) judges by before it takes one
+    itself: a sample interval
     without the sampler thread; with it, two — the thread samples every interval and carries
     the probes it took between samples in its own, which a worker whose admission took the
     sample first would lose (with two workers, most of them: a short run's controller then
