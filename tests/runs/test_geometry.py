@@ -54,6 +54,16 @@ def _policy(make_user, **overrides):
     return approved_policy(make_user, **fields)
 
 
+def _deleted_by_tenant() -> dict[str, int]:
+    """Rows of the shadow copy gone from ``rr_events``, per tenant as text."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT s.tenant_id::text, count(*) FROM public.rr_events_shadow s"
+            " LEFT JOIN public.rr_events e ON e.id = s.id WHERE e.id IS NULL GROUP BY 1"
+        )
+        return dict(cur.fetchall())
+
+
 def _pages_per_chunk(run: Run) -> list[set[int]]:
     spec = run.policy_version.parsed
     out = []
@@ -95,12 +105,7 @@ def test_interleaved_tenants_get_key_range_chunks_that_drain_exactly_and_report_
     assert all(sum(r.tenant_rows.values()) == r.rows_deleted for r in records)
     assert verify_chain().ok
     # per-tenant rows deleted, from the audit rows, agree with the table
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT s.tenant_id::text, count(*) FROM public.rr_events_shadow s"
-            " LEFT JOIN public.rr_events e ON e.id = s.id WHERE e.id IS NULL GROUP BY 1"
-        )
-        gone = dict(cur.fetchall())
+    gone = _deleted_by_tenant()
     audited = Counter()
     for r in records:
         audited.update(r.tenant_rows)
@@ -189,12 +194,7 @@ def test_the_rows_deleted_per_tenant_are_counted_by_the_tenants_text(interleaved
     worker.drain(run.pk, budget_s=120, until_idle=True)
     run.refresh_from_db()
     assert run.state == Run.State.DRAINED
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT s.tenant_id::text, count(*) FROM public.rr_events_shadow s"
-            " LEFT JOIN public.rr_events e ON e.id = s.id WHERE e.id IS NULL GROUP BY 1"
-        )
-        gone = dict(cur.fetchall())
+    gone = _deleted_by_tenant()
     audited = Counter()
     for r in AuditRecord.objects.filter(run=run):
         audited.update(r.tenant_rows)

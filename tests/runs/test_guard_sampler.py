@@ -65,6 +65,20 @@ def slow_deletes() -> None:
         )
 
 
+def slow_policy(make_user, *, workers: int):
+    """Key chunks of 40 rows (40 ms each over ``slow_deletes``), ``workers`` at once."""
+    return approved_policy(
+        make_user,
+        **events_spec(
+            keep=[],
+            chunking="key",
+            chunk_size=40,
+            limits={"policy_workers": workers, "tenant_workers": workers},
+            guard={"probe_p95_ms": 5000.0, "lock_waits": 1000},
+        ),
+    )
+
+
 def drop_events() -> None:
     with connection.cursor() as cur:
         cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
@@ -77,16 +91,7 @@ def test_with_one_chunk_at_a_time_the_samples_meet_chunks_in_flight(
 ):
     create_events(3000)
     slow_deletes()
-    policy = approved_policy(
-        make_user,
-        **events_spec(
-            keep=[],
-            chunking="key",
-            chunk_size=40,
-            limits={"policy_workers": 1, "tenant_workers": 1},
-            guard={"probe_p95_ms": 5000.0, "lock_waits": 1000},
-        ),
-    )
+    policy = slow_policy(make_user, workers=1)
     run, _ = trigger_run(policy, tick=NOW)
     try:
         with open(tmp_path / "worker.log", "w") as log:
@@ -132,16 +137,7 @@ def test_with_two_workers_the_samples_are_the_threads_and_keep_its_probes(
     meanwhile never reached the controller (eight readings in a three-second run)."""
     create_events(6000)  # six seconds of chunks: both workers are up well before the end
     slow_deletes()
-    policy = approved_policy(
-        make_user,
-        **events_spec(
-            keep=[],
-            chunking="key",
-            chunk_size=40,
-            limits={"policy_workers": 2, "tenant_workers": 2},
-            guard={"probe_p95_ms": 5000.0, "lock_waits": 1000},
-        ),
-    )
+    policy = slow_policy(make_user, workers=2)
     run, _ = trigger_run(policy, tick=NOW)
     interval_ms = 200
     try:
