@@ -27,6 +27,14 @@ def duration(seconds: float | Decimal | int | None) -> str:
     return f"{days}d {h}h"
 
 
+def until(instant: datetime | None) -> str:
+    """How long until ``instant``, as ``duration`` says it (``40s``, ``12m``, ``3h 05m``):
+    never "0 minutes" for a tick less than a minute away; ``—`` without one."""
+    if instant is None:
+        return "—"
+    return duration((instant - timezone.now()).total_seconds())
+
+
 def eta(progress) -> str:
     """A run's ETA as the range it is known to (``progress.eta_range_s``): ``40s – 1m 10s``;
     ``—`` without one."""

@@ -41,9 +41,20 @@ def test_the_window_names_the_armed_next_tick_as_of_the_request(client_for, run)
     again = drain_window(run.policy)  # within the cache lifetime of the first reading
     assert re.search(r"next tick (is )?in 9m", again["explanation"]), again["explanation"]
     card = card_of(client_for("viewer").get(reverse("home")).content.decode(), "events")
-    assert "9\xa0minutes" in card  # the "Next tick" line beside it says the same
+    # the "Next tick" line beside it says the same, in the same words
+    assert re.search(r'data-testid="next-tick">[\s\S]*?\(in 9m \d\ds\)</dd>', card), card
     assert re.search(r"next tick (is )?in 9m", card)
     assert not re.search(r"next tick (is )?in [12]s", card)
+
+
+def test_a_tick_less_than_a_minute_away_is_not_zero_minutes_away(client_for, run):
+    """Django's ``timeuntil`` says "0 minutes" for a tick under a minute away (every policy's
+    card, for a minute before each of its ticks): the card says the seconds."""
+    _arm(run.policy, 30)
+    card = card_of(client_for("viewer").get(reverse("home")).content.decode(), "events")
+    tick = re.search(r'data-testid="next-tick">([\s\S]*?)</dd>', card)
+    assert tick and re.search(r"\(in (29|30)s\)", tick.group(1)), tick and tick.group(1)
+    assert "0\xa0minutes" not in card
 
 
 def test_a_paused_run_with_pending_chunks_is_not_idle(client_for, run, users):
