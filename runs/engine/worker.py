@@ -876,20 +876,33 @@ class IdleNotes:
         self.last, self.at = reason, time.monotonic()
 
 
+def planning_window(run: Run, window: int, *, measured: bool) -> int:
+    """How many pending chunks the planner keeps ahead of this lease: ``PLANNER_WINDOW``, a
+    quarter of it until the lease has measured a chunk (the chunks after its first ones are
+    planned at the size those steered to), and fewer as chunks grow past 4× the policy's size,
+    so that what is planned ahead at a size the guard may yet halve stays at most a window of
+    chunks of 4× the policy's size."""
+    if not measured:
+        return max(2, window // 4)
+    size = run.chunk_size or run.policy_version.parsed.chunk_size
+    return min(window, max(4, window * 4 * run.policy_version.parsed.chunk_size // size))
+
+
 def adapt_chunk_size(run: Run, seconds: float | None) -> int:
     """Steer the size of chunks planned next toward the policy's target transaction time:
-    double while far under it (under an eighth: a run's first chunks, sized by the policy
-    before anything was measured), grow slowly (+10%) when well under it, halve when over it
-    or under guard pressure (``seconds`` None), within [chunk_size/16, chunk_size×4] of the
-    policy."""
+    while far under it (under an eighth: a run's first chunks, sized by the policy before
+    anything was measured), grow toward half the target in one step, by 4× to 8× (a chunk's
+    time is its fixed costs plus its rows', so the next one stays under the target); grow
+    slowly (+10%) when well under it, halve when over it or under guard pressure (``seconds``
+    None), within [chunk_size/16, chunk_size×16] of the policy."""
     spec = run.policy_version.parsed
     current = run.chunk_size or spec.chunk_size
-    floor, ceiling = max(10, spec.chunk_size // 16), spec.chunk_size * 4
+    floor, ceiling = max(10, spec.chunk_size // 16), spec.chunk_size * 16
     target = guard.target_chunk_ms(run.policy_id, spec) / 1000  # the controller's setting
     if seconds is None or seconds > 1.5 * target:
         new = max(floor, current // 2)
     elif seconds < target / 8:
-        new = min(ceiling, current * 2)
+        new = min(ceiling, current * min(8, int(target / 2 / max(seconds, 1e-6))))
     elif seconds < 0.5 * target:
         new = min(ceiling, int(current * 1.1) + 1)
     else:
@@ -1039,9 +1052,7 @@ def drain(
             if not run.planner_done and not planner_busy:
                 if pending is None:
                     pending = Chunk.objects.pending().filter(run=run).count()
-                # until this lease has measured a chunk, a quarter of the window: the chunks
-                # after it are planned at the size the first ones steered to
-                ahead = window if stats["chunks"] else max(2, window // 4)
+                ahead = planning_window(run, window, measured=bool(stats["chunks"]))
                 if pending <= ahead // 2:
                     pending = None  # the next claim counts them again
                     try:

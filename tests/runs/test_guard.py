@@ -122,17 +122,36 @@ def test_one_sampler_at_a_time_for_the_whole_pool(make_user):
         cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
 
 
-def test_chunk_size_halves_under_pressure_doubles_far_under_target_and_grows_slowly_near_it(policy):
+def test_chunk_size_halves_under_pressure_jumps_far_under_target_and_grows_slowly_near_it(policy):
     run, _ = trigger_run(policy, tick=NOW)
     assert policy.approved_version.parsed.target_chunk_ms == 300
+    assert policy.approved_version.parsed.chunk_size == 200
     assert worker.adapt_chunk_size(run, None) == 100
-    assert worker.adapt_chunk_size(run, 0.01) == 200  # under an eighth of the target: doubles
-    assert worker.adapt_chunk_size(run, 0.1) == 221  # under half of it: +10%
-    assert worker.adapt_chunk_size(run, 0.2) == 221  # near it: stays
-    assert worker.adapt_chunk_size(run, 5.0) == 110
+    # under an eighth of the target: toward half of it in one step, 8× at most
+    assert worker.adapt_chunk_size(run, 0.001) == 800
+    assert worker.adapt_chunk_size(run, 0.03) == 3200  # 150 ms / 30 ms = 5×, at the ceiling
+    assert worker.adapt_chunk_size(run, 5.0) == 1600
+    assert worker.adapt_chunk_size(run, 0.1) == 1761  # under half of it: +10%
+    assert worker.adapt_chunk_size(run, 0.2) == 1761  # near it: stays
+    assert worker.adapt_chunk_size(run, None) == 880
+    assert worker.adapt_chunk_size(run, None) == 440
+    assert worker.adapt_chunk_size(run, 0.037) == 1760  # just under an eighth: 4×
     for _ in range(200):
         worker.adapt_chunk_size(run, 0.001)
-    assert Run.objects.get(pk=run.pk).chunk_size == 800  # the ceiling: 4 × the policy's size
+    assert Run.objects.get(pk=run.pk).chunk_size == 3200  # the ceiling: 16 × the policy's size
+
+
+def test_the_planner_keeps_fewer_chunks_ahead_as_they_grow_past_four_times_the_policys_size(
+    policy,
+):
+    run, _ = trigger_run(policy, tick=NOW)
+    assert worker.planning_window(run, 32, measured=False) == 8  # before a chunk is measured
+    sizes = {200: 32, 800: 32, 1600: 16, 3200: 8}
+    for size, ahead in sizes.items():
+        run.chunk_size = size
+        assert worker.planning_window(run, 32, measured=True) == ahead
+    assert worker.planning_window(run, 64, measured=True) == 16
+    assert worker.planning_window(run, 2, measured=True) == 2  # never over the window
 
 
 @pytest.mark.django_db(transaction=True)

@@ -179,7 +179,7 @@ def test_a_chunk_commits_in_five_round_trips_and_the_guard_adds_one_read(
 def test_the_drain_counts_pending_chunks_only_when_it_cannot_know_them(make_user, monkeypatch):
     """While the planner is not done, each claim counts the run's pending chunks in its own
     statement: the drain loop does not count them again before every chunk."""
-    create_events(3000)
+    create_events(12000)
     monkeypatch.setattr(
         settings, "RETENTION", {**settings.RETENTION, "GUARD": False, "PLANNER_WINDOW": 6}
     )
