@@ -390,12 +390,12 @@ _BUSY_SAMPLER = object()  # another session holds the sampler's lock
 
 def admission_fresh_s() -> float:
     """How old a sample an admission (or a lease's first look) judges by before it takes one
-    itself: a sample interval
-    without the sampler thread; with it, two — the thread samples every interval and carries
-    the probes it took between samples in its own, which a worker whose admission took the
-    sample first would lose (with two workers, most of them: a short run's controller then
-    judged eight readings in three seconds instead of thirty). The admission steps in when the
-    thread is late (a process that stopped draining, a thread standing by)."""
+    itself: a sample interval without the sampler thread; with it, two — the thread samples
+    every interval and carries the probes it took between samples in its own, which a worker
+    whose admission took the sample first would lose (with two workers, most of them: a short
+    run's controller then judged eight readings in three seconds instead of thirty). The
+    admission steps in when the thread is late (a process that stopped draining, a thread
+    standing by)."""
     cfg = settings.RETENTION
     fresh_s = cfg["GUARD_SAMPLE_MS"] / 1000
     if cfg.get("GUARD_SAMPLER_THREAD", True):

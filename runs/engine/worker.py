@@ -884,8 +884,8 @@ def planning_window(run: Run, window: int, *, measured: bool) -> int:
     chunks of 4× the policy's size."""
     if not measured:
         return max(2, window // 4)
-    size = run.chunk_size or run.policy_version.parsed.chunk_size
-    return min(window, max(4, window * 4 * run.policy_version.parsed.chunk_size // size))
+    policy_size = run.policy_version.parsed.chunk_size
+    return min(window, max(4, window * 4 * policy_size // (run.chunk_size or policy_size)))
 
 
 def adapt_chunk_size(run: Run, seconds: float | None) -> int:
