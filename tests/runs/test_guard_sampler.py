@@ -168,15 +168,20 @@ def test_with_two_workers_the_samples_are_the_threads_and_keep_its_probes(
         during = list(
             GuardSample.objects.filter(taken_at__gt=first, taken_at__lte=last).order_by("taken_at")
         )
-        assert len(during) >= 5, len(during)
+        # who took each sample, and how long after the one before (the message of a failure)
+        seen = [
+            f"{s.values.get('taken_by')} +{(s.taken_at - b.taken_at).total_seconds() * 1000:.0f} ms"
+            for b, s in zip([during[0], *during], during, strict=False)
+        ]
+        assert len(during) >= 5, seen
         by = Counter(s.values.get("taken_by") for s in during)
-        assert set(by) <= {"sampler", "admission", "lease"}, by
+        assert set(by) <= {"sampler", "admission", "lease"}, seen
         # an admission took one only where the thread's was two intervals old
         for before, s in zip(during, during[1:], strict=False):
             if s.values["taken_by"] == "admission":
                 gap_ms = (s.taken_at - before.taken_at).total_seconds() * 1000
-                assert gap_ms >= 2 * interval_ms, (gap_ms, by)
-        assert by["sampler"] > len(during) / 2, by
+                assert gap_ms >= 2 * interval_ms, seen
+        assert by["sampler"] > len(during) / 2, seen
         # and the thread's samples carry its probes between them
         between = [r for s in during for r in s.tables.get(TABLE, {}).get("probes", [])]
         assert len(between) >= by["sampler"], (len(between), by)

@@ -27,9 +27,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 class TurnCounter:
     """A proxy between the worker's connection and PostgreSQL. ``turns`` counts, while
-    ``counting``, the times the client sends after the server last sent (or first): the
-    round trips. The server flushes its replies only at a Sync (or a full buffer), so statements
-    pipelined before one Sync are one turn, however they are written to the socket."""
+    ``counting``, the times the client sends after the server answered its last request
+    (ReadyForQuery, the end of every simple query and of every Sync) or before any request:
+    the round trips. Statements pipelined before one Sync are one turn however they are written
+    to the socket, and a server that flushes part of its answer early (a notice is sent at
+    once, with whatever results are buffered before it) while a slow client is still writing
+    its pipeline does not make a second one."""
 
     def __init__(self, upstream) -> None:
         self.upstream = upstream
@@ -37,7 +40,7 @@ class TurnCounter:
         self.port = self.listener.getsockname()[1]
         self.turns = 0
         self.counting = False
-        self.last_from_client = False
+        self.answered = True  # the server's last complete message was a ReadyForQuery
         self._stop = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -60,20 +63,43 @@ class TurnCounter:
         sel = selectors.DefaultSelector()
         sel.register(client, selectors.EVENT_READ, server)
         sel.register(server, selectors.EVENT_READ, client)
+        # the server's messages as they stream by: a type byte and a length that counts
+        # itself (the proxy starts at the startup reply: SSL and GSS are off, so no bare byte)
+        pending = b""  # the start of a message whose header is not complete yet
+        left = 0  # the bytes of the current message still to come
         try:
             while True:
                 for key, _ in sel.select():
                     data = key.fileobj.recv(65536)
                     if not data:
                         return
-                    from_client = key.fileobj is client
-                    if from_client and not self.last_from_client and self.counting:
-                        self.turns += 1
-                    self.last_from_client = from_client
+                    if key.fileobj is client:
+                        if self.answered and self.counting:
+                            self.turns += 1
+                        self.answered = False
+                    else:
+                        pending, left = self._read_server(pending + data, left)
                     key.data.sendall(data)
         finally:
             client.close()
             server.close()
+
+    def _read_server(self, data: bytes, left: int) -> tuple[bytes, int]:
+        """Walk the server's bytes message by message; the answer is complete when the last
+        whole message is a ReadyForQuery (``Z``) and nothing follows it."""
+        at = min(left, len(data))
+        left -= at
+        while at < len(data):
+            if len(data) - at < 5:
+                self.answered = False
+                return data[at:], 0
+            kind, length = data[at : at + 1], int.from_bytes(data[at + 1 : at + 5], "big")
+            self.answered = kind == b"Z"
+            end = at + 1 + length
+            at, left = min(end, len(data)), max(0, end - len(data))
+        if left:
+            self.answered = False
+        return b"", left
 
     def close(self) -> None:
         self._stop = True
@@ -131,7 +157,7 @@ def one_chunk(counter: TurnCounter, run: Run) -> tuple[worker.Outcome, int, list
     counter.turns = 0
     # the connection is idle: whatever the client sends next starts a round trip, even if
     # its last message before counting (one the server does not answer) was the client's
-    counter.last_from_client = False
+    counter.answered = True
     counter.counting = True
     try:
         with connection.execute_wrapper(record):
@@ -160,10 +186,10 @@ def test_a_chunk_commits_in_five_round_trips_and_the_guard_adds_one_read(
 
     assert outcome.kind == worker.DONE, outcome
     assert outcome.rows > 0
-    assert turns == (6 if guard else 5), statements
+    assert turns == (6 if guard else 5), "\n".join(statements)
     # statements: the claim; the fences and admission; savepoint, DELETE, release, chain lock,
     # chain head; audit row, chunk done, COMMIT (and the guard's one read)
-    assert len(statements) == (13 if guard else 12), statements
+    assert len(statements) == (13 if guard else 12), "\n".join(statements)
     assert AuditRecord.objects.filter(chunk_id=outcome.chunk_id).count() == 1
     assert Chunk.objects.get(pk=outcome.chunk_id).state == Chunk.State.DONE
     if guard:
@@ -232,7 +258,7 @@ def test_without_pipeline_mode_the_same_statements_go_one_by_one_and_a_failed_de
     outcome, turns, statements = one_chunk(proxied, run)
     assert outcome.kind == worker.DONE, outcome
     assert len(statements) == 12, statements
-    assert turns == len(statements) + 1, statements  # and psycopg's BEGIN
+    assert turns == len(statements) + 1, "\n".join(statements)  # and psycopg's BEGIN
 
     chunk = Chunk.objects.filter(run=run, state=Chunk.State.PENDING).order_by("seq", "id").first()
     pin_one_eligible_row(chunk, run.cutoff)  # a child row pins one eligible row of the chunk
