@@ -536,7 +536,6 @@ def plan(run: Run, *, window: int | None = None, deadline: float | None = None) 
         return Planned.of(0)
     spec = run.policy_version.parsed
     window = window or settings.RETENTION["PLANNER_WINDOW"]
-    chunk_size = run.chunk_size or spec.chunk_size
     try:
         ensure_cursors(run, spec)
     except DatabaseError as exc:
@@ -544,7 +543,17 @@ def plan(run: Run, *, window: int | None = None, deadline: float | None = None) 
         raise
     created = 0
     locked = False  # a step found no free cursor
-    pending = Chunk.objects.pending().filter(run=run).count()
+    with connection.cursor() as cur:
+        # the pending chunks, and the size chunks are planned at now: the run's, which every
+        # worker draining it steps (``worker.adapt_chunk_size``), not this session's copy
+        cur.execute(
+            "SELECT (SELECT count(*) FROM runs_chunk WHERE run_id = %s AND state = %s),"
+            " (SELECT chunk_size FROM runs_run WHERE id = %s)",
+            [run.pk, Chunk.State.PENDING.value, run.pk],
+        )
+        pending, stored = cur.fetchone()
+    run.chunk_size = stored or run.chunk_size
+    chunk_size = run.chunk_size or spec.chunk_size
     while pending < window and (deadline is None or time.monotonic() < deadline):
         with P.cached_types(("run", run.pk, run.policy_version_id)):
             made = step(run, spec, chunk_size, window - pending)

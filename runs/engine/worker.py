@@ -72,6 +72,7 @@ class Outcome:
     reason: str = ""
     pending: int | None = None  # the run's pending chunks when it was claimed, if counted
     pause_s: float = 0.0  # the guard's duty cycle: this worker waits so long before its next chunk
+    planned: int | None = None  # the claimed chunk's planned keys: the size ``seconds`` measured
 
 
 @dataclass
@@ -86,15 +87,17 @@ class Claim:
     killed: bool  # the previous attempt claimed the chunk and never recorded an outcome
     claimed_at: datetime | None = None  # this claim's time: the chunk is still ours while set
     pending: int | None = None  # the run's pending chunks at the claim (this one included)
+    planned: int | None = None  # the keys in its range when planned (``Chunk.planned_rows``)
 
     @classmethod
     def from_row(cls, row) -> Claim:
-        chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed, claimed_at, pending = row
+        chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed, claimed_at, planned = row[:10]
         chunk = Chunk(key_from=key_from, key_to=key_to, lo=_json(lo), hi=_json(hi))
         lo, hi = chunk.bounds()
         return cls(
-            chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed, claimed_at, pending
-        )
+            chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed, claimed_at, row[10],
+            planned,
+        )  # fmt: skip
 
 
 def _json(value):
@@ -153,7 +156,7 @@ def _claim(
         " attempts = k.attempts + (c.claimed_at IS NOT NULL)::int"
         " FROM c, s WHERE k.id = c.id"
         " RETURNING k.id, k.tenant, k.key_from, k.key_to, k.lo, k.hi, k.attempts,"
-        " c.claimed_at IS NOT NULL, k.claimed_at, "
+        " c.claimed_at IS NOT NULL, k.claimed_at, k.planned_rows, "
     )
     if count_pending:
         query += sql.SQL(
@@ -353,7 +356,7 @@ def _process_one(run: Run, *, chunk_id: int | None) -> Outcome:
             # queued behind a decision that waits for the chunks in flight: retry shortly
             _release(claim.chunk_id)
             return Outcome(BUSY, reason="waiting for an operator decision to commit")
-        outcome.pending = claim.pending
+        outcome.pending, outcome.planned = claim.pending, claim.planned
         if outcome.kind == DONE:
             outcome.pause_s = guard.pause_after(
                 spec, verdict, outcome.seconds, slots=policy_ceiling(run, spec)
@@ -888,39 +891,62 @@ def planning_window(run: Run, window: int, *, measured: bool) -> int:
     return min(window, max(4, window * 4 * policy_size // (run.chunk_size or policy_size)))
 
 
-def adapt_chunk_size(run: Run, seconds: float | None) -> int:
-    """Steer the size of chunks planned next toward the policy's target transaction time:
-    while far under it (under an eighth: a run's first chunks, sized by the policy before
-    anything was measured), grow toward half the target in one step, by 4× to 8× (a chunk's
-    time is its fixed costs plus its rows', so the next one stays under the target); grow
-    slowly (+10%) when well under it, halve when over it or under guard pressure (``seconds``
-    None), within [chunk_size/16, chunk_size×16] of the policy."""
+def adapt_chunk_size(run: Run, seconds: float | None, planned: int | None = None) -> int:
+    """Steer the size of chunks planned next toward the policy's target transaction time, from
+    a chunk of ``planned`` keys (default: the current size) that took ``seconds``: while far
+    under it (under an eighth: a run's first chunks, sized by the policy before anything was
+    measured), grow toward half the target in one step, by 4× to 8× (a chunk's time is its
+    fixed costs plus its rows', so the next one stays under the target); grow slowly (+10%)
+    when well under it, halve when over it or under guard pressure (``seconds`` None), within
+    [chunk_size/16, chunk_size×16] of the policy.
+
+    The size is the run's, shared by every worker draining it. Each step moves the stored size
+    in one statement, so one worker's step composes with another's instead of overwriting it
+    with a copy it read earlier, and it steps from the smaller of the stored size and the
+    measured chunk's: a chunk planned before the size grew (a run's first ones, finished by a
+    second worker) never shrinks it by growing less, and one planned before the guard halved
+    it never grows it past the halved size by more than a step."""
     spec = run.policy_version.parsed
     current = run.chunk_size or spec.chunk_size
     floor, ceiling = max(10, spec.chunk_size // 16), spec.chunk_size * 16
     target = guard.target_chunk_ms(run.policy_id, spec) / 1000  # the controller's setting
     if seconds is None or seconds > 1.5 * target:
-        new = max(floor, current // 2)
-    elif seconds < target / 8:
-        new = min(ceiling, current * min(8, int(target / 2 / max(seconds, 1e-6))))
+        grow, factor = False, 0.5
+        planned = None if seconds is None else planned  # pressure: halve what is stored
     elif seconds < 0.5 * target:
-        new = min(ceiling, int(current * 1.1) + 1)
+        grow = True
+        factor = min(8, int(target / 2 / max(seconds, 1e-6))) if seconds < target / 8 else 1.1
+        if current >= ceiling:
+            return current
     else:
-        new = current
-    if new != current:
-        with connection.cursor() as cur:
-            # one statement, committed asynchronously (its WAL flush would cost more than the
-            # chunk's round trips): a size lost in a crash only steers the next chunks less.
-            # It never waits for the run's row: while another session holds it (a finisher
-            # verifying the run, an operator's decision) the size is written after a later chunk
-            cur.execute(
-                "WITH s AS (SELECT set_config('synchronous_commit', 'off', true)),"
-                " r AS (SELECT id FROM runs_run WHERE id = %s FOR NO KEY UPDATE SKIP LOCKED)"
-                " UPDATE runs_run SET chunk_size = %s FROM s, r WHERE runs_run.id = r.id",
-                [run.pk, new],
-            )
-        run.chunk_size = new
-    return new
+        return current
+    base = min(current, planned) if planned else current
+    if grow:
+        local = max(current, min(ceiling, int(base * factor) + (factor < 2)))
+    else:
+        local = max(floor, base // 2)
+    with connection.cursor() as cur:
+        # one statement, committed asynchronously (its WAL flush would cost more than the
+        # chunk's round trips): a size lost in a crash only steers the next chunks less.
+        # It never waits for the run's row: while another session holds it (a finisher
+        # verifying the run, an operator's decision) this worker's copy steps alone
+        cur.execute(
+            "WITH s AS (SELECT set_config('synchronous_commit', 'off', true)),"
+            " r AS (SELECT id, coalesce(chunk_size, %s) AS c FROM runs_run WHERE id = %s"
+            " FOR NO KEY UPDATE SKIP LOCKED)"
+            " UPDATE runs_run SET chunk_size = CASE WHEN %s"
+            " THEN GREATEST(r.c, LEAST(%s, floor(LEAST(r.c, %s) * %s)::int + %s))"
+            " ELSE GREATEST(%s, LEAST(r.c, %s) / 2) END"
+            " FROM s, r WHERE runs_run.id = r.id RETURNING runs_run.chunk_size",
+            [
+                spec.chunk_size, run.pk,
+                grow, ceiling, planned, factor, int(factor < 2),
+                floor, planned,
+            ],
+        )  # fmt: skip
+        row = cur.fetchone()
+    run.chunk_size = row[0] if row else local
+    return run.chunk_size
 
 
 def read_above_beside(run: Run) -> threading.Thread | None:
@@ -1099,7 +1125,7 @@ def drain(
         if outcome.kind == DONE:
             stats["chunks"] += 1
             stats["rows"] += outcome.rows
-            adapt_chunk_size(run, outcome.seconds)
+            adapt_chunk_size(run, outcome.seconds, outcome.planned)
             _pace(run, outcome, deadline)
             continue
         if outcome.kind == FAILED:

@@ -141,6 +141,37 @@ def test_chunk_size_halves_under_pressure_jumps_far_under_target_and_grows_slowl
     assert Run.objects.get(pk=run.pk).chunk_size == 3200  # the ceiling: 16 × the policy's size
 
 
+def test_workers_step_the_runs_one_chunk_size_from_the_chunks_they_measured(policy):
+    """Two workers drain one run, each with its own copy of the run: a step moves the stored
+    size, never overwrites it with a worker's stale copy, and steps from the chunk it measured."""
+    run, _ = trigger_run(policy, tick=NOW)
+    first, second = (Run.objects.select_related("policy_version").get(pk=run.pk) for _ in "ab")
+
+    def stored() -> int:
+        return Run.objects.get(pk=run.pk).chunk_size
+
+    # the first worker's first chunk (200 keys, the policy's size) was fast: 8×
+    assert worker.adapt_chunk_size(first, 0.001, 200) == 1600
+    # the second worker's first chunk, planned at 200 too, was slower (30 ms: 5×): the size
+    # the first one set stands, and the second worker's copy learns it
+    assert worker.adapt_chunk_size(second, 0.03, 200) == 1600
+    assert second.chunk_size == 1600 and stored() == 1600
+    # a chunk planned at 1600 over the target: half of it
+    assert worker.adapt_chunk_size(second, 1.0, 1600) == 800
+    # the guard throttles the second worker: half of what is stored
+    assert worker.adapt_chunk_size(second, None) == 400
+    # the first worker, still holding 1600, finishes a chunk of 1600 well under the target:
+    # 10% more than the stored 400, not than its copy
+    assert worker.adapt_chunk_size(first, 0.1, 1600) == 441
+    assert stored() == 441
+    # the planner plans at the stored size whatever a worker's copy says
+    assert worker.adapt_chunk_size(second, None) == 220
+    first.chunk_size = 3200
+    planner.plan(first, window=2)
+    assert first.chunk_size == 220
+    assert max(c.planned_rows for c in Chunk.objects.filter(run=run)) == 220
+
+
 def test_the_planner_keeps_fewer_chunks_ahead_as_they_grow_past_four_times_the_policys_size(
     policy,
 ):
