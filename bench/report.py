@@ -235,6 +235,20 @@ _SHORT = {
 }
 
 
+def _repeats(data: dict) -> str:
+    """How many runs each figure stands for, per size."""
+    per_size: dict[str, int] = {}
+    for run in data["runs"]:
+        size = run.get("dataset", "/").partition("/")[2]
+        per_size[size] = max(per_size.get(size, 1), len(run.get("repeats") or [run]))
+    if all(n == 1 for n in per_size.values()):
+        return "one run each"
+    return "; ".join(
+        f"{size}: median of {n} runs each (by rate), in turns" if n > 1 else f"{size}: one run each"
+        for size, n in per_size.items()
+    )
+
+
 def matrix_markdown(data: dict) -> str:
     m = data["machine"]
     sizes = list(dict.fromkeys(k.partition("/")[2] for k in data["datasets"]))
@@ -243,7 +257,7 @@ def matrix_markdown(data: dict) -> str:
         f"Shape matrix, {data['started_at']}, commit {data.get('commit', '?')} — {m.get('cpus')} CPUs"
         f" ({m.get('cpu', '')}), {m.get('mem_gb')} GB, PostgreSQL {data['server']}; chunk size"
         f" {data['chunk_size']}, foreground {data['rate']:.0f} ops/s; total {data['total_s']:.0f} s;"
-        f" one run, contenders one at a time.",
+        f" contenders one at a time; {_repeats(data)}.",
         "",
         "Load average (1/5/15 min) at each shape's start → end: " + "; ".join(load) + ".",
         "",

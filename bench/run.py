@@ -431,6 +431,14 @@ class Bench:
             for pid, s, c, n in rows
         ]
 
+    def repeats(self, rows: int) -> int:
+        """How many times each contender runs on a table of ``rows`` (``--repeat``)."""
+        for item in (self.args.repeat or "").split(","):
+            size, _, times = item.partition("=")
+            if size and dataset.parse_size(size) == rows:
+                return int(times)
+        return 1
+
     def shapes(self) -> list[str]:
         wanted = self.args.shapes
         names = list(dataset.SHAPES) if wanted in (None, "all") else wanted.split(",")
@@ -490,16 +498,40 @@ class Bench:
             out["idle"][key] = self.idle_baseline(facts["table"], rows, variant, mode["idle_s"])
             out["load"].setdefault(key, []).append(load_average())
             self.log(f"idle {key}: fg p99 {out['idle'][key]['p99']} ms")
-            for name in contenders:
-                res = self.run_contender(name, facts["table"], facts, variant, mode)
-                res["dataset"] = key
-                out["runs"].append(res)
+            # each contender ``--repeat`` times at this size, in turns (1w, 2w, …, 1w, 2w, …)
+            # so that a slow minute of a shared machine falls on all of them alike; the run
+            # of median rate stands for the contender, with every run's figures beside it
+            tried: dict[str, list[dict]] = {name: [] for name in contenders}
+            for _ in range(self.repeats(rows)):
+                for name in contenders:
+                    res = self.run_contender(name, facts["table"], facts, variant, mode)
+                    res["dataset"] = key
+                    tried[name].append(res)
+            out["runs"].extend(median_run(runs) for runs in tried.values())
             out["load"][key].append(load_average())
             if args.explain and args.mode == "matrix":
                 out.setdefault("explain", {})[key] = self.explain(facts["table"], facts, variant)
             dataset.drop_copy(self.conn, facts["table"])
         out["total_s"] = round(time.monotonic() - t_start, 1)
         return out
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run of median rate among a contender's repeated runs (the lower middle of an even
+    count), with each run's rate, wall time and foreground p99 in ``repeats``."""
+    if len(runs) == 1:
+        return runs[0]
+    ranked = sorted(runs, key=lambda r: r.get("rows_per_s") or 0.0)
+    chosen = dict(ranked[(len(ranked) - 1) // 2])
+    chosen["repeats"] = [
+        {
+            "rows_per_s": r.get("rows_per_s"),
+            "wall_s": r.get("wall_s"),
+            "fg_p99": (r.get("foreground") or {}).get("p99"),
+        }
+        for r in runs
+    ]
+    return chosen
 
 
 def chunk_stats(chunks: list[dict]) -> dict:
@@ -655,6 +687,11 @@ def main() -> None:
         "--explain", action="store_true",
         help="with --shapes: save `retention explain` of each shape's policy (bench/results/explain-<size>/)",
     )  # fmt: skip
+    parser.add_argument(
+        "--repeat",
+        help="SIZE=N[,SIZE=N]: run each contender N times on tables of SIZE, in turns, and report"
+        " the run of median rate (e.g. 1M=3: a run of half a second swings with the machine)",
+    )
     parser.add_argument(
         "--report", type=Path, help="only redraw tables and chart from a results JSON"
     )
