@@ -25,6 +25,9 @@ from tests.runs.conftest import NOW, create_events, pin_one_eligible_row
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+FLUSH = b"H\x00\x00\x00\x04"  # the protocol's Flush message: no answer of its own
+
+
 class TurnCounter:
     """A proxy between the worker's connection and PostgreSQL. ``turns`` counts, while
     ``counting``, the times the client sends after the server answered its last request
@@ -32,7 +35,9 @@ class TurnCounter:
     the round trips. Statements pipelined before one Sync are one turn however they are written
     to the socket, and a server that flushes part of its answer early (a notice is sent at
     once, with whatever results are buffered before it) while a slow client is still writing
-    its pipeline does not make a second one."""
+    its pipeline does not make a second one. Nor does a Flush alone: psycopg ends a pipeline
+    with a Sync and then, in a write of its own, a Flush that asks for no answer — a server
+    quick enough answers the Sync between the two, and the Flush is not a request."""
 
     def __init__(self, upstream) -> None:
         self.upstream = upstream
@@ -74,9 +79,10 @@ class TurnCounter:
                     if not data:
                         return
                     if key.fileobj is client:
-                        if self.answered and self.counting:
-                            self.turns += 1
-                        self.answered = False
+                        if data.replace(FLUSH, b""):  # a request, not only Flush messages
+                            if self.answered and self.counting:
+                                self.turns += 1
+                            self.answered = False
                     else:
                         pending, left = self._read_server(pending + data, left)
                     key.data.sendall(data)
