@@ -215,7 +215,7 @@ class Bench:
         return foreground_stats(result["ops"], result["t0"], result["t0"], result["t0"] + seconds)
 
     def run_contender(
-        self, name: str, template: str, facts: dict, variant: str, mode: dict
+        self, name: str, template: str, facts: dict, variant: str, mode: dict, turn: int = 0
     ) -> dict:
         spec = CONTENDERS[name]
         shape = dataset.shape_of(variant)
@@ -243,7 +243,9 @@ class Bench:
                 **spec.get("env", {}),
             )
             setup_spec = {
-                "slug": f"b{self.stamp}-{variant}-{dataset.size_label(rows).lower()}-{name}",
+                # a policy of its own per turn (``--repeat``): its run is a new one
+                "slug": f"b{self.stamp}-{variant}-{dataset.size_label(rows).lower()}-{name}"
+                + (f"-r{turn + 1}" if turn else ""),
                 "table": table, "retention": f"{dataset.RETENTION_DAYS} days",
                 "chunk_size": self.args.chunk_size, "target_chunk_ms": self.args.target_chunk_ms,
                 "workers": spec["workers"], "tenant": spec.get("tenant", shape.tenant_policy),
@@ -502,9 +504,9 @@ class Bench:
             # so that a slow minute of a shared machine falls on all of them alike; the run
             # of median rate stands for the contender, with every run's figures beside it
             tried: dict[str, list[dict]] = {name: [] for name in contenders}
-            for _ in range(self.repeats(rows)):
+            for turn in range(self.repeats(rows)):
                 for name in contenders:
-                    res = self.run_contender(name, facts["table"], facts, variant, mode)
+                    res = self.run_contender(name, facts["table"], facts, variant, mode, turn)
                     res["dataset"] = key
                     tried[name].append(res)
             out["runs"].extend(median_run(runs) for runs in tried.values())
