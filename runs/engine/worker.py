@@ -880,15 +880,38 @@ class IdleNotes:
 
 
 def planning_window(run: Run, window: int, *, measured: bool) -> int:
-    """How many pending chunks the planner keeps ahead of this lease: ``PLANNER_WINDOW``, a
-    quarter of it until the lease has measured a chunk (the chunks after its first ones are
-    planned at the size those steered to), and fewer as chunks grow past 4× the policy's size,
-    so that what is planned ahead at a size the guard may yet halve stays at most a window of
-    chunks of 4× the policy's size."""
-    if not measured:
-        return max(2, window // 4)
+    """How many pending chunks the planner keeps ahead of this lease: ``PLANNER_WINDOW``, fewer
+    as chunks grow past 4× the policy's size, so that what is planned ahead at a size the guard
+    may yet halve stays at most a window of chunks of 4× the policy's size — and a quarter of
+    that until the size is ``measured`` (``SizeSettling``): a run's first chunks, and those
+    after each jump of the size, are planned a few at a time, so that the chunks after them are
+    planned at the size they steered to, not the whole of a short run at a size it outgrew."""
     policy_size = run.policy_version.parsed.chunk_size
-    return min(window, max(4, window * 4 * policy_size // (run.chunk_size or policy_size)))
+    ahead = min(window, max(4, window * 4 * policy_size // (run.chunk_size or policy_size)))
+    return ahead if measured else max(2, ahead // 4)
+
+
+SIZE_SPAN = 16  # a run's chunk size stays within [policy's / 16, policy's × 16]
+
+
+class SizeSettling:
+    """Whether a lease has measured the run's current chunk size (``planning_window``): a chunk
+    planned at that size that did not make it jump (double or more) settles it; a jump
+    unsettles it; a chunk planned at another size (before a jump, a split, a tenant's last
+    rows) leaves it as it was. At the ceiling it is settled: it cannot grow."""
+
+    def __init__(self) -> None:
+        self.measured = False
+
+    def step(self, run: Run, outcome: Outcome) -> None:
+        spec = run.policy_version.parsed
+        before = run.chunk_size or spec.chunk_size
+        adapt_chunk_size(run, outcome.seconds, outcome.planned)
+        after = run.chunk_size or spec.chunk_size
+        if after >= 2 * before:
+            self.measured = False
+        elif outcome.planned == before or after >= spec.chunk_size * SIZE_SPAN:
+            self.measured = True
 
 
 def adapt_chunk_size(run: Run, seconds: float | None, planned: int | None = None) -> int:
@@ -908,7 +931,7 @@ def adapt_chunk_size(run: Run, seconds: float | None, planned: int | None = None
     it never grows it past the halved size by more than a step."""
     spec = run.policy_version.parsed
     current = run.chunk_size or spec.chunk_size
-    floor, ceiling = max(10, spec.chunk_size // 16), spec.chunk_size * 16
+    floor, ceiling = max(10, spec.chunk_size // SIZE_SPAN), spec.chunk_size * SIZE_SPAN
     target = guard.target_chunk_ms(run.policy_id, spec) / 1000  # the controller's setting
     if seconds is None or seconds > 1.5 * target:
         grow, factor = False, 0.5
@@ -1019,6 +1042,7 @@ def drain(
         stats["stopped"] = "run not found"
         return stats
     idle = IdleNotes(run)
+    sizing = SizeSettling()
     if settings.RETENTION.get("GUARD", True):
         # before this lease plans or reads anything: the guard's sample, whose idle probes
         # learn the table's baseline when it has none (a run's first lease) — taken while
@@ -1078,7 +1102,7 @@ def drain(
             if not run.planner_done and not planner_busy:
                 if pending is None:
                     pending = Chunk.objects.pending().filter(run=run).count()
-                ahead = planning_window(run, window, measured=bool(stats["chunks"]))
+                ahead = planning_window(run, window, measured=sizing.measured)
                 if pending <= ahead // 2:
                     pending = None  # the next claim counts them again
                     try:
@@ -1125,7 +1149,7 @@ def drain(
         if outcome.kind == DONE:
             stats["chunks"] += 1
             stats["rows"] += outcome.rows
-            adapt_chunk_size(run, outcome.seconds, outcome.planned)
+            sizing.step(run, outcome)
             _pace(run, outcome, deadline)
             continue
         if outcome.kind == FAILED:

@@ -183,6 +183,31 @@ def test_the_planner_keeps_fewer_chunks_ahead_as_they_grow_past_four_times_the_p
         assert worker.planning_window(run, 32, measured=True) == ahead
     assert worker.planning_window(run, 64, measured=True) == 16
     assert worker.planning_window(run, 2, measured=True) == 2  # never over the window
+    # until the size is measured, a quarter of that: after a jump to 8×, four chunks ahead
+    run.chunk_size = 1600
+    assert worker.planning_window(run, 32, measured=False) == 4
+    run.chunk_size = 3200
+    assert worker.planning_window(run, 32, measured=False) == 2
+
+
+def test_a_jump_of_the_size_unsettles_it_and_a_chunk_of_the_new_size_settles_it(policy):
+    run, _ = trigger_run(policy, tick=NOW)
+    run = Run.objects.select_related("policy_version").get(pk=run.pk)
+    sizing = worker.SizeSettling()
+
+    def done(planned: int, seconds: float) -> worker.Outcome:
+        return worker.Outcome(worker.DONE, planned=planned, seconds=seconds)
+
+    sizing.step(run, done(200, 0.001))  # the policy's 200 keys, fast: 8×
+    assert (run.chunk_size, sizing.measured) == (1600, False)
+    sizing.step(run, done(200, 0.001))  # planned before the jump: tells nothing of 1600
+    assert (run.chunk_size, sizing.measured) == (1600, False)
+    sizing.step(run, done(1600, 0.1))  # a chunk of 1600 keys, well under the target: +10%
+    assert (run.chunk_size, sizing.measured) == (1761, True)
+    sizing.step(run, done(1761, 0.01))  # far under it: up to the ceiling, under 2×: measured
+    assert (run.chunk_size, sizing.measured) == (3200, True)
+    sizing.step(run, done(3200, 1.0))  # over the target: halved, measured
+    assert (run.chunk_size, sizing.measured) == (1600, True)
 
 
 @pytest.mark.django_db(transaction=True)
