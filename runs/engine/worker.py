@@ -91,11 +91,12 @@ class Claim:
 
     @classmethod
     def from_row(cls, row) -> Claim:
-        chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed, claimed_at, planned = row[:10]
+        (chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed, claimed_at, planned,
+         pending) = row  # fmt: skip
         chunk = Chunk(key_from=key_from, key_to=key_to, lo=_json(lo), hi=_json(hi))
         lo, hi = chunk.bounds()
         return cls(
-            chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed, claimed_at, row[10],
+            chunk_id, tenant, key_from, key_to, lo, hi, attempts, killed, claimed_at, pending,
             planned,
         )  # fmt: skip
 
@@ -891,7 +892,9 @@ def planning_window(run: Run, window: int, *, measured: bool) -> int:
     return ahead if measured else max(2, ahead // 4)
 
 
-SIZE_SPAN = 16  # a run's chunk size stays within [policy's / 16, policy's × 16]
+def size_bounds(spec) -> tuple[int, int]:
+    """The floor and ceiling of a run's chunk size: the policy's / 16 (at least 10), × 16."""
+    return max(10, spec.chunk_size // 16), spec.chunk_size * 16
 
 
 class SizeSettling:
@@ -910,7 +913,7 @@ class SizeSettling:
         after = run.chunk_size or spec.chunk_size
         if after >= 2 * before:
             self.measured = False
-        elif outcome.planned == before or after >= spec.chunk_size * SIZE_SPAN:
+        elif outcome.planned == before or after >= size_bounds(spec)[1]:
             self.measured = True
 
 
@@ -931,7 +934,7 @@ def adapt_chunk_size(run: Run, seconds: float | None, planned: int | None = None
     it never grows it past the halved size by more than a step."""
     spec = run.policy_version.parsed
     current = run.chunk_size or spec.chunk_size
-    floor, ceiling = max(10, spec.chunk_size // SIZE_SPAN), spec.chunk_size * SIZE_SPAN
+    floor, ceiling = size_bounds(spec)
     target = guard.target_chunk_ms(run.policy_id, spec) / 1000  # the controller's setting
     if seconds is None or seconds > 1.5 * target:
         grow, factor = False, 0.5
