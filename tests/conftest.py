@@ -59,6 +59,7 @@ def no_probe_session_left(settings):
 
     guard.stop_sampling_beside()
     guard.close_probe_connection()
+    guard.forget_readings()  # keyed by policy id, which a later test's policy may reuse
 
 
 @pytest.fixture(autouse=True)

@@ -81,6 +81,14 @@ _chunk_ms: dict[int, int] = {}
 _lowered: dict[int, bool] = {}
 
 
+def forget_readings() -> None:
+    """Drop what this process remembers of its last admissions (the verdict, the controller's
+    chunk target and lowered duty cycles per policy): its next admission reads them afresh."""
+    _last_verdict.clear()
+    _chunk_ms.clear()
+    _lowered.clear()
+
+
 def budget_of(spec) -> float:
     """The policy's inflation budget: how many times its idle value the probe may read while
     its chunks run (``guard.inflation_budget``, else ``RETENTION_GUARD_PROBE_RATIO_PCT``)."""
