@@ -919,12 +919,15 @@ class SizeSettling:
 
 def adapt_chunk_size(run: Run, seconds: float | None, planned: int | None = None) -> int:
     """Steer the size of chunks planned next toward the policy's target transaction time, from
-    a chunk of ``planned`` keys (default: the current size) that took ``seconds``: while far
-    under it (under an eighth: a run's first chunks, sized by the policy before anything was
-    measured), grow toward half the target in one step, by 4× to 8× (a chunk's time is its
-    fixed costs plus its rows', so the next one stays under the target); grow slowly (+10%)
-    when well under it, halve when over it or under guard pressure (``seconds`` None), within
-    [chunk_size/16, chunk_size×16] of the policy.
+    a chunk of ``planned`` keys (default: the current size) that took ``seconds``: while under
+    half of it, grow toward half the target in one step, in proportion (half the target ÷ the
+    chunk's time: 8× at most, a run's first chunks, sized by the policy before anything was
+    measured; +10% at least); a chunk's time is its fixed costs plus its rows', so the next
+    one stays under the target. Halve when over it or under guard pressure (``seconds`` None),
+    within [chunk_size/16, chunk_size×16] of the policy. Proportional, not a jump under an
+    eighth and +10% above it: a run's first chunks, slowed by a cold backend or a planner
+    beside them, took a little over an eighth and grew the size by a tenth where they could
+    have grown it 3×, and the run's next window was planned at that size.
 
     The size is the run's, shared by every worker draining it. Each step moves the stored size
     in one statement, so one worker's step composes with another's instead of overwriting it
@@ -941,14 +944,14 @@ def adapt_chunk_size(run: Run, seconds: float | None, planned: int | None = None
         planned = None if seconds is None else planned  # pressure: halve what is stored
     elif seconds < 0.5 * target:
         grow = True
-        factor = min(8, int(target / 2 / max(seconds, 1e-6))) if seconds < target / 8 else 1.1
+        factor = max(1.1, min(8.0, target / 2 / max(seconds, 1e-6)))
         if current >= ceiling:
             return current
     else:
         return current
     base = min(current, planned) if planned else current
     if grow:
-        local = max(current, min(ceiling, int(base * factor) + (factor < 2)))
+        local = max(current, min(ceiling, max(base + 1, round(base * factor))))
     else:
         local = max(floor, base // 2)
     with connection.cursor() as cur:
@@ -961,13 +964,14 @@ def adapt_chunk_size(run: Run, seconds: float | None, planned: int | None = None
             " r AS (SELECT id, coalesce(chunk_size, %s) AS c FROM runs_run WHERE id = %s"
             " FOR NO KEY UPDATE SKIP LOCKED)"
             " UPDATE runs_run SET chunk_size = CASE WHEN %s"
-            " THEN GREATEST(r.c, LEAST(%s, floor(LEAST(r.c, %s) * %s)::int + %s))"
-            " ELSE GREATEST(%s, LEAST(r.c, %s) / 2) END"
-            " FROM s, r WHERE runs_run.id = r.id RETURNING runs_run.chunk_size",
+            " THEN GREATEST(r.c, LEAST(%s, GREATEST(b.b + 1, round(b.b * %s)::int)))"
+            " ELSE GREATEST(%s, b.b / 2) END"
+            " FROM s, r, LATERAL (SELECT LEAST(r.c, %s) AS b) b WHERE runs_run.id = r.id"
+            " RETURNING runs_run.chunk_size",
             [
                 spec.chunk_size, run.pk,
-                grow, ceiling, planned, factor, int(factor < 2),
-                floor, planned,
+                grow, ceiling, factor, floor,
+                planned,
             ],
         )  # fmt: skip
         row = cur.fetchone()

@@ -122,20 +122,22 @@ def test_one_sampler_at_a_time_for_the_whole_pool(make_user):
         cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
 
 
-def test_chunk_size_halves_under_pressure_jumps_far_under_target_and_grows_slowly_near_it(policy):
+def test_chunk_size_halves_under_pressure_and_grows_toward_half_the_target_in_proportion(policy):
     run, _ = trigger_run(policy, tick=NOW)
     assert policy.approved_version.parsed.target_chunk_ms == 300
     assert policy.approved_version.parsed.chunk_size == 200
     assert worker.adapt_chunk_size(run, None) == 100
-    # under an eighth of the target: toward half of it in one step, 8× at most
+    # far under the target: toward half of it in one step, 8× at most
     assert worker.adapt_chunk_size(run, 0.001) == 800
     assert worker.adapt_chunk_size(run, 0.03) == 3200  # 150 ms / 30 ms = 5×, at the ceiling
     assert worker.adapt_chunk_size(run, 5.0) == 1600
-    assert worker.adapt_chunk_size(run, 0.1) == 1761  # under half of it: +10%
-    assert worker.adapt_chunk_size(run, 0.2) == 1761  # near it: stays
-    assert worker.adapt_chunk_size(run, None) == 880
-    assert worker.adapt_chunk_size(run, None) == 440
-    assert worker.adapt_chunk_size(run, 0.037) == 1760  # just under an eighth: 4×
+    assert worker.adapt_chunk_size(run, 0.1) == 2400  # 150 ms / 100 ms: 1.5×
+    assert worker.adapt_chunk_size(run, 0.2) == 2400  # near it: stays
+    assert worker.adapt_chunk_size(run, None) == 1200
+    assert worker.adapt_chunk_size(run, None) == 600
+    # just over an eighth of it (a run's first chunk, slowed by a cold backend): still ~4×
+    assert worker.adapt_chunk_size(run, 0.039) == 2308  # 150 ms / 39 ms = 3.85×
+    assert worker.adapt_chunk_size(run, 0.14) == 2539  # just under half of it: +10% at least
     for _ in range(200):
         worker.adapt_chunk_size(run, 0.001)
     assert Run.objects.get(pk=run.pk).chunk_size == 3200  # the ceiling: 16 × the policy's size
@@ -160,16 +162,16 @@ def test_workers_step_the_runs_one_chunk_size_from_the_chunks_they_measured(poli
     assert worker.adapt_chunk_size(second, 1.0, 1600) == 800
     # the guard throttles the second worker: half of what is stored
     assert worker.adapt_chunk_size(second, None) == 400
-    # the first worker, still holding 1600, finishes a chunk of 1600 well under the target:
-    # 10% more than the stored 400, not than its copy
-    assert worker.adapt_chunk_size(first, 0.1, 1600) == 441
-    assert stored() == 441
+    # the first worker, still holding 1600, finishes a chunk of 1600 well under the target
+    # (100 ms: 1.5×): half as much again as the stored 400, not as its copy
+    assert worker.adapt_chunk_size(first, 0.1, 1600) == 600
+    assert stored() == 600
     # the planner plans at the stored size whatever a worker's copy says
-    assert worker.adapt_chunk_size(second, None) == 220
+    assert worker.adapt_chunk_size(second, None) == 300
     first.chunk_size = 3200
     planner.plan(first, window=2)
-    assert first.chunk_size == 220
-    assert max(c.planned_rows for c in Chunk.objects.filter(run=run)) == 220
+    assert first.chunk_size == 300
+    assert max(c.planned_rows for c in Chunk.objects.filter(run=run)) == 300
 
 
 def test_the_planner_keeps_fewer_chunks_ahead_as_they_grow_past_four_times_the_policys_size(
@@ -202,9 +204,9 @@ def test_a_jump_of_the_size_unsettles_it_and_a_chunk_of_the_new_size_settles_it(
     assert (run.chunk_size, sizing.measured) == (1600, False)
     sizing.step(run, done(200, 0.001))  # planned before the jump: tells nothing of 1600
     assert (run.chunk_size, sizing.measured) == (1600, False)
-    sizing.step(run, done(1600, 0.1))  # a chunk of 1600 keys, well under the target: +10%
-    assert (run.chunk_size, sizing.measured) == (1761, True)
-    sizing.step(run, done(1761, 0.01))  # far under it: up to the ceiling, under 2×: measured
+    sizing.step(run, done(1600, 0.1))  # a chunk of 1600 keys under half the target: 1.5×
+    assert (run.chunk_size, sizing.measured) == (2400, True)
+    sizing.step(run, done(2400, 0.01))  # far under it: up to the ceiling, under 2×: measured
     assert (run.chunk_size, sizing.measured) == (3200, True)
     sizing.step(run, done(3200, 1.0))  # over the target: halved, measured
     assert (run.chunk_size, sizing.measured) == (1600, True)
