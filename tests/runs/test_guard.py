@@ -178,7 +178,11 @@ def test_the_planner_keeps_fewer_chunks_ahead_as_they_grow_past_four_times_the_p
     policy,
 ):
     run, _ = trigger_run(policy, tick=NOW)
-    assert worker.planning_window(run, 32, measured=False) == 8  # before a chunk is measured
+    # at the policy's size, before a chunk is measured: one chunk for each of two workers
+    assert run.chunk_size == 200 and worker.planning_window(run, 32, measured=False) == 2
+    assert worker.planning_window(run, 1, measured=False) == 1
+    run.chunk_size = 400  # another size, not yet measured: a quarter of the window
+    assert worker.planning_window(run, 32, measured=False) == 8
     sizes = {200: 32, 800: 32, 1600: 16, 3200: 8}
     for size, ahead in sizes.items():
         run.chunk_size = size
