@@ -143,7 +143,8 @@ def test_auto_orders_chunks_by_timestamp_and_key_when_the_key_is_random_and_drai
     assert run.state == Run.State.DRAINED
     assert check_run(run, shadow=Shadow("public", "rr_ts_shadow")) == []
     chunks = list(Chunk.objects.filter(run=run, pass_no=1).order_by("seq"))
-    assert len(chunks) > 5 and all(c.key_from is None and len(c.lo) == 2 for c in chunks)
+    # two first chunks of the policy's 200 keys, then 16× that at most: ~3,000 keys take three
+    assert len(chunks) >= 3 and all(c.key_from is None and len(c.lo) == 2 for c in chunks)
     assert {c.tenant for c in chunks} == {""}  # across tenants, like key-range chunks
 
     # every record names the columns its bounds are on, and counts rows per tenant
