@@ -101,7 +101,11 @@ def test_a_worker_killed_before_commit_leaves_rows_and_no_audit_row(table, make_
 
 
 def test_ten_concurrent_deliveries_process_each_chunk_once(table, make_user):
-    policy = make_policy(make_user, limits={"policy_workers": 4, "tenant_workers": 2})
+    # chunks of 10 keys, 160 at most (16×): the ~1,500 keys before the cutoff are more chunks
+    # than there are deliveries, however fast the size grows
+    policy = make_policy(
+        make_user, chunk_size=10, limits={"policy_workers": 4, "tenant_workers": 2}
+    )
     run, _ = trigger_run(policy, tick=NOW)
     procs = [
         spawn("retention", "drain", run.run_key, "--until-idle", "--budget", "60")
