@@ -11,6 +11,12 @@
   way), the old ones among them deleted by ``ctid`` (TID scan), the new last key returned. (A range
   ``(key) > (a) AND (key) <= (b) AND occurred_at < cutoff`` lets the planner pick the
   ``occurred_at`` index and filter every eligible row per slice.)
+- ``keyrange`` with ``"connections": 2`` (contender ``keyrange-2``): the same loop on two
+  connections at once, one thread each — what two parallel streams of DELETEs gain on this
+  machine, the ceiling for 2 workers ÷ 1. On a single integer key the two take the slices
+  in turns (``[k, k + n)`` to one, the next to the other: adjacent, as two workers take
+  adjacent chunks); on any other key each walks half of the key range, from either side of
+  the middle key (found before ``go``, by an Index Only Scan: not timed).
 
 Every statement commits on its own (autocommit). The process waits for ``go`` on stdin
 so that start-up is not timed, and prints one JSON line: wall times (epoch seconds),
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from datetime import datetime
 
@@ -35,28 +42,59 @@ def run(spec: dict) -> dict:
     cutoff = datetime.fromisoformat(spec["cutoff"])
     n = spec["chunk_size"]
     cap = spec.get("time_cap_s")
-    conn = psycopg.connect(spec["dsn"], autocommit=True, application_name="bench-loop")
-    if spec.get("synchronous_commit") is False:
-        conn.execute("SET synchronous_commit = off")
+
+    def connect() -> psycopg.Connection:
+        conn = psycopg.connect(spec["dsn"], autocommit=True, application_name="bench-loop")
+        if spec.get("synchronous_commit") is False:
+            conn.execute("SET synchronous_commit = off")
+        return conn
+
+    streams = spec.get("connections", 1)
+    conns = [connect() for _ in range(streams)]
+    conn = conns[0]
     chunks: list[tuple[float, float, int]] = []
     pk = spec.get("pk", ["id"])
     cols = sql.SQL(", ").join(sql.Identifier(c) for c in pk)
     row = sql.SQL("({})").format(cols)
     marks = sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() * len(pk)))
 
-    def timed(query, params) -> int:
+    def timed(query, params, on=None) -> int:
         t0 = time.time()
         m0 = time.monotonic()
-        cur = conn.execute(query, params)
+        cur = (on or conn).execute(query, params)
         chunks.append((t0, time.monotonic() - m0, cur.rowcount))
         return cur.rowcount
 
+    kind = spec["kind"]
+    int_key = spec.get("int_key", True)
+    middle = None
+    if kind == "keyrange" and streams > 1 and not int_key:
+        middle = conn.execute(
+            sql.SQL(
+                "SELECT {cols} FROM {t} ORDER BY {cols}"
+                " OFFSET (SELECT count(*) / 2 FROM {t}) LIMIT 1"
+            ).format(cols=cols, t=tbl)
+        ).fetchone()
     print("ready", flush=True)
     sys.stdin.readline()
     started = time.time()
     deadline = time.monotonic() + cap if cap else None
     capped = False
-    kind = spec["kind"]
+
+    def in_parallel(work) -> bool:
+        """``work(i, conn)`` on each connection in a thread of its own; True: one was capped."""
+        results = [False] * streams
+
+        def one(i: int) -> None:
+            results[i] = work(i, conns[i])
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return any(results)
+
     if kind == "single":
         timed(sql.SQL("DELETE FROM {} WHERE occurred_at < %s").format(tbl), [cutoff])
     elif kind == "naive":
@@ -67,7 +105,7 @@ def run(spec: dict) -> dict:
             if deadline and time.monotonic() > deadline:
                 capped = True
                 break
-    elif kind == "keyrange" and spec.get("int_key", True):
+    elif kind == "keyrange" and int_key:
         lo, hi = conn.execute(
             sql.SQL("SELECT min(id), max(id) FROM {} WHERE occurred_at < %s").format(tbl),
             [cutoff],
@@ -75,13 +113,17 @@ def run(spec: dict) -> dict:
         query = sql.SQL("DELETE FROM {} WHERE id >= %s AND id < %s AND occurred_at < %s").format(
             tbl
         )
-        key = lo
-        while lo is not None and key <= hi:
-            timed(query, [key, key + n, cutoff])
-            key += n
-            if deadline and time.monotonic() > deadline:
-                capped = True
-                break
+
+        def slices(i: int, on: psycopg.Connection) -> bool:
+            key = lo + i * n
+            while lo is not None and key <= hi:
+                timed(query, [key, key + n, cutoff], on)
+                key += streams * n
+                if deadline and time.monotonic() > deadline:
+                    return True
+            return False
+
+        capped = in_parallel(slices)
     elif kind == "keyrange":
         # One statement per slice: the next n primary-key entries after the previous slice (a
         # btree walk, ORDER BY key LIMIT n), the old ones among them deleted by their ctid (a
@@ -95,21 +137,34 @@ def run(spec: dict) -> dict:
             " (SELECT {cols} FROM s ORDER BY {desc} LIMIT 1) AS last"
         )
         desc = sql.SQL(", ").join(sql.SQL("{} DESC").format(sql.Identifier(c)) for c in pk)
-        pos = None
-        while True:
-            where = sql.SQL("WHERE {} > {}").format(row, marks) if pos else sql.SQL("")
-            t0, m0 = time.time(), time.monotonic()
-            got = conn.execute(
-                query.format(cols=cols, t=tbl, w=where, row=row, desc=desc),
-                [cutoff, *(pos or ()), n],
-            ).fetchone()
-            chunks.append((t0, time.monotonic() - m0, got[0] if got else 0))
-            if got is None:
-                break
-            pos = tuple(got[1:])
-            if deadline and time.monotonic() > deadline:
-                capped = True
-                break
+
+        def walk(i: int, on: psycopg.Connection) -> bool:
+            # one stream: the whole range; two: below the middle key, and from it on
+            pos = tuple(middle) if i == 1 else None
+            inclusive = i == 1
+            below = [sql.SQL("{} < {}").format(row, marks)] if middle is not None and i == 0 else []
+            while True:
+                above = (
+                    [sql.SQL("{} {} {}").format(row, sql.SQL(">=" if inclusive else ">"), marks)]
+                    if pos
+                    else []
+                )
+                parts = above + below
+                where = sql.SQL("WHERE ") + sql.SQL(" AND ").join(parts) if parts else sql.SQL("")
+                params = [*(pos or ()), *(middle if below else ())]
+                t0, m0 = time.time(), time.monotonic()
+                got = on.execute(
+                    query.format(cols=cols, t=tbl, w=where, row=row, desc=desc),
+                    [cutoff, *params, n],
+                ).fetchone()
+                chunks.append((t0, time.monotonic() - m0, got[0] if got else 0))
+                if got is None:
+                    return False
+                pos, inclusive = tuple(got[1:]), False
+                if deadline and time.monotonic() > deadline:
+                    return True
+
+        capped = in_parallel(walk)
     else:
         raise SystemExit(f"unknown loop kind {kind!r}")
     ended = time.time()

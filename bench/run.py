@@ -38,6 +38,8 @@ CONTENDERS: dict[str, dict] = {
     "single": {"kind": "loop", "loop": "single", "label": "single DELETE (ceiling)"},
     "naive": {"kind": "loop", "loop": "naive", "label": "naive IN (SELECT … LIMIT n) loop"},
     "keyrange": {"kind": "loop", "loop": "keyrange", "label": "key-range loop"},
+    "keyrange-2": {"kind": "loop", "loop": "keyrange", "connections": 2,
+                   "label": "key-range loop, 2 connections at once"},
     "product-1w": {"kind": "product", "workers": 1, "guard": False, "label": "product, 1 worker, guard off"},
     "product-2w": {"kind": "product", "workers": 2, "guard": False, "label": "product, 2 workers, guard off"},
     "product-2w-guard": {"kind": "product", "workers": 2, "guard": True, "label": "product, 2 workers, guard on"},
@@ -233,6 +235,7 @@ class Bench:
                 "dsn": self.url, "table": table, "kind": spec["loop"], "cutoff": self.cutoff.isoformat(),
                 "chunk_size": self.args.chunk_size, "time_cap_s": self.time_cap(mode, rows),
                 "pk": list(shape.pk), "int_key": shape.int_key,
+                "connections": spec.get("connections", 1),
             }  # fmt: skip
             workers.append(self.spawn("bench.loops", json.dumps(loop_spec), tag=tag))
         else:
