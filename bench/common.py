@@ -76,3 +76,34 @@ def peak_rss_kb() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _ticks() -> int:
+    return os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the machine's cores have been busy since boot, all cores together
+    (``/proc/stat``: every state but idle and iowait)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(values) - values[3] - values[4]) / _ticks()
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds process ``pid`` (all its threads) has used, user and system; None where
+    ``/proc`` does not show it (a database server on another machine)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _ticks()
+
+
+def cpu_used(before: dict[int, float | None]) -> float | None:
+    """CPU seconds the processes of ``before`` (pid: ``process_cpu_s`` then) have used since."""
+    spent = [
+        (now - then)
+        for pid, then in before.items()
+        if then is not None and (now := process_cpu_s(pid)) is not None
+    ]
+    return round(sum(spent), 3) if spent else None

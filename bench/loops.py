@@ -34,7 +34,7 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
-from bench.common import SCHEMA, peak_rss_kb
+from bench.common import SCHEMA, cpu_used, peak_rss_kb, process_cpu_s
 
 
 def run(spec: dict) -> dict:
@@ -77,6 +77,8 @@ def run(spec: dict) -> dict:
         ).fetchone()
     print("ready", flush=True)
     sys.stdin.readline()
+    backends = {c.info.backend_pid: process_cpu_s(c.info.backend_pid) for c in conns}
+    own = time.process_time()
     started = time.time()
     deadline = time.monotonic() + cap if cap else None
     capped = False
@@ -171,6 +173,7 @@ def run(spec: dict) -> dict:
     return {
         "started": started,
         "ended": ended,
+        "cpu": {"self_s": round(time.process_time() - own, 3), "backends_s": cpu_used(backends)},
         "rows": sum(c[2] for c in chunks),
         "chunks": chunks,
         "capped": capped,

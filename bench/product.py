@@ -16,10 +16,13 @@ its output.
 ``drain``: a worker. After ``django.setup()`` it prints ``ready`` and waits for ``go`` on
 stdin, then runs exactly ``manage.py retention drain RUN_KEY --until-idle`` in-process
 (``call_command``), so Django's start-up is not timed but everything the worker does is.
+With ``BENCH_PROFILE=DIR`` in the bench's environment, each drain writes its cProfile to
+``DIR/drain-RUN_KEY-PID.prof`` (the key's ``/`` as ``_``) (``python -m pstats`` reads it).
 """
 
 from __future__ import annotations
 
+import cProfile
 import io
 import json
 import os
@@ -27,8 +30,9 @@ import signal
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
-from bench.common import ROOT, peak_rss_kb
+from bench.common import ROOT, cpu_used, peak_rss_kb, process_cpu_s
 
 
 def _django() -> None:
@@ -151,21 +155,37 @@ def drain(spec: dict) -> dict:
     load_command_class("runs", "retention")  # imported: start-up, as Django's own, is not timed
     print("ready", flush=True)
     sys.stdin.readline()
+    pid = connection.connection.info.backend_pid
+    backend = {pid: process_cpu_s(pid)}
+    own = time.process_time()
     started = time.time()
     out = io.StringIO()
     capped = False
     if spec.get("time_cap_s"):
         signal.signal(signal.SIGALRM, _raise_cap)
         signal.setitimer(signal.ITIMER_REAL, spec["time_cap_s"])
+    profile = os.environ.get("BENCH_PROFILE")  # a folder: this drain's cProfile goes there
+    profiler = cProfile.Profile() if profile else None
     try:
+        if profiler:
+            profiler.enable()
         call_command("retention", "drain", spec["run_key"], "--until-idle", stdout=out)
     except TimeCap:
         capped = True
+    finally:
+        if profiler:
+            profiler.disable()
+            Path(profile).mkdir(parents=True, exist_ok=True)
+            profiler.dump_stats(
+                Path(profile) / f"drain-{spec['run_key'].replace('/', '_')}-{os.getpid()}.prof"
+            )
     signal.setitimer(signal.ITIMER_REAL, 0)
     ended = time.time()
     return {
         "started": started,
         "ended": ended,
+        # this process (its threads too) and its main connection's backend, while it drained
+        "cpu": {"self_s": round(time.process_time() - own, 3), "backends_s": cpu_used(backend)},
         "pid": os.getpid(),
         "summary": out.getvalue().strip() or "stopped at the time cap",
         "capped": capped,

@@ -224,6 +224,7 @@ _SHORT = {
     "single": "single DELETE",
     "naive": "naive loop",
     "keyrange": "key-range loop",
+    "keyrange-2": "key-range loop, 2 connections",
     "product-1w": "product 1w",
     "product-2w": "product 2w",
     "product-2w-guard": "product 2w guard",

@@ -30,7 +30,15 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 import psycopg
 
 from bench import dataset, report
-from bench.common import BENCH_DB, ROOT, SCHEMA, percentile, server_url, with_database
+from bench.common import (
+    BENCH_DB,
+    ROOT,
+    SCHEMA,
+    machine_busy_s,
+    percentile,
+    server_url,
+    with_database,
+)
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -294,17 +302,29 @@ class Bench:
         load.stdin.write("go\n")
         load.stdin.flush()
         time.sleep(0.2)  # the load runs a moment before cleanup starts
+        busy0, span0 = machine_busy_s(), time.monotonic()
         for proc in workers:
             proc.stdin.write("go\n")
             proc.stdin.flush()
         self.log(f"{tag}: running")
         outs = [self.finish(proc) for proc in workers]
+        busy, span = machine_busy_s() - busy0, time.monotonic() - span0
         lsn1 = self.lsn()
         fg = self.finish(load, "stop\n")
         time.sleep(1.1)  # every session has flushed its statistics
         xacts = self.xacts() - xacts0 - 2 - len(fg["ops"])  # not this session's, not the load's
         started, ended = min(o["started"] for o in outs), max(o["ended"] for o in outs)
         wall = ended - started
+        # where the machine's CPU went while the contender ran (from its release to its
+        # processes' exit): all of it, the contender's processes, their main backends (the
+        # rest: the foreground, its backend, the server's own, the processes' exit)
+        parts = [o.get("cpu") or {} for o in outs]
+        result["cpu"] = {
+            "busy_cores": round(busy / span, 2) if span > 0 else None,
+            "busy_s": round(busy, 3),
+            "workers_s": round(sum(c.get("self_s") or 0 for c in parts), 3),
+            "backends_s": round(sum(c.get("backends_s") or 0 for c in parts), 3),
+        }
         if spec["kind"] == "loop":
             out = outs[0]
             deleted, capped = out["rows"], out["capped"]
@@ -363,7 +383,9 @@ class Bench:
         dataset.drop_copy(self.conn, table)
         self.log(
             f"{tag}: {deleted:,} rows in {wall:.2f}s = {result['rows_per_s'] or 0:,.0f} rows/s,"
-            f" fg p99 {result['foreground']['p99']} ms"
+            f" fg p99 {result['foreground']['p99']} ms; cores busy {result['cpu']['busy_cores']},"
+            f" CPU s: backends {result['cpu']['backends_s']}, workers {result['cpu']['workers_s']},"
+            f" all {result['cpu']['busy_s']}"
         )
         return result
 
