@@ -626,9 +626,32 @@ def foreground_stats(
         "p99": percentile(lat, 99),
         "max": max(lat),
         "over_50ms": sum(1 for x in lat if x > 50),
+        # where each stall began: the first of consecutive requests over 50 ms, seconds after
+        # the cleanup's release, with the longest latency of the run of them (at most 10)
+        "stalls": stalls(inside, t0, start),
         # which requests the cleanup slows: point reads, a tenant's latest rows, inserts
         "p99_by_kind": {k: percentile([op[1] for op in inside if op[2] == k], 99) for k in kinds},
     }
+
+
+def stalls(ops: list, t0: float, start: float, over_ms: float = 50.0) -> list[dict]:
+    """The stalls among ``ops`` (in schedule order): each run of consecutive requests over
+    ``over_ms`` as when its first was scheduled (seconds after ``start``), how many requests it
+    held up and the longest latency among them; the first 10."""
+    found: list[dict] = []
+    current: dict | None = None
+    for op in ops:
+        if op[1] <= over_ms:
+            current = None
+            continue
+        if current is None:
+            if len(found) == 10:
+                break
+            current = {"at_s": round(t0 + op[0] - start, 3), "requests": 0, "max_ms": 0.0}
+            found.append(current)
+        current["requests"] += 1
+        current["max_ms"] = max(current["max_ms"], op[1])
+    return found
 
 
 def overlap_split(ops: list, t0: float, chunks: list[dict]) -> tuple[list, list]:
