@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import resource
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,11 +100,21 @@ def process_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _ticks()
 
 
-def cpu_used(before: dict[int, float | None]) -> float | None:
-    """CPU seconds the processes of ``before`` (pid: ``process_cpu_s`` then) have used since."""
+def cpu_mark(backend_pids) -> dict:
+    """Where this process's CPU and that of its connections' backends (``backend_pids``)
+    stand now, for ``cpu_spent``."""
+    return {"own": time.process_time(), "backends": {p: process_cpu_s(p) for p in backend_pids}}
+
+
+def cpu_spent(mark: dict) -> dict:
+    """The CPU seconds spent since ``mark`` (``cpu_mark``): this process's (all its threads,
+    ``self_s``) and its backends' (``backends_s``; None where ``/proc`` does not show them)."""
     spent = [
-        (now - then)
-        for pid, then in before.items()
+        now - then
+        for pid, then in mark["backends"].items()
         if then is not None and (now := process_cpu_s(pid)) is not None
     ]
-    return round(sum(spent), 3) if spent else None
+    return {
+        "self_s": round(time.process_time() - mark["own"], 3),
+        "backends_s": round(sum(spent), 3) if spent else None,
+    }

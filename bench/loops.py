@@ -34,7 +34,7 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
-from bench.common import SCHEMA, cpu_used, peak_rss_kb, process_cpu_s
+from bench.common import SCHEMA, cpu_mark, cpu_spent, peak_rss_kb
 
 
 def run(spec: dict) -> dict:
@@ -77,8 +77,7 @@ def run(spec: dict) -> dict:
         ).fetchone()
     print("ready", flush=True)
     sys.stdin.readline()
-    backends = {c.info.backend_pid: process_cpu_s(c.info.backend_pid) for c in conns}
-    own = time.process_time()
+    cpu = cpu_mark(c.info.backend_pid for c in conns)
     started = time.time()
     deadline = time.monotonic() + cap if cap else None
     capped = False
@@ -117,8 +116,10 @@ def run(spec: dict) -> dict:
         )
 
         def slices(i: int, on: psycopg.Connection) -> bool:
+            if lo is None:  # nothing eligible
+                return False
             key = lo + i * n
-            while lo is not None and key <= hi:
+            while key <= hi:
                 timed(query, [key, key + n, cutoff], on)
                 key += streams * n
                 if deadline and time.monotonic() > deadline:
@@ -173,7 +174,7 @@ def run(spec: dict) -> dict:
     return {
         "started": started,
         "ended": ended,
-        "cpu": {"self_s": round(time.process_time() - own, 3), "backends_s": cpu_used(backends)},
+        "cpu": cpu_spent(cpu),
         "rows": sum(c[2] for c in chunks),
         "chunks": chunks,
         "capped": capped,

@@ -32,7 +32,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from bench.common import ROOT, cpu_used, peak_rss_kb, process_cpu_s
+from bench.common import ROOT, cpu_mark, cpu_spent, peak_rss_kb
 
 
 def _django() -> None:
@@ -155,9 +155,7 @@ def drain(spec: dict) -> dict:
     load_command_class("runs", "retention")  # imported: start-up, as Django's own, is not timed
     print("ready", flush=True)
     sys.stdin.readline()
-    pid = connection.connection.info.backend_pid
-    backend = {pid: process_cpu_s(pid)}
-    own = time.process_time()
+    cpu = cpu_mark([connection.connection.info.backend_pid])
     started = time.time()
     out = io.StringIO()
     capped = False
@@ -185,7 +183,7 @@ def drain(spec: dict) -> dict:
         "started": started,
         "ended": ended,
         # this process (its threads too) and its main connection's backend, while it drained
-        "cpu": {"self_s": round(time.process_time() - own, 3), "backends_s": cpu_used(backend)},
+        "cpu": cpu_spent(cpu),
         "pid": os.getpid(),
         "summary": out.getvalue().strip() or "stopped at the time cap",
         "capped": capped,
