@@ -13,6 +13,8 @@ that would still let a run proceed, but badly, is returned as a warning.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import asdict, dataclass, field
 
 from django.conf import settings
@@ -370,6 +372,45 @@ def _supporting_index(spec, result: Validation, columns, keys, ts, integer: bool
     )
 
 
+def archive_destination_problem(directory: str) -> str | None:
+    """Why the archive directory cannot take files, or None: it must exist, be a directory and
+    take a file written, synced and removed (a read-only or full file system fails here)."""
+    if not os.path.isdir(directory):
+        return f"archive.to: {directory} is not an existing directory"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".retention-probe-", dir=directory)
+        try:
+            os.write(fd, b"probe")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        return f"archive.to: {directory} is not writable ({exc.strerror or exc})"
+    return None
+
+
+def _check_archive(spec: PolicySpec, where: str, graph, tree) -> None:
+    """An archiving policy: a writable directory; no cascade (its child rows would go without
+    a copy); no partition dropped whole (its rows would go without a copy)."""
+    problem = archive_destination_problem(spec.archive_dir)
+    if problem:
+        raise SpecError(problem)
+    reached = sorted({e.child_name for edges in graph.edges.values() for e in edges})
+    if reached:
+        raise SpecError(
+            f"[archive] cannot go with ON DELETE CASCADE: deleting from {where} deletes rows of "
+            f"{', '.join(reached)}, which would go without a copy; archive those tables with "
+            f"policies of their own first, or remove [archive]"
+        )
+    if tree is not None and tree.on:
+        raise SpecError(
+            f"[archive] cannot go with a range-partitioned table: {where}'s partitions past the "
+            f"cutoff are dropped whole, without a copy; remove [archive] or archive a "
+            f"table that is not partitioned"
+        )
+
+
 def validate(spec: PolicySpec) -> Validation:
     """Check ``spec`` against the database; raise SpecError on the first blocking problem.
 
@@ -509,6 +550,8 @@ def validate(spec: PolicySpec) -> Validation:
         result.warnings.append(
             f"partition_action = {spec.partition_action!r} has no effect: {where} is not partitioned"
         )
+    if spec.archive_dir:
+        _check_archive(spec, where, graph, tree)
     reached = {fk.table for fk in result.foreign_keys if fk.acknowledged}
     reached |= {e.child_name for edges in graph.edges.values() for e in edges}
     stray = sorted(acknowledged - reached)

@@ -298,6 +298,8 @@ class Field:
 
 
 REQUIRED = object()
+# An archiving policy's restore window when it names none (``[archive] restore_days``).
+DEFAULT_RESTORE_DAYS = 30
 _DURATION = '`"N minutes|hours|days|weeks"`'
 _GUARD_MEANING = {
     "probe_p95_ms": "throttle above this probe p95",
@@ -456,6 +458,16 @@ FIELDS: tuple[Field, ...] = (
           '`"N minutes|hours|days|weeks|months|years"`, N ≥ 1; only with `rollout = "slice"`',
           "a slice run deletes only rows older than its cutoff minus this (the slice bound)",
           shown_default="none", omitted_at_default=True),
+    Field("archive.to", "archive_to", "special", None,
+          '`"file:///ABSOLUTE/DIR"`',
+          "archive before deleting: each chunk's rows are written to a Parquet file under this "
+          "directory (a writable directory on the workers' hosts), read back and verified "
+          "before its DELETE commits (see \"Archiving before deleting\" below)",
+          shown_default="no archive", omitted_at_default=True),
+    Field("archive.restore_days", "archive_restore_days", "special", None, "1 – 36500",
+          "how long after a run its archived rows may be restored (`retention restore`); only "
+          "with `[archive] to`", shown_default=f"{DEFAULT_RESTORE_DAYS}",
+          omitted_at_default=True),
     Field("keep", "keep", "special", (), "see below", "rows that are never deleted",
           shown_default="none"),
 )  # fmt: skip
@@ -555,6 +567,37 @@ def _guard_extras(section: dict) -> dict:
     return out
 
 
+def archive_path(url: str) -> str:
+    """The absolute directory of an ``[archive] to`` URL (``file:///srv/archive/events``)."""
+    prefix = "file://"
+    if not isinstance(url, str) or not url.startswith(prefix):
+        raise SpecError(f'archive.to must be a URL like "file:///srv/archive/events", got {url!r}')
+    path = url[len(prefix) :]
+    if not path.startswith("/") or "\\" in path:
+        raise SpecError(
+            f'archive.to must name an absolute directory ("file:///srv/archive/events"), got {url!r}'
+        )
+    parts = path.split("/")
+    if any(part in (".", "..") for part in parts) or len(path) > 1000:
+        raise SpecError(f"archive.to must be a plain absolute path without . or .., got {url!r}")
+    return path.rstrip("/") or "/"
+
+
+def _archive(section: dict) -> dict:
+    """The ``[archive]`` keys: a destination URL and a restore window only with it."""
+    out: dict = {}
+    to = section.get("to")
+    if to is not None:
+        archive_path(to)
+        out["archive_to"] = "file://" + archive_path(to)
+    days = section.get("restore_days")
+    if days is not None:
+        if to is None:
+            raise SpecError('archive.restore_days applies only with archive.to = "file:///DIR"')
+        out["archive_restore_days"] = _int(days, "archive.restore_days", 1, 36500)
+    return out
+
+
 @dataclass(frozen=True)
 class PolicySpec:
     slug: str
@@ -621,6 +664,11 @@ class PolicySpec:
     # before the cutoff deletion stops; both left out of the stored JSON at their defaults.
     rollout: str = "full"
     slice: str | None = None
+    # [archive]: the directory each chunk's rows are written to before its DELETE (a
+    # ``file://`` URL of an absolute path) and the restore window in days; both left out of
+    # the stored JSON when None, so no older version's content hash changes.
+    archive_to: str | None = None
+    archive_restore_days: int | None = None
 
     @classmethod
     def parse(cls, data: dict) -> PolicySpec:
@@ -709,6 +757,7 @@ class PolicySpec:
         if not isinstance(cascade, list) or not all(isinstance(c, str) for c in cascade):
             raise SpecError('cascade_ack must be a list of "schema.table" names')
         guard_extra = _guard_extras(sections["guard"])
+        archive_extra = _archive(sections["archive"])
         simple, guard = {}, dict(GUARD_DEFAULTS)
         for f in FIELDS:
             if f.kind == "special":
@@ -740,6 +789,7 @@ class PolicySpec:
             timestamp_unit=timestamp_unit,
             slice=slice_text,
             **guard_extra,
+            **archive_extra,
             **simple,
         )
         check_retention(spec.retention, expiry=spec.timestamp_is_expiry)
@@ -827,6 +877,16 @@ class PolicySpec:
         if not self.max_backlog_age:
             return None
         return parse_retention(self.max_backlog_age).total_seconds()
+
+    @property
+    def archive_dir(self) -> str | None:
+        """The archive's directory (an absolute path), or None when the policy does not archive."""
+        return archive_path(self.archive_to) if self.archive_to else None
+
+    @property
+    def restore_days(self) -> int:
+        """Days after a run's rows were archived during which they may be restored."""
+        return self.archive_restore_days or DEFAULT_RESTORE_DAYS
 
     @property
     def detached_keep_delta(self) -> timedelta | None:

@@ -373,6 +373,9 @@ class AuditRecord(models.Model):
     # Chain version 7: a chunk of a table that cascading foreign keys reference — the rows it
     # removed in each table its DELETE reaches ({"schema.table": rows}, its own table included).
     table_rows = models.JSONField(null=True, blank=True)
+    # Chain version 8: a chunk archived before its DELETE — where its rows were written
+    # ({"to": "file:///DIR", "objects": [{"name", "table", "rows", "sha256"}]}).
+    archive = models.JSONField(null=True, blank=True)
     attempt = models.PositiveIntegerField()
     worker_host = models.CharField(max_length=200)
     worker_pid = models.IntegerField()

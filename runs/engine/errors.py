@@ -74,6 +74,8 @@ def classify(exc: BaseException) -> Classified:
         return Classified(TRANSIENT, code, _TRANSIENT_CLASSES[code[:2]])
     if code[:2] in _PERMANENT_CLASSES:
         return Classified(PERMANENT, code, _PERMANENT_CLASSES[code[:2]])
+    if not code and isinstance(exc, OSError):  # the archive's directory: read-only, full, gone
+        return Classified(TRANSIENT, "", f"archive destination: {exc.strerror or exc}")
     if not code:
         # No SQLSTATE: the connection broke (psycopg OperationalError) or the message was bad.
         from django.db import InterfaceError, OperationalError

@@ -22,6 +22,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 from psycopg import sql
 
+from archive import objects
 from core import locks, timeouts
 from retention import cascades
 from retention import predicate as P
@@ -42,6 +43,7 @@ from runs.engine.partitions import drop_kept_detached, settle_left_behind
 from runs.engine.planner import timestamp_indexed
 from runs.engine.schedules import sync_policy_schedule
 from runs.models import (
+    AuditRecord,
     Chunk,
     DeadLetter,
     GuardControlStep,
@@ -693,6 +695,37 @@ def reconcile_policy(
         # detached partition tables whose detached_keep has passed (docs/engine.md, "Partitions")
         step()
         report["detached"] += drop_kept_detached(policy, now)
+    # archive objects of attempts that did not commit (docs/engine.md, "Archiving")
+    report["archive_orphans"] += remove_archive_orphans(policy)
+
+
+def remove_archive_orphans(policy: Policy) -> list[str]:
+    """Remove the archive objects under the approved version's ``[archive] to`` that no audit
+    record names and whose chunk is no longer pending: files of attempts that were killed or
+    failed between their write and their commit (a chunk still pending may be being written
+    by its attempt, so its files wait). The names removed."""
+    version = policy.approved_version
+    spec = version.parsed if version is not None else None
+    if spec is None or not spec.archive_dir:
+        return []
+    named: set[str] = set()
+    states: dict[int, str] = {}
+
+    def keep(run_id: int, chunk_id: int, name: str) -> bool:
+        if chunk_id not in states:
+            row = Chunk.objects.filter(pk=chunk_id, run_id=run_id, run__policy=policy)
+            states[chunk_id] = row.values_list("state", flat=True).first() or ""
+            archive = (
+                AuditRecord.objects.filter(chunk_id=chunk_id)
+                .values_list("archive", flat=True)
+                .first()
+            )
+            named.update(o["name"] for o in (archive or {}).get("objects", []))
+        state = states[chunk_id]
+        # not this database's chunk (another installation's files): left alone
+        return name in named or state in ("", Chunk.State.PENDING)
+
+    return objects.remove_orphans(spec.archive_dir, spec.slug, keep)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -714,7 +747,7 @@ def reconcile(now=None) -> dict:
     report = {
         "republished": 0, "caught_up": [], "finished": [], "started": 0, "rearmed": [],
         "expired": [], "failed": [], "busy": [], "deferred": [], "pruned": {}, "detached": [],
-        "vacuum": [], "rerun": [], "partitions": [], "stopped": False,
+        "vacuum": [], "rerun": [], "partitions": [], "archive_orphans": [], "stopped": False,
     }  # fmt: skip
     pass_s, statement_ms = timeouts.reconciler_budget()
     budget = PassBudget(time.monotonic() + pass_s, statement_ms / 1000)

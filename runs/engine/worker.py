@@ -2,6 +2,7 @@
 
     claim (committed on its own) → BEGIN → SET LOCAL timeouts, the fences (shared)
     → admission (kill switch, run state, approved version), ceilings' slots, chunk row lock
+    → [archive: the chunk's rows locked, written and verified (archive.step)]
     → DELETE (scope + eligibility, holds and keep rules inside), chain lock, chain head
     → audit row (hash-chained), chunk done, COMMIT
 
@@ -32,6 +33,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from psycopg import sql
 
+from archive import step as archive_step
 from core import locks, timeouts
 from core.pipeline import one_round_trip
 from retention import cascades
@@ -463,7 +465,19 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
         by_tenant = bool(spec.tenant) and not per_tenant
         if run.counts_only:
             return _count_chunk(run, spec, claim, rows, cascade, t0, commit=own)
-        statement = P.delete_chunk(spec, **rows, by_tenant=by_tenant, cascade=cascade)
+        archived = None
+        if spec.archive_dir:  # the rows locked and copied first; the DELETE takes just those
+            try:
+                archived = archive_step.archive_chunk(
+                    connection, spec, run_id=run.id, chunk_id=chunk_id, attempt=attempts + 1,
+                    rows=rows, cascade=cascade,
+                )  # fmt: skip
+            except archive_step.ArchiveFailed as failed:
+                _record_failure(run, chunk_id, attempts, failed.error)
+                return Outcome(FAILED, chunk_id, reason=str(failed).splitlines()[0])
+            statement = P.delete_rows(spec, archived.ctids, by_tenant=by_tenant)
+        else:
+            statement = P.delete_chunk(spec, **rows, by_tenant=by_tenant, cascade=cascade)
         try:
             deleted, tenant_rows, head, table_rows = _delete(
                 statement,
@@ -502,6 +516,7 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
                 "started_at": started,
                 "outcome": "deleted",
                 "run_key": run.run_key,
+                "archive": archived.record() if archived is not None else None,
                 **audit.version_facts(run.policy_version),
             },
             head,

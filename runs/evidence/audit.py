@@ -13,7 +13,9 @@ are the whole payload); version 5, a chunk across tenants, also covers ``tenant_
 version 6, a chunk whose bounds are not on the key (timestamp chunks), also covers
 ``bound_columns``: the columns ``key_lo``/``key_hi`` are on, in order; version 7, a chunk of a
 table that cascading foreign keys reference, also covers ``table_rows``: the rows it removed in
-each table its DELETE reaches, the policy's own included.
+each table its DELETE reaches, the policy's own included; version 8, a chunk of a policy that
+archives before deleting (``archive``), also covers ``archive``: the destination and each
+object the chunk's rows were written to, with its name, table, rows and SHA-256.
 Each record is verified by the fields of its own version, so older records keep verifying."""
 
 from __future__ import annotations
@@ -57,7 +59,11 @@ V6_FIELDS = (*V5_FIELDS, "bound_columns")
 # the rows it removed in each table ({"schema.table": rows}, cascades included).
 TABLE_ROWS_CHAIN_VERSION = 7
 V7_FIELDS = (*V6_FIELDS, "table_rows")
-HASHED_COLUMNS = [*dict.fromkeys([*V3_FIELDS, *V7_FIELDS]), "prev_hash", "hash"]
+# Version 8: a chunk archived before its DELETE — version 7's fields and ``archive``
+# ({"to": "file:///DIR", "objects": [{"name", "table", "rows", "sha256"}]}).
+ARCHIVE_CHAIN_VERSION = 8
+V8_FIELDS = (*V7_FIELDS, "archive")
+HASHED_COLUMNS = [*dict.fromkeys([*V3_FIELDS, *V8_FIELDS]), "prev_hash", "hash"]
 FIELDS_BY_VERSION = {
     1: V1_FIELDS,
     CHAIN_VERSION: V2_FIELDS,
@@ -66,6 +72,7 @@ FIELDS_BY_VERSION = {
     TENANT_ROWS_CHAIN_VERSION: V5_FIELDS,
     BOUND_COLUMNS_CHAIN_VERSION: V6_FIELDS,
     TABLE_ROWS_CHAIN_VERSION: V7_FIELDS,
+    ARCHIVE_CHAIN_VERSION: V8_FIELDS,
 }
 # Columns a record of an older version leaves empty: what its hash does not cover must stay
 # empty, or an edit there (a v2 record given key_lo, which the pages then show) would pass.
@@ -150,10 +157,12 @@ def link(values: dict, head: tuple) -> dict:
     prev = last_hash or GENESIS
     values = {
         "key_lo": None, "key_hi": None, "tenant_rows": None, "bound_columns": None,
-        "table_rows": None, **values,
+        "table_rows": None, "archive": None, **values,
     }  # fmt: skip
     values.update(chain_seq=seq, committed_at=committed_at)
-    if values.get("table_rows") is not None:
+    if values.get("archive") is not None:
+        values["chain_version"] = ARCHIVE_CHAIN_VERSION
+    elif values.get("table_rows") is not None:
         values["chain_version"] = TABLE_ROWS_CHAIN_VERSION
     elif values.get("partition"):
         values["chain_version"] = PARTITION_CHAIN_VERSION

@@ -64,6 +64,7 @@ def test_the_toml_writer_and_the_diff_cover_every_declared_key():
             '[guard]\ninflation_budget = 2.0\nprometheus_url = "http://prom:9090"\n'
             'prometheus_query = "app_p99_seconds"\nprometheus_threshold = 0.5\n'
             "prometheus_timeout_ms = 500\nprometheus_grace_s = 10\n"
+            '[archive]\nto = "file:///srv/archive"\nrestore_days = 9\n'
             '[[keep]]\ncolumn = "status"\nop = "is null"\n',
         )
     )

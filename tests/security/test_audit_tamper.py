@@ -45,6 +45,7 @@ COVERED = {
     5: V2 | {"key_lo", "key_hi", "tenant_rows"},
     6: V2 | {"key_lo", "key_hi", "tenant_rows", "bound_columns"},
     7: V2 | {"key_lo", "key_hi", "tenant_rows", "bound_columns", "table_rows"},
+    8: V2 | {"key_lo", "key_hi", "tenant_rows", "bound_columns", "table_rows", "archive"},
 }
 # Not evidence: the surrogate key (nothing refers to it; evidence names chain_seq) and the
 # hash itself (an edited hash no longer matches the content: covered by every version).
@@ -87,6 +88,22 @@ VERSION_EXTRAS = {
     },
     # a chunk of a table that cascading foreign keys reference: rows removed per table
     7: {"key_from": 7, "key_to": 9, "table_rows": {"public.rr_events": 3, "public.rr_notes": 5}},
+    # a chunk archived before its DELETE: where its rows went, with their digest
+    8: {
+        "key_from": 7,
+        "key_to": 9,
+        "archive": {
+            "to": "file:///srv/archive",
+            "objects": [
+                {
+                    "name": "events/run-1/chunk-1-attempt-1.parquet",
+                    "table": "public.rr_events",
+                    "rows": 3,
+                    "sha256": "0" * 64,
+                }
+            ],
+        },
+    },
 }
 
 
@@ -135,6 +152,8 @@ def other_value(column: str, value):
         return ["occurred_at"]
     if column == "table_rows" and value is None:
         return {"public.rr_events": 1}
+    if column == "archive" and value is None:
+        return {"to": "file:///elsewhere", "objects": []}
     if isinstance(value, str):
         return "x" if not value else value[:-1] + ("0" if value[-1] != "0" else "1")
     if hasattr(value, "isoformat"):

@@ -1,0 +1,145 @@
+"""Archive, then delete: each chunk's rows in a verified Parquet file before its DELETE commits."""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+from django.db import connection
+from django.utils import timezone
+
+from retention.actions import place_hold
+from runs.actions import trigger_run
+from runs.engine import planner, worker
+from runs.evidence import audit
+from runs.models import AuditRecord, Chunk, Run
+from tests.archive.conftest import read_only
+from tests.runs.conftest import NOW
+
+COLUMNS = (
+    "id, tenant_id, occurred_at, status, amount, exact, small, ratio, flag, day, local_at,"
+    " doc, js, raw, tags, nums, prices, ref, span"
+)
+
+
+def _snapshot(where: str = "TRUE", params=None) -> dict:
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT id, tenant_id, occurred_at, status, amount, exact::text, small, ratio, flag,"
+            f" day, local_at, doc::text, js::text, raw, tags, nums, prices, ref::text, span::text"
+            f" FROM public.rr_typed WHERE {where} ORDER BY id",
+            params or [],
+        )
+        return {row[0]: row for row in cur.fetchall()}
+
+
+def test_every_column_type_reads_back_exactly_with_pyarrow_and_duckdb(
+    typed_policy, archive_dir, no_guard
+):
+    run, _ = trigger_run(typed_policy, tick=NOW)
+    eligible = _snapshot("occurred_at < %s AND status <> 'disputed'", [run.cutoff])
+    assert len(eligible) > 100
+    worker.drain(run.pk, budget_s=120)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert _snapshot("id = ANY(%s)", [list(eligible)]) == {}
+
+    files = sorted(archive_dir.rglob("*.parquet"))
+    assert files
+    schema = pq.read_schema(files[0])
+    assert schema.field("amount").type == pa.decimal128(14, 4)
+    assert schema.field("occurred_at").type == pa.timestamp("us", tz="UTC")
+    assert schema.field("raw").type == pa.binary()
+    assert schema.field("prices").type == pa.list_(pa.decimal128(8, 2))
+    assert schema.field("doc").metadata[b"pg_type"] == b"jsonb"
+    rows = {}
+    for f in files:
+        for rec in pq.read_table(f).to_pylist():
+            rows[rec["id"]] = rec
+    assert set(rows) == set(eligible)
+    for key, want in eligible.items():
+        got = rows[key]
+        (_, tenant, at, status, amount, exact, small, ratio, flag, day, local_at, doc, js, raw,
+         tags, nums, prices, ref, span) = want  # fmt: skip
+        assert (got["tenant_id"], got["occurred_at"], got["status"]) == (tenant, at, status)
+        assert (got["amount"], got["exact"], got["small"]) == (amount, exact, small)
+        assert (got["ratio"], got["flag"], got["day"], got["local_at"]) == (
+            ratio,
+            flag,
+            day,
+            local_at,
+        )
+        assert (got["doc"], got["js"], got["raw"]) == (doc, js, raw)
+        assert (got["tags"], got["nums"], got["prices"]) == (tags, nums, prices)
+        assert (got["ref"], got["span"]) == (ref, span)
+
+    # independently: DuckDB reads the same files
+    con = duckdb.connect()
+    glob = str(archive_dir / "**" / "*.parquet")
+    n, total_amount, ids = con.execute(
+        f"SELECT count(*), sum(amount), list(id ORDER BY id) FROM read_parquet('{glob}')"
+    ).fetchone()
+    assert n == len(eligible)
+    assert ids == sorted(eligible)
+    assert total_amount == sum(v[4] for v in eligible.values() if v[4] is not None)
+    first = min(eligible)
+    got = con.execute(
+        f"SELECT occurred_at, amount, exact, raw, tags, nums, prices FROM read_parquet('{glob}') WHERE id = ?",
+        [first],
+    ).fetchone()
+    want = eligible[first]
+    assert got[0] == want[2] and got[1] == want[4] and got[2] == want[5]
+    assert bytes(got[3]) == want[13] if want[13] is not None else got[3] is None
+    assert got[4] == want[14] and got[5] == want[15] and got[6] == want[16]
+
+    records = list(AuditRecord.objects.filter(run=run))
+    assert all(r.chain_version == audit.ARCHIVE_CHAIN_VERSION for r in records)
+    assert sum(o["rows"] for r in records for o in r.archive["objects"]) == len(eligible)
+    assert sum(r.rows_deleted for r in records) == len(eligible)
+    assert audit.verify_chain().ok
+
+
+def test_a_read_only_destination_fails_the_chunk_before_any_delete(
+    typed_policy, archive_dir, no_guard
+):
+    run, _ = trigger_run(typed_policy, tick=NOW)
+    before = _snapshot()
+    planner.plan(run)
+    with read_only(archive_dir):
+        outcome = worker.process_one(run)
+    assert outcome.kind == worker.FAILED
+    assert "Read-only file system" in outcome.reason or "Permission denied" in outcome.reason
+    assert _snapshot() == before
+    assert not AuditRecord.objects.exists()
+    chunk = Chunk.objects.get(pk=outcome.chunk_id)
+    assert chunk.state == Chunk.State.PENDING and chunk.attempts == 1
+    assert "archive destination" in chunk.last_error or "archive" in outcome.reason
+    assert not list(archive_dir.rglob("*.parquet"))
+    # writable again: the same chunk archives and deletes on its next attempt
+    Chunk.objects.filter(pk=chunk.pk).update(not_before=timezone.now())
+    again = worker.process_one(run, chunk_id=chunk.pk)
+    assert again.kind == worker.DONE and again.rows > 0
+    record = AuditRecord.objects.get(chunk_id=chunk.pk)
+    assert record.archive["objects"][0]["rows"] == record.rows_deleted == again.rows
+
+
+def test_held_rows_are_neither_archived_nor_deleted(typed_policy, archive_dir, make_user, no_guard):
+    officer = make_user("carol", "compliance")
+    place_hold(actor=officer, reason="litigation", policy=typed_policy, tenant="2")
+    run, _ = trigger_run(typed_policy, tick=NOW)
+    held = _snapshot("tenant_id = 2")
+    eligible = _snapshot(
+        "tenant_id <> 2 AND occurred_at < %s AND status <> 'disputed'", [run.cutoff]
+    )
+    assert held and eligible
+    worker.drain(run.pk, budget_s=120)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert _snapshot("tenant_id = 2") == held
+    archived = [
+        rec
+        for f in archive_dir.rglob("*.parquet")
+        for rec in pq.read_table(f, columns=["id", "tenant_id"]).to_pylist()
+    ]
+    assert sorted(r["id"] for r in archived) == sorted(eligible)
+    assert not [r for r in archived if r["tenant_id"] == 2]
