@@ -89,6 +89,11 @@ RETENTION = {
     "GUARD_DUTY_FLOOR": env_int("RETENTION_GUARD_DUTY_FLOOR_PCT", 10, minimum=1, maximum=100) / 100,
     # An external admission signal: a Prometheus query over a threshold is pressure; no answer
     # is pressure once it has lasted the grace period. Per policy: guard.prometheus_* keys.
+    # Pinned readings, for drills and tests that must not depend on how busy the machine is:
+    # the probe reads this many ms instead of measuring, and the signals that other sessions
+    # of the server make (instance-wide lock waits, replication lag, connections in use,
+    # autovacuum and dead tuples) read as calm. Every decision is still taken and recorded.
+    "GUARD_PINNED_PROBE_MS": env_float("RETENTION_GUARD_PINNED_PROBE_MS", None),
     "GUARD_PROMETHEUS_URL": env_str("RETENTION_GUARD_PROMETHEUS_URL", "") or "",
     "GUARD_PROMETHEUS_QUERY": env_str("RETENTION_GUARD_PROMETHEUS_QUERY", "") or "",
     "GUARD_PROMETHEUS_THRESHOLD": env_float("RETENTION_GUARD_PROMETHEUS_THRESHOLD", None),

@@ -62,6 +62,35 @@ def no_probe_session_left(settings):
     guard.forget_readings()  # keyed by policy id, which a later test's policy may reuse
 
 
+PINNED_PROBE_MS = "1.0"
+# Files whose every test is about the guard (a test elsewhere says so with @pytest.mark.guard).
+GUARD_TEST_FILES = ("tests/runs/test_guard", "tests/dashboard/test_guard", "tests/load/")
+
+
+def pytest_collection_modifyitems(config, items):
+    root = str(config.rootpath) + "/"
+    for item in items:
+        if str(item.path).removeprefix(root).startswith(GUARD_TEST_FILES):
+            item.add_marker(pytest.mark.guard)
+
+
+@pytest.fixture(autouse=True)
+def pinned_guard_readings(request, settings, monkeypatch):
+    """A test decides the guard's inputs, not the machine: unless it is about the guard (marker
+    ``guard``), the guard's probe reads a fixed 1 ms and the signals other sessions of the
+    server make read as calm (``RETENTION_GUARD_PINNED_PROBE_MS``), in this process and in
+    every worker process it starts. The guard still samples, judges, paces and records each
+    decision on the real database; only what it reads no longer depends on how busy the
+    machine is. Tests about the guard make their own load and judge against a baseline they
+    measured."""
+    if request.node.get_closest_marker("guard"):
+        monkeypatch.delenv("RETENTION_GUARD_PINNED_PROBE_MS", raising=False)
+        settings.RETENTION = {**settings.RETENTION, "GUARD_PINNED_PROBE_MS": None}
+        return
+    monkeypatch.setenv("RETENTION_GUARD_PINNED_PROBE_MS", PINNED_PROBE_MS)
+    settings.RETENTION = {**settings.RETENTION, "GUARD_PINNED_PROBE_MS": float(PINNED_PROBE_MS)}
+
+
 @pytest.fixture(autouse=True)
 def no_cli_identity(monkeypatch):
     """No test inherits a CLI identity, and whatever one sets is undone after it."""

