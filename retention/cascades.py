@@ -283,6 +283,183 @@ class _Builder:
         return P.Fragment(text, ok.params)
 
 
+@dataclass(frozen=True)
+class Lock:
+    """One statement of ``lock_reach``: it locks rows of ``table`` and returns how many;
+    ``again``: run it again until that number stays the same (a table referencing itself)."""
+
+    table: str
+    statement: P.Fragment
+    again: bool
+
+
+def lock_reach(graph: Graph, chunk: P.Fragment) -> list[Lock]:
+    """``SELECT … FOR UPDATE`` of every row the cascades of the chunk's rows (``chunk``: the
+    condition on the target's row ``t`` that ``predicate.chunk_rows`` gives, those rows locked
+    already by ``predicate.lock_chunk``) will reach, table by table from the top, before the
+    DELETE judges them. An application's change to one of them (a line marked disputed, made
+    young, given a hold's tenant) either committed before its lock was granted — and the
+    DELETE's snapshot, taken after, judges the row on its committed value — or waits until the
+    chunk has committed; and a row locked ``FOR UPDATE`` takes no new reference, so the level
+    below, locked next, is complete. Rows of a table that references itself are found by a
+    recursive walk: its statement runs again until it locks no more rows (a reference made
+    while it walked)."""
+    if not graph.cascades:
+        return []
+    return _Locker(graph, chunk).statements()
+
+
+class _Locker:
+    def __init__(self, graph: Graph, chunk: P.Fragment) -> None:
+        self.graph, self.chunk = graph, chunk
+        self.aliases = 0
+
+    def alias(self, prefix: str) -> str:
+        self.aliases += 1
+        return f"{prefix}{self.aliases}"
+
+    def ident(self, oid: int) -> sql.Identifier:
+        return sql.Identifier(*self.graph.names[oid].split(".", 1))
+
+    def selfs(self, oid: int) -> list[Edge]:
+        return [e for e in self.graph.edges.get(oid, []) if e.child == oid]
+
+    def statements(self) -> list[Lock]:
+        out: list[Lock] = []
+        root = self.graph.root
+        if self.selfs(root):
+            out.append(self._lock_walk(root, self.in_chunk))
+
+        def visit(oid: int, member) -> None:
+            for edge in self.graph.edges.get(oid, []):
+                if edge.child == oid:
+                    continue
+
+                def direct(alias: str, edge=edge, member=member) -> P.Fragment:
+                    return self.via(edge, alias, member)
+
+                child = edge.child
+                x = self.alias("x")
+                out.append(self._lock(child, x, direct(x), again=False))
+                reached = direct
+                if self.selfs(child):
+                    out.append(self._lock_walk(child, direct))
+
+                    def reached(alias: str, child=child, direct=direct) -> P.Fragment:
+                        return P.Fragment.join(
+                            [direct(alias), self.descends(child, alias, direct)], " OR "
+                        )
+
+                visit(child, reached)
+
+        def root_member(alias: str) -> P.Fragment:
+            own = self.in_chunk(alias)
+            if not self.selfs(root):
+                return own
+            return P.Fragment.join([own, self.descends(root, alias, self.in_chunk)], " OR ")
+
+        visit(root, root_member)
+        return out
+
+    def in_chunk(self, alias: str) -> P.Fragment:
+        """Row ``alias`` of the target is one of the chunk's rows (the chunk's own condition
+        where the row is read as ``t``)."""
+        if alias == "t":
+            return P.Fragment(self.chunk.sql, list(self.chunk.params))
+        return P.Fragment(
+            sql.SQL("EXISTS (SELECT 1 FROM {} AS t WHERE t.ctid = {}.ctid AND {})").format(
+                self.ident(self.graph.root), sql.Identifier(alias), self.chunk.sql
+            ),
+            list(self.chunk.params),
+        )
+
+    def via(self, edge: Edge, alias: str, member) -> P.Fragment:
+        """Row ``alias`` of ``edge.child`` references a row of its parent that ``member``
+        (a condition on an alias) says is reached."""
+        p = "t" if edge.parent == self.graph.root else self.alias("p")
+        inner = member(p)
+        return P.Fragment(
+            sql.SQL("EXISTS (SELECT 1 FROM {} AS {} WHERE {} AND ({}))").format(
+                self.ident(edge.parent), sql.Identifier(p), _match(edge, alias, p), inner.sql
+            ),
+            inner.params,
+        )
+
+    def descends(self, oid: int, alias: str, seed) -> P.Fragment:
+        """Row ``alias`` of table ``oid`` references, through the table's own cascading keys
+        at any depth, a row ``seed`` (a condition on an alias) says is reached."""
+        reach, walk = self.walk(oid, seed)
+        return P.Fragment(
+            sql.SQL("EXISTS (WITH RECURSIVE {} SELECT 1 FROM {} WHERE {})").format(
+                walk.sql, sql.Identifier(reach), self.hit(oid, alias, reach)
+            ),
+            walk.params,
+        )
+
+    def walk(self, oid: int, seed) -> tuple[str, P.Fragment]:
+        """The recursive query (``name AS (…)``, its name) of the referenced columns' values of
+        the rows ``seed`` says are reached, and of every row of table ``oid`` that references
+        one of them through the table's own cascading keys, at any depth (``UNION``: a cycle
+        of references ends)."""
+        carried = self.carried(oid)
+        reach_name, s_name, c_name = self.alias("reach"), self.alias("s"), self.alias("c")
+        if oid == self.graph.root:
+            s_name = "t"  # the chunk's condition reads the target's row as ``t``
+        s, c = sql.Identifier(s_name), sql.Identifier(c_name)
+        inner = seed(s_name)
+
+        def carry(a: sql.Identifier) -> sql.Composable:
+            return sql.SQL(", ").join(
+                sql.SQL("{}.{}").format(a, sql.Identifier(x)) for x in carried
+            )
+
+        text = sql.SQL(
+            "{reach} ({names}) AS (SELECT {sc} FROM {t} AS {s} WHERE {seed}"
+            " UNION SELECT {cc} FROM {reach} JOIN {t} AS {c} ON {step})"
+        ).format(
+            reach=sql.Identifier(reach_name),
+            names=sql.SQL(", ").join(sql.Identifier(f"r{i}") for i in range(len(carried))),
+            sc=carry(s), t=self.ident(oid), s=s, seed=inner.sql, cc=carry(c), c=c,
+            step=self.hit(oid, c_name, reach_name),
+        )  # fmt: skip
+        return reach_name, P.Fragment(text, inner.params)
+
+    def carried(self, oid: int) -> list[str]:
+        return list(dict.fromkeys(c for e in self.selfs(oid) for c in e.referenced))
+
+    def hit(self, oid: int, alias: str, reach: str) -> sql.Composable:
+        """Row ``alias`` references a row of the walk ``reach`` by one of the table's own keys."""
+        carried = self.carried(oid)
+        return sql.SQL(" OR ").join(
+            sql.SQL("({})").format(
+                _match(e, alias, reach, [f"r{carried.index(x)}" for x in e.referenced])
+            )
+            for e in self.selfs(oid)
+        )
+
+    def _lock(self, oid: int, alias: str, where: P.Fragment, *, again: bool) -> Lock:
+        x = sql.Identifier(alias)
+        text = sql.SQL(
+            "SELECT count(*) FROM (SELECT 1 FROM {} AS {} WHERE {} FOR UPDATE OF {}) AS l"
+        ).format(self.ident(oid), x, where.sql, x)
+        return Lock(self.graph.names[oid], P.Fragment(text, where.params), again)
+
+    def _lock_walk(self, oid: int, seed) -> Lock:
+        """Lock the rows of table ``oid`` that reference, through its own keys at any depth, a
+        row ``seed`` says is reached (the walk at the statement's top, so that its rows join the
+        table on the referencing columns' index)."""
+        reach, walk = self.walk(oid, seed)
+        x = self.alias("x")
+        text = sql.SQL(
+            "WITH RECURSIVE {} SELECT count(*) FROM (SELECT 1 FROM {} AS {x}"
+            " WHERE EXISTS (SELECT 1 FROM {} WHERE {}) FOR UPDATE OF {x}) AS l"
+        ).format(
+            walk.sql, self.ident(oid), sql.Identifier(reach), self.hit(oid, x, reach),
+            x=sql.Identifier(x),
+        )  # fmt: skip
+        return Lock(self.graph.names[oid], P.Fragment(text, walk.params), True)
+
+
 def for_run(
     spec: PolicySpec, *, policy_id: int, cutoff: datetime, tick: datetime
 ) -> tuple[Graph, P.Fragment | None]:

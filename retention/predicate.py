@@ -897,6 +897,23 @@ def delete_rows(spec: PolicySpec, ctids: list[str], *, by_tenant: bool = False) 
     return Fragment(delete, [ctids])
 
 
+def chunk_rows(
+    spec: PolicySpec,
+    *,
+    policy_id: int,
+    cutoff: datetime,
+    tenant: str | None,
+    key_from,
+    key_to,
+    outside: Sequence[Scope] = (),
+    columns=None,
+) -> Fragment:
+    """The rows ``delete_chunk`` (same arguments) may delete, as a condition on the row ``t``
+    (before the cascade guard): ``retention.cascades.lock_reach`` locks what they reach."""
+    scope, cond = _chunk_rows(spec, policy_id, cutoff, tenant, key_from, key_to, outside, columns)
+    return Fragment.join([scope, cond], " AND ")
+
+
 def _chunk_rows(spec, policy_id, cutoff, tenant, key_from, key_to, outside, columns):
     """A chunk's scope and its eligibility predicate (``delete_chunk``, ``lock_chunk``)."""
     scope = in_scope(

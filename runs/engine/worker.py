@@ -25,6 +25,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -484,6 +485,9 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
                 by_tenant=by_tenant,
                 counted=graph if cascade is not None else None,
                 lock=P.lock_chunk(spec, **rows) if cascade is not None else None,
+                reach=cascades.lock_reach(graph, P.chunk_rows(spec, **rows))
+                if cascade is not None
+                else (),
             )
         except _DeleteFailed as failed:
             # If the connection itself is gone, recording fails too and the error reaches
@@ -574,12 +578,15 @@ def _delete(
     by_tenant: bool,
     counted: cascades.Graph | None = None,
     lock: P.Fragment | None = None,
+    reach: Sequence[cascades.Lock] = (),
 ) -> tuple[int, dict | None, tuple, dict | None]:
     """The chunk's DELETE in a savepoint, then the chain lock and the chain head, in one round
     trip: (rows deleted, rows per tenant of a chunk across tenants, the head for
     ``audit.link``, rows removed per table of ``counted``: the tables its cascades reach,
     from PostgreSQL's per-transaction statistics read just before and just after the DELETE;
-    ``lock``: ``predicate.lock_chunk``, sent first where cascades are judged).
+    ``lock``: ``predicate.lock_chunk``, sent first where cascades are judged; ``reach``:
+    ``cascades.lock_reach``, the rows those cascades reach, locked next, so that the DELETE
+    judges each on its committed value and nothing changes it before the cascade removes it).
     The chain lock comes after the DELETE, so the DELETEs of two workers
     overlap and only their audit rows queue; it is held until commit, so records chain in
     commit order. A DELETE that fails raises ``_DeleteFailed`` with the transaction back at
@@ -603,6 +610,8 @@ def _delete(
                 cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
                 if lock is not None:
                     cur.execute(lock.sql.as_string(cur.connection), lock.params)
+            _lock_reach(cur, reach)
+            with one_round_trip():
                 if stats is not None:
                     before.execute(stats.sql.as_string(before.connection), stats.params)
                 delete.execute(statement.sql.as_string(delete.connection), statement.params)
@@ -627,6 +636,24 @@ def _delete(
             tenant_rows = {t: n for t, n in counts if t is not None}
             return sum(n for _t, n in counts), tenant_rows, head.fetchone(), table_rows
         return delete.rowcount, None, head.fetchone(), table_rows
+
+
+def _lock_reach(cur, reach: Sequence[cascades.Lock]) -> None:
+    """The statements of ``cascades.lock_reach``, in order, one round trip each; one that walks a
+    table referencing itself runs again until it locks no row it had not (a row referencing
+    one it walked, committed while it walked), before the tables below it are locked."""
+    for step in reach:
+        text = step.statement.sql.as_string(cur.connection)
+        found = None
+        for _ in range(MAX_REACH_ROUNDS if step.again else 1):
+            cur.execute(text, step.statement.params)
+            locked = cur.fetchone()[0]
+            if locked == found:
+                break
+            found = locked
+
+
+MAX_REACH_ROUNDS = 16  # rounds of a walk in ``_lock_reach`` at most
 
 
 def _finish(record: dict, chunk_id: int, attempts: int, *, commit: bool) -> None:

@@ -371,3 +371,58 @@ def test_a_repost_committed_while_a_chunk_deletes_its_original_is_not_cascaded_a
     assert count("public.rr_posts", "id IN (950, 99999)") == 2
     gone = count("public.rr_posts_shadow") + 1 - count("public.rr_posts")
     assert gone_by_table(run) == {"public.rr_posts": gone}
+
+
+def test_a_line_marked_disputed_while_a_chunk_deletes_its_order_stays_with_its_order(
+    orders, make_user, no_guard
+):
+    """The application marks a line 'disputed' (kept by the lines' own policy) in a transaction
+    that is still open when the chunk deleting its order judges the order's cascade; it commits
+    while the chunk waits. The chunk locks every row its cascade will reach before it judges
+    them, so it waits for that update and judges the line on its committed value: the line stays,
+    and so does its order; the audit and the checker agree."""
+    approved_policy(
+        make_user, slug="lines", table="public.rr_order_lines", key="id",
+        timestamp="updated_at", tenant="tenant_id", retention="10 days", schedule="0 4 * * *",
+        timezone="UTC", keep=[{"column": "status", "op": "=", "value": "disputed"}],
+    )  # fmt: skip
+    orders_policy = approved_policy(
+        make_user, slug="orders", table="public.rr_orders", key="id", timestamp="placed_at",
+        tenant="tenant_id", retention="20 days", schedule="0 3 * * *", timezone="UTC",
+        chunk_size=100, chunking="key", cascade_ack=["public.rr_order_lines"],
+    )  # fmt: skip
+    # order 2 is expired and every line of it may go: without the update, it goes with them
+    assert count("public.rr_order_lines", "order_id = 2 AND status = 'closed'") == 3
+    run, _ = trigger_run(orders_policy, tick=NOW)
+    application, observer = pg_connect(autocommit=False), pg_connect()
+    try:
+        application.execute("UPDATE public.rr_order_lines SET status = 'disputed' WHERE id = 21")
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            drain = pool.submit(in_thread(lambda: worker.drain(run.pk, budget_s=120)))
+            wait_for(
+                lambda: observer.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND wait_event IN ('tuple', 'transactionid')"
+                ).fetchone()[0],
+                what="the chunk to wait on the application's update",
+            )
+            application.commit()
+            drain.result(timeout=120)
+    finally:
+        application.close()
+        observer.close()
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert count("public.rr_order_lines", "id = 21 AND status = 'disputed'") == 1
+    assert count("public.rr_orders", "id = 2") == 1
+    orders_gone = count("public.rr_orders_shadow") - count("public.rr_orders")
+    lines_gone = count("public.rr_order_lines_shadow") - count("public.rr_order_lines")
+    assert orders_gone > 0 and lines_gone > 0
+    assert gone_by_table(run) == {
+        "public.rr_orders": orders_gone,
+        "public.rr_order_lines": lines_gone,
+    }
+    # the checker judges the lines by their values now (the shadow still says 'closed')
+    sql("UPDATE public.rr_order_lines_shadow SET status = 'disputed' WHERE id = 21")
+    cascaded = {"public.rr_order_lines": ("public", "rr_order_lines_shadow")}
+    assert check_run(run, shadow=("public", "rr_orders_shadow"), cascaded=cascaded) == []
