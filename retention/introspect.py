@@ -411,6 +411,94 @@ def _check_archive(spec: PolicySpec, where: str, graph, tree) -> None:
         )
 
 
+def _check_acknowledged(graph, acknowledged: set[str], where: str) -> None:
+    """Every table a DELETE here reaches by cascades is listed in ``cascade_ack``: SpecError
+    naming every one that is not, at once."""
+    missing: dict[str, list[str]] = {}
+    for edges in graph.edges.values():
+        for edge in edges:
+            if edge.child_name not in acknowledged:
+                how = (
+                    f"{edge.child_name} ({', '.join(edge.columns)}) references {where} with ON "
+                    f"DELETE CASCADE"
+                    if edge.parent == graph.root
+                    else f"foreign key {edge} cascades from {graph.names[edge.parent]}"
+                )
+                missing.setdefault(edge.child_name, []).append(how)
+    if not missing:
+        return
+    tables = sorted(missing)
+    how = "; ".join(h for t in tables for h in missing[t])
+    raise SpecError(
+        f"deleting from {where} deletes rows of {len(tables)} table(s) not listed in "
+        f"cascade_ack: {how}; list {', '.join(repr(t) for t in tables)} in cascade_ack to "
+        f"accept it"
+    )
+
+
+def row_security(oids) -> list[tuple[str, bool, bool]]:
+    """The tables among ``oids`` with row-level security enabled: (schema.table, forced, this
+    login sees every row — a superuser, a role with BYPASSRLS, or the owner when not forced)."""
+    return _fetch(
+        "SELECT n.nspname || '.' || c.relname, c.relforcerowsecurity,"
+        " r.rolsuper OR r.rolbypassrls"
+        "  OR (NOT c.relforcerowsecurity AND pg_catalog.pg_has_role(c.relowner, 'USAGE'))"
+        " FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " JOIN pg_catalog.pg_roles r ON r.rolname = current_user"
+        " WHERE c.oid = ANY(%s::oid[]) AND c.relrowsecurity ORDER BY 1",
+        [list(oids)],
+    )
+
+
+def hidden_tables(graph) -> list[str]:
+    """One line per table of ``graph`` (the target and the tables its cascades reach) whose
+    row-level security hides rows from this login: a run as it would delete and verify only
+    what it is allowed to see."""
+    return [
+        f"{name} has row-level security{' (FORCE)' if forced else ''} and login "
+        f"{_current_user()} does not bypass it: it would see, delete and verify only the rows "
+        f"its policies allow; give the worker login BYPASSRLS (retention grants apply --worker "
+        f"… --target {name})"
+        for name, forced, sees in row_security(graph.names)
+        if not sees
+    ]
+
+
+def _current_user() -> str:
+    return _fetch("SELECT current_user", [])[0][0]
+
+
+def row_security_warnings(graph) -> list[str]:
+    return [
+        f"{name} has row-level security{' (FORCE)' if forced else ''}: the worker login must "
+        f"bypass it (retention grants apply --worker … --target {name} grants BYPASSRLS); a "
+        f"run whose login does not is refused before it deletes"
+        for name, forced, _sees in row_security(graph.names)
+    ]
+
+
+def before_delete_triggers(oids) -> list[tuple[str, str]]:
+    """(schema.table, trigger) of the enabled row-level BEFORE DELETE triggers on ``oids``
+    (a trigger returning NULL skips the row's deletion)."""
+    return _fetch(
+        "SELECT n.nspname || '.' || c.relname, t.tgname FROM pg_catalog.pg_trigger t"
+        " JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid"
+        " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE t.tgrelid = ANY(%s::oid[]) AND NOT t.tgisinternal AND t.tgenabled <> 'D'"
+        " AND (t.tgtype & 1) = 1 AND (t.tgtype & 2) = 2 AND (t.tgtype & 8) = 8 ORDER BY 1, 2",
+        [list(oids)],
+    )
+
+
+def trigger_warnings(graph) -> list[str]:
+    return [
+        f"trigger {trigger} on {name} runs BEFORE DELETE: a row it skips (RETURN NULL) stays; "
+        f"verification finds it still eligible and the run is not called drained while it "
+        f"remains"
+        for name, trigger in before_delete_triggers(graph.names)
+    ]
+
+
 def validate(spec: PolicySpec) -> Validation:
     """Check ``spec`` against the database; raise SpecError on the first blocking problem.
 
@@ -476,15 +564,12 @@ def validate(spec: PolicySpec) -> Validation:
             )
 
     acknowledged = set(spec.cascade_ack)
+    graph = cascades.graph_of(spec)  # SpecError: a cascade that cannot be followed
+    _check_acknowledged(graph, acknowledged, where)
     for fk in _foreign_keys(oid):
         result.foreign_keys.append(fk)
         ref = f"{fk.table} ({', '.join(fk.columns)})"
         if fk.on_delete == "cascade":
-            if fk.table not in acknowledged:
-                raise SpecError(
-                    f"{ref} references {where} with ON DELETE CASCADE: deleting here deletes "
-                    f"there too; list {fk.table!r} in cascade_ack to accept it"
-                )
             fk.acknowledged = True
             result.warnings.append(
                 f"{ref} cascades: its rows referencing deleted rows are deleted too (acknowledged)"
@@ -509,21 +594,26 @@ def validate(spec: PolicySpec) -> Validation:
                 f"{ref} references {where} with ON DELETE {fk.on_delete.upper()}: "
                 f"deleting updates those rows"
             )
-    graph = cascades.graph_of(spec)  # SpecError: a cascade that cannot be followed
     for edges in graph.edges.values():
         for edge in edges:
-            if edge.parent != oid and edge.child_name not in acknowledged:
-                raise SpecError(
-                    f"foreign key {edge} cascades from {graph.names[edge.parent]}, which "
-                    f"deleting here cascades to: deleting here deletes there too; list "
-                    f"{edge.child_name!r} in cascade_ack to accept it"
-                )
             if _unindexed(edge):
                 result.warnings.append(
                     f"foreign key {edge} has no index leading with its columns: every row a "
                     f"chunk deletes scans {edge.child_name} for the rows its cascade reaches; "
                     f"create one on {edge.child_name} ({', '.join(edge.columns)})"
                 )
+    for child in graph.names:
+        if child == oid:
+            continue
+        for fk in _foreign_keys(child):
+            if fk.on_delete in ("set null", "set default"):
+                result.warnings.append(
+                    f"{fk.table} ({', '.join(fk.columns)}) references "
+                    f"{graph.names[child]}, which deleting here cascades to, with ON DELETE "
+                    f"{fk.on_delete.upper()}: deleting here updates those rows"
+                )
+    result.warnings.extend(row_security_warnings(graph))
+    result.warnings.extend(trigger_warnings(graph))
     unidentified = _published_without_identity(oid)
     if unidentified:
         raise SpecError(

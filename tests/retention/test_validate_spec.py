@@ -274,3 +274,77 @@ def test_chunk_timeouts_that_cannot_fit_the_task_timeout_are_refused_with_every_
     validate(tables="[timeouts]\nlock_ms = 500\nstatement_ms = 26000\n")
     with pytest.raises(SpecError):
         validate(tables="[timeouts]\nlock_ms = 500\nstatement_ms = 26001\n")
+
+
+def test_every_cascaded_table_missing_from_cascade_ack_is_named_at_once(events_table):
+    """A CRM's message table with four children: one refusal names all four, nothing stored."""
+    for name in ("t_att", "t_mentions", "t_reactions", "t_notes"):
+        sql(
+            f"CREATE TABLE public.{name} (id int PRIMARY KEY,"
+            f" event_id bigint REFERENCES public.t_events (id) ON DELETE CASCADE)"
+        )
+        sql(f"CREATE INDEX ON public.{name} (event_id)")
+    with pytest.raises(SpecError) as excinfo:
+        validate(cascade_ack='["public.t_notes"]')
+    message = str(excinfo.value)
+    assert message.startswith(
+        "deleting from public.t_events deletes rows of 3 table(s) not listed in cascade_ack: "
+    )
+    for name in ("public.t_att", "public.t_mentions", "public.t_reactions"):
+        assert f"{name} (event_id) references public.t_events with ON DELETE CASCADE" in message
+        assert f"'{name}'" in message
+    assert "t_notes" not in message and "\n" not in message
+    validate(
+        cascade_ack='["public.t_notes", "public.t_att", "public.t_mentions", "public.t_reactions"]'
+    )
+
+
+def test_a_set_null_reached_through_a_cascade_is_warned_about_like_a_direct_one(events_table):
+    sql(
+        "CREATE TABLE public.t_event_notes (id int PRIMARY KEY,"
+        " event_id bigint REFERENCES public.t_events (id) ON DELETE CASCADE)"
+    )
+    sql("CREATE INDEX ON public.t_event_notes (event_id)")
+    sql(
+        "CREATE TABLE public.t_note_links (id int PRIMARY KEY,"
+        " note_id int REFERENCES public.t_event_notes (id) ON DELETE SET NULL)"
+    )
+    sql(
+        "CREATE TABLE public.t_event_links (id int PRIMARY KEY,"
+        " event_id bigint REFERENCES public.t_events (id) ON DELETE SET DEFAULT)"
+    )
+    warnings = validate(cascade_ack='["public.t_event_notes"]').warnings
+    assert (
+        "public.t_event_links (event_id) references public.t_events with ON DELETE SET DEFAULT: "
+        "deleting updates those rows"
+    ) in warnings
+    assert (
+        "public.t_note_links (note_id) references public.t_event_notes, which deleting here "
+        "cascades to, with ON DELETE SET NULL: deleting here updates those rows"
+    ) in warnings
+
+
+def test_row_level_security_and_before_delete_triggers_are_warned_about(events_table):
+    sql("ALTER TABLE public.t_events ENABLE ROW LEVEL SECURITY")
+    sql("ALTER TABLE public.t_events FORCE ROW LEVEL SECURITY")
+    sql(
+        "CREATE FUNCTION public.t_events_keep() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$BEGIN IF OLD.status = 'pinned' THEN RETURN NULL; END IF; RETURN OLD; END$$"
+    )
+    sql(
+        "CREATE TRIGGER t_events_keep BEFORE DELETE ON public.t_events"
+        " FOR EACH ROW EXECUTE FUNCTION public.t_events_keep()"
+    )
+    try:
+        warnings = validate().warnings
+    finally:
+        sql("DROP TRIGGER t_events_keep ON public.t_events")
+        sql("DROP FUNCTION public.t_events_keep()")
+    assert any(
+        w.startswith("public.t_events has row-level security (FORCE): the worker login must bypass")
+        for w in warnings
+    ), warnings
+    assert any(
+        w.startswith("trigger t_events_keep on public.t_events runs BEFORE DELETE")
+        for w in warnings
+    ), warnings
