@@ -3,7 +3,7 @@ The fields are ``retention.spec.FIELDS``: a key added to the schema shows in the
 
 from __future__ import annotations
 
-from retention.spec import FIELDS, PolicySpec
+from retention.spec import ENTRY_PATHS, FIELDS, PolicySpec
 
 
 def _display(value) -> str:
@@ -16,9 +16,13 @@ def _display(value) -> str:
 
 def flatten(spec: PolicySpec) -> dict[str, str]:
     """The spec as ``{field: display value}``, one line per reviewable field, in TOML terms."""
-    out = {f.path: _display(f.value_of(spec)) for f in FIELDS if f.path != "keep"}
+    out = {f.path: _display(f.value_of(spec)) for f in FIELDS if f.path not in ENTRY_PATHS}
     for i, rule in enumerate(spec.keep):
         out[f"keep[{i}]"] = rule.describe()
+    for i, override in enumerate(spec.overrides):
+        out[f"override[{i}]"] = override.describe()
+    for i, entry in enumerate(spec.classes):
+        out[f"class[{i}]"] = entry.describe()
     return out
 
 

@@ -265,6 +265,61 @@ def _probe_keep_rules(spec: PolicySpec) -> None:
             ) from None
 
 
+def _probe_classes(spec: PolicySpec) -> None:
+    """Each class's condition against the table with ``LIMIT 0``, as ``_probe_keep_rules``."""
+    for index, entry in enumerate(spec.classes):
+        cond = predicate.class_match(spec, entry.value)
+        query = sql.SQL("SELECT 1 FROM {} WHERE {} LIMIT 0").format(predicate.table(spec), cond.sql)
+        try:
+            with transaction.atomic(), connection.cursor() as cur:
+                cur.execute(query, cond.params)
+        except DatabaseError as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SpecError(
+                f"class[{index}]: value of {entry.describe()} does not fit column "
+                f"{entry.column!r} ({reason})"
+            ) from None
+
+
+def _check_overrides(spec: PolicySpec) -> None:
+    """Every overridden tenant is a value of the tenant column (its type's input function
+    decides), and no two name one tenant as the column's ``=`` compares (citext's ``Acme`` and
+    ``acme``, an integer's ``7`` and ``07``): one statement over all of them."""
+    if not spec.overrides:
+        return
+    ctype = predicate.column_types(spec).get(spec.tenant_columns[0])
+    if ctype is None:
+        return
+    values = [v for o in spec.overrides for v in o.tenants]
+    query = sql.SQL(
+        "SELECT v, n FROM (SELECT min(v) AS v, count(*) AS n FROM unnest(%s::pg_catalog.text[])"
+        " AS v GROUP BY (v::{}){}) AS s WHERE n > 1 LIMIT 1"
+    ).format(ctype.cast(), ctype.collate())
+    try:
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(query, [values])
+            twice = cur.fetchone()
+    except DatabaseError as exc:
+        first = None
+        for value in values:  # name the value that does not cast
+            try:
+                with transaction.atomic(), connection.cursor() as cur:
+                    cur.execute(sql.SQL("SELECT %s::{}").format(ctype.cast()), [value])
+            except DatabaseError:
+                first = value
+                break
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(
+            f"override: tenant {first!r} is not a value of tenant column {spec.tenant!r} "
+            f"({ctype.display}) of {spec.qualified_table}: {reason}"
+        ) from None
+    if twice is not None:
+        raise SpecError(
+            f"override: {twice[1]} tenant values equal {twice[0]!r} in tenant column "
+            f"{spec.tenant!r} ({ctype.display}); each tenant takes one override"
+        )
+
+
 def _check_timestamp(spec: PolicySpec, ts: Column, where: str) -> None:
     """The timestamp column's type fits the policy: a ``timestamptz``, ``timestamp`` or
     ``date`` column, or a ``bigint``/``integer``/``numeric`` one with ``timestamp_unit`` (an
@@ -545,6 +600,13 @@ def validate(spec: PolicySpec) -> Validation:
             raise SpecError(f"keep[{index}]: column {rule.column!r} of {where} is a {col.type}")
         used[rule.column] = col
     _probe_keep_rules(spec)
+    for index, entry in enumerate(spec.classes):
+        col = _column(columns, entry.column, f"class[{index}]", where)
+        if not col.scalar:
+            raise SpecError(f"class[{index}]: column {entry.column!r} of {where} is a {col.type}")
+        used[entry.column] = col
+    _probe_classes(spec)
+    _check_overrides(spec)
 
     result = Validation(where, oid, used, None, estimated_rows=_estimated_rows(oid))
     _supporting_index(spec, result, columns, keys, ts, integer)

@@ -9,6 +9,7 @@ Python beforehand.
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 import zoneinfo
@@ -361,8 +362,10 @@ def forget_types(token) -> None:
 
 
 def planned_columns(spec: PolicySpec) -> list[str]:
-    """The columns a run plans by: timestamp, key and tenant. The timestamp first, each once."""
+    """The columns a run plans by: timestamp, key and tenant — and the column the version's
+    classes read. The timestamp first, each once."""
     names = [spec.timestamp, *spec.key_columns, *spec.tenant_columns]
+    names += [c.column for c in spec.classes[:1]]
     return list(dict.fromkeys(names))
 
 
@@ -607,12 +610,165 @@ def cutoff_param(spec: PolicySpec, types: dict | None = None) -> sql.Composable:
 
 def older_than(spec: PolicySpec, cutoff: datetime, *, types: dict | None = None) -> Fragment:
     """``ts < bound`` in the column's own type (so its index serves the comparison): the bound
-    is the cutoff as the column compares with it (``cutoff_value``)."""
+    is the cutoff as the column compares with it (``cutoff_value``) — of the version's latest
+    period cutoff (``latest_cutoff``), the range every row that may go is in; which of its
+    rows a period lets go is ``within_periods``."""
     types = column_types(spec) if types is None else types
     return Fragment(
         sql.SQL("{} < {}").format(col(spec.timestamp), cutoff_param(spec, types)),
-        [cutoff_value(spec, cutoff, types=types)],
+        [cutoff_value(spec, latest_cutoff(spec, cutoff), types=types)],
     )
+
+
+# -- periods: the default retention, [[override]] per tenant, [[class]] per kind of row ----------
+# A row's period is the longest of those that apply to it (its tenant's override, its class);
+# the default when none does. ``older_than`` bounds the range by the latest period cutoff and
+# ``within_periods`` decides each row in it, in the same statement.
+
+
+def latest_cutoff(spec: PolicySpec, cutoff: datetime) -> datetime:
+    """The latest cutoff of the version's periods in the run whose default cutoff (or slice
+    bound) is ``cutoff``: rows at or after it are outside every period."""
+    found = [spec.period_cutoff(cutoff, p) for p in spec.periods]
+    return max(c for c in [cutoff, *found] if c is not None)
+
+
+_BOUND_TYPES = {"timestamptz": "timestamptz", "timestamp": "timestamp", "date": "date"}
+
+
+def _bound_type(spec: PolicySpec, types: dict) -> sql.Composable:
+    """The type period bounds are passed in: the timestamp column's compare type."""
+    base = _timestamp_base(spec, types)
+    if spec.timestamp_unit:
+        name = "numeric" if base == "numeric" else "int8"
+    else:
+        name = _BOUND_TYPES.get(base, "timestamptz")
+    return sql.SQL("pg_catalog.{}").format(sql.Identifier(name))
+
+
+def array_literal(values: Sequence[str | None]) -> str:
+    """``values`` as PostgreSQL's text form of an array (``{"a","b\\"c",NULL}``), read by the
+    array type's own input function when the parameter is cast (``%s::text[]``)."""
+    items = (
+        "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        for v in values
+    )
+    return "{" + ",".join(items) + "}"
+
+
+@functools.lru_cache(maxsize=64)
+def _override_arrays(overrides: tuple) -> tuple[str, str, tuple[str, ...]]:
+    """The overrides as two parallel array texts — tenants, and the number (from 1) of each
+    one's period among the distinct periods — and those periods. Kept per version: a run's
+    chunks pass the same thousands of values, written once instead of adapted value by value
+    for every statement, and only a few bounds (one per distinct period) are typed per
+    statement."""
+    periods = tuple(dict.fromkeys(o.retention for o in overrides))
+    tenants, numbers = [], []
+    for o in overrides:
+        tenants += o.tenants
+        numbers += [str(periods.index(o.retention) + 1)] * len(o.tenants)
+    return array_literal(tenants), "{" + ",".join(numbers) + "}", periods
+
+
+@functools.lru_cache(maxsize=64)
+def _override_tenants(overrides: tuple) -> str:
+    return array_literal([v for o in overrides for v in o.tenants])
+
+
+def override_anti_join(spec: PolicySpec, cutoff: datetime, types: dict) -> Fragment:
+    """No override of the row's tenant keeps it: ``NOT EXISTS`` over the tenant array, each
+    tenant's bound picked from the few distinct periods' bounds (NULL: forever)."""
+    o = sql.Identifier("o")
+    tenants, numbers, periods = _override_arrays(spec.overrides)
+    kind = _bound_type(spec, types)
+    bounds = [spec.period_cutoff(cutoff, p) for p in periods]
+    return Fragment(
+        sql.SQL(
+            "NOT EXISTS (SELECT 1 FROM unnest(%s::pg_catalog.text[], %s::pg_catalog.int4[])"
+            " AS {o} (tenant, period) WHERE {match}"
+            " AND ({ts} < (ARRAY[{bounds}])[{o}.period]) IS NOT TRUE)"
+        ).format(
+            o=o,
+            match=tenant_equals(spec, sql.SQL("{}.tenant").format(o), types),
+            ts=col(spec.timestamp),
+            bounds=sql.SQL(", ").join(sql.SQL("%s::{}").format(kind) for _ in bounds),
+        ),
+        [
+            tenants,
+            numbers,
+            *(None if b is None else cutoff_value(spec, b, types=types) for b in bounds),
+        ],
+    )
+
+
+def class_match(spec: PolicySpec, value) -> Fragment:
+    """The row is in the class of ``value``: its column ``=`` the value, as a keep rule's."""
+    return keep_condition(KeepRule(spec.classes[0].column, "=", value))
+
+
+def within_periods(spec: PolicySpec, cutoff: datetime, *, types: dict | None = None) -> Fragment:
+    """The row is older than the cutoff of each period that applies to it (its tenant's
+    override, its class) and, when none applies, older than the default cutoff: TRUE for a
+    version with no override and no class.
+
+    Overrides are one ``NOT EXISTS`` over two array parameters (tenant texts, cast to the
+    tenant column's type and compared in its collation, as ``held`` compares a hold's; and
+    their bounds in the timestamp column's type), top-level like ``held``: the planner
+    anti-joins the chunk's rows against thousands of overrides by hash and keeps the chunk's
+    index scan. Classes are a few equality conditions on one column. The default is only
+    checked when some override or class is shorter than it (a later cutoff): otherwise
+    ``older_than``'s range is the default's."""
+    if not spec.overrides and not spec.classes:
+        return Fragment(sql.SQL("TRUE"), [])
+    types = column_types(spec) if types is None else types
+    ts = col(spec.timestamp)
+    parts: list[Fragment] = []
+    if spec.overrides:
+        parts.append(override_anti_join(spec, cutoff, types))
+    for entry in spec.classes:
+        match = class_match(spec, entry.value)
+        bound = spec.period_cutoff(cutoff, entry.retention)
+        if bound is None:
+            parts.append(Fragment(sql.SQL("({}) IS NOT TRUE").format(match.sql), match.params))
+        else:
+            parts.append(
+                Fragment(
+                    sql.SQL("(({}) IS NOT TRUE OR {} < {})").format(
+                        match.sql, ts, cutoff_param(spec, types)
+                    ),
+                    [*match.params, cutoff_value(spec, bound, types=types)],
+                )
+            )
+    if latest_cutoff(spec, cutoff) > cutoff:  # a period shorter than the default
+        default = [
+            Fragment(
+                sql.SQL("{} < {}").format(ts, cutoff_param(spec, types)),
+                [cutoff_value(spec, cutoff, types=types)],
+            )
+        ]
+        if spec.overrides:
+            name = spec.tenant_columns[0]
+            ctype = types.get(name)
+            cast = ctype.cast() if ctype is not None else sql.SQL("pg_catalog.text")
+            collate = ctype.collate() if ctype is not None else sql.SQL("")
+            default.append(
+                Fragment(
+                    sql.SQL(
+                        "{}{} IN (SELECT v::{} FROM unnest(%s::pg_catalog.text[]) AS v)"
+                    ).format(col(name), collate, cast),
+                    [_override_tenants(spec.overrides)],
+                )
+            )
+        if spec.classes:
+            rule = KeepRule(
+                spec.classes[0].column, "in", None, tuple(c.value for c in spec.classes)
+            )
+            match = keep_condition(rule)
+            default.append(Fragment(sql.SQL("({}) IS TRUE").format(match.sql), match.params))
+        joined = Fragment.join(default, " OR ")
+        parts.append(Fragment(sql.SQL("({})").format(joined.sql), joined.params))
+    return Fragment.join(parts, " AND ")
 
 
 def null_rows(spec: PolicySpec, *, cutoff: datetime, nullable=None) -> Fragment | None:
@@ -727,6 +883,8 @@ def eligible(
         has_values(spec),
         not_kept(spec),
     ]
+    if spec.overrides or spec.classes:
+        parts.append(within_periods(spec, cutoff, types=types))
     if outside:
         parts.append(outside_scopes(spec, outside, types=types))
     if include_holds:

@@ -13,7 +13,7 @@ import json
 import re
 import tomllib
 import zoneinfo
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 
 import tomli_w
@@ -38,9 +38,13 @@ PARTITION_ACTIONS = ("drop", "detach")
 # delete everything eligible.
 ROLLOUT_STAGES = ("count", "slice", "full")
 # Bounds on a policy file, so no input makes the parser, the preview or the DELETE unbounded.
-MAX_POLICY_BYTES = 64 * 1024
+MAX_POLICY_BYTES = 512 * 1024  # room for thousands of per-tenant overrides
 MAX_KEEP_RULES = 32
 MAX_KEEP_VALUES = 1000  # per "in" / "not in" list
+MAX_OVERRIDE_TENANTS = 10_000  # tenant values across all [[override]] entries
+MAX_CLASSES = 32
+# The period of an override or a class that keeps its rows for good.
+FOREVER = "forever"
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,79}$")
@@ -252,6 +256,128 @@ def _literal(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return repr(value)
+
+
+def check_period(text, where: str, *, expiry: bool) -> str:
+    """An override's or a class's period: a retention (as ``check_retention`` reads it) or
+    ``"forever"``; in its one written form."""
+    if text == FOREVER:
+        return FOREVER
+    try:
+        check_retention(text, expiry=expiry)
+    except SpecError as exc:
+        raise SpecError(f'{where}: {exc} (or "forever")') from None
+    return " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class Override:
+    """``[[override]]``: another period (or ``"forever"``) for the rows of some tenants. Tenant
+    values are kept as text, as holds keep them; the statements cast them to the tenant
+    column's type, so the column's ``=`` decides (citext ignores case, integers leading
+    zeros)."""
+
+    tenants: tuple[str, ...]
+    retention: str
+
+    @classmethod
+    def parse(cls, data, where: str, *, expiry: bool) -> Override:
+        if not isinstance(data, dict):
+            raise SpecError(f"{where} must be a table with tenant and retention")
+        _no_unknown(data, {"tenant", "retention"}, where)
+        raw = data.get("tenant")
+        items = raw if isinstance(raw, list) else [raw]
+        if not items:
+            raise SpecError(f"{where}.tenant must name at least one tenant")
+        tenants = []
+        for item in items:
+            if isinstance(item, bool) or not isinstance(item, str | int) or item == "":
+                raise SpecError(
+                    f'{where}.tenant must be a tenant value or a list of them ("acme", 42), '
+                    f"got {item!r}"
+                )
+            tenants.append(str(item))
+        if len(set(tenants)) != len(tenants):
+            raise SpecError(f"{where}.tenant lists a tenant twice")
+        if "retention" not in data:
+            raise SpecError(f'{where} needs retention ("7 years" or "forever")')
+        period = check_period(data["retention"], f"{where}.retention", expiry=expiry)
+        return cls(tuple(tenants), period)
+
+    def to_json(self) -> dict:
+        return {"tenant": list(self.tenants), "retention": self.retention}
+
+    def describe(self) -> str:
+        return f"{', '.join(self.tenants)} → {self.retention}"
+
+
+@dataclass(frozen=True)
+class RetentionClass:
+    """``[[class]]``: another period (or ``"forever"``) for the rows whose ``column`` equals
+    ``value`` (compared as a keep rule's ``=`` compares); the other rows take the default."""
+
+    column: str
+    value: object
+    retention: str
+
+    @classmethod
+    def parse(cls, data, where: str, *, expiry: bool) -> RetentionClass:
+        if not isinstance(data, dict):
+            raise SpecError(f"{where} must be a table with column, value and retention")
+        _no_unknown(data, {"column", "value", "retention"}, where)
+        column = _ident(data.get("column"), f"{where}.column")
+        value = data.get("value")
+        if value is None:
+            raise SpecError(f"{where} needs a value")
+        _scalar(value, f"{where}.value")
+        if "retention" not in data:
+            raise SpecError(f'{where} needs retention ("1 year" or "forever")')
+        period = check_period(data["retention"], f"{where}.retention", expiry=expiry)
+        return cls(column, value, period)
+
+    def to_json(self) -> dict:
+        return {"column": self.column, "value": self.value, "retention": self.retention}
+
+    def describe(self) -> str:
+        return f"{self.column} = {_literal(self.value)} → {self.retention}"
+
+
+def _entries(data: dict, tenant, expiry: bool) -> tuple[tuple, tuple]:
+    """The ``[[override]]`` and ``[[class]]`` entries of a policy file, checked."""
+    raw_o, raw_c = data.get("override", []), data.get("class", [])
+    if not isinstance(raw_o, list):
+        raise SpecError("override must be a list of [[override]] tables")
+    if not isinstance(raw_c, list):
+        raise SpecError("class must be a list of [[class]] tables")
+    overrides = tuple(
+        Override.parse(item, f"override[{i}]", expiry=expiry) for i, item in enumerate(raw_o)
+    )
+    if overrides and not tenant:
+        raise SpecError('[[override]] needs a tenant column (tenant = "...")')
+    if overrides and isinstance(tenant, tuple):
+        raise SpecError("[[override]] applies to a tenant of one column, not a list of columns")
+    seen: dict[str, int] = {}
+    for i, o in enumerate(overrides):
+        for value in o.tenants:
+            if value in seen:
+                raise SpecError(f"tenant {value!r} is in override[{seen[value]}] and override[{i}]")
+            seen[value] = i
+    if len(seen) > MAX_OVERRIDE_TENANTS:
+        raise SpecError(f"at most {MAX_OVERRIDE_TENANTS} overridden tenants, got {len(seen)}")
+    if len(raw_c) > MAX_CLASSES:
+        raise SpecError(f"at most {MAX_CLASSES} classes, got {len(raw_c)}")
+    classes = tuple(
+        RetentionClass.parse(item, f"class[{i}]", expiry=expiry) for i, item in enumerate(raw_c)
+    )
+    if len({c.column for c in classes}) > 1:
+        raise SpecError(
+            "every [[class]] names the same column (a row is in at most one class), got "
+            + ", ".join(sorted({c.column for c in classes}))
+        )
+    values = [c.value for c in classes]
+    if len({(type(v), v) for v in values}) != len(values):
+        raise SpecError("two [[class]] entries name the same value")
+    return overrides, classes
 
 
 # -- the schema: every key of a policy file, declared once ----------------------------------
@@ -470,7 +596,17 @@ FIELDS: tuple[Field, ...] = (
           omitted_at_default=True),
     Field("keep", "keep", "special", (), "see below", "rows that are never deleted",
           shown_default="none"),
+    Field("override", "overrides", "special", (),
+          '`{ tenant = "V" | ["V1", "V2"], retention = "PERIOD" | "forever" }`; a tenant of one '
+          "column", "another period for these tenants' rows (see \"Per-tenant periods, classes "
+          'and floors" below)', shown_default="none", omitted_at_default=True),
+    Field("class", "classes", "special", (),
+          '`{ column = "state", value = "failed", retention = "PERIOD" | "forever" }`, one '
+          "column for all classes", "another period for the rows whose column equals the value "
+          '(see "Per-tenant periods, classes and floors" below)', shown_default="none",
+          omitted_at_default=True),
 )  # fmt: skip
+ENTRY_PATHS = ("keep", "override", "class")  # the [[…]] lists of a policy file
 FIELD_BY_PATH = {f.path: f for f in FIELDS}
 SECTIONS = {f.section for f in FIELDS if f.section}
 TOP_KEYS = {f.path for f in FIELDS if not f.section} | SECTIONS
@@ -495,8 +631,8 @@ def _check(f: Field, value):
 
 def _reference_cell(f: Field) -> tuple[str, str, str, str, str]:
     key = f"`[{f.section}] {f.key}`" if f.section else f"`{f.path}`"
-    if f.path == "keep":
-        key = "`[[keep]]`"
+    if f.path in ENTRY_PATHS:
+        key = f"`[[{f.path}]]`"
     required = "yes" if f.default is REQUIRED else ""
     if f.shown_default is not None:
         default = f.shown_default
@@ -669,6 +805,10 @@ class PolicySpec:
     # the stored JSON when None, so no older version's content hash changes.
     archive_to: str | None = None
     archive_restore_days: int | None = None
+    # [[override]] and [[class]]: other periods for some tenants' rows and for some kinds of
+    # row; left out of the stored JSON when there are none.
+    overrides: tuple[Override, ...] = ()
+    classes: tuple[RetentionClass, ...] = ()
 
     @classmethod
     def parse(cls, data: dict) -> PolicySpec:
@@ -793,6 +933,9 @@ class PolicySpec:
             **simple,
         )
         check_retention(spec.retention, expiry=spec.timestamp_is_expiry)
+        overrides, classes = _entries(data, spec.tenant, spec.timestamp_is_expiry)
+        if overrides or classes:
+            spec = replace(spec, overrides=overrides, classes=classes)
         if spec.null_tenant != "keep" and not spec.tenant:
             raise SpecError(
                 f"null_tenant applies to a policy with a tenant column, got null_tenant = "
@@ -823,12 +966,14 @@ class PolicySpec:
     def to_json(self) -> dict:
         data = asdict(self)
         data["keep"] = [rule.to_json() for rule in self.keep]
+        data["overrides"] = [o.to_json() for o in self.overrides]
+        data["classes"] = [c.to_json() for c in self.classes]
         data["cascade_ack"] = list(self.cascade_ack)
         for name in ("key", "tenant"):
             if isinstance(data[name], tuple):
                 data[name] = list(data[name])
         for f in FIELDS:
-            if f.omitted_at_default and data[f.attr] == f.default:
+            if f.omitted_at_default and data[f.attr] in (f.default, []):
                 del data[f.attr]
         return data
 
@@ -840,6 +985,13 @@ class PolicySpec:
         data = dict(data)
         data["keep"] = tuple(KeepRule.parse(item, "keep") for item in data.get("keep", []))
         data["cascade_ack"] = tuple(data.get("cascade_ack", ()))
+        expiry = bool(data.get("timestamp_is_expiry"))
+        data["overrides"] = tuple(
+            Override.parse(item, "override", expiry=expiry) for item in data.get("overrides", [])
+        )
+        data["classes"] = tuple(
+            RetentionClass.parse(item, "class", expiry=expiry) for item in data.get("classes", [])
+        )
         for name in ("key", "tenant"):
             if isinstance(data.get(name), list):
                 data[name] = tuple(data[name])
@@ -853,7 +1005,7 @@ class PolicySpec:
         doc: dict = {}
         for f in FIELDS:
             value = f.value_of(self)
-            if f.path == "keep" or value is None or value == "":
+            if f.path in ENTRY_PATHS or value is None or value == "":
                 continue
             if f.path == "pace_rows_per_s" and not value:
                 continue
@@ -864,6 +1016,14 @@ class PolicySpec:
             (doc.setdefault(f.section, {}) if f.section else doc)[f.key] = value
         if self.keep:
             doc["keep"] = [rule.to_json() for rule in self.keep]
+        if self.overrides:
+            doc["override"] = [
+                {"tenant": o.tenants[0] if len(o.tenants) == 1 else list(o.tenants),
+                 "retention": o.retention}
+                for o in self.overrides
+            ]  # fmt: skip
+        if self.classes:
+            doc["class"] = [c.to_json() for c in self.classes]
         return tomli_w.dumps(doc)
 
     def content_hash(self) -> str:
@@ -942,6 +1102,44 @@ class PolicySpec:
         if self.rollout != "slice" or not self.slice:
             return None
         return self._before(cutoff, self.slice)
+
+    @property
+    def periods(self) -> tuple[str, ...]:
+        """Every period the version deletes by: the default, then each override's and class's
+        (``"forever"`` included), each once."""
+        found = [self.retention, *(o.retention for o in self.overrides)]
+        found += [c.retention for c in self.classes]
+        return tuple(dict.fromkeys(found))
+
+    def period_cutoff(self, cutoff: datetime, period: str) -> datetime | None:
+        """The cutoff of ``period`` in the run whose default cutoff (or slice bound) is
+        ``cutoff``: the tick the cutoff was taken at, minus the period, read like the
+        retention (``cutoff_for``); None for ``"forever"``. The tick is the cutoff plus the
+        default retention; where the subtraction shortened a month (31 March − 1 month = 28
+        February) that sum is the earlier day, so a period's cutoff is never later than the
+        true tick's — a period never deletes a row younger than itself."""
+        if period == FOREVER:
+            return None
+        if period == self.retention:
+            return cutoff
+        return self._before(self._after(cutoff, self.retention), period)
+
+    def _after(self, instant: datetime, text: str) -> datetime:
+        """``instant`` plus the duration ``text``: the inverse of ``_before`` (months that
+        lack the day become their last day)."""
+        amount, unit = retention_parts(text)
+        utc = instant.astimezone(zoneinfo.ZoneInfo("UTC"))
+        if amount == 0:
+            return utc
+        if unit in WALL_CLOCK_UNITS:
+            tz = zoneinfo.ZoneInfo(self.timezone)
+            local = instant.astimezone(tz).replace(tzinfo=None)
+            if unit in CALENDAR_MONTHS:
+                local = months_before(local, -amount * CALENDAR_MONTHS[unit])
+            else:
+                local += timedelta(seconds=amount * RETENTION_UNITS[unit])
+            return _localize(local, tz)
+        return utc + timedelta(seconds=amount * RETENTION_UNITS[unit])
 
     def _before(self, tick: datetime, text: str) -> datetime:
         """``tick`` minus the duration ``text``, as ``cutoff_for`` reads a retention."""

@@ -65,7 +65,9 @@ def test_the_toml_writer_and_the_diff_cover_every_declared_key():
             'prometheus_query = "app_p99_seconds"\nprometheus_threshold = 0.5\n'
             "prometheus_timeout_ms = 500\nprometheus_grace_s = 10\n"
             '[archive]\nto = "file:///srv/archive"\nrestore_days = 9\n'
-            '[[keep]]\ncolumn = "status"\nop = "is null"\n',
+            '[[keep]]\ncolumn = "status"\nop = "is null"\n'
+            '[[override]]\ntenant = ["7", "8"]\nretention = "7 years"\n'
+            '[[class]]\ncolumn = "status"\nvalue = "failed"\nretention = "forever"\n',
         )
     )
     written = tomllib.loads(spec.to_toml())
@@ -74,8 +76,10 @@ def test_the_toml_writer_and_the_diff_cover_every_declared_key():
         assert f.key in place, f"{f.path} missing from the written TOML"
     assert load_toml(spec.to_toml()) == spec
     rows = flatten(spec)
-    assert {f.path for f in FIELDS if f.path != "keep"} <= set(rows)
+    assert {f.path for f in FIELDS if f.path not in ("keep", "override", "class")} <= set(rows)
     assert rows["timestamp_zone"] == "UTC" and rows["keep[0]"] == "status is null"
+    assert rows["override[0]"] == "7, 8 → 7 years"
+    assert rows["class[0]"] == "status = 'failed' → forever"
 
 
 def test_detached_keep_is_a_duration_only_with_detach_and_absent_keeps_the_hash():

@@ -1,0 +1,154 @@
+"""A chunk's DELETE with thousands of per-tenant overrides against the same chunk with none
+(``python -m bench.overrides [--rows N] [--tenants N] [--overrides N] [--repeat N]``).
+
+Its own database (``retention_bench_overrides`` on the bench server, ``bench/common.py``),
+migrated on first use. ``bench.tenant_events``: ``--rows`` rows over 40 days, ids in time
+order, ``--tenants`` text tenants interleaved, an index on (tenant, id). The policy deletes
+rows older than 20 days by key-range chunks; its second version, on an identical copy
+(``bench.tenant_events_o``), adds ``--overrides`` tenants of the table, each with "25 days" —
+every row of the chunk (all older than 30 days) is matched against an override and still goes,
+so both versions delete the same 5,000 rows. Each chunk's DELETE
+(``retention.predicate.delete_chunk``, holds and all, built inside the timing) runs first in a
+transaction rolled back, then again committed (what a chunk costs: the WAL flush too), the two
+versions alternating on the same key ranges; prints the median and p90 of each, their ratio,
+and the plan of the overridden one. Nothing is timed in tests; this prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+
+import psycopg
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import ROOT, percentile, server_url, with_database  # noqa: E402
+
+DB = "retention_bench_overrides"
+TICK = datetime(2026, 11, 30, 12, tzinfo=UTC)
+
+
+def prepare() -> str:
+    server = server_url()
+    url = with_database(server, DB)
+    with psycopg.connect(server, autocommit=True) as admin:
+        if not admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB]).fetchone():
+            admin.execute(f'CREATE DATABASE "{DB}"')
+    env = dict(os.environ, DATABASE_URL=url, RETENTION_DEMO="1")
+    for cmd in (["migrate", "--no-input", "-v", "0"], ["createcachetable"]):
+        subprocess.run([sys.executable, "manage.py", *cmd], cwd=ROOT, env=env, check=True)
+    return url
+
+
+def build(url: str, rows: int, tenants: int) -> None:
+    """Two identical copies, one per version, so each deletes the same rows for real."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA IF NOT EXISTS bench")
+        for name in ("tenant_events", "tenant_events_o"):
+            conn.execute(f"DROP TABLE IF EXISTS bench.{name}")
+            conn.execute(
+                f"CREATE TABLE bench.{name} (id bigint PRIMARY KEY, tenant text NOT NULL,"
+                " occurred_at timestamptz NOT NULL, payload text)"
+            )
+            conn.execute(
+                f"INSERT INTO bench.{name} SELECT g, 't' || lpad((g %% %s)::text, 6, '0'),"
+                " %s::timestamptz - make_interval(secs => 40 * 86400.0 * (1 - g::float8 / %s)),"
+                " repeat('x', 60) FROM generate_series(1, %s) AS g",
+                [tenants, TICK, rows, rows],
+            )
+            conn.execute(f"CREATE INDEX ON bench.{name} (tenant, id)")
+            conn.execute(f"CREATE INDEX ON bench.{name} (occurred_at)")
+            conn.execute(f"VACUUM ANALYZE bench.{name}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=400_000)
+    parser.add_argument("--tenants", type=int, default=10_000)
+    parser.add_argument("--overrides", type=int, default=5_000)
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--chunk", type=int, default=5_000)
+    args = parser.parse_args()
+    url = prepare()
+    build(url, args.rows, args.tenants)
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("RETENTION_DEMO", "1")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+
+    django.setup()
+    from django.db import connection, transaction
+
+    from retention import predicate as P
+    from retention.spec import PolicySpec
+    from runs.engine.explain import _plan
+
+    base = dict(
+        slug="bench-overrides", table="bench.tenant_events", key="id", timestamp="occurred_at",
+        tenant="tenant", retention="20 days", schedule="0 3 * * *", chunking="key",
+    )  # fmt: skip
+    names = [f"t{n:06d}" for n in range(args.overrides)]
+    plain = PolicySpec.parse(base)
+    overridden = PolicySpec.parse(
+        {**base, "table": "bench.tenant_events_o",
+         "override": [{"tenant": names, "retention": "25 days"}]}
+    )  # fmt: skip
+    over = f"{args.overrides} overrides"
+    cutoff = plain.cutoff_for(TICK)
+    # chunks in the oldest part of the table (every row older than 30 days)
+    ranges = [(1 + i * args.chunk, 1 + (i + 1) * args.chunk) for i in range(args.repeat + 1)]
+
+    def run(spec, lo, hi, *, commit: bool) -> tuple[float, int]:
+        """The chunk's DELETE (holds, keep rules, periods: the engine's statement) and its
+        commit, or the DELETE alone rolled back; the statement built inside the timing."""
+        t0 = time.perf_counter()
+        with transaction.atomic(), connection.cursor() as cur:
+            frag = P.delete_chunk(
+                spec, policy_id=0, cutoff=cutoff, tenant=None, key_from=lo, key_to=hi
+            )
+            cur.execute(frag.sql, frag.params)
+            n = cur.rowcount
+            transaction.set_rollback(not commit)
+        return (time.perf_counter() - t0) * 1000, n
+
+    results = {}
+    for commit in (False, True):
+        times: dict[str, list[float]] = {"none": [], over: []}
+        deleted: dict[str, set] = {k: set() for k in times}
+        for spec in (plain, overridden):  # warm both (a range deleted for real is not reused)
+            run(spec, *ranges[-1], commit=False)
+        for i, (lo, hi) in enumerate(ranges[:-1]):
+            order = [("none", plain), (over, overridden)]
+            for label, spec in order if i % 2 == 0 else order[::-1]:
+                took, n = run(spec, lo, hi, commit=commit)
+                times[label].append(took)
+                deleted[label].add(n)
+        results["chunk: DELETE + COMMIT" if commit else "statement, rolled back"] = (times, deleted)
+    print(
+        f"chunk of {args.chunk} rows by key range, {args.rows} rows / {args.tenants} tenants,"
+        f" {args.repeat} chunks each, the two versions alternating"
+    )
+    print(f"{'what':<26}{'version':<18}{'rows':>6}{'median ms':>11}{'p90 ms':>9}{'ratio':>7}")
+    for what, (times, deleted) in results.items():
+        base_ms = statistics.median(times["none"])
+        for label, values in times.items():
+            median = statistics.median(values)
+            print(
+                f"{what:<26}{label:<18}{'/'.join(map(str, sorted(deleted[label]))):>6}"
+                f"{median:>11.1f}{percentile(values, 90):>9.1f}{median / base_ms:>7.2f}"
+            )
+    frag = P.delete_chunk(
+        overridden, policy_id=0, cutoff=cutoff, tenant=None, key_from=ranges[-1][0],
+        key_to=ranges[-1][1],
+    )  # fmt: skip
+    print("\n".join(_plan(frag)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""Per-tenant periods (``[[override]]``) and periods per kind of row (``[[class]]``): a run
+deletes each row by the period that applies to it, in the DELETE's own predicate, and leaves
+exactly what a snapshot of the table taken before says each period keeps."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+
+from retention import predicate as P
+from retention.spec import PolicySpec, SpecError
+from runs.actions import trigger_run
+from runs.engine import worker
+from runs.models import Run
+from tests.factories import approved_policy
+
+pytestmark = pytest.mark.usefixtures("no_guard")
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+DAY = timedelta(days=1)
+
+
+def _sql(text: str, params=None) -> list:
+    with connection.cursor() as cur:
+        cur.execute(text, params or [])
+        return cur.fetchall() if cur.description else []
+
+
+def _spec(**fields) -> dict:
+    spec = dict(
+        slug="periods",
+        table="public.rr_periods",
+        key="id",
+        timestamp="occurred_at",
+        retention="20 days",
+        schedule="0 3 * * *",
+        timezone="UTC",
+        chunk_size=100,
+        chunking="key",
+    )
+    spec.update(fields)
+    return spec
+
+
+def _drain(policy) -> Run:
+    run, _ = trigger_run(policy, tick=NOW)
+    worker.drain(run.pk, budget_s=120)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    return run
+
+
+def _tenant_table(tenant_type: str = "text") -> None:
+    """``rr_periods``: one row a day for 400 days for each of tenants a, b, c, d (snapshot
+    ``rr_periods_before``)."""
+    _sql("DROP TABLE IF EXISTS public.rr_periods, public.rr_periods_before")
+    _sql(
+        f"CREATE TABLE public.rr_periods (id bigint PRIMARY KEY, tenant {tenant_type} NOT NULL,"
+        " occurred_at timestamptz NOT NULL, state text)"
+    )
+    _sql(
+        "INSERT INTO public.rr_periods SELECT d * 4 + n, (ARRAY['a','b','c','d'])[n + 1],"
+        " %s::timestamptz - make_interval(days => d) - interval '1 hour', 'x'"
+        " FROM generate_series(0, 399) AS d, generate_series(0, 3) AS n",
+        [NOW],
+    )
+    _sql("CREATE INDEX ON public.rr_periods (tenant, id)")
+    _sql("CREATE TABLE public.rr_periods_before AS SELECT * FROM public.rr_periods")
+    _sql("ANALYZE public.rr_periods")
+
+
+def _remaining(where_by: str) -> dict:
+    return dict(_sql(f"SELECT {where_by}, count(*) FROM public.rr_periods GROUP BY 1"))
+
+
+def test_three_tenants_drain_exactly_by_their_own_periods(db, make_user):
+    """Default 20 days; b overridden to 200 days, c kept forever, d shortened to 5 days: each
+    tenant's rows left are exactly the snapshot's rows younger than its own cutoff."""
+    _tenant_table()
+    policy = approved_policy(
+        make_user,
+        **_spec(
+            tenant="tenant",
+            override=[
+                {"tenant": "b", "retention": "200 days"},
+                {"tenant": ["c"], "retention": "forever"},
+                {"tenant": "d", "retention": "5 days"},
+            ],
+        ),
+    )
+    run = _drain(policy)
+    cutoffs = {"a": NOW - 20 * DAY, "b": NOW - 200 * DAY, "c": None, "d": NOW - 5 * DAY}
+    expected = {}
+    for tenant, cutoff in cutoffs.items():
+        rows = _sql(
+            "SELECT id FROM public.rr_periods_before WHERE tenant = %s"
+            " AND (%s::timestamptz IS NULL OR occurred_at >= %s) ORDER BY id",
+            [tenant, cutoff, cutoff],
+        )
+        expected[tenant] = [r[0] for r in rows]
+    left = {
+        t: [
+            r[0]
+            for r in _sql("SELECT id FROM public.rr_periods WHERE tenant = %s ORDER BY id", [t])
+        ]
+        for t in cutoffs
+    }
+    assert left == expected
+    assert {t: len(v) for t, v in left.items()} == {"a": 20, "b": 200, "c": 400, "d": 5}
+    assert run.verification["remaining"] == 0
+    deleted = sum(400 - len(v) for v in left.values())
+    assert deleted == 380 + 200 + 0 + 395
+
+
+def test_a_job_history_table_drains_exactly_by_class(db, make_user):
+    """completed after 3 days, failed after a year, the rest (running) by the default 30 days."""
+    _sql("DROP TABLE IF EXISTS public.rr_periods, public.rr_periods_before")
+    _sql(
+        "CREATE TABLE public.rr_periods (id bigint PRIMARY KEY, occurred_at timestamptz NOT NULL,"
+        " state text)"
+    )
+    _sql(
+        "INSERT INTO public.rr_periods SELECT d * 4 + n,"
+        " %s::timestamptz - make_interval(days => d) - interval '1 hour',"
+        " (ARRAY['completed','failed','running', NULL])[n + 1]"
+        " FROM generate_series(0, 499) AS d, generate_series(0, 3) AS n",
+        [NOW],
+    )
+    _sql("CREATE TABLE public.rr_periods_before AS SELECT * FROM public.rr_periods")
+    policy = approved_policy(
+        make_user,
+        **_spec(
+            retention="30 days",
+            **{
+                "class": [
+                    {"column": "state", "value": "completed", "retention": "3 days"},
+                    {"column": "state", "value": "failed", "retention": "1 year"},
+                ]
+            },
+        ),
+    )
+    _drain(policy)
+    expected = dict(
+        _sql(
+            "SELECT coalesce(state, 'null'), count(*) FROM public.rr_periods_before WHERE"
+            " CASE state WHEN 'completed' THEN occurred_at >= %s WHEN 'failed' THEN"
+            " occurred_at >= %s ELSE occurred_at >= %s END GROUP BY 1",
+            [NOW - 3 * DAY, datetime(2025, 11, 30, 12, 0, tzinfo=UTC), NOW - 30 * DAY],
+        )
+    )
+    assert _remaining("coalesce(state, 'null')") == expected
+    assert expected == {"completed": 3, "failed": 365, "running": 30, "null": 30}
+    gone = _sql(
+        "SELECT b.id FROM public.rr_periods_before b LEFT JOIN public.rr_periods r USING (id)"
+        " WHERE r.id IS NULL EXCEPT SELECT id FROM public.rr_periods_before WHERE"
+        " CASE state WHEN 'completed' THEN occurred_at < %s WHEN 'failed' THEN"
+        " occurred_at < %s ELSE occurred_at < %s END",
+        [NOW - 3 * DAY, datetime(2025, 11, 30, 12, 0, tzinfo=UTC), NOW - 30 * DAY],
+    )
+    assert gone == []
+
+
+@pytest.mark.parametrize(
+    ("tenant_type", "rows", "written", "others"),
+    [
+        ("citext", ["Acme", "acme", "globex"], "ACME", 1),
+        ("integer", ["7", "7", "8"], "007", 1),
+        (
+            "uuid",
+            ["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"] * 2 + ["b1eebc99-9c0b-4ef8-bb6d-6bb9bd380a22"],
+            "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11",
+            1,
+        ),
+    ],
+)
+def test_an_override_matches_as_the_tenant_columns_equality_does(
+    db, make_user, tenant_type, rows, written, others
+):
+    """An override written in another form of the value (case, leading zeros, an upper-case
+    uuid) keeps exactly the rows the column's ``=`` says are that tenant's."""
+    if tenant_type == "citext":
+        _sql("CREATE EXTENSION IF NOT EXISTS citext")
+    _sql("DROP TABLE IF EXISTS public.rr_periods")
+    _sql(
+        f"CREATE TABLE public.rr_periods (id bigint PRIMARY KEY, tenant {tenant_type} NOT NULL,"
+        " occurred_at timestamptz NOT NULL)"
+    )
+    for n, value in enumerate(rows):
+        _sql(
+            f"INSERT INTO public.rr_periods SELECT g, %s::{tenant_type}, %s - interval '40 days'"
+            f" FROM generate_series({n * 100 + 1}, {n * 100 + 10}) AS g",
+            [value, NOW],
+        )
+    spec = PolicySpec.parse(
+        _spec(tenant="tenant", override=[{"tenant": written, "retention": "forever"}])
+    )
+    where = P.eligible(spec, policy_id=0, cutoff=spec.cutoff_for(NOW), include_holds=False)
+    (eligible,) = _sql(*[P.count_where(spec, where).sql, P.count_where(spec, where).params])[0]
+    assert eligible == 10 * others
+    policy = approved_policy(make_user, **_spec(tenant="tenant", override=[
+        {"tenant": written, "retention": "forever"}]))  # fmt: skip
+    _drain(policy)
+    left = _sql("SELECT tenant::text, count(*) FROM public.rr_periods GROUP BY 1 ORDER BY 1")
+    assert sum(n for _, n in left) == 10 * (len(rows) - others)
+    assert all(
+        _sql(f"SELECT %s::{tenant_type} = %s::{tenant_type}", [t, written])[0][0] for t, _ in left
+    )
+
+
+def test_an_override_that_is_not_a_value_of_the_column_or_names_a_tenant_twice_is_refused(
+    db, make_user
+):
+    _sql("DROP TABLE IF EXISTS public.rr_periods")
+    _sql(
+        "CREATE TABLE public.rr_periods (id bigint PRIMARY KEY, tenant integer NOT NULL,"
+        " occurred_at timestamptz NOT NULL)"
+    )
+    from retention import introspect
+
+    with pytest.raises(SpecError, match="tenant 'acme' is not a value of tenant column"):
+        introspect.validate(
+            PolicySpec.parse(
+                _spec(tenant="tenant", override=[{"tenant": "acme", "retention": "forever"}])
+            )
+        )
+    with pytest.raises(SpecError, match="2 tenant values equal"):
+        introspect.validate(
+            PolicySpec.parse(
+                _spec(
+                    tenant="tenant",
+                    override=[
+                        {"tenant": "7", "retention": "forever"},
+                        {"tenant": "007", "retention": "1 year"},
+                    ],
+                )  # fmt: skip
+            )
+        )
+    with pytest.raises(SpecError, match="needs a tenant column"):
+        PolicySpec.parse(_spec(override=[{"tenant": "7", "retention": "forever"}]))
+    with pytest.raises(SpecError, match="same column"):
+        PolicySpec.parse(_spec(**{"class": [
+            {"column": "a", "value": 1, "retention": "1 day"},
+            {"column": "b", "value": 1, "retention": "1 day"}]}))  # fmt: skip
