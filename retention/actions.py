@@ -25,11 +25,11 @@ from core.oplog import (
     require_reason,
 )
 from core.roles import COMPLIANCE, ONCALL, check_role, check_role_or_system
-from retention import cascades, holds, introspect
-from retention.models import LegalHold, Policy, PolicyVersion
+from retention import cascades, floors, holds, introspect
+from retention.models import LegalHold, Policy, PolicyVersion, RetentionFloor
 from retention.preview import preview as take_preview
 from retention.signals import policy_decided
-from retention.spec import PolicySpec
+from retention.spec import PolicySpec, SpecError, check_period
 
 State = PolicyVersion.State
 
@@ -64,6 +64,7 @@ def apply_spec(spec: PolicySpec, *, author) -> PolicyVersion:
     """
     check_role(author, COMPLIANCE)
     introspect.validate(spec)
+    floors.check_version(spec)
     content_hash = spec.content_hash()
     policy = Policy.objects.select_for_update().filter(slug=spec.slug).first()
     if policy is None:
@@ -112,6 +113,7 @@ def submit_version(version: PolicyVersion, *, actor, reason: str = "", now=None)
     if spec.content_hash() != version.content_hash:
         raise ActionError(f"{version}: stored content does not match its hash")
     validation = introspect.validate(spec)
+    floors.check_version(spec)
     version.validation = validation.to_json()
     version.preview = take_preview(
         spec, policy_id=version.policy_id, now=now, validation=validation
@@ -157,6 +159,7 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
     if not version.preview or version.preview.get("content_hash") != version.content_hash:
         raise ActionError(f"{version} has no dry-run preview of its own content")
     introspect.validate(spec)  # the table may have changed since submission
+    floors.check_version(spec)  # a floor may have been set since submission
 
     previous = version.policy.versions.filter(state=State.APPROVED).first()
     if previous is not None:
@@ -492,3 +495,105 @@ def set_policy_enabled(
         Policy, policy=policy, decision="enabled" if enabled else "disabled", actor=actor
     )
     return policy
+
+
+# -- retention floors --------------------------------------------------------------------------
+
+
+def _floor_table(text: str) -> tuple[str, str]:
+    parts = text.split(".") if isinstance(text, str) else []
+    if len(parts) != 2 or not all(parts):
+        raise SpecError(f'a floor names its table as "schema.table", got {text!r}')
+    schema, table = parts
+    introspect.table_oid(schema, table)  # an existing table (SpecError otherwise)
+    return schema, table
+
+
+@transaction.atomic
+def request_floor(table: str, period: str, *, mode: str, actor, reason: str) -> RetentionFloor:
+    """Ask for a floor on ``table`` ("schema.table"): in force once another member of
+    compliance approves (``approve_floor``). Raising the floor in force is always possible;
+    a compliance floor is never lowered nor weakened to governance; a governance floor is
+    lowered only by a superuser's request (and then after a wait, ``floors.lowering_wait``)."""
+    check_role(actor, COMPLIANCE)
+    reason = require_reason(reason, "setting a floor")
+    if mode not in RetentionFloor.Mode.values:
+        raise ActionError(f"a floor's mode is compliance or governance, got {mode!r}")
+    period = check_period(period, "floor", expiry=False)
+    if period == "forever":
+        raise ActionError('a floor is a period such as "6 years", not "forever"')
+    schema, name = _floor_table(table)
+    pending = RetentionFloor.objects.filter(
+        schema=schema, table=name, approved_at__isnull=True, refused_at__isnull=True
+    ).first()
+    if pending is not None:
+        raise ActionError(
+            f"floor #{pending.pk} on {schema}.{name} is waiting for approval; approve or "
+            "refuse it first"
+        )
+    replaces, lowers = floors.check_request(
+        schema, name, period, mode, superuser=bool(getattr(actor, "is_superuser", False))
+    )
+    floor = RetentionFloor.objects.create(
+        schema=schema, table=name, period=period, mode=mode, requested_by=actor.username,
+        request_reason=reason, replaces=replaces, lowers=lowers,
+    )  # fmt: skip
+    record_action(
+        actor, "floor.request", floor, reason=reason, table=floor.qualified_table,
+        period=period, mode=mode, lowers=lowers, replaces=replaces.pk if replaces else None,
+    )  # fmt: skip
+    return floor
+
+
+@transaction.atomic
+def approve_floor(floor: RetentionFloor, *, actor, reason: str, now=None) -> RetentionFloor:
+    """Put a requested floor in force; never by its requester (the database refuses that
+    too: ``retentionfloor_four_eyes``). A lowering takes effect ``floors.lowering_wait()``
+    after this approval; anything else at once."""
+    check_role(actor, COMPLIANCE)
+    reason = require_reason(reason, "approving a floor")
+    floor = RetentionFloor.objects.select_for_update().get(pk=floor.pk)
+    if not floor.pending:
+        raise ActionError(f"{floor} is not waiting for approval")
+    if floor.requested_by == actor.username:
+        raise NeedsAnotherPerson(
+            f"{actor.username} requested {floor} and cannot approve it; another member of "
+            "compliance must"
+        )
+    # what is in force may have changed since the request: checked again (a superuser's
+    # request was checked as one when made)
+    replaces, lowers = floors.check_request(
+        floor.schema, floor.table, floor.period, floor.mode, superuser=True
+    )
+    if lowers and not floor.lowers:
+        raise ActionError(
+            f"{floor} would now lower {replaces}; it was requested as a raise — request it again"
+        )
+    now = now or timezone.now()
+    floor.approved_by = actor.username
+    floor.approved_at = now
+    floor.approve_reason = reason
+    floor.effective_at = now + floors.lowering_wait() if lowers else now
+    floor.save(update_fields=["approved_by", "approved_at", "approve_reason", "effective_at"])
+    record_action(
+        actor, "floor.approve", floor, reason=reason, table=floor.qualified_table,
+        period=floor.period, mode=floor.mode, requested_by=floor.requested_by,
+        effective_at=floor.effective_at.isoformat(), lowers=lowers,
+    )  # fmt: skip
+    return floor
+
+
+@transaction.atomic
+def refuse_floor(floor: RetentionFloor, *, actor, reason: str) -> RetentionFloor:
+    """Refuse a requested floor (its requester may withdraw it the same way)."""
+    check_role(actor, COMPLIANCE)
+    reason = require_reason(reason, "refusing a floor")
+    floor = RetentionFloor.objects.select_for_update().get(pk=floor.pk)
+    if not floor.pending:
+        raise ActionError(f"{floor} is not waiting for approval")
+    floor.refused_by = actor.username
+    floor.refused_at = timezone.now()
+    floor.refuse_reason = reason
+    floor.save(update_fields=["refused_by", "refused_at", "refuse_reason"])
+    record_action(actor, "floor.refuse", floor, reason=reason, table=floor.qualified_table)
+    return floor

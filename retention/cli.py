@@ -1,4 +1,4 @@
-"""``retention policy ...`` and ``retention hold ...`` sub-commands.
+"""``retention policy ...``, ``retention hold ...`` and ``retention floor ...`` sub-commands.
 
 Every handler turns a refusal into one ``CommandError`` line; state changes act as the
 authenticated person (``core.cli_identity.acting_user``: a personal API token) and go
@@ -14,10 +14,11 @@ from django.core.management.base import CommandError
 from django.db import transaction
 
 from core.cli_identity import acting_user, one_line
-from retention import actions
+from retention import actions, floors
 from retention import plan as policies_as_code
 from retention.holds import coverage as hold_coverage
-from retention.models import LegalHold, Policy, PolicyVersion
+from retention.models import LegalHold, Policy, PolicyVersion, RetentionFloor
+from retention.periods import label as period_label
 from retention.preview import preview, without_tenant_text
 from retention.spec import load_toml
 
@@ -120,6 +121,27 @@ def register(areas) -> None:
     p.add_argument("--all", action="store_true")
     p.set_defaults(handler=hold_list)
 
+    floor = areas.add_parser("floor", help="set, approve and list retention floors")
+    sub = floor.add_subparsers(dest="floor_command", required=True, metavar="COMMAND")
+    p = sub.add_parser("set", help="request a floor on a table (another officer approves)")
+    p.add_argument("table", metavar="SCHEMA.TABLE")
+    p.add_argument("period", metavar="PERIOD", help='e.g. "6 years"')
+    p.add_argument("--mode", required=True, choices=("compliance", "governance"))
+    p.add_argument("--reason", required=True)
+    p.add_argument("--by", metavar="USERNAME", help=CLAIM_HELP)
+    p.set_defaults(handler=floor_set)
+    for name, handler, text in (
+        ("approve", floor_approve, "approve a floor another member of compliance requested"),
+        ("refuse", floor_refuse, "refuse (or withdraw) a requested floor"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("floor_id", type=int, metavar="ID")
+        p.add_argument("--reason", required=True)
+        p.add_argument("--by", metavar="USERNAME", help=CLAIM_HELP)
+        p.set_defaults(handler=handler)
+    p = sub.add_parser("list", help="every floor, newest first")
+    p.set_defaults(handler=floor_list)
+
 
 def _policy(slug: str) -> Policy:
     policy = Policy.objects.filter(slug=slug).first()
@@ -205,6 +227,9 @@ def plan_files(command, files: list[tuple[str, str]], options) -> int:
                 write(f"  ~ {row['field']}: {row['old'] or '-'} -> {row['new'] or '-'}")
         if item.preview:
             write(f"  preview: {_preview_summary(item.preview)}")
+            for period in item.preview.get("periods", [])[1:]:
+                counted = f": {period['eligible']} eligible" if "eligible" in period else ""
+                write(f"  period {period_label(period)}{counted}")
     changes = sum(1 for item in planned if item.changed)
     errors = sum(1 for item in planned if item.error)
     write(
@@ -530,3 +555,52 @@ def _scope(hold: LegalHold) -> str:
         hi = "" if hold.key_to is None else hold.key_to
         parts.append(f"keys [{lo}, {hi})")
     return ", ".join(parts)
+
+
+def _floor(options) -> RetentionFloor:
+    floor = RetentionFloor.objects.filter(pk=options["floor_id"]).first()
+    if floor is None:
+        raise CommandError(f"unknown floor #{options['floor_id']}")
+    return floor
+
+
+def _floor_line(floor: RetentionFloor) -> str:
+    shown = floors.shown(floor)
+    line = f"{floor.describe()} [{shown['state']}]"
+    if shown["state"] == "waiting":
+        line += f", in force from {floor.effective_at:%Y-%m-%d %H:%M} UTC"
+    return line
+
+
+@one_line
+def floor_set(command, options) -> None:
+    actor = acting_user(options)
+    floor = actions.request_floor(
+        options["table"], options["period"], mode=options["mode"], actor=actor,
+        reason=options["reason"],
+    )  # fmt: skip
+    lowers = f", lowering floor #{floor.replaces_id}" if floor.lowers else ""
+    command.stdout.write(
+        f"floor #{floor.pk} requested on {floor.qualified_table}: {floor.period}, {floor.mode} "
+        f"mode, by {actor.username}{lowers}; in force once another member of compliance "
+        f"approves (retention floor approve {floor.pk})"
+    )
+
+
+@one_line
+def floor_approve(command, options) -> None:
+    actor = acting_user(options)
+    floor = actions.approve_floor(_floor(options), actor=actor, reason=options["reason"])
+    command.stdout.write(f"floor #{floor.pk} approved by {actor.username}: {_floor_line(floor)}")
+
+
+@one_line
+def floor_refuse(command, options) -> None:
+    actor = acting_user(options)
+    floor = actions.refuse_floor(_floor(options), actor=actor, reason=options["reason"])
+    command.stdout.write(f"floor #{floor.pk} refused by {actor.username}")
+
+
+def floor_list(command, options) -> None:
+    for floor in RetentionFloor.objects.all():
+        command.stdout.write(_floor_line(floor))

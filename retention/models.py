@@ -258,3 +258,71 @@ class KillSwitch(models.Model):
     @classmethod
     def is_on(cls) -> bool:
         return cls.objects.filter(name="global", on=True).exists()
+
+
+class RetentionFloor(models.Model):
+    """A minimum retention for a target table that no version may go below
+    (``retention.floors``): requested by one compliance officer, in force once another
+    approves it (``approved_at``) — from ``effective_at``, which for a governance floor that
+    lowers the one in force is a waiting period later. Of the approved floors whose
+    ``effective_at`` has come, the most recently approved is in force. An approved floor never
+    changes and is never removed; a compliance-mode floor is never followed by a shorter one
+    — the database refuses both (``rr_floor_guard``), whoever writes."""
+
+    class Mode(models.TextChoices):
+        COMPLIANCE = "compliance", "compliance"
+        GOVERNANCE = "governance", "governance"
+
+    schema = models.CharField(max_length=63)
+    table = models.CharField(max_length=63)
+    period = models.CharField(max_length=40, help_text='e.g. "6 years"')
+    mode = models.CharField(max_length=12, choices=Mode.choices)
+    requested_by = models.CharField(max_length=150)
+    requested_at = models.DateTimeField(default=dj_timezone.now)
+    request_reason = models.TextField()
+    # the floor in force when this one was requested (None: the table had none)
+    replaces = models.ForeignKey(
+        "self", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    lowers = models.BooleanField(default=False, help_text="shorter than the floor it replaces")
+    approved_by = models.CharField(max_length=150, blank=True)
+    approved_at = models.DateTimeField(null=True, blank=True)
+    approve_reason = models.TextField(blank=True)
+    effective_at = models.DateTimeField(null=True, blank=True)
+    refused_by = models.CharField(max_length=150, blank=True)
+    refused_at = models.DateTimeField(null=True, blank=True)
+    refuse_reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(approved_at__isnull=True) | ~Q(approved_by=F("requested_by")),
+                name="retentionfloor_four_eyes",
+                violation_error_message="a floor is approved by someone other than the person "
+                "who requested it",
+            ),
+            models.UniqueConstraint(
+                fields=["schema", "table"],
+                condition=Q(approved_at__isnull=True, refused_at__isnull=True),
+                name="retentionfloor_one_pending_per_table",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"floor #{self.pk} on {self.schema}.{self.table}"
+
+    @property
+    def qualified_table(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def pending(self) -> bool:
+        return self.approved_at is None and self.refused_at is None
+
+    def describe(self) -> str:
+        """``floor #3 on public.events: 6 years, compliance mode, set by alice``."""
+        who = f"set by {self.requested_by}"
+        if self.approved_by:
+            who += f", approved by {self.approved_by}"
+        return f"{self} : {self.period}, {self.mode} mode, {who}".replace(" : ", ": ")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from django.db import transaction
 
-from retention import actions, introspect
+from retention import actions, floors, introspect
 from retention.diff import spec_diff
 from retention.models import Policy, PolicyVersion
 from retention.preview import preview
@@ -73,7 +73,8 @@ def plan(files: list[tuple[str, str]], *, with_preview: bool = True) -> list[Pla
         try:
             item.spec = load_toml(text)
             introspect.validate(item.spec)
-        except SpecError as exc:
+            floors.check_version(item.spec)  # what apply would refuse, plan says
+        except (SpecError, floors.FloorViolation) as exc:
             item.error = str(exc)
             continue
         if item.spec.slug in seen:

@@ -23,6 +23,7 @@ from psycopg import sql
 
 from core.formatting import natural_key
 from retention import geometry, introspect, partitions, predicate
+from retention import periods as period_rows
 from retention.models import LegalHold
 from retention.schedule_math import latest_tick
 from retention.signals import preview_rate_sources
@@ -85,6 +86,19 @@ def _summary_query(
     held = predicate.held(spec, policy_id)
     instant = predicate.timestamp_instant(spec)
     older = predicate.older_than(spec, cutoff)
+    # the version's periods: which rows older than the latest cutoff their own period lets go
+    in_period = predicate.within_periods(spec, cutoff)
+    entries = period_rows.matches(spec) if spec.overrides or spec.classes else []
+    entry_select = sql.SQL("").join(
+        sql.SQL(", ({}) AS {}").format(frag.sql, sql.Identifier(f"m{i}"))
+        for i, frag in enumerate(entries)
+    )
+    entry_count = sql.SQL("").join(
+        sql.SQL(", count(*) FILTER (WHERE e AND {}) AS {}").format(
+            sql.Identifier(f"m{i}"), sql.Identifier(f"pc{i}")
+        )
+        for i in range(len(entries))
+    )
     tenant = predicate.tenant_text(spec)
     rules = [predicate.keep_condition(rule) for rule in spec.keep]
     rule_select = sql.SQL("").join(
@@ -106,11 +120,13 @@ def _summary_query(
     )
     text = sql.SQL(
         "WITH f AS ("
-        "  SELECT tn, b, k_, nk, ts_, kp, h, pv AND NOT kp AND NOT h AS e{rule_names} FROM ("
+        "  SELECT tn, b, k_, nk, ts_, kp, h, pv AND NOT kp AND NOT h AND ip AS e{rule_names}"
+        "  {entry_names} FROM ("
         "    SELECT {tenant} AS tn, width_bucket({ts}, %s::timestamptz[]) AS b,"
         "           {key} AS k_, ({key_null}) AS nk, {ts} AS ts_, ({kept}) AS kp, ({present}) AS pv,"
-        "           CASE WHEN ({kept}) OR NOT ({present}) THEN FALSE ELSE ({held}) END AS h"
-        "           {rule_select}"
+        "           CASE WHEN ({kept}) OR NOT ({present}) THEN FALSE ELSE ({held}) END AS h,"
+        "           ({in_period}) AS ip"
+        "           {rule_select}{entry_select}"
         "    FROM {table} WHERE {older} OFFSET 0"
         "  ) AS per_row"
         "), g AS ("
@@ -124,7 +140,7 @@ def _summary_query(
         "         min(ts_) FILTER (WHERE e) AS oldest,"
         "         min(k_) FILTER (WHERE e) AS min_key,"
         "         max(k_) FILTER (WHERE e) AS max_key"
-        "         {rule_count}{bucket_count}"
+        "         {rule_count}{bucket_count}{entry_count}"
         "  FROM f GROUP BY GROUPING SETS ((tn), ())"
         "), r AS ("
         "  SELECT g.*, count(*) OVER (PARTITION BY gt) AS n_groups,"
@@ -152,13 +168,21 @@ def _summary_query(
         table=predicate.table(spec),
         rule_count=rule_count,
         bucket_count=bucket_count,
+        in_period=in_period.sql,
+        entry_names=sql.SQL("").join(
+            sql.SQL(", {}").format(sql.Identifier(f"m{i}")) for i in range(len(entries))
+        ),
+        entry_select=entry_select,
+        entry_count=entry_count,
     )
     params = [
         boundaries,
         *kept.params,
         *kept.params,
         *held.params,
+        *in_period.params,
         *[p for frag in rules for p in frag.params],
+        *[p for frag in entries for p in frag.params],
         *older.params,
         TOP_TENANTS,
     ]
@@ -229,6 +253,8 @@ def preview(
         "cutoff": cutoff.isoformat(),
         "table": spec.qualified_table,
         "content_hash": spec.content_hash(),
+        # the default, each override's and each class's period: cutoff and rows it lets go
+        "periods": period_rows.periods(spec, cutoff),
         "eligible": 0,
         "older_than_cutoff": 0,
         "kept": 0,
@@ -425,6 +451,11 @@ def _fill(
     result["kept_by_rule"] = [
         {"rule": rule.describe(), "rows": int(total[f"kr{i}"])} for i, rule in enumerate(spec.keep)
     ]
+    counts = [total[k] for k in sorted((k for k in total if k.startswith("pc")),
+                                       key=lambda k: int(k[2:]))]  # fmt: skip
+    if counts:
+        result["periods"] = period_rows.counted(spec, datetime.fromisoformat(result["cutoff"]),
+                                                counts)  # fmt: skip
     if spec.tenant:
         tenants = sorted(
             (r for r in rows if r["gt"] == 0),

@@ -1249,6 +1249,29 @@ def edited_toml(base: PolicySpec, fields: dict, keep: list[dict]) -> str:
     return tomli_w.dumps(doc)
 
 
+# Ticks a period comparison is read at: every day a month may end on, and the days after, in
+# leap and common years (2023–2028), at midnight UTC.
+_REFERENCE_TICKS = tuple(
+    datetime(year, month, day, tzinfo=zoneinfo.ZoneInfo("UTC"))
+    for year in range(2023, 2029)
+    for month in range(1, 13)
+    for day in (1, 2, 28, 29, 30, 31)
+    if day <= calendar.monthrange(year, month)[1]
+)
+
+
+def period_covers(longer: str, shorter: str) -> bool:
+    """``longer`` keeps every row ``shorter`` keeps, at any tick: ``tick − longer`` is never
+    after ``tick − shorter`` (read in UTC; ``"forever"`` covers everything and only itself).
+    "1 year" covers "365 days" (a year is 365 or 366 days) but not "366 days"."""
+    if longer == FOREVER:
+        return True
+    if shorter == FOREVER:
+        return False
+    spec = _UTC_CLOCK
+    return all(spec._before(t, longer) <= spec._before(t, shorter) for t in _REFERENCE_TICKS)
+
+
 def months_before(local: datetime, months: int) -> datetime:
     """The same wall-clock time ``months`` calendar months earlier; a day the earlier month
     lacks becomes its last day (31 March − 1 month = 28 or 29 February)."""
@@ -1273,3 +1296,10 @@ def _localize(naive: datetime, tz: zoneinfo.ZoneInfo) -> datetime:
     # repeated one with fold 1 by the offset after it
     chosen = later if exists == naive else earlier
     return chosen.astimezone(zoneinfo.ZoneInfo("UTC"))
+
+
+# a spec whose clock is UTC, to read periods on (``period_covers``)
+_UTC_CLOCK = PolicySpec(
+    slug="x", name="x", schema="x", table="x", key="x", timestamp="x", tenant=None,
+    retention="1 day", schedule="0 0 * * *", timezone="UTC",
+)  # fmt: skip

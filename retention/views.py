@@ -21,7 +21,7 @@ from django.views.decorators.vary import vary_on_headers
 from core.models import OperatorAction
 from core.reauth import require_recent_password
 from core.roles import COMPLIANCE, ONCALL, require_role, roles_of
-from retention import actions, signals
+from retention import actions, floors, signals
 from retention.diff import spec_diff
 from retention.holds import coverage, release_impact
 from retention.models import LegalHold, Policy, PolicyVersion
@@ -138,6 +138,12 @@ def _policy_page(request, policy: Policy, *, form: dict | None = None, status: i
             # each approved version's stage and its runs (runs registers the report)
             "rollout": signals.rollout_report(policy),
             "form": form or form_editor(base),
+            # retention floors of the table, newest first (waiting: a lowering not yet in force)
+            "floors": [
+                floors.shown(f) for f in floors.of_table(base.parsed.schema, base.parsed.table)
+            ]
+            if base
+            else [],  # fmt: skip
         },
         status=status,
     )

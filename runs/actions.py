@@ -12,7 +12,7 @@ from core import timeouts
 from core.locks import decision_fence
 from core.oplog import ActionError, StaleDecision, check_decision, record_action, require_reason
 from core.roles import ONCALL, check_role, check_role_or_system
-from retention import geometry
+from retention import floors, geometry
 from retention import predicate as P
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import period_label
@@ -177,6 +177,13 @@ def admit(run: Run, *, actor, reason: str) -> Run:
     a cancel): the blast-radius check, then start. A run whose eligible count could not be
     taken in time stays waiting (the reconciler tries again); it never starts unchecked."""
     spec = run.policy_version.parsed
+    below = floors.violation(spec)
+    if below is not None:
+        # a floor approved after the version: the run stops before its first chunk, visibly
+        why = f"stopped by a retention floor: {below}; approve a version that keeps as long"
+        _set_state(run, Run.State.ATTENTION, why[:2000])
+        record_action(actor, "run.attention", run, reason=why[:2000])
+        return run
     if run.counts_only:
         # deletes nothing, so there is no blast radius to check; its own chunks are the count
         # (bounded statements admitted by the guard, not one count of the whole table here)
@@ -298,6 +305,7 @@ def resume_run(run: Run, *, actor, reason: str, expected: str | None = None) -> 
         raise ActionError(
             f"run {run.run_key} is {run.state}; only a paused run or one needing attention can resume"
         )
+    floors.check_version(run.policy_version.parsed)  # a floor set since: it may not go on
     run.state, run.state_reason = Run.State.ACTIVE, ""
     run.save(update_fields=["state", "state_reason"])
     record_action(actor, "run.resume", run, reason=reason)

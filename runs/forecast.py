@@ -140,10 +140,12 @@ def _measure(policy) -> dict:
     tomorrow = P.eligible(
         spec, policy_id=policy.id, cutoff=spec.cutoff_for(now + timedelta(days=1))
     )
+    # not eligible now: by its own period (an override's, a class's), not only the default's
     older_now = P.older_than(spec, cutoff_now)
+    now_in_period = P.within_periods(spec, cutoff_now)
     day = P.Fragment(
-        sql.SQL("{} AND NOT ({})").format(tomorrow.sql, older_now.sql),
-        [*tomorrow.params, *older_now.params],
+        sql.SQL("{} AND NOT ({} AND {})").format(tomorrow.sql, older_now.sql, now_in_period.sql),
+        [*tomorrow.params, *older_now.params, *now_in_period.params],
     )
     out["inflow_per_day"] = _one(P.count_where(spec, day))
     rate = observed_rate(policy, now)

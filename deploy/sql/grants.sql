@@ -38,6 +38,7 @@ GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."retention_legalhold" T
 GRANT SELECT, INSERT ON TABLE "retention_runner"."retention_operatoraction" TO :"web";
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."retention_policy" TO :"web";
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."retention_policyversion" TO :"web";
+GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."retention_retentionfloor" TO :"web";
 GRANT SELECT ON TABLE "retention_runner"."runs_auditrecord" TO :"web";
 GRANT SELECT ON TABLE "retention_runner"."runs_checkpoint" TO :"web";
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."runs_chunk" TO :"web";
@@ -83,6 +84,7 @@ GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."retention_legalhold" T
 GRANT SELECT, INSERT ON TABLE "retention_runner"."retention_operatoraction" TO :"operator";
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."retention_policy" TO :"operator";
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."retention_policyversion" TO :"operator";
+GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."retention_retentionfloor" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."runs_auditrecord" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."runs_checkpoint" TO :"operator";
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."runs_chunk" TO :"operator";
@@ -112,6 +114,7 @@ GRANT SELECT ON TABLE "retention_runner"."retention_legalhold" TO :"worker";
 GRANT SELECT, INSERT ON TABLE "retention_runner"."retention_operatoraction" TO :"worker";
 GRANT SELECT ON TABLE "retention_runner"."retention_policy" TO :"worker";
 GRANT SELECT ON TABLE "retention_runner"."retention_policyversion" TO :"worker";
+GRANT SELECT ON TABLE "retention_runner"."retention_retentionfloor" TO :"worker";
 GRANT SELECT, INSERT ON TABLE "retention_runner"."runs_auditrecord" TO :"worker";
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."runs_chunk" TO :"worker";
 GRANT SELECT, INSERT ON TABLE "retention_runner"."runs_deadletter" TO :"worker";

@@ -44,7 +44,10 @@ from psycopg.errors import QueryCanceled
 
 from core.filters import QueryFilters, as_id
 from core.models import OperatorAction
+from retention.floors import of_table as floors_of
+from retention.floors import shown as floor_shown
 from retention.models import LegalHold, Policy
+from retention.periods import periods as periods_of
 from runs.counts import count_totals
 from runs.evidence import anchors as evidence
 from runs.evidence import audit
@@ -626,6 +629,10 @@ def manifest_header(run: Run) -> dict:
             "content_hash": version.approved_hash or version.content_hash,
         },
         "cutoff": _iso(run.cutoff),
+        # the version's periods with the cutoff each had in this run's DELETEs (per tenant of
+        # an override, per class), and every retention floor of the table
+        "periods": periods_of(version.parsed, run.bound),
+        "floors": [floor_shown(f) for f in floors_of(version.parsed.schema, version.parsed.table)],
         "totals": {
             "chunks": dict(progress.chunks),
             # keys in the chunks' ranges when planned: what they could delete at most

@@ -23,6 +23,8 @@ from core.formatting import natural_key
 from core.models import OperatorAction
 from retention import partitions, predicate
 from retention.models import KillSwitch, LegalHold, Policy, PolicyVersion
+from retention.periods import label as period_line
+from retention.periods import periods as periods_of
 from retention.schedule_math import period_label
 from retention.spec import parse_retention
 from runs import counts, forecast
@@ -468,6 +470,8 @@ def run_page_context(run: Run) -> dict:
         ),
         "broker": p.broker,
         "counted": counted_context(run),
+        # the cutoff of each override and class of the version in this run (default first)
+        "periods": [period_line(r) for r in periods_of(spec, run.bound)][1:],
         "now": now,
     }
 

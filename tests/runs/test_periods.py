@@ -8,11 +8,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
+from django.test import Client
+from django.urls import reverse
 
 from retention import predicate as P
+from retention.preview import preview
 from retention.spec import PolicySpec, SpecError
 from runs.actions import trigger_run
 from runs.engine import worker
+from runs.evidence.exports import manifest_header
 from runs.models import Run
 from tests.factories import approved_policy
 
@@ -35,7 +39,7 @@ def _spec(**fields) -> dict:
         key="id",
         timestamp="occurred_at",
         retention="20 days",
-        schedule="0 3 * * *",
+        schedule="0 12 * * *",  # the latest tick of NOW is NOW: the preview's cutoff is the run's
         timezone="UTC",
         chunk_size=100,
         chunking="key",
@@ -90,6 +94,24 @@ def test_three_tenants_drain_exactly_by_their_own_periods(db, make_user):
             ],
         ),
     )
+    # the preview counts, per period, what the run then deletes
+    shown = preview(policy.approved_version.parsed, policy_id=policy.pk, now=NOW)
+    assert shown["cutoff"] == (NOW - 20 * DAY).isoformat()
+    assert shown["eligible"] == 380 + 200 + 0 + 395
+    assert {t["tenant"]: t["eligible"] for t in shown["tenants"]} == {
+        "a": 380,
+        "b": 200,
+        "c": 0,
+        "d": 395,
+    }
+    assert [
+        (p["applies_to"], p["retention"], p["cutoff"], p["eligible"]) for p in shown["periods"]
+    ] == [
+        ("default", "20 days", (NOW - 20 * DAY).isoformat(), 380),
+        ("override[0]", "200 days", (NOW - 200 * DAY).isoformat(), 200),
+        ("override[1]", "forever", None, 0),
+        ("override[2]", "5 days", (NOW - 5 * DAY).isoformat(), 395),
+    ]
     run = _drain(policy)
     cutoffs = {"a": NOW - 20 * DAY, "b": NOW - 200 * DAY, "c": None, "d": NOW - 5 * DAY}
     expected = {}
@@ -110,6 +132,19 @@ def test_three_tenants_drain_exactly_by_their_own_periods(db, make_user):
     assert left == expected
     assert {t: len(v) for t, v in left.items()} == {"a": 20, "b": 200, "c": 400, "d": 5}
     assert run.verification["remaining"] == 0
+    # the evidence: each period's cutoff in the manifest, and on the run page
+    periods = manifest_header(run)["periods"]
+    assert [(p["applies_to"], p.get("tenants"), p["cutoff"]) for p in periods] == [
+        ("default", None, (NOW - 20 * DAY).isoformat()),
+        ("override[0]", ["b"], (NOW - 200 * DAY).isoformat()),
+        ("override[1]", ["c"], None),
+        ("override[2]", ["d"], (NOW - 5 * DAY).isoformat()),
+    ]
+    client = Client()
+    client.force_login(make_user("vic", "viewer"))
+    html = client.get(reverse("runs:detail", args=[run.pk])).content.decode()
+    assert "tenant b: 200 days (older than 2026-05-14 12:00:00)" in html
+    assert "tenant c: forever (kept)" in html
     deleted = sum(400 - len(v) for v in left.values())
     assert deleted == 380 + 200 + 0 + 395
 

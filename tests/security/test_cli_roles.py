@@ -23,7 +23,7 @@ from django.db import connection
 
 from core.models import OperatorAction
 from retention import actions as policy_actions
-from retention.models import KillSwitch, LegalHold, Policy, PolicyVersion
+from retention.models import KillSwitch, LegalHold, Policy, PolicyVersion, RetentionFloor
 from retention.spec import PolicySpec
 from runs import actions as run_actions
 from runs.actions import trigger_run
@@ -139,6 +139,14 @@ def withdrawable_hold(world: World) -> list[str]:
     return requested_hold(world, USERS["compliance"])
 
 
+def requested_floor(world: World) -> list[str]:
+    officer = User.objects.filter(username="cora").first() or world.make_user("cora", "compliance")
+    floor = policy_actions.request_floor(
+        "public.rr_events", "10 days", mode="compliance", actor=officer, reason="statute"
+    )
+    return [str(floor.pk), "--reason", "checked"]
+
+
 def kill_switch_on(world: World) -> list[str]:
     oncall = world.make_user("olga", "oncall")
     run_actions.set_kill_switch(True, actor=oncall, reason="before")
@@ -176,6 +184,13 @@ MATRIX = {
         COMPLIANCE,
         "hold.release_refuse",
     ),
+    "floor set": (
+        lambda w: ["public.rr_events", "10 days", "--mode", "compliance", "--reason", "statute"],
+        COMPLIANCE,
+        "floor.request",
+    ),
+    "floor approve": (requested_floor, COMPLIANCE, "floor.approve"),
+    "floor refuse": (requested_floor, COMPLIANCE, "floor.refuse"),
     "trigger": (lambda w: ["events", "--period", "2026-11-29"], ONCALL, "run.trigger"),
     "pause": (lambda w: [w.active_run().run_key, "--reason", "x"], ONCALL, "run.pause"),
     "resume": (lambda w: [paused_run(w).run_key, "--reason", "x"], ONCALL, "run.resume"),
@@ -215,6 +230,7 @@ NOT_THE_ROLE = {
 SYSTEM_OR_READ = {
     "status", "drain", "reconcile", "explain", "startup", "audit verify", "audit checkpoint",
     "check", "policy preview", "policy list", "policy plan", "hold list", "role list",
+    "floor list",
     # the database's logins and grants: run with the owner's login, not as a person
     "grants apply", "grants check", "grants sql",
 }  # fmt: skip
@@ -272,6 +288,7 @@ def snapshot() -> tuple:
             )
         ),
         KillSwitch.is_on(),
+        list(RetentionFloor.objects.order_by("pk").values_list("pk", "approved_at", "refused_at")),
         User.objects.count(),
         sorted(User.groups.through.objects.values_list("user_id", "group_id")),
     )
