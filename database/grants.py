@@ -291,12 +291,47 @@ def apply(logins: dict[str, str], targets: list[str]) -> tuple[list[str], list[s
                 text = statement.as_string(cursor.connection)
                 cursor.execute(text)
                 done.append(text)
+        secured = _row_secured(cursor, resolved)
+        if "worker" in logins and secured:
+            # a login under row-level security would see, delete and verify only the rows
+            # the table's policies show it: the worker drains such a table bypassing them
+            text = sql.SQL("ALTER ROLE {} BYPASSRLS").format(sql.Identifier(logins["worker"]))
+            try:
+                with transaction.atomic():
+                    cursor.execute(text.as_string(cursor.connection))
+            except DatabaseError as exc:
+                raise GrantError(
+                    f"row-level security on {', '.join(secured)}: the worker login "
+                    f"{logins['worker']} must bypass it, and only a superuser may give it "
+                    f"BYPASSRLS ({str(exc).strip().splitlines()[0]}); nothing was granted"
+                ) from None
+            done.append(text.as_string(cursor.connection))
         if "worker" in logins:
             for target_schema, table in resolved:
                 done.extend(
                     _partition_function(cursor, target_schema, table, logins["worker"], owed)
                 )
     return done, owed
+
+
+def _row_secured(cursor, resolved: list[tuple[str, str]]) -> list[str]:
+    """The targets among ``resolved`` (schema, table) with row-level security enabled, and
+    the tables their ``ON DELETE CASCADE`` keys reach (at any depth) that have it."""
+    if not resolved:
+        return []
+    cursor.execute(
+        "WITH RECURSIVE reach(oid) AS ("
+        " SELECT to_regclass(quote_ident(s) || '.' || quote_ident(t))::oid"
+        "  FROM unnest(%s::text[], %s::text[]) AS x(s, t)"
+        " UNION SELECT con.conrelid FROM reach JOIN pg_catalog.pg_constraint con"
+        "  ON con.confrelid = reach.oid AND con.contype = 'f' AND con.confdeltype = 'c')"
+        " SELECT n.nspname || '.' || c.relname FROM reach"
+        " JOIN pg_catalog.pg_class c ON c.oid = reach.oid"
+        " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE c.relrowsecurity ORDER BY 1",
+        [[s for s, _t in resolved], [t for _s, t in resolved]],
+    )
+    return [name for (name,) in cursor.fetchall()]
 
 
 def _partition_function(cursor, target_schema: str, table: str, worker: str, owed: list) -> list:
@@ -369,11 +404,21 @@ def check(kind: str, role: str, targets: list[str]) -> list[str]:
         row = cursor.fetchone()
         if row is None:
             return [f"no such role {role}"]
+        secured = (
+            _row_secured(cursor, [_resolve_target(cursor, t) for t in targets])
+            if "DELETE" in login.targets
+            else []
+        )
         for flag, value in zip(
             ("SUPERUSER", "CREATEROLE", "CREATEDB", "REPLICATION", "BYPASSRLS"), row, strict=True
         ):
-            if value:
+            if value and not (flag == "BYPASSRLS" and secured):
                 problems.append(f"beyond: role attribute {flag}")
+        if secured and not row[4]:
+            problems.append(
+                f"lacks: role attribute BYPASSRLS (row-level security on {', '.join(secured)}:"
+                f" without it the login sees, deletes and verifies only some rows)"
+            )
         # memberships, direct or inherited: none is needed (pg_monitor reads others' SQL)
         cursor.execute(
             "WITH RECURSIVE m(roleid) AS ("

@@ -24,7 +24,7 @@ from psycopg import sql
 
 from archive import objects
 from core import locks, timeouts
-from retention import cascades
+from retention import cascades, introspect
 from retention import predicate as P
 from retention.models import KillSwitch, LegalHold, Policy
 from retention.schedule_math import latest_tick
@@ -84,9 +84,12 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
     ``read``: which of the two it was."""
     spec = run.policy_version.parsed
     types = P.column_types(spec)
-    _graph, cascade = cascades.for_run(
+    graph, cascade = cascades.for_run(
         spec, policy_id=run.policy_id, cutoff=run.bound, tick=run.tick
     )
+    hidden = introspect.hidden_tables(graph)
+    if hidden:  # this login cannot see every row: it cannot say none is left
+        raise SpecError(f"cannot verify: {hidden[0]}")
     outside = discarded_scopes(run)
     ranges = missed_ranges(run, spec, types=types, cascade=cascade)
     if ranges is not None:

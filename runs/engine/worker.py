@@ -37,7 +37,7 @@ from psycopg import sql
 from archive import step as archive_step
 from core import locks, timeouts
 from core.pipeline import one_round_trip
-from retention import cascades
+from retention import cascades, introspect
 from retention import predicate as P
 from retention.models import PolicyVersion
 from retention.spec import SpecError
@@ -874,6 +874,36 @@ def _planning_failed(run: Run, exc: BaseException) -> str:
     return reason
 
 
+def _hidden_rows(run: Run) -> list[str]:
+    """One line per table of the run (its target, the tables its cascades reach) whose
+    row-level security hides rows from this login (``introspect.hidden_tables``): such a run
+    would delete what it may see and verify that nothing is left."""
+    if run.state != Run.State.ACTIVE:
+        return []
+    try:
+        with P.cached_types(types_token(run)):
+            graph, _cascade = cascades.for_run(
+                run.policy_version.parsed, policy_id=run.policy_id, cutoff=run.bound, tick=run.tick
+            )
+    except SpecError:
+        return []  # the chunks dead-letter it, naming the foreign key
+    return introspect.hidden_tables(graph)
+
+
+def _refuse_hidden(run: Run, hidden: list[str]) -> str:
+    """The run needs attention before it deletes anything: one line naming the table (and one
+    dead letter, however many leases find it)."""
+    reason = f"refused: {hidden[0]}"
+    with transaction.atomic():
+        if actions.run_needs_attention(run, actor="worker", reason=reason):
+            dead_letter(
+                chunk=None, run=run, error_class=PERMANENT, sqlstate="42501",
+                message=reason, attempts=1, extra={"stage": "row-level security"},
+            )  # fmt: skip
+    log.error("run %s: %s", run.run_key, reason)
+    return reason
+
+
 def _pace(run: Run, outcome: Outcome, deadline: float) -> None:
     """Honour the policy's optional rate cap (rows/s across its workers) and the guard's duty
     cycle (``outcome.pause_s``), whichever waits longer."""
@@ -1095,6 +1125,10 @@ def drain(
     run = load()
     if run is None:
         stats["stopped"] = "run not found"
+        return stats
+    hidden = _hidden_rows(run)
+    if hidden:
+        stats["stopped"] = _refuse_hidden(run, hidden)
         return stats
     idle = IdleNotes(run)
     sizing = SizeSettling()
