@@ -67,11 +67,38 @@ PINNED_PROBE_MS = "1.0"
 GUARD_TEST_FILES = ("tests/runs/test_guard", "tests/dashboard/test_guard", "tests/load/")
 
 
+# Tests whose behaviour depends on the PostgreSQL server's version: roles and grants, the
+# SECURITY DEFINER functions, partitions (and pg_partman), the catalog the guard and the
+# planner read, collations and key types, real projects' DDL. CI runs these against every
+# supported server (the machine's PostgreSQL 15 beside the embedded one); the rest once.
+SERVER_VERSION_PATHS = (
+    "tests/security/",
+    "tests/deploy/",
+    "tests/realschemas/",
+    "tests/runs/test_partition",
+    "tests/runs/test_rollout_partitions.py",
+    "tests/runs/test_guard.py",
+    "tests/runs/test_guard_sampler.py",
+    "tests/runs/test_table_shapes.py",
+    "tests/runs/test_any_key.py",
+    "tests/runs/test_cascades.py",
+    "tests/runs/test_epoch_and_date_columns.py",
+    "tests/runs/test_null_columns.py",
+    "tests/runs/test_geometry.py",
+    "tests/retention/test_validate_spec.py",
+    "tests/retention/test_hold_tenant_types.py",
+    "tests/core/test_configuration.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     root = str(config.rootpath) + "/"
     for item in items:
-        if str(item.path).removeprefix(root).startswith(GUARD_TEST_FILES):
+        path = str(item.path).removeprefix(root)
+        if path.startswith(GUARD_TEST_FILES):
             item.add_marker(pytest.mark.guard)
+        if path.startswith(SERVER_VERSION_PATHS):
+            item.add_marker(pytest.mark.server_version)
 
 
 @pytest.fixture(autouse=True)
