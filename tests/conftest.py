@@ -12,6 +12,35 @@ from django.contrib.auth.models import Group, User
 from core.roles import ALL_ROLES
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(
+    request, django_test_environment, django_db_blocker, django_db_modify_db_settings
+):
+    """Each test process's database is a clone of one migrated template (tests/template_db.py)
+    instead of a migration of its own; any further database alias is set up as Django does."""
+    from django.test.utils import setup_databases, teardown_databases
+    from pytest_django.fixtures import _get_databases_for_setup
+
+    from tests import template_db
+
+    aliases, serialized = _get_databases_for_setup(request.session.items)
+    with django_db_blocker.unblock():
+        name = template_db.clone_test_database("default")
+        others = aliases - {"default"}
+        config = (
+            setup_databases(
+                verbosity=0, interactive=False, aliases=others, serialized_aliases=serialized
+            )
+            if others
+            else None
+        )
+    yield
+    with django_db_blocker.unblock():
+        if config:
+            teardown_databases(config, verbosity=0)
+        template_db.drop_test_database("default", name)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def hash_each_test_password_once():
     """PBKDF2 costs about half a second a password, by design, and the tests reuse a handful of
