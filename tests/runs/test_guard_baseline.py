@@ -463,11 +463,15 @@ def test_a_lost_probe_session_gives_no_reading_and_the_next_probe_opens_another(
     assert guard._probe_connection().info.backend_pid != lost
 
 
-def test_a_leases_first_act_is_the_guards_sample_before_it_plans(committed_policy, monkeypatch):
+def test_a_leases_first_act_is_the_guards_sample_before_it_plans(
+    committed_policy, monkeypatch, settings
+):
     """A run's idle baseline is learnt before any of its work is in flight: a lease takes the
     guard's sample (its idle probes, the table having no baseline) before it plans its first
     window — not beside the planner's reads and the read above the last key, which lifted it to
-    several times the foreground's own."""
+    several times the foreground's own. About the order of the guard's acts, not its readings:
+    the probe reads a pinned value, so a busy machine cannot stop the drain or the idle probes."""
+    settings.RETENTION = {**settings.RETENTION, "GUARD_PINNED_PROBE_MS": 1.0}
     run, _ = trigger_run(committed_policy, tick=NOW)
     GuardSample.objects.all().delete()
     seen: list = []
