@@ -91,6 +91,8 @@ WEB_WRITES = {
     "runs.Lease": RIU,
     "runs.DeadLetter": RIU,
     "runs.PartitionAction": RIU,
+    # restores of archived rows: requested and approved by compliance (runs.restores)
+    "runs.RestoreRequest": RIU,
     # enqueueing work and arming schedules; results are never read
     "django_q.OrmQ": RI,
     "django_q.Schedule": RIUD,

@@ -20,10 +20,20 @@ def policy_paths() -> list[Path]:
     return sorted(POLICY_DIR.glob("*.toml"))
 
 
+# A demo policy archives under the project's own directory (``.archive/``, not committed):
+# its file names the place as ``file://@PROJECT@/.archive/…``, written out here.
+PROJECT = "@PROJECT@"
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+
+
 def load_spec(path: Path) -> PolicySpec:
-    """Parse one policy file; raises ``retention.spec.SpecError`` naming the problem."""
-    with path.open("rb") as handle:
-        return PolicySpec.parse(tomllib.load(handle))
+    """Parse one policy file; raises ``retention.spec.SpecError`` naming the problem. An
+    ``[archive] to`` under ``@PROJECT@`` is the project's directory, created if missing."""
+    text = path.read_text().replace(PROJECT, str(PROJECT_DIR))
+    spec = PolicySpec.parse(tomllib.loads(text))
+    if spec.archive_dir and spec.archive_dir.startswith(str(PROJECT_DIR)):
+        Path(spec.archive_dir).mkdir(parents=True, exist_ok=True)
+    return spec
 
 
 def load_specs() -> list[PolicySpec]:

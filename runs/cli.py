@@ -20,7 +20,7 @@ from core.oplog import verify_operator_log
 from core.seals import broken_seals
 from retention.models import Policy
 from retention.schedule_math import latest_tick, tick_for_period
-from runs import actions
+from runs import actions, restores
 from runs.actions import (
     ActionError,
     discard_dead_letter,
@@ -35,8 +35,10 @@ from runs.engine.reconciler import reconcile as run_reconciler
 from runs.engine.schedules import ensure_system_schedules
 from runs.engine.worker import drain as drain_run
 from runs.evidence import anchors as evidence
+from runs.evidence import archives
+from runs.evidence.archives import archived_rows
 from runs.evidence.audit import verify_chain
-from runs.models import DeadLetter, Run
+from runs.models import DeadLetter, RestoreRequest, Run
 from runs.status import run_status
 
 
@@ -258,6 +260,56 @@ def startup(cmd, o):
             cmd.stdout.write(f"{policy.slug}: {exc}")
 
 
+def _instant(text: str | None, what: str):
+    if not text:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise CommandError(
+            f"{what} must be a date or time like 2026-11-01 or 2026-11-01T12:00+00:00, got {text!r}"
+        ) from None
+    return value if value.tzinfo else timezone.make_aware(value, timezone.get_fixed_timezone(0))
+
+
+def restore(cmd, o):
+    """``restore RUN_KEY …`` requests; ``restore approve ID`` approves (then restores);
+    ``restore resume ID`` carries on an approved restore that was interrupted."""
+    what, ident = o["what"], o.get("id")
+    actor = _actor(o)
+    if what in ("approve", "resume"):
+        request = RestoreRequest.objects.filter(pk=as_id(ident) or 0).first() if ident else None
+        if request is None:
+            raise CommandError(f"unknown restore #{ident}")
+        if what == "approve":
+            request = restores.approve_restore(request, actor=actor, reason=o["reason"] or "")
+            cmd.stdout.write(
+                f"restore #{request.pk} approved by {request.approved_by} (requested by "
+                f"{request.requested_by}): restoring {request.scope()} of {request.run.run_key}"
+            )
+        rows = restores.carry_out(request)
+        cmd.stdout.write(
+            f"restore #{request.pk}: {rows} row(s) put back into {request.run.policy_version.parsed.qualified_table}"
+        )
+        return
+    if ident is not None:
+        raise CommandError("usage: restore RUN_KEY --reason …, restore approve ID --reason …")
+    run = _run(what)
+    request = restores.request_restore(
+        run,
+        actor=actor,
+        reason=o["reason"] or "",
+        tenant=o.get("tenant"),
+        time_from=_instant(o.get("time_from"), "--from"),
+        time_to=_instant(o.get("time_to"), "--to"),
+    )
+    cmd.stdout.write(
+        f"restore #{request.pk} requested by {actor.username}: {request.scope()} of "
+        f"{run.run_key} ({archived_rows(run.pk)} rows archived); another member of compliance "
+        f"approves it (retention restore approve {request.pk} --reason …)"
+    )
+
+
 def audit_verify(cmd, o):
     report, log = verify_chain(), verify_operator_log()
     problems = [*report.problems, *log.problems]
@@ -268,8 +320,14 @@ def audit_verify(cmd, o):
     )
     for path in o.get("against") or []:
         problems.extend(evidence.check(path))
+    checked = None
+    if o.get("archives"):  # re-read every archive object the chain names
+        checked, found = archives.verify_objects()
+        problems.extend(found)
     if not problems:
         anchored = f", {len(o['against'])} anchor(s) hold" if o.get("against") else ""
+        if checked is not None:
+            anchored += f", {checked} archive object(s) match their digests"
         cmd.stdout.write(
             f"audit chain intact: {report.records} record(s), head {report.head}; "
             f"operator log intact: {log.records} action(s), head {log.head}{anchored}"
@@ -371,6 +429,19 @@ def register(areas) -> None:
     )
     p.add_argument("slug")
     add("startup", startup, "arm schedules; start a first run for policies that never ran")
+    p = add(
+        "restore",
+        restore,
+        "put a run's archived rows back: RUN_KEY requests, 'approve ID' approves and restores, "
+        "'resume ID' carries on an interrupted restore",
+    )
+    p.add_argument("what", metavar="RUN_KEY|approve|resume")
+    p.add_argument("id", nargs="?", help="the restore's number (approve, resume)")
+    p.add_argument("--tenant", help="only this tenant's rows")
+    p.add_argument("--from", dest="time_from", help="only rows whose timestamp is at or after this")
+    p.add_argument("--to", dest="time_to", help="only rows whose timestamp is before this")
+    p.add_argument("--reason", help="required to request and to approve")
+    p.add_argument("--by", help="optional check: refused unless RETENTION_TOKEN is this user's")
     audit = areas.add_parser("audit", help="audit trail")
     audit_sub = audit.add_subparsers(dest="audit_cmd", required=True)
     v = audit_sub.add_parser(
@@ -381,6 +452,11 @@ def register(areas) -> None:
         nargs="+",
         metavar="FILE",
         help="run manifests or checkpoints kept outside the database",
+    )
+    v.add_argument(
+        "--archives",
+        action="store_true",
+        help="also re-read every archive object the chain names and check its SHA-256 and rows",
     )
     v.set_defaults(handler=audit_verify)
     c = audit_sub.add_parser(

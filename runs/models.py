@@ -353,7 +353,11 @@ class AuditRecord(models.Model):
     UPDATE and DELETE) and chained: ``hash`` covers the row and ``prev_hash``."""
 
     chain_seq = models.BigIntegerField(unique=True)
-    chunk = models.OneToOneField(Chunk, on_delete=models.PROTECT, related_name="audit")
+    # NULL only for a restore's record (outcome "restored"): it re-inserts a run's archived
+    # rows and belongs to no chunk (runs.restores)
+    chunk = models.OneToOneField(
+        Chunk, on_delete=models.PROTECT, related_name="audit", null=True, blank=True
+    )
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="audit_records")
     policy_version = models.ForeignKey(PolicyVersion, on_delete=models.PROTECT)
     policy_slug = models.CharField(max_length=80)
@@ -695,3 +699,51 @@ class GuardControlStep(models.Model):
 
     def __str__(self) -> str:
         return f"guard step {self.taken_at:%H:%M:%S} {self.action}"
+
+
+class RestoreRequest(models.Model):
+    """Re-inserting a run's archived rows (docs/runbook.md, "Restoring rows"): requested by one
+    member of compliance, approved by another (as a hold's release), then carried out object
+    by object, each in a transaction with its audit record (outcome "restored")."""
+
+    class State(models.TextChoices):
+        REQUESTED = "requested"
+        APPROVED = "approved"  # approved; its objects are being restored
+        DONE = "done"
+
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="restores")
+    tenant = models.TextField(blank=True, default="")  # "": every tenant
+    time_from = models.DateTimeField(null=True, blank=True)  # rows whose timestamp is >= this
+    time_to = models.DateTimeField(null=True, blank=True)  # and < this
+    state = models.CharField(max_length=16, choices=State.choices, default=State.REQUESTED)
+    requested_by = models.CharField(max_length=150)
+    requested_at = models.DateTimeField(default=timezone.now)
+    request_reason = models.TextField()
+    approved_by = models.CharField(max_length=150, blank=True, default="")
+    approved_at = models.DateTimeField(null=True, blank=True)
+    approval_reason = models.TextField(blank=True, default="")
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(approved_by="") | ~Q(approved_by=models.F("requested_by")),
+                name="restorerequest_four_eyes",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"restore #{self.pk} of {self.run_id}"
+
+    def scope(self) -> str:
+        """What it restores, as people read it."""
+        parts = [f"tenant {self.tenant}" if self.tenant else "every tenant"]
+        if self.time_from:
+            parts.append(f"from {self.time_from.isoformat()}")
+        if self.time_to:
+            parts.append(f"to {self.time_to.isoformat()}")
+        return ", ".join(parts)
+
+    def describe(self) -> str:
+        return f"{self.state}: {self.scope()}"

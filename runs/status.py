@@ -12,6 +12,7 @@ from core import timeouts
 from retention.models import KillSwitch
 from runs.counts import count_totals
 from runs.engine import guard
+from runs.evidence import archives
 from runs.forecast import drain_window
 from runs.models import Chunk, DeadLetter, Run
 from runs.progress import RunProgress, progress_for, stopped_by
@@ -38,6 +39,9 @@ def run_status(run: Run) -> dict:
         "pass": run.pass_no,
         "planner_done": run.planner_done,
         **p.as_dict(),
+        # rows written to archive objects before they were deleted (docs/policies.md,
+        # "Archiving before deleting"); 0 for a policy that does not archive
+        "archived_rows": archives.archived_rows(run.pk),
         "admission_count": run.expected_rows,
         "last_progress_at": last.isoformat() if last else None,
         "oldest_open_chunk_age_s": round(p.queue_age_s, 1) if p.queue_age_s is not None else None,

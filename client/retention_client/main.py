@@ -22,6 +22,7 @@ SERVER_SIDE = {
     "grants": "changes the database's logins with the owner's login",
     "migrate": "changes the database's schema with the owner's login",
     "qcluster": "is a worker process of the server",
+    "restore": "reads the archive's Parquet files and inserts rows with a database login",
 }
 
 

@@ -50,7 +50,7 @@ from retention.models import LegalHold, Policy
 from retention.periods import periods as periods_of
 from runs.counts import count_totals
 from runs.evidence import anchors as evidence
-from runs.evidence import audit
+from runs.evidence import archives, audit
 from runs.models import AuditRecord, Chunk, Run, show_bound
 from runs.progress import progress_for
 
@@ -92,6 +92,11 @@ CSV_COLUMNS = [
     # rows removed in each table the chunk's DELETE reached through cascading foreign keys, its
     # own included (chain version 7): {"schema.table": rows}; empty: no cascading key
     ("table_rows", "table_rows_text"),
+    # a chunk archived before its DELETE (chain version 8): its archive objects' names under
+    # the policy's [archive] directory, their rows and SHA-256s (space-separated, in order)
+    ("archive_objects", "archive_objects_text"),
+    ("archive_rows", "archive_rows_text"),
+    ("archive_sha256", "archive_sha256_text"),
     # what happened, read from the record: deleted, held, nothing eligible, dropped, detached
     ("outcome", "outcome_text"),
     ("recorded_outcome", "outcome"),  # the record's own outcome field, as the chain hashes it
@@ -116,6 +121,26 @@ TEXT_COLUMNS = {
     "policy", "run_key", "table", "tenant", "worker_host", "partition",
     "partition_bounds", "approved_by",
 }  # fmt: skip
+
+
+class ArchiveObjects(Func):
+    """One key of each of a record's archive objects, space-separated (NULL: no archive).
+    Names are the product's own (``slug/run-N/chunk-N-attempt-N.parquet``), digests hex."""
+
+    template = "(SELECT string_agg(o->>%(key)s, ' ') FROM jsonb_array_elements(%(expressions)s->'objects') o)"
+    output_field = TextField()
+
+    def __init__(self, expression, *, key: str):
+        super().__init__(expression, key=f"'{key}'" if key in ("name", "sha256") else "''")
+
+
+class ArchiveRows(Func):
+    """The rows of a record's archive objects (NULL: no archive)."""
+
+    template = (
+        "(SELECT sum((o->>'rows')::bigint) FROM jsonb_array_elements(%(expressions)s->'objects') o)"
+    )
+    output_field = BigIntegerField()
 
 
 class IsoText(Func):
@@ -343,6 +368,9 @@ def csv_rows(filters: AuditFilters) -> Iterator[bytes]:
         "key_hi_text": Cast("key_hi", TextField()),
         "bounds_on_text": ColumnList("bound_columns"),
         "table_rows_text": Cast("table_rows", TextField()),
+        "archive_objects_text": ArchiveObjects("archive", key="name"),
+        "archive_rows_text": ArchiveRows("archive"),
+        "archive_sha256_text": ArchiveObjects("archive", key="sha256"),
         "outcome_text": reported_outcome(),
         "rows_counted_text": Value(None, output_field=BigIntegerField()),
         "holds_text": holds_in_force(),
@@ -641,6 +669,8 @@ def manifest_header(run: Run) -> dict:
             # every table the chunks' cascades reached, the policy's own included ({} without
             # cascading foreign keys): each record's table_rows summed
             "rows_removed_by_table": audit.rows_by_table(run.pk),
+            # rows written to archive objects before their DELETE (each chunk's "archive")
+            "rows_archived": archives.archived_rows(run.pk),
             "rows_expected": progress.rows_expected,
             "rows_expected_bound": progress.expected_bound,  # "~", "at least" or "up to"
             "percent": progress.percent,
@@ -724,6 +754,8 @@ CHUNK_FIELDS = [
     ("planned_rows_up_to", "planned_rows"),
     ("rows_deleted", "audit__rows_deleted"),
     ("table_rows", "audit__table_rows"),  # rows removed per table, cascades included
+    # archived before its DELETE: {"to", "objects": [{"name", "table", "rows", "sha256"}]}
+    ("archive", "audit__archive"),
     ("outcome", "outcome_text"),  # deleted, held, nothing eligible (as the CSV); None: pending
     ("audit_seq", "audit__chain_seq"),
     ("audit_hash", "audit__hash"),
@@ -749,6 +781,8 @@ def manifest_chunks(run: Run) -> Iterator[dict]:
     for row in rows.iterator(chunk_size=BATCH):
         item = dict(zip(names, row, strict=True))
         item["committed_at"] = _iso(item["committed_at"])
+        if item["archive"] is None:
+            del item["archive"]
         if item["counts"] is None:
             del item["counts"]
         elif item["state"] == Chunk.State.DONE:

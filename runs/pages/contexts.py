@@ -30,7 +30,7 @@ from retention.spec import parse_retention
 from runs import counts, forecast
 from runs.engine import guard
 from runs.engine.schedules import schedule_name
-from runs.evidence import audit
+from runs.evidence import archives, audit
 from runs.models import AuditRecord, Chunk, DeadLetter, Lease, Run, discarded_scopes
 from runs.pages import charts
 from runs.progress import broker_backlog, progress_for, stopped_by, tenant_table
@@ -380,6 +380,9 @@ def _partition_actions(run: Run, spec) -> list[dict]:
     return actions
 
 
+ARCHIVE_OBJECTS_SHOWN = 50  # the rest are in the manifest and the CSV
+
+
 def run_page_context(run: Run) -> dict:
     now = timezone.now()
     switch = KillSwitch.objects.filter(name="global").first()
@@ -455,6 +458,18 @@ def run_page_context(run: Run) -> dict:
         "partition_actions": _partition_actions(run, spec),
         # rows removed in each table the chunks' cascades reached (empty without cascades)
         "rows_by_table": audit.rows_by_table(run.pk),
+        # archived before deleting: where, how many rows, and the first objects with digests
+        "archive": (
+            {
+                "to": spec.archive_to,
+                "rows": archives.archived_rows(run.pk),
+                "objects": archives.run_objects(run.pk, limit=ARCHIVE_OBJECTS_SHOWN),
+                "shown": ARCHIVE_OBJECTS_SHOWN,
+            }
+            if spec.archive_to
+            or AuditRecord.objects.filter(run=run, archive__isnull=False).exists()
+            else None
+        ),
         "tenants": tenant_table(
             p,
             per_tenant_chunks=run.per_tenant(spec) or not spec.tenant,

@@ -3,7 +3,6 @@ what they promise to protect, and are approved through the product's own actions
 
 from __future__ import annotations
 
-import tomllib
 from types import ModuleType
 
 import pytest
@@ -13,7 +12,9 @@ from psycopg import sql
 
 from core.models import OperatorAction
 from demo.policy_files import (
+    PROJECT_DIR,
     apply_demo_policies,
+    load_spec,
     load_specs,
     policy_paths,
 )
@@ -30,11 +31,17 @@ def test_every_policy_file_parses():
     paths = policy_paths()
     assert {path.stem for path in paths} == SLUGS
     for path in paths:
-        with path.open("rb") as handle:
-            spec = PolicySpec.parse(tomllib.load(handle))
+        spec = load_spec(path)
         assert spec.slug == path.stem
         assert spec.schema == "marketplace"
         assert spec.key == "id" and spec.tenant == "tenant_id"
+
+
+def test_the_delivery_attempts_policy_archives_under_the_project():
+    spec = {s.slug: s for s in load_specs()}["delivery-attempts"]
+    assert spec.archive_dir == str(PROJECT_DIR / ".archive" / "delivery-attempts")
+    assert spec.restore_days == 30
+    assert (PROJECT_DIR / ".archive" / "delivery-attempts").is_dir()
 
 
 def test_the_events_policy_is_the_documented_one():
