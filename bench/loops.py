@@ -18,7 +18,11 @@
   adjacent chunks); on any other key each walks half of the key range, from either side of
   the middle key (found before ``go``, by an Index Only Scan: not timed).
 
-Every statement commits on its own (autocommit). The process waits for ``go`` on stdin
+- ``copyout`` (single integer key): the hand-written archive loop — per key-range slice, in one
+  transaction, ``COPY (SELECT * … slice AND occurred_at < cutoff) TO STDOUT (FORMAT binary)``
+  into a file of its own, ``fsync``, then ``DELETE`` the same slice (``archive_dir``).
+
+Every statement commits on its own (autocommit), ``copyout``'s slices in one transaction each. The process waits for ``go`` on stdin
 so that start-up is not timed, and prints one JSON line: wall times (epoch seconds),
 rows, and per-statement (start, seconds, rows).
 """
@@ -26,10 +30,12 @@ rows, and per-statement (start, seconds, rows).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
 from datetime import datetime
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -168,6 +174,43 @@ def run(spec: dict) -> dict:
                     return True
 
         capped = in_parallel(walk)
+    elif kind == "copyout" and int_key:
+        # archive by hand: per key slice, in one transaction, COPY the old rows out to a file of
+        # their own (PostgreSQL's binary format), fsync it, then DELETE the same slice
+        directory = Path(spec["archive_dir"])
+        directory.mkdir(parents=True, exist_ok=True)
+        lo, hi = conn.execute(
+            sql.SQL("SELECT min(id), max(id) FROM {} WHERE occurred_at < %s").format(tbl),
+            [cutoff],
+        ).fetchone()
+        copy_out = sql.SQL(
+            "COPY (SELECT * FROM {} WHERE id >= {} AND id < {} AND occurred_at < {}) TO STDOUT"
+            " (FORMAT binary)"
+        )
+        delete = sql.SQL("DELETE FROM {} WHERE id >= %s AND id < %s AND occurred_at < %s").format(
+            tbl
+        )
+        key = lo if lo is not None else 1
+        while lo is not None and key <= hi:
+            t0, m0 = time.time(), time.monotonic()
+            with conn.transaction():
+                path = directory / f"slice-{key}.copy"
+                with open(path, "wb") as out:
+                    with conn.cursor().copy(
+                        copy_out.format(
+                            tbl, sql.Literal(key), sql.Literal(key + n), sql.Literal(cutoff)
+                        )
+                    ) as copy:
+                        for block in copy:
+                            out.write(block)
+                    out.flush()
+                    os.fsync(out.fileno())
+                rows = conn.execute(delete, [key, key + n, cutoff]).rowcount
+            chunks.append((t0, time.monotonic() - m0, rows))
+            key += n
+            if deadline and time.monotonic() > deadline:
+                capped = True
+                break
     else:
         raise SystemExit(f"unknown loop kind {kind!r}")
     ended = time.time()

@@ -115,6 +115,9 @@ def _approve(spec: dict):
         fields["limits"]["tenant_workers"] = 1
     if spec.get("cascade_ack"):
         fields["cascade_ack"] = spec["cascade_ack"]
+    if spec.get("archive_dir"):  # archive, then delete (docs/policies.md)
+        Path(spec["archive_dir"]).mkdir(parents=True, exist_ok=True)
+        fields["archive"] = {"to": f"file://{spec['archive_dir']}"}
     author, approver = _user("bench-author"), _user("bench-approver")
     version = actions.apply_spec(PolicySpec.parse(fields), author=author)
     if version.state == PolicyVersion.State.DRAFT:

@@ -18,6 +18,7 @@ import argparse
 import bisect
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -72,6 +73,12 @@ CONTENDERS: dict[str, dict] = {
         "kind": "product", "workers": 2, "guard": False, "sync_commit": False,
         "label": "product, 2 workers, guard off, synchronous_commit off",
     },
+    "copyout": {"kind": "loop", "loop": "copyout", "archive": True,
+                "label": "COPY out, then DELETE by key range (hand-written archive loop)"},
+    "archive-1w": {"kind": "product", "workers": 1, "guard": False, "archive": True,
+                   "label": "product, 1 worker, guard off, archive then delete"},
+    "archive-2w": {"kind": "product", "workers": 2, "guard": False, "archive": True,
+                   "label": "product, 2 workers, guard off, archive then delete"},
     "product-2w-tenant": {
         "kind": "product", "workers": 2, "guard": False, "tenant": True,
         "label": "product, 2 workers, guard off, per-tenant chunks",
@@ -199,6 +206,18 @@ class Bench:
             [start, end, self.db_oid],
         ).fetchone()[0]
 
+    def archive_dir_of(self, tag: str) -> Path:
+        root = Path(os.environ.get("BENCH_ARCHIVE_DIR", ROOT / ".bench" / "archive"))
+        return root / tag
+
+    def archive_dir(self, tag: str) -> Path:
+        """An empty directory for a contender's archive files (``BENCH_ARCHIVE_DIR``, default
+        ``.bench/archive``), emptied again after the contender (``archive_bytes``)."""
+        path = self.archive_dir_of(tag)
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        return path
+
     # -- one contender ------------------------------------------------------
     def load_spec(self, table: str, rows: int, variant: str) -> dict:
         shape = dataset.shape_of(variant)
@@ -244,6 +263,7 @@ class Bench:
                 "chunk_size": self.args.chunk_size, "time_cap_s": self.time_cap(mode, rows),
                 "pk": list(shape.pk), "int_key": shape.int_key,
                 "connections": spec.get("connections", 1),
+                "archive_dir": str(self.archive_dir(tag)) if spec.get("archive") else None,
             }  # fmt: skip
             workers.append(self.spawn("bench.loops", json.dumps(loop_spec), tag=tag))
         else:
@@ -263,6 +283,7 @@ class Bench:
                 "key": shape.policy_key,
                 "cascade_ack": [f"{SCHEMA}.{table}_items"] if shape.cascade else [],
                 "tick": self.tick.isoformat(), "cutoff": self.cutoff.isoformat(),
+                "archive_dir": str(self.archive_dir(tag)) if spec.get("archive") else None,
             }  # fmt: skip
             proc = self.spawn(
                 "bench.product", "setup", json.dumps(setup_spec), env=env, tag=tag + "-setup"
@@ -378,6 +399,12 @@ class Bench:
         )  # fmt: skip
         if shape.cascade:
             result["orphans"] = dataset.orphans(self.conn, table)
+        if spec.get("archive"):  # what the archive wrote, then removed (the disk is shared)
+            files = [p for p in self.archive_dir_of(tag).rglob("*") if p.is_file()]
+            result["archive_bytes"] = sum(p.stat().st_size for p in files)
+            result["archive_files"] = len(files)
+            self.log(f"{tag}: archive {len(files)} files, {result['archive_bytes']:,} bytes")
+            shutil.rmtree(self.archive_dir_of(tag), ignore_errors=True)
         if remaining and not capped:
             self.log(f"{tag}: WARNING {remaining} eligible rows left")
         dataset.drop_copy(self.conn, table)

@@ -1052,7 +1052,9 @@ def delete_rows(spec: PolicySpec, ctids: list[str], *, by_tenant: bool = False) 
     )
     if by_tenant and spec.tenant:
         delete = _per_tenant(spec, delete)
-    return Fragment(delete, [ctids])
+    # one array literal, '{"(0,1)","(0,2)"}' (a ctid's text has no quote or backslash): one
+    # parameter to send, not one per row
+    return Fragment(delete, ["{" + ",".join(f'"{c}"' for c in ctids) + "}"])
 
 
 def chunk_rows(
