@@ -702,6 +702,58 @@ def override_anti_join(spec: PolicySpec, cutoff: datetime, types: dict) -> Fragm
     )
 
 
+# Up to this many distinct override periods, each is one hashed ``= ANY`` test; more, one
+# anti-join over all the overrides (``override_anti_join``).
+MAX_PERIOD_TESTS = 8
+
+
+@functools.lru_cache(maxsize=64)
+def _tenants_by_period(overrides: tuple) -> tuple[tuple[str, str], ...]:
+    """``(period, array text of its tenants)`` per distinct override period."""
+    by: dict[str, list[str]] = {}
+    for o in overrides:
+        by.setdefault(o.retention, []).extend(o.tenants)
+    return tuple((period, array_literal(values)) for period, values in by.items())
+
+
+def tenant_in(spec: PolicySpec, array_text: str, types: dict) -> Fragment:
+    """The row's tenant is one of the array's (a text array, cast to the tenant column's type;
+    compared in the column's collation): ``= ANY`` of a constant array, which PostgreSQL
+    evaluates with a hash table built once per statement. TRUE or FALSE, never NULL."""
+    name = spec.tenant_columns[0]
+    ctype = types.get(name)
+    cast = ctype.cast() if ctype is not None else sql.SQL("pg_catalog.text")
+    collate = ctype.collate() if ctype is not None else sql.SQL("")
+    return Fragment(
+        sql.SQL("({}{} = ANY (%s::pg_catalog.text[]::{}[])) IS TRUE").format(
+            col(name), collate, cast
+        ),
+        [array_text],
+    )
+
+
+def override_tests(spec: PolicySpec, cutoff: datetime, types: dict) -> Fragment:
+    """No override of the row's tenant keeps it: per distinct period, the tenant is not in
+    that period's tenants, or the row is older than its cutoff (``"forever"``: not in them)."""
+    parts = []
+    for period, array_text in _tenants_by_period(spec.overrides):
+        listed = tenant_in(spec, array_text, types)
+        bound = spec.period_cutoff(cutoff, period)
+        if bound is None:
+            parts.append(Fragment(sql.SQL("NOT {}").format(listed.sql), listed.params))
+        else:
+            # the row's age first: a row older than the period's cutoff needs no lookup
+            parts.append(
+                Fragment(
+                    sql.SQL("({} < {} OR NOT {})").format(
+                        col(spec.timestamp), cutoff_param(spec, types), listed.sql
+                    ),
+                    [cutoff_value(spec, bound, types=types), *listed.params],
+                )
+            )
+    return Fragment.join(parts, " AND ")
+
+
 def class_match(spec: PolicySpec, value) -> Fragment:
     """The row is in the class of ``value``: its column ``=`` the value, as a keep rule's."""
     return keep_condition(KeepRule(spec.classes[0].column, "=", value))
@@ -725,7 +777,10 @@ def within_periods(spec: PolicySpec, cutoff: datetime, *, types: dict | None = N
     ts = col(spec.timestamp)
     parts: list[Fragment] = []
     if spec.overrides:
-        parts.append(override_anti_join(spec, cutoff, types))
+        if len({o.retention for o in spec.overrides}) <= MAX_PERIOD_TESTS:
+            parts.append(override_tests(spec, cutoff, types))
+        else:
+            parts.append(override_anti_join(spec, cutoff, types))
     for entry in spec.classes:
         match = class_match(spec, entry.value)
         bound = spec.period_cutoff(cutoff, entry.retention)
@@ -748,18 +803,7 @@ def within_periods(spec: PolicySpec, cutoff: datetime, *, types: dict | None = N
             )
         ]
         if spec.overrides:
-            name = spec.tenant_columns[0]
-            ctype = types.get(name)
-            cast = ctype.cast() if ctype is not None else sql.SQL("pg_catalog.text")
-            collate = ctype.collate() if ctype is not None else sql.SQL("")
-            default.append(
-                Fragment(
-                    sql.SQL(
-                        "{}{} IN (SELECT v::{} FROM unnest(%s::pg_catalog.text[]) AS v)"
-                    ).format(col(name), collate, cast),
-                    [_override_tenants(spec.overrides)],
-                )
-            )
+            default.append(tenant_in(spec, _override_tenants(spec.overrides), types))
         if spec.classes:
             rule = KeepRule(
                 spec.classes[0].column, "in", None, tuple(c.value for c in spec.classes)

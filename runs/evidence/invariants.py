@@ -161,6 +161,22 @@ def expected_cutoff(run: Run) -> datetime | None:
     spec = run.policy_version.parsed
     if _is_wall_clock_edge(run.tick, spec.retention, spec.timezone):
         return None
+    return _pg_before(run.tick, spec.retention, spec.timezone)
+
+
+def period_cutoff(run: Run, period: str) -> datetime | None:
+    """An override's or a class's cutoff, computed like ``expected_cutoff`` from the tick
+    (a slice run's: that minus ``slice``); None for "forever"."""
+    spec = run.policy_version.parsed
+    if period == "forever":
+        return None
+    cutoff = _pg_before(run.tick, period, spec.timezone)
+    if run.rollout == "slice" and spec.slice:
+        cutoff = _pg_before(cutoff, spec.slice, spec.timezone)
+    return cutoff
+
+
+def _pg_before(tick: datetime, retention: str, timezone_name: str) -> datetime:
     # the calendar part of the interval (years, months, days) on the zone's wall clock,
     # the rest (hours, minutes) as elapsed time
     (cutoff,) = _scalar(
@@ -171,12 +187,7 @@ def expected_cutoff(run: Run) -> datetime | None:
             "  + extract(month FROM r)::int, days => extract(day FROM r)::int) AS c"
             "  FROM (SELECT %s::interval AS r) AS i) AS q"
         ),
-        [
-            run.tick,
-            spec.timezone,
-            spec.timezone,
-            "{} {}s".format(*_retention_parts(spec.retention)),
-        ],
+        [tick, timezone_name, timezone_name, "{} {}s".format(*_retention_parts(retention))],
     )
     return cutoff
 
@@ -190,6 +201,7 @@ class Oracle:
     """SQL conditions on a row ``r`` of the policy's table, composed from the spec alone."""
 
     def __init__(self, run: Run, holds: list[HoldScope] | None = None, cutoff=None):
+        self.run = run
         self.spec = spec = run.policy_version.parsed
         self.cutoff = cutoff or run.cutoff
         self.types = _column_types(spec.schema, spec.table)
@@ -214,28 +226,66 @@ class Oracle:
         return sql.Identifier(nsp, typ)
 
     def old(self) -> tuple[sql.Composable, list]:
+        """Older than its own period's cutoff: the longest of its tenant's override and its
+        class, else the default (``self.cutoff``)."""
+        spec = self.spec
+        run = getattr(self, "run", None)
+        if run is None or not (spec.overrides or spec.classes):
+            return self.old_at(self.cutoff)
+        applies: list[tuple[sql.Composable, list, datetime | None]] = []
+        for o in spec.overrides:
+            name = spec.tenant_columns[0]
+            applies.append((
+                sql.SQL("({} = ANY (%s::text[]::{}[])) IS TRUE").format(
+                    self.col(name), self.type_ident(name)),
+                [list(o.tenants)], period_cutoff(run, o.retention),
+            ))  # fmt: skip
+        for c in spec.classes:
+            applies.append((
+                sql.SQL("({} = %s) IS TRUE").format(self.col(c.column)), [c.value],
+                period_cutoff(run, c.retention),
+            ))  # fmt: skip
+        parts, params = [], []
+        for match, p, cutoff in applies:  # every period that applies lets the row go
+            if cutoff is None:
+                parts.append(sql.SQL("NOT {}").format(match))
+                params += p
+            else:
+                older, p2 = self.old_at(cutoff)
+                parts.append(sql.SQL("(NOT {} OR ({}) IS TRUE)").format(match, older))
+                params += p + p2
+        default, p3 = self.old_at(self.cutoff)
+        none_applies = sql.SQL(" OR ").join(m for m, _, _ in applies)
+        return (
+            sql.SQL("({} AND (({}) OR ({}) IS TRUE))").format(
+                sql.SQL(" AND ").join(parts), none_applies, default
+            ),
+            params + [x for _, p, _ in applies for x in p] + p3,
+        )
+
+    def old_at(self, cutoff) -> tuple[sql.Composable, list]:
         ts = self.col(self.spec.timestamp)
         fmt = self.types[self.spec.timestamp][2]
         unit = getattr(self.spec, "timestamp_unit", None)
         if unit:  # seconds since the epoch, exactly, as PostgreSQL counts them
             return (
                 sql.SQL("{}::numeric < extract(epoch FROM %s::timestamptz) * %s").format(ts),
-                [self.cutoff, PER_SECOND[unit]],
+                [cutoff, PER_SECOND[unit]],
             )
         if self.types[self.spec.timestamp][3] == "date":
             # a day is past the cutoff when its end (the next midnight in the zone) is
             return (
                 sql.SQL("({} + 1)::timestamp <= (%s::timestamptz AT TIME ZONE %s)").format(ts),
-                [self.cutoff, naive_timestamp_zone(self.spec)],
+                [cutoff, naive_timestamp_zone(self.spec)],
             )
         if fmt == "timestamp with time zone":
-            return sql.SQL("{} < %s").format(ts), [self.cutoff]
+            return sql.SQL("{} < %s").format(ts), [cutoff]
         # wall-clock time in the zone: older when it reads earlier than the cutoff's local
         # time there (a time the clocks repeat is compared as it reads, not guessed)
         zone = naive_timestamp_zone(self.spec)
         return (
             sql.SQL("{}::timestamp < (%s::timestamptz AT TIME ZONE %s)").format(ts),
-            [self.cutoff, zone],
+            [cutoff, zone],
         )
 
     def kept(self) -> tuple[sql.Composable, list]:

@@ -17,6 +17,7 @@ from retention.spec import PolicySpec, SpecError
 from runs.actions import trigger_run
 from runs.engine import worker
 from runs.evidence.exports import manifest_header
+from runs.evidence.invariants import check_run
 from runs.models import Run
 from tests.factories import approved_policy
 
@@ -132,6 +133,8 @@ def test_three_tenants_drain_exactly_by_their_own_periods(db, make_user):
     assert left == expected
     assert {t: len(v) for t, v in left.items()} == {"a": 20, "b": 200, "c": 400, "d": 5}
     assert run.verification["remaining"] == 0
+    # the invariant checker, computing each period's cutoff from the tick on its own, agrees
+    assert check_run(run, shadow=("public", "rr_periods_before")) == []
     # the evidence: each period's cutoff in the manifest, and on the run page
     periods = manifest_header(run)["periods"]
     assert [(p["applies_to"], p.get("tenants"), p["cutoff"]) for p in periods] == [
@@ -176,7 +179,8 @@ def test_a_job_history_table_drains_exactly_by_class(db, make_user):
             },
         ),
     )
-    _drain(policy)
+    run = _drain(policy)
+    assert check_run(run, shadow=("public", "rr_periods_before")) == []
     expected = dict(
         _sql(
             "SELECT coalesce(state, 'null'), count(*) FROM public.rr_periods_before WHERE"
@@ -278,3 +282,35 @@ def test_an_override_that_is_not_a_value_of_the_column_or_names_a_tenant_twice_i
         PolicySpec.parse(_spec(**{"class": [
             {"column": "a", "value": 1, "retention": "1 day"},
             {"column": "b", "value": 1, "retention": "1 day"}]}))  # fmt: skip
+
+
+@pytest.mark.parametrize("distinct", [3, P.MAX_PERIOD_TESTS + 2])
+def test_many_distinct_override_periods_decide_each_row_alike(db, distinct):
+    """Up to ``MAX_PERIOD_TESTS`` distinct periods are hashed ``= ANY`` tests, more one
+    anti-join over all overrides: each tenant's rows go by its own period either way."""
+    _sql("DROP TABLE IF EXISTS public.rr_periods")
+    _sql(
+        "CREATE TABLE public.rr_periods (id bigint PRIMARY KEY, tenant text NOT NULL,"
+        " occurred_at timestamptz NOT NULL)"
+    )
+    _sql(
+        "INSERT INTO public.rr_periods SELECT d * 20 + n, 't' || n,"
+        " %s::timestamptz - make_interval(days => d) - interval '1 hour'"
+        " FROM generate_series(0, 99) AS d, generate_series(0, 19) AS n",
+        [NOW],
+    )
+    periods = {f"t{n}": f"{30 + n % distinct} days" for n in range(20)}
+    spec = PolicySpec.parse(
+        _spec(
+            tenant="tenant", override=[{"tenant": t, "retention": p} for t, p in periods.items()]
+        )  # fmt: skip
+    )
+    where = P.eligible(spec, policy_id=0, cutoff=spec.cutoff_for(NOW))
+    text = P.sql.SQL("SELECT t.tenant, count(*) FROM {} WHERE {} GROUP BY 1").format(
+        P.table(spec), where.sql
+    )
+    assert ("NOT EXISTS (SELECT 1 FROM unnest" in text.as_string(connection.connection)) == (
+        distinct > P.MAX_PERIOD_TESTS
+    )
+    counted = dict(_sql(text.as_string(connection.connection), where.params))
+    assert counted == {t: 100 - int(p.split()[0]) for t, p in periods.items()}
