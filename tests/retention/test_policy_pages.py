@@ -296,3 +296,34 @@ def test_approving_asks_for_the_password_again_so_a_taken_session_alone_cannot_a
         'data-testid="reauth-password"'
         not in client.get(version_url("version_detail", version)).content.decode()
     )
+
+
+def test_a_password_confirmed_longer_ago_than_the_reauth_window_is_asked_again(
+    events_table, alice, bob, as_user, settings
+):
+    """Sudo mode lasts ``REAUTH_WINDOW_S``: a password confirmed one second longer ago than
+    that no longer approves; the page asks for it again and an approval without it is refused."""
+    import time
+
+    from core import reauth
+
+    version = submitted(alice)
+    client = as_user(bob)
+    session = client.session
+    session[reauth.SESSION_KEY] = time.time() - settings.REAUTH_WINDOW_S - 1
+    session.save()
+    assert (
+        'data-testid="reauth-password"'
+        in client.get(version_url("version_detail", version)).content.decode()
+    )
+    page = client.post(version_url("version_approve", version), {"reason": "ok"}, follow=True)
+    assert "enter your password to confirm the approval of events v1" in page.content.decode()
+    version.refresh_from_db()
+    assert version.state == "submitted"
+    # confirmed within the window: no password needed
+    session = client.session
+    session[reauth.SESSION_KEY] = time.time() - settings.REAUTH_WINDOW_S + 60
+    session.save()
+    client.post(version_url("version_approve", version), {"reason": "ok"})
+    version.refresh_from_db()
+    assert version.state == "approved"

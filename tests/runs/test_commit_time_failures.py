@@ -117,3 +117,73 @@ def test_a_failure_while_committing_the_chunk_is_recorded_with_its_sqlstate_not_
     assert all("audit refused" in x.message for x in letters)
     assert not any("killed" in x.message for x in letters)
     assert stats["failed"] == len(letters), stats
+
+
+def test_a_chunk_cancelled_while_its_commit_fails_is_left_cancelled(events, make_user, no_guard):
+    """A cancel that closes the run's chunks while a chunk's COMMIT is failing (the cancel keeps
+    the chunk's claim time): the attempt's failure, recorded afterwards in a transaction of its
+    own, finds the chunk no longer pending and leaves it as the cancel left it — no dead
+    letter, no split, no attempt counted. The COMMIT waits on an advisory lock the test holds
+    (a deferred trigger on the audit row), the cancel queues behind the chunk's row lock, and
+    the failure's record queues behind the cancel's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.runs.processes import pg_connect, wait_for
+    from tests.runs.test_decision_fence import in_thread
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "CREATE FUNCTION public.rr_refuse_audit() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$BEGIN PERFORM pg_advisory_lock(424242); PERFORM pg_advisory_unlock(424242);"
+            " RAISE EXCEPTION 'audit refused' USING ERRCODE = 'insufficient_privilege'; END$$"
+        )
+        cur.execute(
+            "CREATE CONSTRAINT TRIGGER rr_refuse_audit AFTER INSERT ON runs_auditrecord"
+            " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.rr_refuse_audit()"
+        )
+    barrier, operator, observer = pg_connect(), pg_connect(autocommit=False), pg_connect()
+
+    def waiting(*events: str) -> int:
+        return observer.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND wait_event = ANY(%s)",
+            [list(events)],
+        ).fetchone()[0]
+
+    try:
+        policy = approved_policy(make_user, **events_spec(chunk_size=200))
+        run, _ = trigger_run(policy, tick=NOW)
+        barrier.execute("SELECT pg_advisory_lock(424242)")
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            drain = pool.submit(in_thread(lambda: worker.drain(run.pk, budget_s=60)))
+            wait_for(lambda: waiting("advisory"), what="the chunk's COMMIT to wait")
+            (in_flight,) = observer.execute(
+                "SELECT id FROM runs_chunk WHERE run_id = %s AND claimed_at IS NOT NULL", [run.pk]
+            ).fetchone()
+            cancel = pool.submit(
+                lambda: operator.execute(
+                    "UPDATE runs_chunk SET state = 'cancelled' WHERE run_id = %s"
+                    " AND state = 'pending'",
+                    [run.pk],
+                )
+            )
+            wait_for(lambda: waiting("transactionid"), what="the cancel to wait for the chunk")
+            barrier.execute("SELECT pg_advisory_unlock(424242)")  # the COMMIT fails now
+            cancel.result(timeout=60)
+            wait_for(lambda: waiting("transactionid", "tuple"), what="the failure's record to wait")
+            operator.execute("UPDATE runs_run SET state = 'cancelled' WHERE id = %s", [run.pk])
+            operator.commit()
+            drain.result(timeout=120)
+    finally:
+        for conn in (barrier, operator, observer):
+            conn.close()
+        with connection.cursor() as cur:
+            cur.execute("DROP TRIGGER rr_refuse_audit ON runs_auditrecord")
+            cur.execute("DROP FUNCTION public.rr_refuse_audit()")
+
+    chunk = Chunk.objects.get(pk=in_flight)
+    assert chunk.state == Chunk.State.CANCELLED
+    assert chunk.attempts == 0 and chunk.last_sqlstate == ""
+    assert not DeadLetter.objects.filter(run=run).exists()
+    assert not Chunk.objects.filter(parent=chunk).exists()
+    assert not AuditRecord.objects.filter(run=run).exists()

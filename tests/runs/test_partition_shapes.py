@@ -422,6 +422,40 @@ def test_partitioned_on_the_key_with_open_ends(transactional_db, settings, make_
         sql("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
 
 
+def test_a_null_timestamp_in_an_expired_partition_of_a_table_partitioned_on_its_key_stays(
+    transactional_db, settings, make_user
+):
+    """Partitioned on its key, with a nullable timestamp: a row with a NULL timestamp in a
+    partition every other row of which is expired is not eligible (its age is unknown), so
+    its partition is not dropped whole — the chunks delete the rest around it. The partition
+    without such a row goes whole."""
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    t = "public.rr_parts"
+    build(
+        [
+            "DROP TABLE IF EXISTS public.rr_parts CASCADE",
+            f"CREATE TABLE {t} (id bigint NOT NULL, tenant_id int NOT NULL,"
+            " occurred_at timestamptz, status text, payload text) PARTITION BY RANGE (id)",
+            f"CREATE TABLE public.rr_parts_k1 PARTITION OF {t} FOR VALUES FROM (0) TO (2000)",
+            f"CREATE TABLE public.rr_parts_k2 PARTITION OF {t} FOR VALUES FROM (2000) TO (4000)",
+            f"CREATE TABLE public.rr_parts_k3 PARTITION OF {t} FOR VALUES FROM (4000) TO (MAXVALUE)",
+        ],
+        t,
+        """SELECT g, 1 + g % 4, CASE WHEN g = 1234 THEN NULL
+                  ELSE timestamptz '2026-01-01 00:00+00' + (g * interval '1 hour') END,
+                  'closed', 'x' FROM generate_series(1, 8000) g""",
+    )
+    try:
+        run = run_policy(make_user)
+        assert run.state == Run.State.DRAINED, run.state_reason
+        assert dropped(run) == ["rr_parts_k2"]
+        assert count(t, "id = 1234 AND occurred_at IS NULL") == 1
+        assert count("public.rr_parts_k1") == 1  # the rest of k1 went in chunks
+        assert check_run(run, shadow=SHADOW) == []
+    finally:
+        sql("DROP TABLE IF EXISTS public.rr_parts, public.rr_parts_shadow CASCADE")
+
+
 @pytest.mark.parametrize("default", [False, True])
 def test_a_foreground_transaction_reading_an_expired_partition(
     transactional_db, settings, make_user, default
