@@ -43,7 +43,23 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")  # bearer token for /metrics; empty
 RETENTION_EVIDENCE_KEY = env_secret("RETENTION_EVIDENCE_KEY", minimum_length=32)
 
 CLEANUP_WORKERS = env_int("CLEANUP_WORKERS", 2, minimum=1, maximum=64)
+
+
 # The run engine (docs/engine.md).
+def _static_knobs(raw: str) -> tuple[int, int, float] | None:
+    if not raw.strip():
+        return None
+    try:
+        concurrency, chunk_ms, duty = (float(part) for part in raw.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"RETENTION_GUARD_STATIC must be CONCURRENCY,CHUNK_MS,DUTY_PCT like 2,300,50, got {raw!r}"
+        ) from None
+    if concurrency < 1 or chunk_ms < 10 or not 0 < duty <= 100:
+        raise ConfigError(f"RETENTION_GUARD_STATIC out of range: {raw!r}")
+    return int(concurrency), int(chunk_ms), duty / 100
+
+
 RETENTION = {
     "GLOBAL_CEILING": env_int("RETENTION_GLOBAL_CEILING", 4, minimum=1, maximum=256),
     "LEASE_BUDGET_S": env_int("RETENTION_LEASE_BUDGET_S", 20, minimum=1, maximum=50),
@@ -70,8 +86,35 @@ RETENTION = {
     "GUARD_SAMPLER_THREAD": env_bool("RETENTION_GUARD_SAMPLER_THREAD", True),
     # and, between its samples, probes the foreground this often (one thread in the pool)
     "GUARD_PROBE_MS": env_int("RETENTION_GUARD_PROBE_MS", 100, minimum=10, maximum=60_000),
-    "GUARD_PROBE_RATIO": env_int("RETENTION_GUARD_PROBE_RATIO_PCT", 150, minimum=101) / 100,
-    "GUARD_PROBE_MARGIN_MS": env_int("RETENTION_GUARD_PROBE_MARGIN_MS", 1, minimum=0),
+    # The foreground's latency limit (docs/guard.md, "The limit"), as the team states its SLO:
+    # an absolute p99 (RETENTION_GUARD_FG_P99_MS), or relative to the idle p99 with a floor:
+    # max(GUARD_PROBE_RATIO × idle, idle + GUARD_PROBE_MARGIN_MS) — 2 × and 5 ms by default
+    # (RETENTION_GUARD_INFLATION, RETENTION_GUARD_MARGIN_MS; the older names
+    # RETENTION_GUARD_PROBE_RATIO_PCT and RETENTION_GUARD_PROBE_MARGIN_MS still apply when the
+    # new ones are unset). Per policy: guard.fg_p99_ms, guard.inflation, guard.margin_ms.
+    "GUARD_FG_P99_MS": env_float("RETENTION_GUARD_FG_P99_MS", None),
+    "GUARD_PROBE_RATIO": env_float(
+        "RETENTION_GUARD_INFLATION",
+        env_int("RETENTION_GUARD_PROBE_RATIO_PCT", 200, minimum=101) / 100,
+    ),
+    "GUARD_PROBE_MARGIN_MS": env_float(
+        "RETENTION_GUARD_MARGIN_MS", env_int("RETENTION_GUARD_PROBE_MARGIN_MS", 5, minimum=0)
+    ),
+    # which latency the limit judges: "probe" (built in), "prometheus" (the query's value, the
+    # application's own p99 in seconds) or "both"; per policy: guard.signal
+    "GUARD_SIGNAL": env_str("RETENTION_GUARD_SIGNAL", "probe") or "probe",
+    # I/O signals the controller backs off on before a write-back burst stalls the foreground:
+    # the host's /proc/pressure/io ("some" share of wall time; "auto": only when the database
+    # is on this host) and the server's WAL fsync time per fsync (pg_stat_wal up to 17,
+    # pg_stat_io from 18; needs track_wal_io_timing). Per policy: guard.io_pressure,
+    # guard.wal_fsync_ms.
+    # Static knobs instead of the latency controller, "CONCURRENCY,CHUNK_MS,DUTY_PCT" (the
+    # bench's frontier sweep: the best static setting that holds a limit); the duty cycle then
+    # applies whatever the probe reads. Empty: the controller sets them.
+    "GUARD_STATIC": _static_knobs(env_str("RETENTION_GUARD_STATIC", "") or ""),
+    "GUARD_IO_PRESSURE_SOURCE": env_str("RETENTION_GUARD_IO_PRESSURE_SOURCE", "auto") or "auto",
+    "GUARD_IO_PRESSURE": env_float("RETENTION_GUARD_IO_PRESSURE", 0.3),
+    "GUARD_WAL_FSYNC_MS": env_float("RETENTION_GUARD_WAL_FSYNC_MS", 20.0),
     "GUARD_DUTY_CYCLE": env_int("RETENTION_GUARD_DUTY_CYCLE_PCT", 50, minimum=0, maximum=100) / 100,
     "GUARD_DUTY_WINDOW_S": env_int("RETENTION_GUARD_DUTY_WINDOW_S", 10, minimum=1, maximum=3600),
     # The latency controller (docs/guard.md): every period it compares the probe's p99 with
@@ -107,6 +150,15 @@ RETENTION = {
     # a run held for confirmation and not confirmed within this time expires
     "CONFIRM_EXPIRY_S": env_int("RETENTION_CONFIRM_EXPIRY_S", 86_400, minimum=60),
 }
+if RETENTION["GUARD_SIGNAL"] not in {"probe", "prometheus", "both"}:
+    raise ConfigError(
+        f"RETENTION_GUARD_SIGNAL must be probe, prometheus or both, got {RETENTION['GUARD_SIGNAL']!r}"
+    )
+if RETENTION["GUARD_IO_PRESSURE_SOURCE"] not in {"auto", "on", "off"}:
+    raise ConfigError(
+        "RETENTION_GUARD_IO_PRESSURE_SOURCE must be auto, on or off, got"
+        f" {RETENTION['GUARD_IO_PRESSURE_SOURCE']!r}"
+    )
 if RETENTION["BROKER"] not in {"orm", "redis"}:
     raise ConfigError(f"RETENTION_BROKER must be orm or redis, got {RETENTION['BROKER']!r}")
 DEADLINE_WORKERS = env_int("DEADLINE_WORKERS", 1, minimum=1, maximum=64)

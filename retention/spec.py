@@ -525,10 +525,33 @@ FIELDS: tuple[Field, ...] = (
               lo=0, hi=10**9)
         for name, default in GUARD_DEFAULTS.items()
     ),
+    Field("guard.fg_p99_ms", "fg_p99_ms", "special", None, "0.1 – 60000",
+          "the foreground's latency limit as an absolute p99 in milliseconds, on `signal`; set, "
+          "it replaces the relative limit (docs/guard.md, \"The limit\")",
+          shown_default="`RETENTION_GUARD_FG_P99_MS` (none: the relative limit)",
+          omitted_at_default=True),
+    Field("guard.inflation", "inflation", "special", None, "1.01 – 100",
+          "the relative limit: the foreground's p99 may reach max(inflation × its idle p99, "
+          "idle + `margin_ms`) while the policy's chunks run",
+          shown_default="`RETENTION_GUARD_INFLATION` (2.0)", omitted_at_default=True),
+    Field("guard.margin_ms", "margin_ms", "special", None, "0 – 10000",
+          "the relative limit's floor: at least this many milliseconds over the idle p99",
+          shown_default="`RETENTION_GUARD_MARGIN_MS` (5)", omitted_at_default=True),
+    Field("guard.signal", "signal", "special", None, "`probe`, `prometheus`, `both`",
+          "which latency the limit judges: the built-in probe, the Prometheus query's value "
+          "(the application's own p99, in seconds; needs `fg_p99_ms`), or both",
+          shown_default="`RETENTION_GUARD_SIGNAL` (probe)", omitted_at_default=True),
     Field("guard.inflation_budget", "inflation_budget", "special", None, "1.01 – 100",
-          "how much the foreground probe may slow down while the policy's chunks run: its p99 "
-          "over its idle p99 (docs/guard.md, \"The latency controller\")",
-          shown_default="`RETENTION_GUARD_PROBE_RATIO_PCT` (1.5)", omitted_at_default=True),
+          "the older name of `inflation` (given both, they must agree)",
+          shown_default="`inflation`", omitted_at_default=True),
+    Field("guard.io_pressure", "io_pressure", "special", None, "0 – 1",
+          "the controller backs off while the database host's I/O pressure (the share of time "
+          "some task waited on I/O, `/proc/pressure/io`) is over this",
+          shown_default="`RETENTION_GUARD_IO_PRESSURE` (0.3)", omitted_at_default=True),
+    Field("guard.wal_fsync_ms", "wal_fsync_ms", "special", None, "0 – 60000",
+          "the controller backs off while the server's WAL fsyncs take longer than this on "
+          "average (`pg_stat_wal` / `pg_stat_io`, with `track_wal_io_timing`)",
+          shown_default="`RETENTION_GUARD_WAL_FSYNC_MS` (20)", omitted_at_default=True),
     Field("guard.prometheus_url", "prometheus_url", "special", None,
           '`"http://host:9090"` (http or https)',
           "a Prometheus server whose query is an admission signal (docs/guard.md, "
@@ -670,6 +693,35 @@ def _guard_extras(section: dict) -> dict:
     budget = section.get("inflation_budget")
     if budget is not None:
         out["inflation_budget"] = float(_number(budget, "guard.inflation_budget", 1.01, 100.0))
+    inflation = section.get("inflation")
+    if inflation is not None:
+        out["inflation"] = float(_number(inflation, "guard.inflation", 1.01, 100.0))
+        if budget is not None and float(budget) != out["inflation"]:
+            raise SpecError(
+                "guard.inflation and guard.inflation_budget are one setting (inflation_budget is"
+                f" its older name), got {inflation} and {budget}: set only guard.inflation"
+            )
+    fg_p99 = section.get("fg_p99_ms")
+    if fg_p99 is not None:
+        out["fg_p99_ms"] = float(_number(fg_p99, "guard.fg_p99_ms", 0.1, 60_000.0))
+    margin = section.get("margin_ms")
+    if margin is not None:
+        out["margin_ms"] = float(_number(margin, "guard.margin_ms", 0.0, 10_000.0))
+    signal = section.get("signal")
+    if signal is not None:
+        out["signal"] = _choice(signal, "guard.signal", ("probe", "prometheus", "both"))
+        if signal != "probe" and fg_p99 is None:
+            raise SpecError(
+                f'guard.signal = "{signal}" judges the application\'s own p99 from Prometheus,'
+                " which has no idle baseline the guard measures: state its limit as"
+                " guard.fg_p99_ms"
+            )
+    pressure = section.get("io_pressure")
+    if pressure is not None:
+        out["io_pressure"] = float(_number(pressure, "guard.io_pressure", 0.0, 1.0))
+    fsync = section.get("wal_fsync_ms")
+    if fsync is not None:
+        out["wal_fsync_ms"] = float(_number(fsync, "guard.wal_fsync_ms", 0.0, 60_000.0))
     url = section.get("prometheus_url")
     if url is not None:
         if (
@@ -791,6 +843,14 @@ class PolicySpec:
     # [guard] keys added with the latency controller and the Prometheus signal; None: the
     # instance's setting (RETENTION_GUARD_*). Left out of the stored JSON when None.
     inflation_budget: float | None = None
+    # the foreground's limit as the team states it (docs/guard.md, "The limit") and the I/O
+    # signals' thresholds; None: the instance's setting. Left out of the stored JSON when None.
+    fg_p99_ms: float | None = None
+    inflation: float | None = None
+    margin_ms: float | None = None
+    signal: str | None = None
+    io_pressure: float | None = None
+    wal_fsync_ms: float | None = None
     prometheus_url: str | None = None
     prometheus_query: str | None = None
     prometheus_threshold: float | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, transaction
 from django.db.models import Max, Min, Sum
@@ -21,6 +22,7 @@ from retention import predicate as P
 from retention.models import KillSwitch
 from retention.preview import ASSUMED_ROWS_PER_SECOND, measured_rate
 from runs.counts import count_inflow, last_counts, rows_counted
+from runs.engine import guard
 from runs.engine.schedules import schedule_name
 from runs.models import AuditRecord, Chunk, Run
 from runs.progress import progress_for, stopped_by
@@ -83,6 +85,7 @@ def drain_window(
     next_tick=UNREAD,
     kill_switch=UNREAD,
     measured=UNREAD,
+    control=UNREAD,
 ) -> dict:
     """The policy's drain window. The counts behind it read the target table, so they are
     measured at most every CACHE_SECONDS (the overview polls; ``fresh`` bypasses the cache);
@@ -92,7 +95,8 @@ def drain_window(
     reading the policy's latest run's progress a second time; a page showing several
     policies passes what it read for all of them at once: the policy's latest run (None: no
     run), the tick its schedule is armed for, the global ``KillSwitch`` row and the cached
-    measurement (``measurements``; None: none cached)."""
+    measurement (``measurements``; None: none cached) and its guard controller row
+    (``guard.control_of``; None: it has none)."""
     if fresh:
         measured = None
     elif measured is UNREAD:
@@ -101,7 +105,31 @@ def drain_window(
         measured = _measure(policy)
         cache.set(_cache_key(policy), measured, CACHE_SECONDS)
     known = {"run": latest_run, "next_tick": next_tick, "kill_switch": kill_switch}
-    return _judge(policy, measured, timezone.now(), progress or {}, known, fresh=fresh)
+    now = timezone.now()
+    out = _judge(policy, measured, now, progress or {}, known, fresh=fresh)
+    return _foreground_note(policy, out, now, control)
+
+
+def _foreground_note(policy, out: dict, now, control=UNREAD) -> dict:
+    """While the guard's controller finds the foreground over its limit on its own (no chunk
+    of the policy in flight for a whole period: admission closed, not cleanup's doing), the
+    window says so and whether the backlog still converges at the rate of the last ten
+    minutes (``foreground_over``)."""
+    row = guard.control_of(policy) if control is UNREAD else control
+    period = timedelta(milliseconds=settings.RETENTION["GUARD_CONTROL_PERIOD_MS"])
+    out["foreground_over"] = bool(
+        row is not None and row.action == guard.FOREGROUND and now - row.stepped_at < 3 * period
+    )
+    if out["foreground_over"] and out["verdict"] in ("converges", "at risk", "unknown"):
+        still = {
+            "converges": "the backlog still converges",
+            "at risk": "the backlog does not converge",
+        }.get(out["verdict"], "whether the backlog converges is not known yet")
+        out["explanation"] = (
+            "admission closed: the foreground is over its budget on its own (no chunk in"
+            f" flight); {still}: {out['explanation']}"
+        )
+    return out
 
 
 def _measure(policy) -> dict:

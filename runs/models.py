@@ -664,6 +664,9 @@ class GuardControl(models.Model):
     baseline_ms = models.FloatField(null=True)
     inflation = models.FloatField(null=True)
     budget = models.FloatField()
+    # the limit in milliseconds the measured p99 was judged against (docs/guard.md, "The
+    # limit"): the policy's absolute p99, or its relative limit over the idle value
+    limit_ms = models.FloatField(null=True)
     action = models.CharField(max_length=16, default="hold")
     reason = models.TextField(blank=True, default="")
     # while the table's runs drain without pause and the probe has no idle reading in the
@@ -690,6 +693,7 @@ class GuardControlStep(models.Model):
     baseline_ms = models.FloatField(null=True)
     inflation = models.FloatField(null=True)
     budget = models.FloatField()
+    limit_ms = models.FloatField(null=True)
     samples = models.PositiveIntegerField(default=0)
     action = models.CharField(max_length=16)
     reason = models.TextField(blank=True, default="")

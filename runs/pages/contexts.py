@@ -100,6 +100,7 @@ class PolicyReadings:
             next_tick=self.next_runs.get(schedule_name(policy)),
             kill_switch=self.kill_switch,
             measured=self.measured.get(policy.id),
+            control=self.controls.get(policy.id),
         )
 
     def guard_state(self, policy) -> dict:

@@ -150,6 +150,18 @@ class LedgerCollector:
             "1 when the guard is refusing new chunks (2 when critical)",
             labels=["policy"],
         )
+        on_its_own = GaugeMetricFamily(
+            "retention_guard_foreground_over_budget",
+            "1 when the foreground is over its latency limit on its own: no chunk of the policy"
+            " in flight for the controller's whole period (admission stays closed)",
+            labels=["policy"],
+        )
+        converges = GaugeMetricFamily(
+            "retention_drain_converges",
+            "1 when the policy's backlog converges (or nothing waits), 0 when it is at risk,"
+            " paused or stopped; absent when unknown",
+            labels=["policy"],
+        )
         overdue = GaugeMetricFamily(
             "retention_backlog_overdue_seconds",
             "How long the oldest eligible row has waited past its retention",
@@ -202,7 +214,14 @@ class LedgerCollector:
                 tick = latest_tick(policy, now)
                 if policy.enabled and not policy.paused and tick >= (version.decided_at or now):
                     due_tick.add_metric([policy.slug], tick.timestamp())
+            verdict = window.get("verdict")
+            if verdict in ("converges", "idle"):
+                converges.add_metric([policy.slug], 1)
+            elif verdict in ("at risk", "paused", "stopped"):
+                converges.add_metric([policy.slug], 0)
             state = readings.guard_state(policy)
+            latency = state.get("latency") or {}
+            on_its_own.add_metric([policy.slug], 1 if latency.get("on_its_own") else 0)
             level = state.get("level", "ok")
             guard_level.add_metric(
                 [policy.slug], {"ok": 0, "throttled": 1, "critical": 2}.get(level, 0)
@@ -213,7 +232,7 @@ class LedgerCollector:
                 if signal.get("threshold") is not None:
                     guard_threshold.add_metric([policy.slug, name], float(signal["threshold"]))
         yield from (backlog, overdue, slo, due_tick, run_tick)
-        yield from (guard_value, guard_threshold, guard_level)
+        yield from (guard_value, guard_threshold, guard_level, on_its_own, converges)
 
         queue_age = GaugeMetricFamily(
             "retention_queue_age_seconds",

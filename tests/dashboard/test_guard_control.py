@@ -8,6 +8,7 @@ import json
 from datetime import timedelta
 from io import StringIO
 
+import pytest
 from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
@@ -18,6 +19,18 @@ from runs.models import GuardControl, GuardControlStep, GuardSample, Run
 from runs.status import run_status
 
 from .test_metrics import scrape
+
+
+@pytest.fixture(autouse=True)
+def relative_limit(settings):
+    """The relative limit these tests were written for: max(1.5 × idle, idle + 1 ms) (the
+    product's default is 2 × and 5 ms)."""
+    settings.RETENTION = {
+        **settings.RETENTION,
+        "GUARD_PROBE_RATIO": 1.5,
+        "GUARD_PROBE_MARGIN_MS": 1,
+    }
+
 
 TABLE = "public.rr_events"
 PERIOD = timedelta(milliseconds=5000)  # the period these tests set
@@ -95,7 +108,9 @@ def test_the_controller_halves_to_its_floor_says_so_and_steps_back_up(run, clien
         (2, 300, 0.5, guard.INCREASE),
         (2, 300, 0.5, guard.HOLD),
     ]
-    assert up[0].reason == "probe p99 2 ms = 1 × idle p67 2 ms within budget 1.5 ×"
+    assert up[0].reason == (
+        "probe p99 2 ms = 1 × idle p67 2 ms within limit 3 ms (max(1.5 × idle, idle + 1 ms))"
+    )
 
     # then the probe at 10 ms = 5 × its idle value: over the budget of 1.5 × — halve every knob
     busy = start + 6 * PERIOD
@@ -114,7 +129,9 @@ def test_the_controller_halves_to_its_floor_says_so_and_steps_back_up(run, clien
     floor = taken[-1]
     assert floor.reason == (
         "over the budget at the controller's minimum (1 chunk transaction at once, 50 ms"
-        " chunks, duty cycle 10%): probe p99 10 ms = 5 × idle p67 2 ms > budget 1.5 ×"
+        " chunks, duty cycle 10%): probe p99 10 ms = 5 × idle p67 2 ms > limit 3 ms"
+        " (max(1.5 × idle, idle + 1 ms)); its chunks wait a period to see whether the"
+        " foreground is over it on its own"
     )
     assert GuardControlStep.objects.filter(policy=policy).count() == 11
 
@@ -165,8 +182,8 @@ def test_the_controller_halves_to_its_floor_says_so_and_steps_back_up(run, clien
     ]
     assert up[-1].duty_cycle == 0.5
     assert up[0].reason == (
-        "probe p99 2 ms = 1 × idle p67 2 ms within budget 1.5 ×; a second period within it"
-        " before stepping up after a decrease"
+        "probe p99 2 ms = 1 × idle p67 2 ms within limit 3 ms (max(1.5 × idle, idle + 1 ms));"
+        " a second period within it before stepping up after a decrease"
     )
 
     # a minute and more without a step (no run drained): the next run starts at the minimum
@@ -213,8 +230,8 @@ def test_a_step_within_the_margin_says_the_margin_admitted_it_not_the_budget(run
     assert step.inflation == 2.5
     assert "within budget" not in step.reason
     assert step.reason == (
-        "probe p99 1.5 ms = 2.5 × idle p67 0.6 ms, under the limit of idle + 1 ms"
-        " (the margin for jitter; budget 1.5 ×)"
+        "probe p99 1.5 ms = 2.5 × idle p67 0.6 ms within limit 1.6 ms"
+        " (max(1.5 × idle, idle + 1 ms))"
     )
 
 
@@ -319,7 +336,9 @@ def test_a_steps_readings_are_judged_against_the_idle_value_of_the_same_rank(run
     step = guard.control_step(run.policy_id, spec, now=end)
     assert step.action == guard.DECREASE
     assert (step.baseline_ms, step.inflation) == (1.0, 2.5)
-    assert step.reason == "probe p99 2.5 ms = 2.5 × idle p80 1 ms > budget 1.5 ×"
+    assert step.reason == (
+        "probe p99 2.5 ms = 2.5 × idle p80 1 ms > limit 2 ms (max(1.5 × idle, idle + 1 ms))"
+    )
 
 
 def test_a_step_judges_the_probes_taken_between_samples_too(run, settings):
@@ -338,12 +357,14 @@ def test_a_step_judges_the_probes_taken_between_samples_too(run, settings):
     for k, slow in enumerate((False, True)):
         taken = end - PERIOD * (k + 1) / 3
         readings = [[4.0 if slow and i == 3 else 1.0, taken.timestamp()] for i in range(9)]
-        sample(taken, 1.0, in_flight=False, probes=readings)
+        sample(taken, 1.0, in_flight=True, probes=readings)
     step = guard.control_step(run.policy_id, spec, now=end)
     assert GuardControlStep.objects.filter(policy_id=run.policy_id).last().samples == 20
     assert (step.probe_p99_ms, step.baseline_ms) == (4.0, 1.2)
     assert step.action == guard.DECREASE
-    assert step.reason == "probe p99 4 ms = 3.33 × idle p95 1.2 ms > budget 1.5 ×"
+    assert step.reason == (
+        "probe p99 4 ms = 3.33 × idle p95 1.2 ms > limit 2.2 ms (max(1.5 × idle, idle + 1 ms))"
+    )
     # a reading taken before the last step, written into a sample after it, is not this
     # period's: readings are judged by their own time
     stale = end - PERIOD  # before the step above
@@ -419,7 +440,8 @@ def test_the_run_page_and_status_say_whether_the_run_kept_the_budget(run, client
     step(run, started + timedelta(seconds=5), guard.INCREASE, 1.4)
     assert run_status(run)["guard_over_run"] == {
         "steps": 3, "judged": 2, "over_budget": 0, "over_at_minimum": 0,
-        "worst_inflation": 1.4, "budget": 1.5, "pooled": None,
+        "worst_inflation": 1.4, "budget": 1.5, "limit_ms": None, "over_on_its_own": 0,
+        "pooled": None,
         "verdict": "within the budget in all 2 periods judged (worst 1.4 × idle, budget 1.5 ×)",
     }  # fmt: skip
 
@@ -483,11 +505,12 @@ def test_a_run_whose_periods_each_pass_but_whose_readings_do_not_is_reported_ove
     report = run_status(run)["guard_over_run"]
     assert report["pooled"] == {
         "readings": 50, "p99_ms": 30.0, "rank": 98, "baseline_ms": 3.0, "inflation": 10.0,
+        "limit_ms": 4.5,
     }  # fmt: skip
     assert report["verdict"] == (
         "over the budget over the run as a whole, though within it in all 2 periods judged"
         " (worst 1.4 × idle); the run as a whole: probe p99 of 50 readings 30 ms = 10 × idle"
-        " p98 3 ms > budget 1.5 ×"
+        " p98 3 ms > limit 4.5 ms"
     )
 
     # ten readings without the stall: their highest is judged against idle p91 (2 ms; the
@@ -498,5 +521,6 @@ def test_a_run_whose_periods_each_pass_but_whose_readings_do_not_is_reported_ove
     report = run_status(run)["guard_over_run"]
     assert report["pooled"] == {
         "readings": 10, "p99_ms": 2.5, "rank": 91, "baseline_ms": 2.0, "inflation": 1.25,
+        "limit_ms": 3.0,
     }  # fmt: skip
-    assert report["verdict"].endswith("= 1.25 × idle p91 2 ms, within 1.5 ×")
+    assert report["verdict"].endswith("= 1.25 × idle p91 2 ms, within the limit of 3 ms")

@@ -61,7 +61,9 @@ def test_the_toml_writer_and_the_diff_cover_every_declared_key():
             slice='"30 days"',
             cascade_ack='["public.b", "public.a"]',
             tables='[slo]\nmax_backlog_age = "2 days"\n'
-            '[guard]\ninflation_budget = 2.0\nprometheus_url = "http://prom:9090"\n'
+            "[guard]\ninflation_budget = 2.0\ninflation = 2.0\nmargin_ms = 5\nfg_p99_ms = 25\n"
+            'signal = "both"\nio_pressure = 0.3\nwal_fsync_ms = 20\n'
+            'prometheus_url = "http://prom:9090"\n'
             'prometheus_query = "app_p99_seconds"\nprometheus_threshold = 0.5\n'
             "prometheus_timeout_ms = 500\nprometheus_grace_s = 10\n"
             '[archive]\nto = "file:///srv/archive"\nrestore_days = 9\n'

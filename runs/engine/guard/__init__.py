@@ -33,12 +33,12 @@ from __future__ import annotations
 
 from runs.engine.guard.common import (
     IDLE_PROBES,
-    budget_of,
     controlled,
 )
 from runs.engine.guard.controller import (
     DECREASE,
     FLOOR,
+    FOREGROUND,
     HOLD,
     INCREASE,
     QUIET,
@@ -46,7 +46,10 @@ from runs.engine.guard.controller import (
     START,
     ceilings_of,
     control_step,
+    floor_of,
+    io_thresholds,
 )
+from runs.engine.guard.limit import Limit, budget_of, limit_of
 from runs.engine.guard.probe import (
     PROBE_TIMEOUT_MS,
     _probe_connection,
@@ -82,6 +85,11 @@ from runs.engine.guard.verdict import (
 )
 
 __all__ = [
+    "FOREGROUND",
+    "floor_of",
+    "io_thresholds",
+    "Limit",
+    "limit_of",
     "ADMIT",
     "DECREASE",
     "FLOOR",

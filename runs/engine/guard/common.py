@@ -28,20 +28,6 @@ CONFLICTING_MODES = ("ShareLock", "ShareRowExclusiveLock", "ExclusiveLock", "Acc
 UNREAD = object()  # an argument the caller did not read for us
 
 
-def budget_of(spec) -> float:
-    """The policy's inflation budget: how many times its idle value the probe may read while
-    its chunks run (``guard.inflation_budget``, else ``RETENTION_GUARD_PROBE_RATIO_PCT``)."""
-    if spec.inflation_budget is not None:
-        return float(spec.inflation_budget)
-    return float(settings.RETENTION["GUARD_PROBE_RATIO"])
-
-
-def _limit(base: float, budget: float) -> float:
-    """The probe's limit over an idle value: the budget's multiple, and at least the margin
-    above it (``RETENTION_GUARD_PROBE_MARGIN_MS``: sub-millisecond jitter is no pressure)."""
-    return max(base * budget, base + float(settings.RETENTION["GUARD_PROBE_MARGIN_MS"]))
-
-
 def _rows(query, params=()) -> list[tuple]:
     with connection.cursor() as cur:
         if isinstance(query, sql.Composable):

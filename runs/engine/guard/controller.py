@@ -13,15 +13,15 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg import sql
 
+from runs.engine import prometheus
 from runs.engine.guard.common import (
     BASELINE_WINDOW_S,
     _fmt,
-    _limit,
     _pct,
     _rows,
     _since_last_chunk_s,
-    budget_of,
 )
+from runs.engine.guard.limit import budget_of, limit_of
 from runs.engine.guard.signals import (
     idle_baseline,
 )
@@ -69,6 +69,8 @@ def _clamped(spec, concurrency: int, chunk_ms: int, duty: float) -> tuple[int, i
 
 DECREASE, INCREASE, HOLD, FLOOR, QUIET = "decrease", "increase", "hold", "at floor", "measure"
 START = "start"
+# over the limit with no chunk of the policy in flight for a whole period: not cleanup's doing
+FOREGROUND = "foreground over"
 QUIET_EVERY_S = 60.0  # a quiet window at most this often, whatever its probes found
 # no step for this long (nothing of the policy drained): the next run starts at the floor again
 RESTART_AFTER_S = 60.0
@@ -211,9 +213,11 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
         idle = f"idle p{round(rank * 100)}"
         p99 = _pct(probes, 0.99)
         inflation = round(p99 / base, 3) if base else None
-        measured = f"probe p99 {_fmt(p99)} ms = {_fmt(inflation)} × {idle} {_fmt(base)} ms"
+        lim = limit_of(spec)
+        limit_ms = lim.ms(base)
+        value, measured = _measured(spec, lim, p99, base, inflation, idle, since, now)
         quiet_ms = top.chunk_ms + int(cfg["GUARD_IDLE_GAP_MS"]) + 3 * int(cfg["GUARD_SAMPLE_MS"])
-        if base is None and _quiet_due(row, spec, now, period):
+        if limit_ms is None and _quiet_due(row, spec, now, period):
             # the run drains without a pause long enough for an idle reading: the policy's
             # chunks wait for a moment so that the sampler takes idle probes, rather than the
             # controller judging the foreground against readings the run itself lifted
@@ -223,23 +227,47 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
                 f"no idle reading of the probe in the last {BASELINE_WINDOW_S / 60:.0f} min"
                 f" while the run drains: its chunks wait {quiet_ms} ms for idle probes"
             )
-        elif base is None:
+        elif limit_ms is None:
             action, reason = HOLD, "no idle baseline of the probe yet"
-        elif p99 > _limit(base, budget):
-            lowered = (
-                max(1, concurrency // 2),
-                max(top.chunk_ms_floor, chunk_ms // 2),
-                max(top.duty_floor, round(duty / 2, 4)),
+        elif value is None:
+            action = HOLD
+            reason = f"{measured}: no reading of the application's p99 to judge by"
+        elif value > limit_ms and _nothing_in_flight(spec, since, now):
+            # not cleanup's doing: over the limit with none of the policy's chunks in flight
+            # for the whole period — the knobs stay, admission stays closed (``admission``)
+            action = FOREGROUND
+            reason = (
+                f"the foreground is over its budget on its own: {measured} >"
+                f" {lim.words(base)}, with no chunk of the policy in flight for the whole"
+                f" period ({(now - since).total_seconds():.1f} s); admission stays closed"
             )
+        elif value > limit_ms:
+            lowered = _halved(top, concurrency, chunk_ms, duty)
             if lowered == (concurrency, chunk_ms, duty):
+                # at the minimum and still over: the policy's chunks wait a period, which
+                # tells the foreground's own slowness (still over with nothing in flight: the
+                # next step says so and keeps admission closed) from cleanup's
+                row.quiet_until = now + period
                 action = FLOOR
                 reason = (
                     f"over the budget at the controller's minimum ({_describe(*lowered)}):"
-                    f" {measured} > budget {_fmt(budget)} ×"
+                    f" {measured} > {lim.words(base)}; its chunks wait a period to see"
+                    " whether the foreground is over it on its own"
                 )
             else:
                 action = DECREASE
-                reason = f"{measured} > budget {_fmt(budget)} ×"
+                reason = f"{measured} > {lim.words(base)}"
+            concurrency, chunk_ms, duty = lowered
+        elif pressure := _io_over(spec, since, now):
+            # within the limit, but the server's WAL fsyncs or the host's I/O are under
+            # pressure: a write-back burst is coming, and the foreground's stalls with it
+            lowered = _halved(top, concurrency, chunk_ms, duty)
+            action = DECREASE if lowered != (concurrency, chunk_ms, duty) else HOLD
+            reason = (
+                f"{pressure}: backing off before the write-back stalls the foreground"
+                f" ({measured} within {lim.words(base)})"
+                + ("" if action == DECREASE else "; at the controller's minimum")
+            )
             concurrency, chunk_ms, duty = lowered
         else:
             raised = (
@@ -253,16 +281,12 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
                     round(duty + (top.duty_cycle - top.duty_floor) / ADDITIVE_STEPS, 4),
                 ),
             )
-            reason = measured
-            if p99 > base * budget:  # over the budget's multiple, under the margin over idle
-                margin = float(cfg["GUARD_PROBE_MARGIN_MS"])
-                reason += (
-                    f", under the limit of idle + {_fmt(margin)} ms (the margin for jitter;"
-                    f" budget {_fmt(budget)} ×)"
-                )
-            else:
-                reason += f" within budget {_fmt(budget)} ×"
-            if raised != (concurrency, chunk_ms, duty) and row.action in (DECREASE, FLOOR):
+            reason = f"{measured} within {lim.words(base)}"
+            if raised != (concurrency, chunk_ms, duty) and row.action in (
+                DECREASE,
+                FLOOR,
+                FOREGROUND,
+            ):
                 # one period within the budget right after a decrease is as likely the
                 # foreground's quiet moment as headroom: a second one steps up (without it, a
                 # few samples' p99 had the knobs go up and down every period)
@@ -278,11 +302,94 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
             budget,
             action,
             reason,
-            measured=(p99, base, inflation, len(probes)),
+            measured=(value if value is not None else p99, base, inflation, len(probes)),
+            limit_ms=limit_ms,
         )
     if action in (DECREASE, FLOOR):
         log.info("guard controller of policy %s: %s: %s", spec.slug, action, reason)
     return row
+
+
+def _halved(top: Ceilings, concurrency: int, chunk_ms: int, duty: float) -> tuple[int, int, float]:
+    """Every knob halved, not below its floor (multiplicative decrease)."""
+    return (
+        max(1, concurrency // 2),
+        max(top.chunk_ms_floor, chunk_ms // 2),
+        max(top.duty_floor, round(duty / 2, 4)),
+    )
+
+
+def _measured(spec, lim, p99, base, inflation, idle, since, now) -> tuple[float | None, str]:
+    """The latency the limit judges over the period, in ms, and its words: the probe's p99
+    (``signal = "probe"``), the application's own p99 from Prometheus (its highest reading in
+    the period, ``"prometheus"``), or the higher of the two (``"both"``)."""
+    probe = f"probe p99 {_fmt(p99)} ms" + (
+        f" = {_fmt(inflation)} × {idle} {_fmt(base)} ms" if base else ""
+    )
+    if lim.signal == "probe":
+        return p99, probe
+    app = _prometheus_ms(spec, since, now)
+    app_words = (
+        f"application p99 {_fmt(app)} ms (prometheus)"
+        if app is not None
+        else "no application p99 from prometheus"
+    )
+    if lim.signal == "prometheus":
+        return app, app_words
+    return (max(p99, app) if app is not None else None), f"{probe}, {app_words}"
+
+
+def _prometheus_ms(spec, since, now) -> float | None:
+    """The policy's Prometheus value (seconds: the application's own p99) in ms, its highest
+    in the samples of (``since``, ``now``]; None without an answer."""
+    source = prometheus.source_of(spec)
+    if source is None:
+        return None
+    ((value,),) = _rows(
+        "SELECT max((values -> 'prometheus' -> %s ->> 'value')::float8) FROM runs_guardsample"
+        " WHERE taken_at > %s AND taken_at <= %s",
+        [source.key, since, now],
+    )
+    return None if value is None else round(float(value) * 1000, 3)
+
+
+def _nothing_in_flight(spec, since, now) -> bool:
+    """No chunk of the policy was in flight at any moment of (``since``, ``now``]: no chunk
+    transaction of it (its audit rows' ``started_at`` → ``committed_at``) overlaps the period,
+    and no sample of it saw the product at work on the table."""
+    ((busy, seen),) = _rows(
+        "SELECT EXISTS (SELECT 1 FROM runs_auditrecord WHERE policy_slug = %s"
+        "  AND committed_at > %s AND started_at < %s),"
+        " EXISTS (SELECT 1 FROM runs_guardsample WHERE taken_at > %s AND taken_at <= %s"
+        "  AND tables -> %s ->> 'in_flight' = 'true')",
+        [spec.slug, since, now, since, now, spec.qualified_table],
+    )
+    return not busy and not seen
+
+
+def io_thresholds(spec) -> tuple[float, float]:
+    """(I/O pressure share, WAL fsync ms) over which the controller backs off."""
+    cfg = settings.RETENTION
+    pressure = spec.io_pressure if spec.io_pressure is not None else cfg["GUARD_IO_PRESSURE"]
+    fsync = spec.wal_fsync_ms if spec.wal_fsync_ms is not None else cfg["GUARD_WAL_FSYNC_MS"]
+    return float(pressure), float(fsync)
+
+
+def _io_over(spec, since, now) -> str:
+    """The I/O signals of the period over their thresholds, in words ("" when none): the
+    host's I/O pressure and the server's WAL fsync time, their highest in its samples."""
+    ((pressure, fsync),) = _rows(
+        "SELECT max((values ->> 'io_pressure')::float8), max((values ->> 'wal_fsync_ms')::float8)"
+        " FROM runs_guardsample WHERE taken_at > %s AND taken_at <= %s",
+        [since, now],
+    )
+    pressure_max, fsync_max = io_thresholds(spec)
+    out = []
+    if pressure is not None and pressure > pressure_max:
+        out.append(f"I/O pressure {_fmt(float(pressure))} > {_fmt(pressure_max)}")
+    if fsync is not None and fsync > fsync_max:
+        out.append(f"WAL fsync {_fmt(float(fsync))} ms > {_fmt(fsync_max)} ms")
+    return "; ".join(out)
 
 
 def _first_wait(period: timedelta) -> timedelta:
@@ -297,13 +404,17 @@ def _due(action: str | None, period: timedelta) -> timedelta:
     return _first_wait(period) if action == START else period
 
 
-def _record_step(row, policy_id, now, knobs, budget, action, reason, *, measured) -> GuardControl:
+def _record_step(
+    row, policy_id, now, knobs, budget, action, reason, *, measured, limit_ms=None
+) -> GuardControl:
     """The step on the controller's row and in its history: ``knobs`` (concurrency, chunk ms,
-    duty cycle) and ``measured`` (probe p99, idle value, inflation, readings)."""
+    duty cycle), ``measured`` (the signal's p99, idle value, inflation, readings) and the
+    limit in milliseconds it was judged against."""
     p99, base, inflation, readings = measured
     row.concurrency, row.chunk_ms, row.duty_cycle = knobs
     row.stepped_at, row.budget, row.action, row.reason = now, budget, action, reason
     row.probe_p99_ms, row.baseline_ms, row.inflation = p99, base, inflation
+    row.limit_ms = limit_ms
     row.save()
     GuardControlStep.objects.create(
         policy_id=policy_id,
@@ -315,6 +426,7 @@ def _record_step(row, policy_id, now, knobs, budget, action, reason, *, measured
         baseline_ms=base,
         inflation=inflation,
         budget=budget,
+        limit_ms=limit_ms,
         samples=readings,
         action=action,
         reason=reason,

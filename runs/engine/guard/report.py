@@ -14,14 +14,18 @@ from runs.engine.guard.common import (
     UNREAD,
     _fmt,
     _rows,
-    budget_of,
 )
 from runs.engine.guard.controller import (
     DECREASE,
     FLOOR,
+    FOREGROUND,
     _clamped,
     _readings,
     ceilings_of,
+)
+from runs.engine.guard.limit import (
+    budget_of,
+    limit_of,
 )
 from runs.engine.guard.signals import (
     idle_baseline,
@@ -67,6 +71,11 @@ def control_summary(policy, spec=None, *, row=UNREAD) -> dict | None:
         "action": row.action,
         "reason": row.reason,
         "stepped_at": row.stepped_at,
+        # the one latency measure: the signal's p99 over the last period and the limit in ms
+        # it was judged against (the step's own, as the controller judged it)
+        "p99_ms": row.probe_p99_ms,
+        "limit_ms": row.limit_ms,
+        "signal": limit_of(spec).signal if spec is not None else "probe",
     }
 
 
@@ -87,55 +96,76 @@ def run_budget(run) -> dict | None:
     )
     # counted by the database: a day of steps is tens of thousands of rows, and the run page
     # asks at every refresh of its live part
-    judged_q = Q(inflation__isnull=False)
+    judged_q = Q(inflation__isnull=False) | Q(limit_ms__isnull=False, probe_p99_ms__isnull=False)
+    # against the limit in ms the step judged by; a step recorded before limits were in ms,
+    # against its budget itself
+    over_q = (Q(limit_ms__isnull=False) & Q(probe_p99_ms__gt=F("limit_ms"))) | (
+        Q(limit_ms__isnull=True) & (Q(inflation__gt=F("budget")) | Q(action__in=(DECREASE, FLOOR)))
+    )
     counts = steps.aggregate(
         steps=Count("id"),
         judged=Count("id", filter=judged_q),
-        # against the budget itself, not the controller's limit (which allows a jitter margin)
-        over=Count(
-            "id",
-            filter=judged_q & (Q(inflation__gt=F("budget")) | Q(action__in=(DECREASE, FLOOR))),
-        ),
+        # the foreground over its limit on its own (no chunk in flight) is not counted as the
+        # run's: it is counted apart
+        over=Count("id", filter=judged_q & over_q & ~Q(action=FOREGROUND)),
+        on_its_own=Count("id", filter=Q(action=FOREGROUND)),
         at_floor=Count("id", filter=judged_q & Q(action=FLOOR)),
         worst=Max("inflation"),
+        worst_ms=Max("probe_p99_ms", filter=~Q(action=FOREGROUND)),
     )
     if not counts["steps"]:
         return None
-    budget = steps.order_by("-taken_at", "-id").values_list("budget", flat=True).first()
+    budget, limit_ms = steps.order_by("-taken_at", "-id").values_list("budget", "limit_ms").first()
     over, at_floor, worst, n = counts["over"], counts["at_floor"], counts["worst"], counts["judged"]
-    pooled = _pooled(run.policy_version.parsed.qualified_table, run.started_at, end)
-    pooled_over = pooled is not None and pooled["inflation"] > budget
+    spec = run.policy_version.parsed
+    lim = limit_of(spec)
+    pooled = _pooled(spec.qualified_table, run.started_at, end)
+    if pooled is not None:
+        pooled["limit_ms"] = lim.ms(pooled["baseline_ms"])
+    pooled_over = pooled is not None and pooled["p99_ms"] > pooled["limit_ms"]
+    worst_text = (
+        f"worst {_fmt(worst)} × idle, budget {_fmt(budget)} ×"
+        if worst is not None and not lim.absolute
+        else f"worst p99 {_fmt(counts['worst_ms'])} ms, limit {_fmt(limit_ms)} ms"
+    )
     judged_text = f"the {n} period judged" if n == 1 else f"{n} periods judged"
     if not n:
         verdict = "the controller judged no period of this run (it ended before its first)"
     elif at_floor:
         verdict = (
             f"over the budget at the controller's minimum in {at_floor} of {judged_text}"
-            f" (worst {_fmt(worst)} × idle, budget {_fmt(budget)} ×): the foreground's budget"
+            f" ({worst_text}): the foreground's budget"
             " and this run's progress could not both be had"
             + (f"; over it in {over} periods in all" if over > at_floor else "")
         )
     elif over:
         verdict = (
-            f"over the budget in {over} of {judged_text} (worst {_fmt(worst)} × idle, budget"
-            f" {_fmt(budget)} ×); never at the controller's minimum"
+            f"over the budget in {over} of {judged_text} ({worst_text}); never at the"
+            " controller's minimum"
         )
     elif pooled_over:
         verdict = (
             f"over the budget over the run as a whole, though within it in"
-            f" {'all ' if n > 1 else ''}{judged_text} (worst {_fmt(worst)} × idle)"
+            f" {'all ' if n > 1 else ''}{judged_text} ({worst_text.split(', ')[0]})"
         )
     else:
-        verdict = (
-            f"within the budget in {'all ' if n > 1 else ''}{judged_text}"
-            f" (worst {_fmt(worst)} × idle, budget {_fmt(budget)} ×)"
-        )
+        verdict = f"within the budget in {'all ' if n > 1 else ''}{judged_text} ({worst_text})"
     if pooled is not None:
         verdict += (
             f"; the run as a whole: probe p99 of {pooled['readings']} readings"
             f" {_fmt(pooled['p99_ms'])} ms = {_fmt(pooled['inflation'])} × idle"
             f" p{pooled['rank']} {_fmt(pooled['baseline_ms'])} ms"
-            + (f" > budget {_fmt(budget)} ×" if pooled_over else f", within {_fmt(budget)} ×")
+            + (
+                f" > limit {_fmt(pooled['limit_ms'])} ms"
+                if pooled_over
+                else f", within the limit of {_fmt(pooled['limit_ms'])} ms"
+            )
+        )
+    if counts["on_its_own"]:
+        verdict += (
+            f"; the foreground was over its budget on its own (no chunk in flight) in"
+            f" {counts['on_its_own']} period{'s' if counts['on_its_own'] != 1 else ''},"
+            " admission closed"
         )
     return {
         "steps": counts["steps"],
@@ -144,6 +174,8 @@ def run_budget(run) -> dict | None:
         "over_at_minimum": at_floor,
         "worst_inflation": worst,
         "budget": budget,
+        "limit_ms": limit_ms,
+        "over_on_its_own": counts["on_its_own"],
         "pooled": pooled,
         "verdict": verdict,
     }
@@ -211,26 +243,81 @@ def current_state(policy, *, version=UNREAD, latest=UNREAD, control=UNREAD, prob
     reasons = [r for r in verdict.reason.split("; ") if r]
     signals = dict(verdict.signals)
     control = control_summary(policy, version.parsed, row=control)
+    latency = None
     if control is not None:
         signals.update(control_signals(control))
         period_s = settings.RETENTION["GUARD_CONTROL_PERIOD_MS"] / 1000
         recent = (timezone.now() - control["stepped_at"]).total_seconds() < 3 * period_s
-        if control["action"] == FLOOR and recent:
+        over = (
+            control["p99_ms"] is not None
+            and control["limit_ms"] is not None
+            and control["p99_ms"] > control["limit_ms"]
+        )
+        if recent:
+            latency = {
+                "p99_ms": control["p99_ms"],
+                "limit_ms": control["limit_ms"],
+                "signal": control["signal"],
+                "over": over,
+                "on_its_own": control["action"] == FOREGROUND,
+            }
+        if recent and (control["action"] in (FLOOR, FOREGROUND) or over):
             reasons.append(control["reason"])
             if level == "ok":
                 level = "throttled"
+    if level == "ok":
+        # the badge never says "ok" while a signal it shows is over its threshold
+        over_signals = _over_thresholds(signals)
+        if over_signals:
+            level = "throttled"
+            reasons.extend(over_signals)
     return {
         "level": level,
         "reasons": reasons,
         "signals": signals,
         "sampled_at": latest.taken_at,
+        "latency": latency,
     }
+
+
+# signals whose threshold is a floor (under it is pressure) or a ceiling the controller sets
+# (at it is the policy's own setting, not pressure)
+_AT_MOST = {"connections_free"}
+_NOT_PRESSURE = {
+    "control_concurrency",
+    "control_chunk_ms",
+    "control_duty_cycle",
+    # the ratio is shown beside the limit; the limit in ms (``fg_p99_ms``) is what is judged
+    "probe_p99_inflation",
+}
+
+
+def _over_thresholds(signals: dict) -> list[str]:
+    """The shown signals over (a floor: under) their thresholds, in words."""
+    out = []
+    for name, s in signals.items():
+        value, threshold = s.get("value"), s.get("threshold")
+        if name in _NOT_PRESSURE or not isinstance(value, int | float) or threshold is None:
+            continue
+        if isinstance(value, bool):
+            continue
+        if (value < threshold) if name in _AT_MOST else (value > threshold):
+            sign = "<" if name in _AT_MOST else ">"
+            out.append(
+                f"{name} {_fmt(float(value))} {sign} {_fmt(float(threshold))}{s.get('unit') and ' ' + s['unit'] or ''}"
+            )
+    return out
 
 
 def control_signals(control: dict) -> dict:
     """The controller's figures as guard signals (value, threshold, unit): the inflation
     against the budget, and each setting against its ceiling."""
     return {
+        "fg_p99_ms": {
+            "value": control["p99_ms"],
+            "threshold": control["limit_ms"],
+            "unit": "ms",
+        },
         "probe_p99_inflation": {
             "value": control["inflation"],
             "threshold": control["budget"],

@@ -22,12 +22,13 @@ from runs.engine.guard.common import (
     IDLE_PROBE_GAP_S,
     IDLE_PROBES,
     WINDOW_S,
-    _limit,
     _pct,
     _rows,
     _since_last_chunk_s,
     _targets,
-    budget_of,
+)
+from runs.engine.guard.limit import (
+    limit_of,
 )
 from runs.engine.guard.probe import (
     IDLE_PROBES_BUDGET_S,
@@ -101,6 +102,10 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
     values["connections_free"] = values["max_connections"] - values["connections_used"]
     values["replication_lag_s"], values["replication_lag_bytes"] = float(lag_s), int(lag_bytes)
     values["wal_bytes"] = int(_rows("SELECT wal_bytes FROM pg_stat_wal")[0][0])
+    values.update(_wal_fsyncs())
+    io_us = _io_pressure_us()
+    if io_us is not None:
+        values["io_some_us"] = io_us
     if connection.pg_version >= 170000:
         values["checkpoints_requested"] = _rows("SELECT num_requested FROM pg_stat_checkpointer")[
             0
@@ -150,8 +155,8 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
                     # (catalog and plan caches cold): the idle probes that follow are the
                     # baseline, so one cold reading does not lift it for its whole window
                     info["not_baseline"] = "first probe"
-            elif baseline["p50"] is not None and info["probe_ms"] > _limit(
-                baseline["p50"], budget_of(spec)
+            elif baseline["p50"] is not None and info["probe_ms"] > limit_of(spec).relative_ms(
+                baseline["p50"]
             ):
                 # the foreground is slow with nothing of ours in flight: pressure, not a new
                 # normal — kept out of the baseline, which the controller judges against (an
@@ -171,6 +176,63 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
         info["autovacuum_running"] = bool(autovacuum)
         tables[spec.qualified_table] = info
     return values, tables
+
+
+def _wal_fsyncs() -> dict:
+    """The server's WAL fsyncs so far and the milliseconds they took (``wal_syncs``,
+    ``wal_sync_ms``): ``pg_stat_wal`` up to PostgreSQL 17, ``pg_stat_io``'s WAL rows from 18,
+    where those columns moved. The times are counted only with ``track_wal_io_timing`` on
+    (``wal_io_timing``); without it the guard has no fsync time to judge."""
+    timing = _rows("SELECT current_setting('track_wal_io_timing')")[0][0] == "on"
+    if connection.pg_version >= 180000:
+        syncs, ms = _rows(
+            "SELECT coalesce(sum(fsyncs), 0), coalesce(sum(fsync_time), 0) FROM pg_stat_io"
+            " WHERE object = 'wal'"
+        )[0]
+    else:
+        syncs, ms = _rows("SELECT wal_sync, wal_sync_time FROM pg_stat_wal")[0]
+    return {"wal_syncs": int(syncs), "wal_sync_ms": float(ms), "wal_io_timing": timing}
+
+
+PRESSURE_IO = "/proc/pressure/io"
+
+
+def _database_on_this_host() -> bool:
+    """Whether the database server shares this host: a Unix socket or a loopback address."""
+    host = str(connection.settings_dict.get("HOST") or "")
+    return host == "" or host.startswith("/") or host in ("localhost", "127.0.0.1", "::1")
+
+
+def _io_pressure_us() -> int | None:
+    """The host's I/O pressure so far: the microseconds in which some task waited on I/O
+    (``some … total=`` of ``/proc/pressure/io``), when the database shares this host
+    (``RETENTION_GUARD_IO_PRESSURE_SOURCE``: auto, on, off) and the kernel has PSI."""
+    source = settings.RETENTION.get("GUARD_IO_PRESSURE_SOURCE", "auto")
+    if source == "off" or (source == "auto" and not _database_on_this_host()):
+        return None
+    try:
+        with open(PRESSURE_IO) as f:
+            for line in f:
+                if line.startswith("some "):
+                    return int(line.rsplit("total=", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _io_rates(values: dict, before: dict, dt: float) -> dict:
+    """The I/O signals over the interval since the sample ``before``: the share of wall time
+    some task waited on I/O (``io_pressure``) and the average WAL fsync in ms
+    (``wal_fsync_ms``; 0 with no fsync in the interval, absent without the timing)."""
+    out: dict = {}
+    if values.get("io_some_us") is not None and before.get("io_some_us") is not None:
+        waited = max(0, values["io_some_us"] - before["io_some_us"]) / 1e6
+        out["io_pressure"] = round(min(1.0, waited / dt), 4)
+    if values.get("wal_io_timing") and "wal_syncs" in before:
+        syncs = values["wal_syncs"] - before["wal_syncs"]
+        spent = values["wal_sync_ms"] - before.get("wal_sync_ms", 0.0)
+        out["wal_fsync_ms"] = round(spent / syncs, 3) if syncs > 0 else 0.0
+    return out
 
 
 SAMPLER_WAIT_S = 2.0  # the longest a worker waits for another's sample when it has none recent
@@ -240,6 +302,7 @@ def _take_sample(force: bool, fresh_s: float, by: str):
             values["wal_mb_per_s"] = round(
                 max(0, values["wal_bytes"] - again.values.get("wal_bytes", 0)) / dt / 1e6, 3
             )
+            values.update(_io_rates(values, again.values, dt))
         readings = _read_prometheus(specs, again)
         if readings:
             values["prometheus"] = readings

@@ -16,17 +16,20 @@ from runs.engine import prometheus
 from runs.engine.guard.common import (
     BASELINE_WINDOW_S,
     _fmt,
-    _limit,
     _rows,
-    budget_of,
     controlled,
 )
 from runs.engine.guard.controller import (
+    FLOOR,
+    FOREGROUND,
+    HOLD,
     _clamped,
     _due,
     ceilings_of,
     control_step,
+    io_thresholds,
 )
+from runs.engine.guard.limit import limit_of
 from runs.engine.guard.signals import (
     admission_fresh_s,
     idle_baseline,
@@ -70,14 +73,14 @@ def forget_readings() -> None:
     _lowered.clear()
 
 
-def _relative_probe(p95, baseline: dict, ratio: float) -> tuple[float | None, str]:
-    """The probe's limit from its idle baseline (``ratio``: the policy's inflation budget),
-    and the reason when ``p95`` is over it."""
+def _relative_probe(p95, baseline: dict, lim) -> tuple[float | None, str]:
+    """The probe's limit from its idle baseline (``lim``: the policy's ``Limit``, its
+    inflation and margin), and the reason when ``p95`` is over it."""
     base = baseline.get("p95")
     if base is None:
         return None, ""
-    margin = float(settings.RETENTION["GUARD_PROBE_MARGIN_MS"])
-    limit = _limit(base, ratio)
+    ratio, margin = lim.inflation, lim.margin_ms
+    limit = lim.relative_ms(base)
     if p95 is None or p95 <= limit:
         return limit, ""
     how = (
@@ -182,7 +185,12 @@ def evaluate(spec, latest: GuardSample | None, *, probes=None) -> Verdict:
         "wal_mb_per_s": (v.get("wal_mb_per_s"), g["wal_mb_per_s"], None, "MB/s"),
     }
     baseline = idle_baseline(spec.qualified_table) if p.get("p95") is not None else {"p95": None}
-    relative_limit, relative = _relative_probe(p.get("p95"), baseline, budget_of(spec))
+    relative_limit, relative = _relative_probe(p.get("p95"), baseline, limit_of(spec))
+    if controlled(spec):
+        # one latency measure: with the controller on, the foreground's latency is judged by
+        # its step alone — the signal's p99 over the period against the limit in ms — which
+        # the reason, the badge (``current_state``) and the knobs all read
+        relative_limit, relative = None, ""
     reasons, critical = [], False
     conflicting = t.get("conflicting_locks") or []
     if conflicting:
@@ -208,7 +216,16 @@ def evaluate(spec, latest: GuardSample | None, *, probes=None) -> Verdict:
     absolute_hit = any(r.startswith(_label("probe_p95_ms") + " ") for r in reasons)
     shown = {name: {"value": s[0], "threshold": s[1], "unit": s[3]} for name, s in signals.items()}
     shown["probe_baseline_ms"] = {"value": baseline.get("p95"), "threshold": None, "unit": "ms"}
-    shown["probe_p95_vs_idle"] = {"value": p.get("p95"), "threshold": relative_limit, "unit": "ms"}
+    if not controlled(spec):
+        shown["probe_p95_vs_idle"] = {
+            "value": p.get("p95"),
+            "threshold": relative_limit,
+            "unit": "ms",
+        }
+    # the I/O signals the controller backs off on (``control_step``), with their thresholds
+    pressure_max, fsync_max = io_thresholds(spec)
+    shown["io_pressure"] = {"value": v.get("io_pressure"), "threshold": pressure_max, "unit": ""}
+    shown["wal_fsync_ms"] = {"value": v.get("wal_fsync_ms"), "threshold": fsync_max, "unit": "ms"}
     shown["connections_free"] = {"value": free, "threshold": g["connections_headroom"], "unit": ""}
     shown["autovacuum_running"] = {
         "value": t.get("autovacuum_running"),
@@ -276,7 +293,13 @@ def admission(run, spec, *, now=None) -> Verdict:
     kept verdict was made from."""
     if not settings.RETENTION.get("GUARD", True):
         return ADMIT
-    rest = (spec.qualified_table, tuple(sorted(spec.guard.items())), prometheus.source_of(spec))
+    rest = (
+        spec.qualified_table,
+        tuple(sorted(spec.guard.items())),
+        prometheus.source_of(spec),
+        limit_of(spec),
+        controlled(spec),
+    )
     kept = next(((k[0], v) for k, v in _last_verdict.items() if k[1:] == rest), None)
     clock = now or timezone.now()
     paced = (kept is not None and kept[1].paced) or _lowered.get(run.policy_id, False)
@@ -302,7 +325,11 @@ def admission(run, spec, *, now=None) -> Verdict:
                 _pause_for_critical(run, verdict)
     if controlled(spec):
         period = timedelta(milliseconds=settings.RETENTION["GUARD_CONTROL_PERIOD_MS"])
-        if knobs is None or timezone.now() - knobs[3] >= _due(knobs[5], period):
+        static = settings.RETENTION.get("GUARD_STATIC")
+        if static is not None:
+            # held where the setting says (the bench's frontier), not stepped
+            knobs = (*static, None, None, HOLD, "")
+        elif knobs is None or timezone.now() - knobs[3] >= _due(knobs[5], period):
             stepped = control_step(run.policy_id, spec)
             if stepped is not None:
                 knobs = (
@@ -312,12 +339,24 @@ def admission(run, spec, *, now=None) -> Verdict:
                     stepped.stepped_at,
                     stepped.quiet_until,
                     stepped.action,
+                    stepped.reason,
                 )
         if knobs is not None:
             concurrency, chunk_ms, duty = _clamped(spec, *knobs[:3])
             _chunk_ms[run.policy_id] = chunk_ms
             _lowered[run.policy_id] = duty < ceilings_of(spec).duty_cycle
             verdict = replace(verdict, concurrency=concurrency, duty_cycle=duty)
+            if knobs[4] is not None and knobs[4] > clock and knobs[5] == FLOOR:
+                return replace(
+                    verdict,
+                    admit=False,
+                    paced=False,
+                    reason=(
+                        "over the budget at the controller's minimum: the policy's chunks wait"
+                        f" until {timezone.localtime(knobs[4]).time().isoformat('milliseconds')}"
+                        " to see whether the foreground is over it on its own"
+                    ),
+                )
             if knobs[4] is not None and knobs[4] > clock:
                 return replace(
                     verdict,
@@ -329,6 +368,10 @@ def admission(run, spec, *, now=None) -> Verdict:
                         f" (none in the last {BASELINE_WINDOW_S / 60:.0f} min)"
                     ),
                 )
+            if knobs[5] == FOREGROUND:
+                # the foreground is over its limit with none of our chunks in flight: not
+                # cleanup's doing, but admission stays closed until a period within it
+                return replace(verdict, admit=False, paced=False, reason=knobs[6])
             if verdict.admit and duty < ceilings_of(spec).duty_cycle:
                 # the controller has lowered the duty cycle: it applies whatever the probe reads
                 verdict = replace(verdict, paced=True)
@@ -347,7 +390,7 @@ def target_chunk_ms(policy_id: int, spec) -> int:
 
 _HEAD = (
     "SELECT s.id, s.taken_at, {busy}, c.concurrency, c.chunk_ms, c.duty_cycle, c.stepped_at,"
-    " c.quiet_until, c.action"
+    " c.quiet_until, c.action, c.reason"
     " FROM (SELECT 1) AS one LEFT JOIN LATERAL"
     " (SELECT id, taken_at FROM runs_guardsample ORDER BY taken_at DESC LIMIT 1) AS s ON true"
     " LEFT JOIN runs_guardcontrol c ON c.policy_id = %s"
@@ -357,7 +400,7 @@ _HEAD = (
 def _head(spec, policy_id: int, busy_at) -> tuple:
     """(id, taken_at) of the latest sample (Nones: no sample), with ``busy_at`` the policy's
     busy seconds of the duty window ending then (else None), and the controller's knobs
-    (concurrency, chunk_ms, duty_cycle, stepped_at, quiet_until, action; None before its first
+    (concurrency, chunk_ms, duty_cycle, stepped_at, quiet_until, action, reason; None before its first
     step):
     one statement."""
     if busy_at is None:

@@ -1,0 +1,20 @@
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("runs", "0027_cursor_read_above"),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name="guardcontrol",
+            name="limit_ms",
+            field=models.FloatField(null=True),
+        ),
+        migrations.AddField(
+            model_name="guardcontrolstep",
+            name="limit_ms",
+            field=models.FloatField(null=True),
+        ),
+    ]
