@@ -5,6 +5,7 @@ settings; at its floor and still over the budget the controller says so with the
 from __future__ import annotations
 
 import json
+import os
 from datetime import timedelta
 from io import StringIO
 
@@ -17,6 +18,7 @@ from runs.actions import trigger_run
 from runs.engine import guard, worker
 from runs.models import GuardControl, GuardControlStep, GuardSample, Run
 from runs.status import run_status
+from tests.runs.conftest import NOW
 
 from .test_metrics import scrape
 
@@ -524,3 +526,77 @@ def test_a_run_whose_periods_each_pass_but_whose_readings_do_not_is_reported_ove
         "limit_ms": 3.0,
     }  # fmt: skip
     assert report["verdict"].endswith("= 1.25 × idle p91 2 ms, within the limit of 3 ms")
+
+
+def test_io_pressure_over_its_threshold_backs_the_controller_off_within_the_limit(run, settings):
+    """The probe within its limit, but the host's I/O pressure (the share of time some task
+    waited on I/O) over its threshold in the period: the controller halves its knobs before
+    the write-back stalls the foreground, and says why; the badge does not read "ok" while
+    the signal is over its threshold."""
+    settings.RETENTION = {
+        **settings.RETENTION,
+        "GUARD_CONTROL_PERIOD_MS": 5000,
+        "GUARD_IO_PRESSURE": 0.3,
+    }
+    spec = run.policy_version.parsed
+    GuardSample.objects.all().delete()
+    GuardControl.objects.all().delete()
+    start = timezone.now() + timedelta(seconds=60)
+    for n in range(6):  # an idle baseline of 2 ms
+        sample(start - timedelta(seconds=n + 1), 2.0, in_flight=False)
+    at_its_settings(run, start)
+    end = start + PERIOD
+    for k in range(2):
+        GuardSample.objects.create(
+            taken_at=end - PERIOD * (k + 1) / 3,
+            values={"lock_waits": 0, "connections_free": 100, "io_pressure": 0.9},
+            tables={TABLE: {"probe_ms": 2.0, "in_flight": True, "dead_tuple_ratio": 0.0}},
+        )
+    step = guard.control_step(run.policy_id, spec, now=end)
+    assert step.action == guard.DECREASE
+    assert (step.concurrency, step.chunk_ms) == (1, 150)
+    assert step.reason.startswith(
+        "I/O pressure 0.9 > 0.3: backing off before the write-back stalls the foreground"
+        " (probe p99 2 ms = 1 × idle p67 2 ms within limit 3 ms"
+    )
+    GuardControl.objects.filter(pk=step.pk).update(stepped_at=timezone.now())
+    # the latest sample is one of the pressured ones
+    GuardSample.objects.filter(values__io_pressure=0.9).update(
+        taken_at=timezone.now() + timedelta(seconds=300)
+    )
+    state = guard.current_state(run.policy)
+    assert state["signals"]["io_pressure"] == {"value": 0.9, "threshold": 0.3, "unit": ""}
+    assert state["level"] == "throttled"
+    assert "io_pressure 0.9 > 0.3" in state["reasons"]
+
+
+def test_a_sample_reads_the_servers_wal_fsync_time_and_the_hosts_io_pressure(
+    transactional_db, make_user
+):
+    """The WAL fsyncs and their time from the server's own statistics (``pg_stat_io`` on the
+    embedded PostgreSQL 18, ``pg_stat_wal`` up to 17), counted with ``track_wal_io_timing``;
+    the host's I/O pressure from ``/proc/pressure/io`` (the test database is on this host)."""
+    from django.db import connection
+
+    from tests.factories import approved_policy, events_spec
+    from tests.runs.conftest import create_events
+
+    create_events(300)
+    trigger_run(approved_policy(make_user, **events_spec()), tick=NOW)
+    with connection.cursor() as cur:
+        cur.execute("SET track_wal_io_timing = on")
+        cur.execute("SET synchronous_commit = on")
+    first = guard.sample(force=True)
+    for n in range(3):  # this session's own commits, each flushing its WAL
+        with connection.cursor() as cur:
+            cur.execute(
+                "INSERT INTO public.rr_events (id, tenant_id, occurred_at, status, payload)"
+                " VALUES (%s, 1, now(), 'closed', 'x')",
+                [10_000_000 + n],
+            )
+    second = guard.sample(force=True)
+    assert second.values["wal_io_timing"] is True
+    assert second.values["wal_syncs"] > first.values["wal_syncs"]
+    assert second.values["wal_fsync_ms"] >= 0
+    if os.path.exists("/proc/pressure/io"):
+        assert 0 <= second.values["io_pressure"] <= 1

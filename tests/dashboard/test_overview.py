@@ -58,7 +58,7 @@ def test_progress_shows_rows_deleted_and_chunks_done(client_for, run):
     assert 'style="width: ' in card
 
 
-def test_the_overview_moves_as_the_run_drains(client_for, run):
+def test_the_overview_moves_as_the_run_drains(client_for, run, no_guard):
     client = client_for("viewer")
     before = card_of(client.get(reverse("home"), HTTP_HX_REQUEST="true").content.decode(), "events")
 

@@ -216,6 +216,10 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
         lim = limit_of(spec)
         limit_ms = lim.ms(base)
         value, measured = _measured(spec, lim, p99, base, inflation, idle, since, now)
+        # the signal over the whole period rather than its tail: the probe's median reading
+        # (the application's p99 from Prometheus is the period's already) — over the limit,
+        # the foreground was slow throughout, not in a stall or two
+        whole = _measured(spec, lim, _pct(probes, 0.5), None, None, idle, since, now)[0]
         quiet_ms = top.chunk_ms + int(cfg["GUARD_IDLE_GAP_MS"]) + 3 * int(cfg["GUARD_SAMPLE_MS"])
         if limit_ms is None and _quiet_due(row, spec, now, period):
             # the run drains without a pause long enough for an idle reading: the policy's
@@ -232,7 +236,7 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
         elif value is None:
             action = HOLD
             reason = f"{measured}: no reading of the application's p99 to judge by"
-        elif value > limit_ms and _nothing_in_flight(spec, since, now):
+        elif value > limit_ms and whole > limit_ms and _nothing_in_flight(spec, since, now):
             # not cleanup's doing: over the limit with none of the policy's chunks in flight
             # for the whole period — the knobs stay, admission stays closed (``admission``)
             action = FOREGROUND
@@ -247,13 +251,19 @@ def control_step(policy_id: int, spec, *, now=None) -> GuardControl | None:
                 # at the minimum and still over: the policy's chunks wait a period, which
                 # tells the foreground's own slowness (still over with nothing in flight: the
                 # next step says so and keeps admission closed) from cleanup's
-                row.quiet_until = now + period
                 action = FLOOR
                 reason = (
                     f"over the budget at the controller's minimum ({_describe(*lowered)}):"
-                    f" {measured} > {lim.words(base)}; its chunks wait a period to see"
-                    " whether the foreground is over it on its own"
+                    f" {measured} > {lim.words(base)}"
                 )
+                if row.quiet_until is None or now - row.quiet_until >= timedelta(
+                    seconds=QUIET_EVERY_S
+                ):
+                    row.quiet_until = now + period
+                    reason += (
+                        "; its chunks wait a period to see whether the foreground is over it"
+                        " on its own"
+                    )
             else:
                 action = DECREASE
                 reason = f"{measured} > {lim.words(base)}"
