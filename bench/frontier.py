@@ -53,6 +53,7 @@ LIMITS = {
     "default": {"inflation": 2.0, "margin_ms": 5.0},
     "loose": {"fg_p99_ms": 25.0},
 }
+RATE = {"ops": 200}  # the foreground's operations per second (--rate)
 SWEEP = [(c, ms, duty) for c in (1, 2) for ms in (50, 300) for duty in (25, 100)]
 
 
@@ -158,7 +159,7 @@ def start_load(url: str, table: str, tick: datetime) -> subprocess.Popen:
     load = subprocess.Popen(
         [sys.executable, "-m", "bench.load", json.dumps({
             "dsn": url, "table": table, "cutoff": (tick - timedelta(days=55)).isoformat(),
-            "rate": 200, "pk": ["id"], "key_kind": "bigint", "tenant_order": "id",
+            "rate": RATE["ops"], "pk": ["id"], "key_kind": "bigint", "tenant_order": "id",
         })],
         cwd=ROOT, env=child_env(url), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -220,9 +221,25 @@ def contender(
         )  # fmt: skip
         for n in range(2)
     ]
-    job = ReportingJob(url, sessions=1)
+    job = ReportingJob(url, sessions=1) if steps else None
     job_table = None
     try:
+        # the window opens at the run's first chunk (the workers' start-up is not timed)
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            (started,) = conn.execute(
+                "SELECT extract(epoch FROM min(started_at)) FROM runs_auditrecord"
+                " WHERE policy_slug = %s",
+                [slug],
+            ).fetchone()
+            if started is not None:
+                t0 = float(started)
+                break
+            time.sleep(0.2)
+        else:
+            t0 = time.time()
+            log(f"{name}: no chunk within 180 s of the workers' start")
+        time.sleep(max(0.0, t0 - time.time()))
         if steps:
             # the reporting job reads the table its module names
             job_table, gc.TABLE = gc.TABLE, table
@@ -234,7 +251,8 @@ def contender(
         else:
             time.sleep(seconds)
     finally:
-        job.end()
+        if job is not None and steps and job.threads[0].is_alive():
+            job.end()
         if job_table is not None:
             gc.TABLE = job_table
         for w in workers:
@@ -310,7 +328,8 @@ def idle(conn, url: str, tick: datetime, seconds: float) -> dict:
 def report(result: dict) -> str:
     idle_p99 = result["idle"]["p99_ms"]
     lines = [
-        f"{result['rows']:,} rows, {result['seconds']:g} s per contender, foreground 200 ops/s;"
+        f"{result['rows']:,} rows, {result['seconds']:g} s per contender, foreground"
+        f" {result.get('rate', 200)} ops/s;"
         f" idle p99 {idle_p99} ms (max {result['idle']['max_ms']} ms); {result['when']},"
         f" commit {result['commit']}\n",
         "Static sweep (two workers, no pace; knobs held by `RETENTION_GUARD_STATIC`):\n",
@@ -415,11 +434,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--idle", type=float, default=10.0)
     parser.add_argument("--limits", default="tight,default,loose")
+    parser.add_argument("--rate", type=int, default=200, help="foreground operations per second")
     parser.add_argument("--setup", help=argparse.SUPPRESS)  # the child process of contender
     args = parser.parse_args()
     if args.setup:
         print(json.dumps(setup_in_django(json.loads(args.setup))))
         return
+    RATE["ops"] = args.rate
     server = server_url()
     url = with_database(server, DB)
     now = datetime.now(UTC)
@@ -454,6 +475,7 @@ def main() -> None:
     result = {
         "rows": args.rows,
         "seconds": args.seconds,
+        "rate": args.rate,
         "idle": idle_fg,
         "static": static,
         "controller": controller,

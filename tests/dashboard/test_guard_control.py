@@ -594,6 +594,9 @@ def test_a_sample_reads_the_servers_wal_fsync_time_and_the_hosts_io_pressure(
                 " VALUES (%s, 1, now(), 'closed', 'x')",
                 [10_000_000 + n],
             )
+    with connection.cursor() as cur:  # this session's I/O statistics reach the server's view
+        cur.execute("SELECT pg_stat_force_next_flush()")
+        cur.execute("SELECT 1")
     second = guard.sample(force=True)
     assert second.values["wal_io_timing"] is True
     assert second.values["wal_syncs"] > first.values["wal_syncs"]
