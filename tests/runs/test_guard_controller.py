@@ -152,7 +152,7 @@ def test_the_controller_lowers_concurrency_and_chunk_time_under_load_and_raises_
     assert lowered, [(s.action, s.reason) for s in loaded]
     for step in lowered:
         assert step.inflation > BUDGET and step.budget == BUDGET
-        assert f"> budget {BUDGET:g} ×" in step.reason
+        assert "> limit " in step.reason and f"(max({BUDGET:g} × idle, idle + 5 ms))" in step.reason
     assert lowest.duty_cycle < ceilings.duty_cycle
     assert Run.objects.get(pk=run.pk).state == Run.State.ACTIVE
 
@@ -172,7 +172,10 @@ def test_the_controller_lowers_concurrency_and_chunk_time_under_load_and_raises_
         what=lambda: f"the controller to raise concurrency and chunk time:\n{history(policy)}",
     )
     assert raised.inflation <= BUDGET or raised.probe_p99_ms <= raised.baseline_ms + 5
-    assert "within budget" in raised.reason or "under the limit of idle + 5 ms" in raised.reason
+    assert (
+        f"within limit {raised.limit_ms:g} ms (max({BUDGET:g} × idle, idle + 5 ms))"
+        in raised.reason
+    )
 
     # the shared row holds the latest step, and the surfaces read it
     row = GuardControl.objects.get(policy=policy)
