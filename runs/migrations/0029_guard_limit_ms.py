@@ -3,7 +3,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runs", "0027_cursor_read_above"),
+        ("runs", "0028_audit_archive"),
     ]
 
     operations = [
