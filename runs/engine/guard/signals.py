@@ -102,10 +102,11 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
     values["connections_free"] = values["max_connections"] - values["connections_used"]
     values["replication_lag_s"], values["replication_lag_bytes"] = float(lag_s), int(lag_bytes)
     values["wal_bytes"] = int(_rows("SELECT wal_bytes FROM pg_stat_wal")[0][0])
-    values.update(_wal_fsyncs())
-    io_us = _io_pressure_us()
-    if io_us is not None:
-        values["io_some_us"] = io_us
+    if not pinned:  # pinned, the server's WAL fsyncs and the host's I/O read as calm too
+        values.update(_wal_fsyncs())
+        io_us = _io_pressure_us()
+        if io_us is not None:
+            values["io_some_us"] = io_us
     if connection.pg_version >= 170000:
         values["checkpoints_requested"] = _rows("SELECT num_requested FROM pg_stat_checkpointer")[
             0
