@@ -3,7 +3,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runs", "0028_audit_archive"),
+        ("runs", "0029_restore_requests"),
     ]
 
     operations = [
