@@ -379,6 +379,11 @@ def approvals(request):
             # the rollout step this version takes, and what the last count run found
             "step": (base.parsed.rollout if base else None, version.parsed.rollout),
             "rollout": signals.rollout_report(version.policy),
+            # its other periods as submitted (with the rows each let go), and the floor in
+            # force on its table: what approving it is measured against
+            "periods": (version.preview or {}).get("periods", [])[1:],
+            "floor": floors.in_force(version.parsed.schema, version.parsed.table),
+            "below_floor": floors.violation(version.parsed),
         }
         (others if row["hand"] else mine).append(row)
     return render(

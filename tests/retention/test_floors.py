@@ -147,6 +147,9 @@ def test_a_version_below_a_compliance_floor_is_refused_at_apply_and_approve(
     bob.set_password("bob-pw")
     bob.save()
     client.force_login(bob)
+    card = client.get(reverse("retention:approvals")).content.decode()
+    assert f"floor #{floor.pk}: <strong>60 days</strong>, compliance mode, set by alice" in card
+    assert "below it: approving is refused" in card
     page = client.post(
         reverse("retention:version_approve", args=["events", early.number]),
         {"reason": "ok", "password": "bob-pw"},
