@@ -379,6 +379,17 @@ def verification_reason(result: dict) -> str:
     return "; ".join(["verified: no eligible row left", *notes])
 
 
+def _triggers_note(result: dict) -> str:
+    """Where the rows left may come from: BEFORE DELETE triggers that skip rows they keep."""
+    triggers = result.get("before_delete_triggers")
+    if not triggers:
+        return ""
+    return (
+        f" (kept by a trigger? BEFORE DELETE trigger(s) {', '.join(triggers)} keep every row "
+        f"they return NULL for)"
+    )
+
+
 def conclude_pass(run: Run, result: dict, *, open_letters: int, actor="reconciler") -> str:
     """After a pass's verification (``result``; the run row locked by the caller): drained,
     another pass, or attention — with one operator-log row saying which (``run.drained``,
@@ -403,11 +414,12 @@ def conclude_pass(run: Run, result: dict, *, open_letters: int, actor="reconcile
     elif run.pass_no < run.policy_version.parsed.max_passes:
         run.pass_no += 1
         run.planner_done = False
-        run.state_reason = f"pass {run.pass_no}: {result['remaining']:,} eligible row(s) remained after pass {run.pass_no - 1}"
+        run.state_reason = f"pass {run.pass_no}: {result['remaining']:,} eligible row(s) remained after pass {run.pass_no - 1}{_triggers_note(result)}"
     else:
         run.state = Run.State.ATTENTION
         run.state_reason = (
             f"{result['remaining']:,} eligible row(s) remain after {run.pass_no} passes"
+            f"{_triggers_note(result)}"
         )
     run.save(
         update_fields=[

@@ -112,3 +112,52 @@ def test_verification_reads_the_old_range_by_a_bitmap_scan_of_the_timestamp_inde
     assert all("Bitmap" in line for line in target if "Scan" in line), plan
     # the planner's settings are the session's again afterwards
     assert [_setting(name) for name in ("enable_indexscan", "enable_seqscan")] == ["on", "on"]
+
+
+def test_rows_a_before_delete_trigger_keeps_are_never_called_drained(make_user, no_guard):
+    """A row-level BEFORE DELETE trigger that returns NULL for some rows (an application's
+    "pinned" rows): the chunks that met them are done, yet the rows are there. Verification
+    reads the whole old range instead of trusting the chunks, finds them, and the run ends in
+    attention naming the trigger — never "verified: no eligible row left"."""
+    from django.db import connection
+
+    from runs.actions import trigger_run
+    from runs.engine import worker
+    from runs.models import Run
+    from tests.factories import approved_policy, events_spec
+    from tests.runs.conftest import NOW, count, create_events
+
+    create_events(3000)
+    with connection.cursor() as cur:
+        cur.execute(
+            "CREATE FUNCTION public.rr_keep_pinned() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$BEGIN IF OLD.id BETWEEN 500 AND 520 THEN RETURN NULL; END IF; RETURN OLD; END$$"
+        )
+        cur.execute(
+            "CREATE TRIGGER rr_keep_pinned BEFORE DELETE ON public.rr_events"
+            " FOR EACH ROW EXECUTE FUNCTION public.rr_keep_pinned()"
+        )
+    try:
+        policy = approved_policy(
+            make_user, **events_spec(chunk_size=300, max_passes=2, chunking="key")
+        )
+        run, _ = trigger_run(policy, tick=NOW)
+        for _ in range(4):  # a drain ends with its pass's verification
+            worker.drain(run.pk, budget_s=120)
+            run.refresh_from_db()
+            if run.state != Run.State.ACTIVE:
+                break
+        kept = count(
+            "public.rr_events", "id BETWEEN 500 AND 520 AND occurred_at < %s AND status <> 'disputed'",
+            [run.bound],
+        )  # fmt: skip
+        assert kept > 10  # in a chunk in the middle of the pass
+        assert run.state == Run.State.ATTENTION, run.state_reason
+        assert "no eligible row left" not in run.state_reason
+        assert run.state_reason.startswith(f"{run.verification['remaining']:,} eligible row(s)")
+        assert "trigger(s) rr_keep_pinned on public.rr_events" in run.state_reason
+        assert run.verification["remaining"] >= kept
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
+            cur.execute("DROP FUNCTION IF EXISTS public.rr_keep_pinned()")
