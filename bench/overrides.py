@@ -76,6 +76,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--chunk", type=int, default=5_000)
     parser.add_argument("--period", default="7 years", help="each override's period")
+    parser.add_argument(
+        "--tenant-chunks", action="store_true",
+        help="chunks of one tenant each (chunking = \"tenant\"): use with few --tenants",
+    )  # fmt: skip
     args = parser.parse_args()
     url = prepare()
     build(url, args.rows, args.tenants)
@@ -106,15 +110,18 @@ def main() -> None:
     over = f"{args.overrides} overrides"
     cutoff = plain.cutoff_for(TICK)
     # chunks in the oldest part of the table (every row older than 30 days)
-    ranges = [(1 + i * args.chunk, 1 + (i + 1) * args.chunk) for i in range(args.repeat + 1)]
+    ranges = [(None, 1 + i * args.chunk, 1 + (i + 1) * args.chunk) for i in range(args.repeat + 1)]
+    if args.tenant_chunks:  # one tenant's first --chunk rows each (ids interleave tenants)
+        span = 1 + args.chunk * args.tenants
+        ranges = [(f"t{n:06d}", 1, span) for n in range(args.repeat + 1)]
 
-    def run(spec, lo, hi, *, commit: bool) -> tuple[float, int]:
+    def run(spec, tenant, lo, hi, *, commit: bool) -> tuple[float, int]:
         """The chunk's DELETE (holds, keep rules, periods: the engine's statement) and its
         commit, or the DELETE alone rolled back; the statement built inside the timing."""
         t0 = time.perf_counter()
         with transaction.atomic(), connection.cursor() as cur:
             frag = P.delete_chunk(
-                spec, policy_id=0, cutoff=cutoff, tenant=None, key_from=lo, key_to=hi
+                spec, policy_id=0, cutoff=cutoff, tenant=tenant, key_from=lo, key_to=hi
             )
             cur.execute(frag.sql, frag.params)
             n = cur.rowcount
@@ -127,15 +134,16 @@ def main() -> None:
         deleted: dict[str, set] = {k: set() for k in times}
         for spec in (plain, overridden):  # warm both (a range deleted for real is not reused)
             run(spec, *ranges[-1], commit=False)
-        for i, (lo, hi) in enumerate(ranges[:-1]):
+        for i, (tenant, lo, hi) in enumerate(ranges[:-1]):
             order = [("none", plain), (over, overridden)]
             for label, spec in order if i % 2 == 0 else order[::-1]:
-                took, n = run(spec, lo, hi, commit=commit)
+                took, n = run(spec, tenant, lo, hi, commit=commit)
                 times[label].append(took)
                 deleted[label].add(n)
         results["chunk: DELETE + COMMIT" if commit else "statement, rolled back"] = (times, deleted)
     print(
-        f"chunk of {args.chunk} rows by key range, {args.rows} rows / {args.tenants} tenants,"
+        f"chunk of {args.chunk} rows by {'tenant and ' if args.tenant_chunks else ''}key range,"
+        f" {args.rows} rows / {args.tenants} tenants,"
         f" {args.repeat} chunks each, the two versions alternating"
     )
     print(f"{'what':<26}{'version':<18}{'rows':>6}{'median ms':>11}{'p90 ms':>9}{'ratio':>7}")
@@ -148,8 +156,8 @@ def main() -> None:
                 f"{median:>11.1f}{percentile(values, 90):>9.1f}{median / base_ms:>7.2f}"
             )
     frag = P.delete_chunk(
-        overridden, policy_id=0, cutoff=cutoff, tenant=None, key_from=ranges[-1][0],
-        key_to=ranges[-1][1],
+        overridden, policy_id=0, cutoff=cutoff, tenant=ranges[-1][0], key_from=ranges[-1][1],
+        key_to=ranges[-1][2],
     )  # fmt: skip
     print("\n".join(_plan(frag)))
 

@@ -716,14 +716,26 @@ def _tenants_by_period(overrides: tuple) -> tuple[tuple[str, str], ...]:
     return tuple((period, array_literal(values)) for period, values in by.items())
 
 
-def tenant_in(spec: PolicySpec, array_text: str, types: dict) -> Fragment:
+def tenant_in(
+    spec: PolicySpec, array_text: str, types: dict, *, tenant: str | None = None
+) -> Fragment:
     """The row's tenant is one of the array's (a text array, cast to the tenant column's type;
     compared in the column's collation): ``= ANY`` of a constant array, which PostgreSQL
-    evaluates with a hash table built once per statement. TRUE or FALSE, never NULL."""
+    evaluates with a hash table built once per statement. TRUE or FALSE, never NULL.
+
+    ``tenant``: the chunk's own tenant (its scope holds only rows equal to it, by the type's
+    ``=``): it is tested instead of each row, once, while the statement is planned."""
     name = spec.tenant_columns[0]
     ctype = types.get(name)
     cast = ctype.cast() if ctype is not None else sql.SQL("pg_catalog.text")
     collate = ctype.collate() if ctype is not None else sql.SQL("")
+    if tenant is not None:
+        return Fragment(
+            sql.SQL("((%s::{}){} = ANY (%s::pg_catalog.text[]::{}[])) IS TRUE").format(
+                cast, collate, cast
+            ),
+            [tenant, array_text],
+        )
     return Fragment(
         sql.SQL("({}{} = ANY (%s::pg_catalog.text[]::{}[])) IS TRUE").format(
             col(name), collate, cast
@@ -732,12 +744,14 @@ def tenant_in(spec: PolicySpec, array_text: str, types: dict) -> Fragment:
     )
 
 
-def override_tests(spec: PolicySpec, cutoff: datetime, types: dict) -> Fragment:
+def override_tests(
+    spec: PolicySpec, cutoff: datetime, types: dict, *, tenant: str | None = None
+) -> Fragment:
     """No override of the row's tenant keeps it: per distinct period, the tenant is not in
     that period's tenants, or the row is older than its cutoff (``"forever"``: not in them)."""
     parts = []
     for period, array_text in _tenants_by_period(spec.overrides):
-        listed = tenant_in(spec, array_text, types)
+        listed = tenant_in(spec, array_text, types, tenant=tenant)
         bound = spec.period_cutoff(cutoff, period)
         if bound is None:
             parts.append(Fragment(sql.SQL("NOT {}").format(listed.sql), listed.params))
@@ -759,17 +773,20 @@ def class_match(spec: PolicySpec, value) -> Fragment:
     return keep_condition(KeepRule(spec.classes[0].column, "=", value))
 
 
-def within_periods(spec: PolicySpec, cutoff: datetime, *, types: dict | None = None) -> Fragment:
+def within_periods(
+    spec: PolicySpec, cutoff: datetime, *, types: dict | None = None, tenant: str | None = None
+) -> Fragment:
     """The row is older than the cutoff of each period that applies to it (its tenant's
     override, its class) and, when none applies, older than the default cutoff: TRUE for a
     version with no override and no class.
 
-    Overrides are one ``NOT EXISTS`` over two array parameters (tenant texts, cast to the
-    tenant column's type and compared in its collation, as ``held`` compares a hold's; and
-    their bounds in the timestamp column's type), top-level like ``held``: the planner
-    anti-joins the chunk's rows against thousands of overrides by hash and keeps the chunk's
-    index scan. Classes are a few equality conditions on one column. The default is only
-    checked when some override or class is shorter than it (a later cutoff): otherwise
+    Overrides: per distinct period, the row's age first, then its tenant against a constant
+    array of that period's tenants (``tenant_in``: cast to the tenant column's type and compared
+    in its collation, as ``held`` compares a hold's; hashed once per statement); with more than
+    ``MAX_PERIOD_TESTS`` distinct periods, one anti-join over all of them
+    (``override_anti_join``). ``tenant``: the chunk's own tenant, tested once instead of each
+    row. Classes are a few equality conditions on one column. The default is only checked
+    when some override or class is shorter than it (a later cutoff): otherwise
     ``older_than``'s range is the default's."""
     if not spec.overrides and not spec.classes:
         return Fragment(sql.SQL("TRUE"), [])
@@ -778,7 +795,7 @@ def within_periods(spec: PolicySpec, cutoff: datetime, *, types: dict | None = N
     parts: list[Fragment] = []
     if spec.overrides:
         if len({o.retention for o in spec.overrides}) <= MAX_PERIOD_TESTS:
-            parts.append(override_tests(spec, cutoff, types))
+            parts.append(override_tests(spec, cutoff, types, tenant=tenant))
         else:
             parts.append(override_anti_join(spec, cutoff, types))
     for entry in spec.classes:
@@ -803,7 +820,7 @@ def within_periods(spec: PolicySpec, cutoff: datetime, *, types: dict | None = N
             )
         ]
         if spec.overrides:
-            default.append(tenant_in(spec, _override_tenants(spec.overrides), types))
+            default.append(tenant_in(spec, _override_tenants(spec.overrides), types, tenant=tenant))
         if spec.classes:
             rule = KeepRule(
                 spec.classes[0].column, "in", None, tuple(c.value for c in spec.classes)
@@ -917,10 +934,12 @@ def eligible(
     include_holds: bool = True,
     outside: Sequence[Scope] = (),
     types: dict | None = None,
+    tenant: str | None = None,
 ) -> Fragment:
     """Older than the cutoff, key and tenant not NULL, not kept, outside the run's discarded
     scopes (``outside``), and (unless told otherwise) not held. The planner (holds left out),
-    the DELETE and verification all use this."""
+    the DELETE and verification all use this. ``tenant``: the chunk's own tenant, when its
+    scope holds only that tenant's rows (a tenant's overrides are then decided once)."""
     types = column_types(spec) if types is None else types
     parts = [
         older_than(spec, cutoff, types=types),
@@ -928,7 +947,7 @@ def eligible(
         not_kept(spec),
     ]
     if spec.overrides or spec.classes:
-        parts.append(within_periods(spec, cutoff, types=types))
+        parts.append(within_periods(spec, cutoff, types=types, tenant=tenant))
     if outside:
         parts.append(outside_scopes(spec, outside, types=types))
     if include_holds:
@@ -1128,7 +1147,8 @@ def _chunk_rows(spec, policy_id, cutoff, tenant, key_from, key_to, outside, colu
         types=column_types(spec),
         columns=columns,
     )
-    return scope, eligible(spec, policy_id=policy_id, cutoff=cutoff, outside=outside)
+    one = tenant if len(spec.tenant_columns) == 1 else None  # the scope's own tenant
+    return scope, eligible(spec, policy_id=policy_id, cutoff=cutoff, outside=outside, tenant=one)
 
 
 def count_chunk(

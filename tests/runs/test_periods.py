@@ -80,14 +80,17 @@ def _remaining(where_by: str) -> dict:
     return dict(_sql(f"SELECT {where_by}, count(*) FROM public.rr_periods GROUP BY 1"))
 
 
-def test_three_tenants_drain_exactly_by_their_own_periods(db, make_user):
+@pytest.mark.parametrize("chunking", ["key", "tenant"])
+def test_three_tenants_drain_exactly_by_their_own_periods(db, make_user, chunking):
     """Default 20 days; b overridden to 200 days, c kept forever, d shortened to 5 days: each
-    tenant's rows left are exactly the snapshot's rows younger than its own cutoff."""
+    tenant's rows left are exactly the snapshot's rows younger than its own cutoff — in chunks
+    across tenants (each row looked up) and per tenant (the chunk's tenant decided once)."""
     _tenant_table()
     policy = approved_policy(
         make_user,
         **_spec(
             tenant="tenant",
+            chunking=chunking,
             override=[
                 {"tenant": "b", "retention": "200 days"},
                 {"tenant": ["c"], "retention": "forever"},
@@ -114,6 +117,7 @@ def test_three_tenants_drain_exactly_by_their_own_periods(db, make_user):
         ("override[2]", "5 days", (NOW - 5 * DAY).isoformat(), 395),
     ]
     run = _drain(policy)
+    assert run.chunking == chunking
     cutoffs = {"a": NOW - 20 * DAY, "b": NOW - 200 * DAY, "c": None, "d": NOW - 5 * DAY}
     expected = {}
     for tenant, cutoff in cutoffs.items():
@@ -214,8 +218,9 @@ def test_a_job_history_table_drains_exactly_by_class(db, make_user):
         ),
     ],
 )
+@pytest.mark.parametrize("chunking", ["key", "tenant"])
 def test_an_override_matches_as_the_tenant_columns_equality_does(
-    db, make_user, tenant_type, rows, written, others
+    db, make_user, tenant_type, rows, written, others, chunking
 ):
     """An override written in another form of the value (case, leading zeros, an upper-case
     uuid) keeps exactly the rows the column's ``=`` says are that tenant's."""
@@ -232,15 +237,16 @@ def test_an_override_matches_as_the_tenant_columns_equality_does(
             f" FROM generate_series({n * 100 + 1}, {n * 100 + 10}) AS g",
             [value, NOW],
         )
+    _sql("CREATE INDEX ON public.rr_periods (tenant, id)")
     spec = PolicySpec.parse(
         _spec(tenant="tenant", override=[{"tenant": written, "retention": "forever"}])
     )
     where = P.eligible(spec, policy_id=0, cutoff=spec.cutoff_for(NOW), include_holds=False)
     (eligible,) = _sql(*[P.count_where(spec, where).sql, P.count_where(spec, where).params])[0]
     assert eligible == 10 * others
-    policy = approved_policy(make_user, **_spec(tenant="tenant", override=[
+    policy = approved_policy(make_user, **_spec(tenant="tenant", chunking=chunking, override=[
         {"tenant": written, "retention": "forever"}]))  # fmt: skip
-    _drain(policy)
+    assert _drain(policy).chunking == chunking
     left = _sql("SELECT tenant::text, count(*) FROM public.rr_periods GROUP BY 1 ORDER BY 1")
     assert sum(n for _, n in left) == 10 * (len(rows) - others)
     assert all(
