@@ -105,6 +105,64 @@ def cascading_keys(oid: int) -> list[Edge]:
     ]
 
 
+def self_blocking_keys(spec: PolicySpec) -> list[Edge]:
+    """The table's foreign keys to itself with ``ON DELETE NO ACTION`` or ``RESTRICT``
+    (deferrable or not): a row referenced by another row of the table cannot go before it. A
+    run on such a table deletes newest first and spares, in each chunk, the rows a row that
+    stays references (``spare_referenced``)."""
+    rows = _fetch(
+        "SELECT con.conname, con.conrelid, n.nspname || '.' || c.relname, con.condeferrable,"
+        " ARRAY(SELECT a.attname FROM unnest(con.conkey) WITH ORDINALITY AS k(attnum, ord)"
+        "  JOIN pg_catalog.pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.attnum"
+        "  ORDER BY k.ord)::text[],"
+        " ARRAY(SELECT a.attname FROM unnest(con.confkey) WITH ORDINALITY AS k(attnum, ord)"
+        "  JOIN pg_catalog.pg_attribute a ON a.attrelid = con.confrelid AND a.attnum = k.attnum"
+        "  ORDER BY k.ord)::text[]"
+        " FROM pg_catalog.pg_constraint con"
+        " JOIN pg_catalog.pg_class c ON c.oid = con.conrelid"
+        " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE con.contype = 'f' AND con.conparentid = 0 AND con.confdeltype IN ('a', 'r')"
+        " AND con.conrelid = con.confrelid"
+        " AND con.conrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s))"
+        " ORDER BY 1",
+        [spec.schema, spec.table],
+    )
+    return [
+        Edge(name, oid, oid, child_name, tuple(cols), tuple(refs), bool(deferrable))
+        for name, oid, child_name, deferrable, cols, refs in rows
+    ]
+
+
+def spare_referenced(spec: PolicySpec, edges: list[Edge], chunk) -> P.Fragment:
+    """A condition on the chunk's row ``t``: no row that stays references it through the
+    table's own ``edges`` (``self_blocking_keys``), directly or through rows it keeps that
+    way. ``chunk(alias)``: the chunk's rows (``predicate.chunk_rows``) read as ``alias``. The
+    rows spared are found once, by one recursive query the DELETE reads as a hashed set: the
+    chunk's rows referenced by a row outside them, then the chunk's rows those reference, …"""
+    target = sql.Identifier(spec.schema, spec.table)
+    seed_t, seed_r = chunk("s"), chunk("r")
+    step_t = chunk("n")
+
+    def refs(child: str, parent: str, e: Edge) -> sql.Composable:
+        return _match(e, child, parent)
+
+    outside = sql.SQL(" OR ").join(
+        sql.SQL("EXISTS (SELECT 1 FROM {t} AS r WHERE {m} AND ({c}) IS NOT TRUE)").format(
+            t=target, m=refs("r", "s", e), c=seed_r.sql
+        )
+        for e in edges
+    )
+    step = sql.SQL(" OR ").join(sql.SQL("({})").format(refs("b", "n", e)) for e in edges)
+    text = sql.SQL(
+        "t.ctid NOT IN (WITH RECURSIVE spared(tid) AS ("
+        "SELECT s.ctid FROM {t} AS s WHERE ({seed}) AND ({outside})"
+        " UNION SELECT n.ctid FROM spared JOIN {t} AS b ON b.ctid = spared.tid"
+        " JOIN {t} AS n ON {step} WHERE {nc}) SELECT tid FROM spared)"
+    ).format(t=target, seed=seed_t.sql, outside=outside, step=step, nc=step_t.sql)
+    params = [*seed_t.params, *([*seed_r.params] * len(edges)), *step_t.params]
+    return P.Fragment(text, params)
+
+
 def reached_by_cascades(spec: PolicySpec) -> bool:
     """A foreign key of the policy's table cascades from another table (or from itself): a
     DELETE there may remove this table's rows, so other policies' chunks judge them by this

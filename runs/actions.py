@@ -372,6 +372,9 @@ def verification_reason(result: dict) -> str:
     blocked = result.get("deferred_by_cascades", 0)
     if blocked:
         notes.append(f"{blocked:,} row(s) deferred: their cascade would reach protected rows")
+    referenced = result.get("kept_referenced", 0)
+    if referenced:
+        notes.append(f"{referenced:,} row(s) kept: referenced by a row of the table that stays")
     if nulls:
         notes.append(f"{nulls:,} row(s) not eligible: NULL timestamp, key or tenant")
     for d in result.get("discarded", []):

@@ -132,7 +132,13 @@ def _claimable(run: Run, spec) -> bool:
 
 
 def _claim(
-    run: Run, spec, *, chunk_id: int | None, skip_tenants: list[str], count_pending: bool = False
+    run: Run,
+    spec,
+    *,
+    chunk_id: int | None,
+    skip_tenants: list[str],
+    count_pending: bool = False,
+    descending: bool = False,
 ) -> Claim | None:
     """Claim the next admissible chunk of the run (round-robin over tenants by ``seq``) in a
     committed step of its own, before the chunk transaction: the claim time stays on the chunk
@@ -155,7 +161,11 @@ def _claim(
         query += sql.SQL(" AND tenant <> ALL(%s)")
         params.append(skip_tenants)
     query += sql.SQL(
-        " ORDER BY seq, id LIMIT 1 FOR UPDATE SKIP LOCKED)"
+        " ORDER BY seq DESC, id DESC LIMIT 1 FOR UPDATE SKIP LOCKED)"
+        if descending
+        else " ORDER BY seq, id LIMIT 1 FOR UPDATE SKIP LOCKED)"
+    )
+    query += sql.SQL(
         " UPDATE runs_chunk k SET claimed_at = clock_timestamp(),"
         " attempts = k.attempts + (c.claimed_at IS NOT NULL)::int"
         " FROM c, s WHERE k.id = c.id"
@@ -173,6 +183,17 @@ def _claim(
         cur.execute(query.as_string(cur.connection), params)
         row = cur.fetchone()
     return Claim.from_row(row) if row else None
+
+
+def newest_first(spec) -> list[cascades.Edge]:
+    """The table's foreign keys to itself that block a referenced row's deletion
+    (``cascades.self_blocking_keys``, read once per ``predicate.cached_types`` scope): a run
+    on such a table plans all its chunks before it claims one and claims them newest first, so
+    that a row referencing an older one (a recorder's ``old_state_id``, a reply) goes before
+    it; each chunk spares the rows a row that stays references."""
+    return P.scoped(
+        ("self_blocking", spec.schema, spec.table), lambda: cascades.self_blocking_keys(spec)
+    )
 
 
 def _release(chunk_id: int) -> None:
@@ -347,7 +368,10 @@ def _process_one(run: Run, *, chunk_id: int | None) -> Outcome:
     skip: list[str] = []
     count_pending = not run.planner_done  # the planner tops up the window by this count
     for _ in range(4):
-        claim = _claim(run, spec, chunk_id=chunk_id, skip_tenants=skip, count_pending=count_pending)
+        claim = _claim(
+            run, spec, chunk_id=chunk_id, skip_tenants=skip, count_pending=count_pending,
+            descending=bool(newest_first(spec)),
+        )  # fmt: skip
         if claim is None:
             return Outcome(
                 NO_WORK if not skip else BUSY, reason="tenant ceilings reached" if skip else ""
@@ -478,7 +502,17 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
                 return Outcome(FAILED, chunk_id, reason=str(failed).splitlines()[0])
             statement = P.delete_rows(spec, archived.ctids, by_tenant=by_tenant)
         else:
-            statement = P.delete_chunk(spec, **rows, by_tenant=by_tenant, cascade=cascade)
+            condition = cascade
+            selfs = newest_first(spec)
+            if selfs:  # rows a row that stays references are spared, not failed on
+
+                def chunk(alias: str) -> P.Fragment:
+                    with P.aliased(alias):
+                        return P.chunk_rows(spec, **rows)
+
+                spare = cascades.spare_referenced(spec, selfs, chunk)
+                condition = spare if cascade is None else P.Fragment.join([cascade, spare], " AND ")
+            statement = P.delete_chunk(spec, **rows, by_tenant=by_tenant, cascade=condition)
         try:
             deleted, tenant_rows, head, table_rows = _delete(
                 statement,
@@ -917,6 +951,7 @@ def _pace(run: Run, outcome: Outcome, deadline: float) -> None:
         stopping.sleep(min(wait, max(0.0, deadline - time.monotonic())))
 
 
+WHOLE_PASS = 10**9  # the planning window of a run planned whole before its first claim
 # a worker with nothing to claim while another worker's planner holds the cursors waits for
 # that window this long at most (``planner.wait_for_window``: it wakes when the window commits)
 PLANNING_WAIT_S = 2.0
@@ -1188,10 +1223,25 @@ def drain(
                     return stats
                 stopping.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
                 continue
+            with P.cached_types(types_token(run)):
+                whole = bool(newest_first(run.policy_version.parsed))
+            if whole and not run.planner_done and planner_busy:
+                # newest first: no chunk is claimed before the last one is planned
+                planner.wait_for_window(
+                    run, min(PLANNING_WAIT_S, max(0.001, deadline - time.monotonic()))
+                )
+                planner_busy = False
+                run = load()
+                if run is None or run.state != Run.State.ACTIVE:
+                    stats["stopped"] = f"run is {run.state if run else 'gone'}"
+                    return stats
+                continue
             if not run.planner_done and not planner_busy:
                 if pending is None:
                     pending = Chunk.objects.pending().filter(run=run).count()
                 ahead = planning_window(run, window, measured=sizing.measured)
+                if whole:  # every chunk of the pass, before the newest is claimed
+                    ahead = WHOLE_PASS
                 if pending <= ahead // 2:
                     pending = None  # the next claim counts them again
                     try:
@@ -1220,6 +1270,8 @@ def drain(
                             )
                         )
                         continue
+            if whole and not run.planner_done:
+                continue  # the planner's next step (its deadline or another's cursors ended it)
             outcome = process_one(run)
         except DatabaseError as exc:
             # The connection failed (killed backend, server restart) between or inside chunk
