@@ -140,27 +140,40 @@ def spare_referenced(spec: PolicySpec, edges: list[Edge], chunk) -> P.Fragment:
     rows spared are found once, by one recursive query the DELETE reads as a hashed set: the
     chunk's rows referenced by a row outside them, then the chunk's rows those reference, …"""
     target = sql.Identifier(spec.schema, spec.table)
-    seed_t, seed_r = chunk("s"), chunk("r")
+    rows = chunk("s")
     step_t = chunk("n")
+    carried = list(dict.fromkeys(c for e in edges for c in e.referenced))
+    names = [f"k{i}" for i in range(len(carried))]
 
-    def refs(child: str, parent: str, e: Edge) -> sql.Composable:
-        return _match(e, child, parent)
-
-    outside = sql.SQL(" OR ").join(
-        sql.SQL("EXISTS (SELECT 1 FROM {t} AS r WHERE {m} AND ({c}) IS NOT TRUE)").format(
-            t=target, m=refs("r", "s", e), c=seed_r.sql
+    def referencing(e: Edge) -> sql.Composable:
+        # a row of the table outside the chunk's rows references the chunk's row ``c``
+        match = sql.SQL(" AND ").join(
+            sql.SQL("r.{} = c.{}").format(
+                sql.Identifier(x), sql.Identifier(names[carried.index(y)])
+            )
+            for x, y in zip(e.columns, e.referenced, strict=True)
         )
-        for e in edges
-    )
-    step = sql.SQL(" OR ").join(sql.SQL("({})").format(refs("b", "n", e)) for e in edges)
+        return sql.SQL(
+            "EXISTS (SELECT 1 FROM {t} AS r WHERE {m} AND r.ctid NOT IN (SELECT tid FROM c))"
+        ).format(t=target, m=match)
+
+    step = sql.SQL(" OR ").join(sql.SQL("({})").format(_match(e, "b", "n")) for e in edges)
     text = sql.SQL(
-        "t.ctid NOT IN (WITH RECURSIVE spared(tid) AS ("
-        "SELECT s.ctid FROM {t} AS s WHERE ({seed}) AND ({outside})"
+        "t.ctid NOT IN (WITH RECURSIVE c AS MATERIALIZED (SELECT s.ctid AS tid, {carry}"
+        " FROM {t} AS s WHERE {rows}),"
+        " spared(tid) AS (SELECT c.tid FROM c WHERE {outside}"
         " UNION SELECT n.ctid FROM spared JOIN {t} AS b ON b.ctid = spared.tid"
         " JOIN {t} AS n ON {step} WHERE {nc}) SELECT tid FROM spared)"
-    ).format(t=target, seed=seed_t.sql, outside=outside, step=step, nc=step_t.sql)
-    params = [*seed_t.params, *([*seed_r.params] * len(edges)), *step_t.params]
-    return P.Fragment(text, params)
+    ).format(
+        carry=sql.SQL(", ").join(
+            sql.SQL("s.{} AS {}").format(sql.Identifier(x), sql.Identifier(n))
+            for x, n in zip(carried, names, strict=True)
+        ),
+        t=target, rows=rows.sql,
+        outside=sql.SQL(" OR ").join(referencing(e) for e in edges),
+        step=step, nc=step_t.sql,
+    )  # fmt: skip
+    return P.Fragment(text, [*rows.params, *step_t.params])
 
 
 def reached_by_cascades(spec: PolicySpec) -> bool:
