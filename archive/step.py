@@ -72,11 +72,14 @@ def archive_chunk(
     attempt: int,
     rows: dict,
     cascade: P.Fragment | None = None,
+    spare: P.Fragment | None = None,
 ) -> ArchivedChunk:
     """Lock and archive the rows of one chunk (``rows``: ``predicate.read_chunk``'s scope
     arguments, as the DELETE gets them) on ``conn``, inside its open transaction.
     ``cascade``: the table's cascade guard — a cascading foreign key that appeared after the
-    version was approved, whose child rows would go without a copy: refused."""
+    version was approved, whose child rows would go without a copy: refused. ``spare``: the
+    rows of a table that references itself which a row that stays references (the worker's
+    ``cascades.spare_referenced``), neither archived nor deleted."""
     if cascade is not None:
         raise ArchiveFailed(
             SpecError(
@@ -88,7 +91,7 @@ def archive_chunk(
     select = sql.SQL(", ").join(
         sql.SQL("{}::text" if c.as_text else "{}").format(P.col(c.name)) for c in cols
     )
-    statement = P.read_chunk(spec, select=select, **rows)
+    statement = P.read_chunk(spec, select=select, extra=spare, **rows)
     schema = C.schema_of(cols, {"pg_table": spec.qualified_table})
     done = ArchivedChunk(spec.archive_to or "")
     name = objects.object_name(spec.slug, run_id, chunk_id, attempt)

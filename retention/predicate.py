@@ -1083,13 +1083,16 @@ def read_chunk(
     key_to,
     outside: Sequence[Scope] = (),
     columns=None,
+    extra: Fragment | None = None,
 ) -> Fragment:
     """``SELECT t.ctid, {select} … FOR UPDATE`` of exactly the rows ``delete_chunk`` (same
-    arguments) would delete — its scope and its whole eligibility predicate, holds and keep
+    arguments; ``extra`` as its ``cascade``) would delete — its scope and its whole eligibility predicate, holds and keep
     rules included — in the order of the chunk columns and the key (then the row's place, so
     the same rows always come in the same order). The archive reads a chunk's rows with it
     and then deletes just those rows (``delete_rows``)."""
     scope, cond = _chunk_rows(spec, policy_id, cutoff, tenant, key_from, key_to, outside, columns)
+    if extra is not None:
+        cond = Fragment.join([cond, extra], " AND ")
     order = list(dict.fromkeys([*chunk_columns(spec, columns), *spec.key_columns]))
     return Fragment(
         sql.SQL(

@@ -490,12 +490,21 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
         by_tenant = bool(spec.tenant) and not per_tenant
         if run.counts_only:
             return _count_chunk(run, spec, claim, rows, cascade, t0, commit=own)
+        spare = None
+        selfs = newest_first(spec)
+        if selfs:  # rows a row that stays references are spared, not failed on
+
+            def chunk(alias: str) -> P.Fragment:
+                with P.aliased(alias):
+                    return P.chunk_rows(spec, **rows)
+
+            spare = cascades.spare_referenced(spec, selfs, chunk)
         archived = None
         if spec.archive_dir:  # the rows locked and copied first; the DELETE takes just those
             try:
                 archived = archive_step.archive_chunk(
                     connection, spec, run_id=run.id, chunk_id=chunk_id, attempt=attempts + 1,
-                    rows=rows, cascade=cascade,
+                    rows=rows, cascade=cascade, spare=spare,
                 )  # fmt: skip
             except archive_step.ArchiveFailed as failed:
                 _record_failure(run, chunk_id, attempts, failed.error)
@@ -503,14 +512,7 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
             statement = P.delete_rows(spec, archived.ctids, by_tenant=by_tenant)
         else:
             condition = cascade
-            selfs = newest_first(spec)
-            if selfs:  # rows a row that stays references are spared, not failed on
-
-                def chunk(alias: str) -> P.Fragment:
-                    with P.aliased(alias):
-                        return P.chunk_rows(spec, **rows)
-
-                spare = cascades.spare_referenced(spec, selfs, chunk)
+            if spare is not None:
                 condition = spare if cascade is None else P.Fragment.join([cascade, spare], " AND ")
             statement = P.delete_chunk(spec, **rows, by_tenant=by_tenant, cascade=condition)
         try:
