@@ -154,6 +154,13 @@ def test_the_controller_halves_to_its_floor_says_so_and_steps_back_up(run, clien
     assert "over the budget at the controller&#x27;s minimum" in page
     overview = client_for("viewer").get(reverse("home")).content.decode()
     assert "over the budget at the controller&#x27;s minimum" in overview
+    # the measured p99 beside its limit in ms, on both pages (one measure: the step's)
+    assert state["latency"] == {
+        "p99_ms": 10.0, "limit_ms": 3.0, "signal": "probe", "over": True, "on_its_own": False,
+    }  # fmt: skip
+    assert state["signals"]["fg_p99_ms"] == {"value": 10.0, "threshold": 3.0, "unit": "ms"}
+    for shown in (page, overview):
+        assert 'data-testid="guard-latency">probe p99 10 ms, limit 3 ms' in shown
 
     status = run_status(run)["guard_control"]
     assert (status["budget"], status["inflation"], status["concurrency"]) == (1.5, 5.0, 1)
