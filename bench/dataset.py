@@ -85,6 +85,12 @@ SHAPES: dict[str, Shape] = {
               " and (occurred_at) indexed; policy tenant = tenant_id",
               tenant_sql="1 + (g %% 50)::int", indexes=(("tenant_id", "occurred_at"), ("occurred_at",)),
               tenant_policy=True, tenant_read_order="occurred_at"),
+        Shape("interleaved-random-tenant", "60 tenants round-robin on every heap page, occurred_at"
+              " uniform over the span (not correlated with the key); only (tenant_id, occurred_at)"
+              " and (occurred_at) indexed; policy tenant = tenant_id (a user's accounts table)",
+              tenant_sql="1 + (g %% 60)::int", ts_sql=_RANDOM_AGE,
+              indexes=(("tenant_id", "occurred_at"), ("occurred_at",)), tenant_policy=True,
+              tenant_read_order="occurred_at"),
         Shape("clustered-tenants", "heap clustered by tenant (each tenant's rows contiguous, in key"
               " order); (tenant_id, id) index; policy tenant = tenant_id",
               order_sql="tenant_id, id", tenant_policy=True),
