@@ -263,8 +263,8 @@ def contender(
         fg = stop_load(load)
     t1 = t0 + seconds
     deleted, first, last = conn.execute(
-        "SELECT coalesce(sum(rows_deleted), 0), extract(epoch FROM min(started_at)),"
-        " extract(epoch FROM max(committed_at)) FROM runs_auditrecord WHERE policy_slug = %s",
+        "SELECT coalesce(sum(rows_deleted), 0), extract(epoch FROM min(started_at))::float8,"
+        " extract(epoch FROM max(committed_at))::float8 FROM runs_auditrecord WHERE policy_slug = %s",
         [slug],
     ).fetchone()
     drained = conn.execute(
@@ -299,7 +299,7 @@ def contender(
             {"t": round(at - t0, 2), "action": action, "concurrency": c, "chunk_ms": ms,
              "duty_cycle": duty, "p99_ms": p99, "limit_ms": lim}
             for at, action, c, ms, duty, p99, lim in conn.execute(
-                "SELECT extract(epoch FROM s.taken_at), s.action, s.concurrency, s.chunk_ms,"
+                "SELECT extract(epoch FROM s.taken_at)::float8, s.action, s.concurrency, s.chunk_ms,"
                 " s.duty_cycle, s.probe_p99_ms, s.limit_ms FROM runs_guardcontrolstep s"
                 " JOIN retention_policy p ON p.id = s.policy_id WHERE p.slug = %s ORDER BY s.id",
                 [slug],
