@@ -15,7 +15,7 @@ from runs.evidence import anchors, exports
 
 from . import commands, schemas
 from .auth import Token
-from .errors import not_found
+from .errors import ApiError, not_found
 from .schemas import ERRORS
 
 router = Router(tags=["audit"])
@@ -50,4 +50,9 @@ def latest_checkpoint(request):
 def export(request):
     """The audit records as CSV (the audit page's export; filters ``policy``, ``run``,
     ``tenant``, ``from``, ``to``)."""
-    return exports.csv_response(exports.AuditFilters.from_query(request.GET))
+    filters = exports.AuditFilters.from_query(request.GET)
+    if filters.errors:  # the documented error shape, as every other endpoint's
+        unknown_run = any(e.startswith("run: no run") for e in filters.errors)
+        raise ApiError(404 if unknown_run else 400, "not_found" if unknown_run else "invalid",
+                       "; ".join(filters.errors))  # fmt: skip
+    return exports.csv_response(filters)

@@ -40,7 +40,12 @@ def classify(exc: Exception) -> ApiError | None:
         return exc
     for kind, status, code in MAPPING:
         if isinstance(exc, kind):
-            return ApiError(status, code, str(exc) or code.replace("_", " "))
+            message = str(exc) or code.replace("_", " ")
+            if kind is StaleDecision:  # an API caller sent If-Match; no page was loaded
+                message = message.replace(
+                    "changed since the page was loaded", "changed since the ETag sent as If-Match"
+                ).replace("reload and decide again", "GET it again (a new ETag) and decide again")
+            return ApiError(status, code, message)
     return None
 
 

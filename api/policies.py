@@ -96,6 +96,22 @@ def plan(request, body: schemas.PolicyFiles):
     )
 
 
+@router.post("/policy-files/pull", response={200: schemas.Pulled, **ERRORS_DOC}, auth=Token())
+def pull(request, body: schemas.PullIn):
+    """Each policy's approved version as a policy file (``retention policy pull DIR``): the
+    client sends the directory's files, the answer carries those that differ, to write."""
+    options = {"dir": body.dir, "existing": {f.name: f.toml for f in body.files}}
+    output = commands.run(policy_cli.policy_pull, options)
+    return {"output": output, "files": options.get("files", [])}
+
+
+@router.get("/policies/{slug}/file", response={200: commands.Output, **ERRORS_DOC}, auth=Token())
+def show(request, slug: str, version: int | None = None, toml: bool = False):
+    """A version (the approved one unless ``version``) as its policy file (``retention
+    policy show SLUG [--version N] [--toml]``)."""
+    return commands.run(policy_cli.policy_show, slug=slug, number=version, toml=toml)
+
+
 @router.post(
     "/policy-files/apply", response={200: commands.Output, **ERRORS_DOC}, auth=Token(COMPLIANCE)
 )

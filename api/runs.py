@@ -85,6 +85,8 @@ _control("resume", run_cli._control("resume_run"), "Resume a paused run")
 _control("cancel", run_cli._control("cancel_run"), "End a run; pending chunks are cancelled")
 _control("confirm", run_cli._control("confirm_run"),
          "Start a run held for blast-radius confirmation")  # fmt: skip
+_control("retry", run_cli._control("retry_run"),
+         "Replay a run's dead letters of a run-level cause and resume it")  # fmt: skip
 
 
 @router.post("/runs/{path:key}/check", response={200: commands.Output, **ERRORS},
@@ -131,6 +133,39 @@ def dead_letters(request, open: bool = True):
         }
         for d in letters[:500]
     ]  # fmt: skip
+
+
+@router.get("/listings/runs", response={200: commands.Output, **ERRORS}, auth=Token())
+def runs_listing(request, policy: str = "", state: str = "", limit: int = 50):
+    """The latest runs as the command line prints them (``retention runs``)."""
+    return commands.run(run_cli.runs_list, policy=policy, state=state, limit=limit)
+
+
+@router.get("/listings/dead-letters", response={200: commands.Output, **ERRORS}, auth=Token())
+def dead_letters_listing(
+    request, run: str = "", all: bool = False, cause: str = "", table: str = "", policy: str = ""
+):
+    """Dead letters as the command line prints them (``retention dead-letters [RUN]``)."""
+    return commands.run(run_cli.dead_letters, run_key=run, all=all, cause=cause, table=table,
+                        policy=policy)  # fmt: skip
+
+
+def _bulk(name: str, handler, text: str):
+    @router.post(f"/dead-letters/{name}", response={200: schemas.Done, **ERRORS},
+                 auth=Token(ONCALL), operation_id=f"dead_letters_{name}", summary=text)  # fmt: skip
+    def endpoint(request, body: schemas.BulkLetters):
+        options = body.dict()
+        return {"output": commands.run(handler, options)}
+
+    endpoint.__doc__ = (
+        f"{text} (``retention {name} ID…`` or ``--all``): the ``ids``, or with ``all`` every "
+        "open dead letter matching ``run``, ``cause``, ``table`` and ``policy``; one reason, "
+        "all or none, one operator-log row listing the ids."
+    )
+
+
+_bulk("replay", run_cli.replay, "Replay dead letters")
+_bulk("discard", run_cli.discard, "Discard dead letters")
 
 
 def _letter(name: str, handler, text: str):

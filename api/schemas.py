@@ -102,6 +102,16 @@ class PolicyFiles(Schema):
     reason: str = ""
 
 
+class PullIn(Schema):
+    dir: str = Field("", description="the directory's name, as the command line prints it")
+    files: list[PolicyFile] = Field(default_factory=list, description="its policy files now")
+
+
+class Pulled(Schema):
+    output: Output
+    files: list[PolicyFile] = Field(description="the files to write (those that differ)")
+
+
 class Approval(Schema):
     reason: str = ""
     password: str = Field(
@@ -188,6 +198,16 @@ class TriggerIn(Schema):
 
 class Triggered(Done):
     run_key: str
+
+
+class BulkLetters(Schema):
+    ids: list[int] = Field(default_factory=list, description="dead letter ids")
+    all: bool = Field(False, description="every open dead letter matching the filters")
+    run: str = Field("", description="with all: a run key or id")
+    cause: str = Field("", description="with all: a SQLSTATE (42703) or a whole cause")
+    table: str = Field("", description="with all: orders or public.orders")
+    policy: str = Field("", description="with all: a policy slug")
+    reason: str = Field("", description="one reason for the batch")
 
 
 class DeadLetterOut(Schema):

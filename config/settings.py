@@ -70,6 +70,9 @@ RETENTION = {
         "RETENTION_BOUND_ESTIMATE_ROWS", 10_000, minimum=0, maximum=10_000_000
     ),
     "MAX_ATTEMPTS": env_int("RETENTION_MAX_ATTEMPTS", 5, minimum=1, maximum=100),
+    # the run's circuit breaker: this many chunks in a row failing with the same run-level
+    # cause (SQLSTATE and object) stop the run, its chunks kept pending (runs.engine.breaker)
+    "BREAKER_CHUNKS": env_int("RETENTION_BREAKER_CHUNKS", 3, minimum=1, maximum=100),
     "SPLIT_FLOOR_ROWS": env_int("RETENTION_SPLIT_FLOOR_ROWS", 50, minimum=1),
     # Off by default: a chunk's DELETE, audit row and state commit together, so a commit
     # lost in a crash loses all three and the chunk is simply redone (docs/engine.md).

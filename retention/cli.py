@@ -8,6 +8,7 @@ through ``retention.actions``, so the CLI and the pages obey the same rules.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from django.core.management.base import CommandError
@@ -20,7 +21,7 @@ from retention.holds import coverage as hold_coverage
 from retention.models import LegalHold, Policy, PolicyVersion, RetentionFloor
 from retention.periods import label as period_label
 from retention.preview import preview, without_tenant_text
-from retention.spec import load_toml
+from retention.spec import did_you_mean, load_toml
 
 CLAIM_HELP = "optional check: refused unless RETENTION_TOKEN belongs to this user"
 
@@ -70,6 +71,20 @@ def register(areas) -> None:
 
     p = sub.add_parser("list", help="policies and the state of their versions")
     p.set_defaults(handler=policy_list)
+
+    p = sub.add_parser("show", help="a version (the approved one unless --version) as a file")
+    p.add_argument("slug")
+    p.add_argument("--version", dest="number", type=int, metavar="N")
+    p.add_argument("--toml", action="store_true", help="the policy file only")
+    p.set_defaults(handler=policy_show)
+
+    p = sub.add_parser(
+        "pull",
+        help="write each policy's approved version into DIR as SLUG.toml, so that the "
+        "directory matches what was approved (then `policy plan DIR` reports no change)",
+    )
+    p.add_argument("dir", metavar="DIR")
+    p.set_defaults(handler=policy_pull)
 
     for name, help_text in (("enable", "enable a policy"), ("disable", "disable a policy")):
         p = sub.add_parser(name, help=f"{help_text} (its schedule follows)")
@@ -146,8 +161,57 @@ def register(areas) -> None:
 def _policy(slug: str) -> Policy:
     policy = Policy.objects.filter(slug=slug).first()
     if policy is None:
-        raise CommandError(f"unknown policy {slug!r}")
+        near = did_you_mean(slug, Policy.objects.values_list("slug", flat=True))
+        raise CommandError(f"unknown policy {slug!r}{near}")
     return policy
+
+
+@one_line
+def policy_show(command, options) -> None:
+    """``policy show SLUG [--version N] [--toml]``: the version as its policy file; without
+    ``--toml`` a comment line first says which version it is."""
+    policy = _policy(options["slug"])
+    if options.get("number"):
+        version = _version(policy.slug, options["number"])
+    else:
+        version = policy.approved_version or policy.versions.order_by("-number").first()
+        if version is None:
+            raise CommandError(f"policy {policy.slug!r} has no version")
+    if not options.get("toml"):
+        command.stdout.write(
+            f"# {policy.slug} v{version.number} ({version.state}), content hash "
+            f"{version.content_hash}"
+        )
+    command.stdout.write(version.parsed.to_toml(), ending="")
+
+
+@one_line
+def policy_pull(command, options) -> None:
+    """``policy pull DIR``: each approved version written as ``DIR/SLUG.toml``
+    (``policies_as_code.pulled``); a file already equal is left as it is. Over the API the
+    client sends the directory's files (``options["existing"]``) and writes those the
+    answer carries (``options["files"]``)."""
+    folder = Path(options["dir"])
+    existing = options.get("existing")
+    local = existing is None
+    if local:
+        if not folder.is_dir():
+            raise CommandError(f"{folder} is not a directory")
+        existing = dict(read_policy_dir(str(folder)))
+    files = policies_as_code.pulled()
+    options["files"] = []
+    for name, text, version in files:
+        same = existing.get(name) == text
+        if not same:
+            options["files"].append({"name": name, "toml": text})
+            if local:
+                (folder / name).write_text(text, encoding="utf-8")
+        command.stdout.write(
+            f"{folder / name}: {'already up to date' if same else 'written'} "
+            f"({version.policy.slug} approved v{version.number})"
+        )
+    if not files:
+        command.stdout.write("no approved policy to pull")
 
 
 def _version(slug: str, number: int) -> PolicyVersion:
@@ -197,6 +261,17 @@ def apply_text(command, text: str, options) -> None:
         command.stdout.write(_preview_summary(version.preview))
 
 
+_LINE = re.compile(r"^line (\d+): ")
+
+
+def file_error(name: str, error: str) -> str:
+    """``events.toml:10: error: unknown key …`` — the file and line an error is about."""
+    found = _LINE.match(error)
+    if found:
+        return f"{name}:{found.group(1)}: error: {error[found.end() :]}"
+    return f"{name}: error: {error}"
+
+
 @one_line
 def policy_plan(command, options) -> int:
     return plan_files(command, read_policy_dir(options["dir"]), options)
@@ -208,7 +283,7 @@ def plan_files(command, files: list[tuple[str, str]], options) -> int:
     write = command.stdout.write
     for item in planned:
         if item.error:
-            write(f"{item.file}: error: {item.error}")
+            write(file_error(item.file, item.error))
             continue
         if not item.changed:
             write(f"{item.slug}: no change (approved v{item.approved.number}, {item.file})")
@@ -248,7 +323,7 @@ def apply_files(command, files: list[tuple[str, str]], options) -> int:
     write = command.stdout.write
     for item in planned:
         if item.error:
-            write(f"{item.file}: error: {item.error}")
+            write(file_error(item.file, item.error))
     if any(item.error for item in planned):
         raise CommandError("nothing was submitted: fix the file(s) above")
     submitted = policies_as_code.apply(planned, actor=author, reason=options["reason"])

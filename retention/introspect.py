@@ -24,7 +24,7 @@ from psycopg import sql
 from core import timeouts
 from database.schema import product_table_names
 from retention import cascades, holds, partitions, predicate
-from retention.spec import PolicySpec, SpecError
+from retention.spec import PolicySpec, SpecError, did_you_mean
 
 KEY_TYPES = ("int2", "int4", "int8")
 TIMESTAMP_TYPES = ("timestamptz", "timestamp", "date")
@@ -106,7 +106,17 @@ def table_oid(schema: str, table: str) -> int:
         [schema, table],
     )
     if not rows:
-        raise SpecError(f"table {schema}.{table} does not exist")
+        near = _fetch(
+            "SELECT n.nspname || '.' || c.relname FROM pg_catalog.pg_class c"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.relkind IN ('r', 'p') AND n.nspname = %s",
+            [schema],
+        )
+        raise SpecError(
+            f"table {schema}.{table} does not exist"
+            f"{did_you_mean(f'{schema}.{table}', [r[0] for r in near])}",
+            field="table",
+        )
     oid, relkind = rows[0]
     if relkind not in ("r", "p"):
         raise SpecError(f"{schema}.{table} is not a table (relkind {relkind!r})")
@@ -170,7 +180,10 @@ def table_columns(oid: int) -> dict[str, Column]:
 def _column(columns: dict[str, Column], name: str, where: str, table: str) -> Column:
     col = columns.get(name)
     if col is None:
-        raise SpecError(f"{where} column {name!r} does not exist in table {table}")
+        raise SpecError(
+            f"{where} column {name!r} does not exist in table {table}{did_you_mean(name, columns)}",
+            field=where if where in ("key", "timestamp", "tenant") else "",
+        )
     return col
 
 

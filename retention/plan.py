@@ -21,7 +21,7 @@ from retention import actions, floors, introspect
 from retention.diff import spec_diff
 from retention.models import Policy, PolicyVersion
 from retention.preview import preview
-from retention.spec import PolicySpec, SpecError, load_toml
+from retention.spec import PolicySpec, SpecError, load_toml, located
 
 EXIT_NOTHING, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 State = PolicyVersion.State
@@ -62,6 +62,17 @@ class PlannedPolicy:
         }
 
 
+def pulled() -> list[tuple[str, str, PolicyVersion]]:
+    """Each policy's approved version as a policy file: ``(SLUG.toml, text, version)`` by
+    slug. Planning a directory of these reports no change (``load_toml(spec.to_toml())``
+    is the same spec, with the same content hash)."""
+    versions = PolicyVersion.objects.filter(state=State.APPROVED).select_related("policy")
+    return sorted(
+        ((f"{v.policy.slug}.toml", v.parsed.to_toml(), v) for v in versions),
+        key=lambda item: item[0],
+    )
+
+
 def plan(files: list[tuple[str, str]], *, with_preview: bool = True) -> list[PlannedPolicy]:
     """Each ``(file name, TOML text)`` compared with its policy's approved version, in file
     order. A file that does not parse or validate, or a slug named twice, is an ``error``."""
@@ -74,7 +85,10 @@ def plan(files: list[tuple[str, str]], *, with_preview: bool = True) -> list[Pla
             item.spec = load_toml(text)
             introspect.validate(item.spec)
             floors.check_version(item.spec)  # what apply would refuse, plan says
-        except (SpecError, floors.FloorViolation) as exc:
+        except SpecError as exc:
+            item.error = str(located(exc, text))
+            continue
+        except floors.FloorViolation as exc:
             item.error = str(exc)
             continue
         if item.spec.slug in seen:

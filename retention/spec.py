@@ -8,6 +8,7 @@ table and columns exist is ``retention.introspect``'s job.
 from __future__ import annotations
 
 import calendar
+import difflib
 import hashlib
 import json
 import re
@@ -64,7 +65,73 @@ GUARD_DEFAULTS = {
 
 
 class SpecError(ValueError):
-    """A policy specification is malformed; the message names the field."""
+    """A policy specification is malformed; the message names the field. ``field``: the key
+    it is about (``chunk_sise``, ``keep[0].column``), for ``located`` to find its line."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def did_you_mean(word: str, choices) -> str:
+    """`` (did you mean 'chunk_size'?)`` for the closest of ``choices``, else ''."""
+    near = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+_FIELD_AT_START = re.compile(r"^(?:keep\[\d+\]:? ?)?([A-Za-z_][\w.]*(?:\[\d+\])?(?:\.\w+)?)\b")
+
+
+def line_of(text: str, field: str) -> int | None:
+    """The line (from 1) of a policy file's ``text`` where ``field`` is set: ``chunk_size``,
+    ``limits.policy_workers`` (under ``[limits]``), ``keep[1].column`` (in the second
+    ``[[keep]]``); None when it is not written there."""
+    if not field:
+        return None
+    section, index, key = "", None, field
+    found = re.fullmatch(r"(\w+)(?:\[(\d+)\])?\.(\w+)", field)
+    if found:
+        section, index, key = found.group(1), found.group(2), found.group(3)
+    elif re.fullmatch(r"(\w+)\[(\d+)\]", field):
+        section, index = re.fullmatch(r"(\w+)\[(\d+)\]", field).groups()
+        key = ""
+    current, seen = "", -1
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        header = re.fullmatch(r"\[\[?\s*(\w+)\s*\]\]?.*", stripped)
+        if header:
+            current = header.group(1)
+            if current == section and stripped.startswith("[["):
+                seen += 1
+            if section and not key and current == section and str(seen) == str(index):
+                return number
+            continue
+        if not re.match(rf'^"?{re.escape(key)}"?\s*=', stripped) or not key:
+            continue
+        if section == "" and current == "":
+            return number
+        if current == section and (index is None or str(seen) == str(index)):
+            return number
+    return None
+
+
+def located(exc: SpecError, text: str) -> SpecError:
+    """``exc`` with the line of the file it is about in front (``line 7: …``), when found."""
+    field = exc.field
+    if not field:
+        match = _FIELD_AT_START.match(str(exc))
+        field = match.group(1) if match else ""
+        found = re.match(r"^keep\[(\d+)\]:? (?:column '?(\w+)'?)?", str(exc))
+        if found:
+            field = (
+                f"keep[{found.group(1)}].column" if found.group(2) else f"keep[{found.group(1)}]"
+            )
+    number = line_of(text, field)
+    if number is None or str(exc).startswith("line "):
+        return exc
+    out = SpecError(f"line {number}: {exc}", field=field)
+    out.line = number
+    return out
 
 
 MAX_KEY_COLUMNS = 4
@@ -123,8 +190,11 @@ def _choice(value, where: str, choices) -> str:
 def _no_unknown(data: dict, allowed: set[str], where: str) -> None:
     unknown = sorted(set(data) - allowed)
     if unknown:
+        section = where if re.fullmatch(r"\w+(\[\d+\])?", where) and where != "the policy" else ""
         raise SpecError(
-            f"unknown key{'s' if len(unknown) > 1 else ''} in {where}: {', '.join(unknown)}"
+            f"unknown key{'s' if len(unknown) > 1 else ''} in {where}: "
+            + ", ".join(f"{key}{did_you_mean(key, allowed)}" for key in unknown),
+            field=f"{section}.{unknown[0]}" if section else unknown[0],
         )
 
 
@@ -1230,7 +1300,10 @@ def load_toml(text: str) -> PolicySpec:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"malformed TOML: {exc}") from None
-    return PolicySpec.parse(data)
+    try:
+        return PolicySpec.parse(data)
+    except SpecError as exc:
+        raise located(exc, text) from None
 
 
 # -- the form editor: the common fields of a version, edited and written back as a policy file --

@@ -501,37 +501,68 @@ def _resolve_open_letter(letter: DeadLetter, resolution: str, *, actor, reason: 
     return letter
 
 
-@transaction.atomic
-def replay_dead_letter(letter: DeadLetter, *, actor, reason: str) -> Chunk | None:
-    """Put the dead-lettered chunk back, with the same identity and scope."""
+def _replay_one(
+    letter: DeadLetter, *, actor, reason: str, reset_attempts: bool = True
+) -> Run | None:
+    """Put one open dead letter's chunk back (inside the caller's transaction); its run."""
     letter = _resolve_open_letter(
         letter, DeadLetter.Resolution.REPLAYED, actor=actor, reason=reason
     )
-    chunk = None
     if letter.chunk_id:
         chunk = Chunk.objects.select_for_update().get(pk=letter.chunk_id)
-        chunk.state, chunk.attempts, chunk.not_before = Chunk.State.PENDING, 0, timezone.now()
-        chunk.save(update_fields=["state", "attempts", "not_before"])
+        chunk.state, chunk.not_before, chunk.claimed_at = (
+            Chunk.State.PENDING,
+            timezone.now(),
+            None,
+        )
+        if reset_attempts:
+            chunk.attempts = 0
+        chunk.save(update_fields=["state", "attempts", "not_before", "claimed_at"])
     if _partition_of(letter) is not None:  # the partition is tried again at once
         PartitionAction.objects.filter(
             pk=_partition_of(letter), state=PartitionAction.State.DETACHING
         ).update(attempts=0, not_before=None)
-    record_action(actor, "dead_letter.replay", letter, reason=reason, chunk=letter.chunk_id)
-    run = letter.run
-    if run is not None and run.state in (Run.State.ATTENTION, Run.State.ACTIVE):
+    return letter.run
+
+
+def _go_on(runs: dict[int, Run], *, attention_only_when_clear: bool) -> None:
+    """After letters were decided: each of their runs that needs attention (and, for
+    discards, has no open letter left) goes on, and every open run's chunks are admissible
+    now — one fresh lease generation per slot, whatever the number of letters."""
+    for run in runs.values():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.state not in (Run.State.ATTENTION, Run.State.ACTIVE):
+            continue
         if run.state == Run.State.ATTENTION:
+            if (
+                attention_only_when_clear
+                and DeadLetter.objects.filter(
+                    run=run, resolution=DeadLetter.Resolution.OPEN
+                ).exists()
+            ):
+                continue
             run.state, run.state_reason = Run.State.ACTIVE, ""
             run.save(update_fields=["state", "state_reason"])
+        Chunk.objects.pending().filter(run=run, not_before__gt=timezone.now()).update(
+            not_before=timezone.now()
+        )
         dispatch.republish_all(run)
-    return chunk
 
 
 @transaction.atomic
-def discard_dead_letter(letter: DeadLetter, *, actor, reason: str) -> DeadLetter:
-    """Give up on the chunk: it stays dead, its rows stay; the decision is on record. Its scope
-    is left out of the run's later passes, their DELETEs and its verification; a run excludes
-    at most ``MAX_DISCARDED_SCOPES`` scopes, so discarding one more is refused (cancel the run,
-    or remove the cause and replay)."""
+def replay_dead_letter(letter: DeadLetter, *, actor, reason: str) -> Chunk | None:
+    """Put the dead-lettered chunk back, with the same identity and scope."""
+    run = _replay_one(letter, actor=actor, reason=reason)
+    letter.refresh_from_db()
+    record_action(actor, "dead_letter.replay", letter, reason=reason, chunk=letter.chunk_id)
+    if run is not None:
+        _go_on({run.pk: run}, attention_only_when_clear=False)
+    return Chunk.objects.get(pk=letter.chunk_id) if letter.chunk_id else None
+
+
+def _discard_one(letter: DeadLetter, *, actor, reason: str) -> tuple[DeadLetter, str]:
+    """Give up on one open dead letter (inside the caller's transaction): the letter and the
+    partition it keeps detached ('' for none)."""
     letter = _resolve_open_letter(
         letter, DeadLetter.Resolution.DISCARDED, actor=actor, reason=reason
     )
@@ -545,23 +576,146 @@ def discard_dead_letter(letter: DeadLetter, *, actor, reason: str) -> DeadLetter
                 f"run #{letter.run_id} already excludes {MAX_DISCARDED_SCOPES} discarded scopes,"
                 " the most a run can: cancel the run, or remove the cause and replay"
             )
-    kept = _keep_partition_detached(letter, actor=actor, reason=reason)
+    return letter, _keep_partition_detached(letter, actor=actor, reason=reason)
+
+
+@transaction.atomic
+def discard_dead_letter(letter: DeadLetter, *, actor, reason: str) -> DeadLetter:
+    """Give up on the chunk: it stays dead, its rows stay; the decision is on record. Its scope
+    is left out of the run's later passes, their DELETEs and its verification; a run excludes
+    at most ``MAX_DISCARDED_SCOPES`` scopes, so discarding one more is refused (cancel the run,
+    or remove the cause and replay)."""
+    letter, kept = _discard_one(letter, actor=actor, reason=reason)
     record_action(
         actor, "dead_letter.discard", letter, reason=reason, chunk=letter.chunk_id,
         **({"partition": kept} if kept else {}),
     )  # fmt: skip
     run = letter.run
-    if (
-        run is not None
-        and run.state == Run.State.ATTENTION
-        and not DeadLetter.objects.filter(run=run, resolution=DeadLetter.Resolution.OPEN).exists()
-    ):
-        # the last open decision is made: the run goes on to its verification, where the
+    if run is not None and run.state == Run.State.ATTENTION:
+        # the last open decision made: the run goes on to its verification, where the
         # discarded scope is reported and no longer counts as remaining
-        run.state, run.state_reason = Run.State.ACTIVE, ""
-        run.save(update_fields=["state", "state_reason"])
-        dispatch.republish_all(run)
+        _go_on({run.pk: run}, attention_only_when_clear=True)
     return letter
+
+
+def filter_letters(
+    letters, *, run: Run | None = None, cause: str = "", table: str = "", policy: str = ""
+):
+    """Dead letters of a run, a cause (a SQLSTATE such as ``42703``, or the whole cause
+    ``42703 status``), a table (``orders`` or ``public.orders``) and a policy, oldest first."""
+    from django.db.models import Q
+
+    if run is not None:
+        letters = letters.filter(run=run)
+    if cause:
+        letters = letters.filter(Q(sqlstate=cause) | Q(context__cause=cause))
+    if table:
+        letters = letters.filter(Q(context__table=table) | Q(context__table__endswith=f".{table}"))
+    if policy:
+        letters = letters.filter(run__policy__slug=policy)
+    return letters.order_by("pk")
+
+
+def open_letters_matching(
+    *, run: Run | None = None, cause: str = "", table: str = "", policy: str = ""
+):
+    """The open dead letters a bulk decision names (``filter_letters``)."""
+    letters = DeadLetter.objects.filter(resolution=DeadLetter.Resolution.OPEN).select_related("run")
+    return filter_letters(letters, run=run, cause=cause, table=table, policy=policy)
+
+
+def _batch_target(letters: list[DeadLetter]):
+    runs = {letter.run_id for letter in letters}
+    if len(runs) == 1 and letters[0].run is not None:
+        return letters[0].run
+    return letters[0]
+
+
+@transaction.atomic
+def replay_dead_letters(letters, *, actor, reason: str) -> list[int]:
+    """Replay every letter of ``letters`` with one reason, all or none, on one operator-log
+    row that lists their ids; each run they belong to is admitted at once (one fresh lease
+    generation per slot, not one per letter). Returns the ids."""
+    _check_oncall(actor)
+    reason = require_reason(reason, "replaying dead letters")
+    letters = list(letters)
+    if not letters:
+        raise ActionError("no open dead letter matches")
+    runs: dict[int, Run] = {}
+    for letter in letters:
+        run = _replay_one(letter, actor=actor, reason=reason)
+        if run is not None:
+            runs[run.pk] = run
+    ids = [letter.pk for letter in letters]
+    record_action(
+        actor, "dead_letter.replay_many", _batch_target(letters), reason=reason,
+        dead_letters=ids, runs=sorted({r.run_key for r in runs.values()}),
+    )  # fmt: skip
+    _go_on(runs, attention_only_when_clear=False)
+    return ids
+
+
+@transaction.atomic
+def discard_dead_letters(letters, *, actor, reason: str) -> list[int]:
+    """Discard every letter of ``letters`` with one reason, all or none, on one operator-log
+    row that lists their ids. Returns the ids."""
+    _check_oncall(actor)
+    reason = require_reason(reason, "discarding dead letters")
+    letters = list(letters)
+    if not letters:
+        raise ActionError("no open dead letter matches")
+    runs: dict[int, Run] = {}
+    kept = []
+    for letter in letters:
+        letter, partition = _discard_one(letter, actor=actor, reason=reason)
+        kept += [partition] if partition else []
+        if letter.run is not None:
+            runs[letter.run_id] = letter.run
+    ids = [letter.pk for letter in letters]
+    record_action(
+        actor, "dead_letter.discard_many", _batch_target(letters), reason=reason,
+        dead_letters=ids, runs=sorted({r.run_key for r in runs.values()}),
+        **({"partitions": kept} if kept else {}),
+    )  # fmt: skip
+    _go_on(runs, attention_only_when_clear=True)
+    return ids
+
+
+@transaction.atomic
+def retry_run(run: Run, *, actor, reason: str, expected: str | None = None) -> Run:
+    """After on-call fixed a run-level cause (the circuit breaker's, ``runs.engine.breaker``;
+    a planning failure): replay the run's open dead letters of run-level causes — permanent,
+    not a row's (class 23) and not a partition's, which stay for a person — and resume it,
+    every pending chunk admissible at once. One operator-log row names the letters."""
+    _check_oncall(actor)
+    reason = require_reason(reason, "retrying a run")
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    _check_run_decision(run, expected)
+    letters = [
+        letter
+        for letter in DeadLetter.objects.filter(
+            run=run, resolution=DeadLetter.Resolution.OPEN, error_class="permanent"
+        ).order_by("pk")
+        if not letter.sqlstate.startswith("23")
+        and (letter.context or {}).get("stage") != "partition"
+    ]
+    if run.state not in (Run.State.ATTENTION, Run.State.ACTIVE) or (
+        run.state == Run.State.ACTIVE and not letters
+    ):
+        raise ActionError(
+            f"run {run.run_key} is {run.state}; only a run needing attention, or an active one "
+            "with dead letters of a run-level cause, can be retried"
+        )
+    cause = run.state_reason
+    for letter in letters:
+        _replay_one(letter, actor=actor, reason=reason, reset_attempts=False)
+    record_action(
+        actor, "run.retry", run, reason=reason,
+        dead_letters=[letter.pk for letter in letters], cause=cause[:500],
+    )  # fmt: skip
+    _go_on({run.pk: run}, attention_only_when_clear=False)
+    run.refresh_from_db()
+    return run
 
 
 def _partition_of(letter: DeadLetter) -> int | None:

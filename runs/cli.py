@@ -3,6 +3,7 @@ reconcile|startup|audit`` sub-commands: operations without a browser."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import threading
 import time
@@ -16,9 +17,10 @@ from django.utils import timezone
 from core import locks, timeouts
 from core.cli_identity import acting_user
 from core.filters import as_id
+from core.formatting import state_label
 from core.oplog import verify_operator_log
 from core.seals import broken_seals
-from retention.models import Policy
+from retention.models import KillSwitch, Policy
 from retention.schedule_math import latest_tick, tick_for_period
 from runs import actions, restores
 from runs.actions import (
@@ -39,6 +41,7 @@ from runs.evidence import archives
 from runs.evidence.archives import archived_rows
 from runs.evidence.audit import verify_chain
 from runs.models import DeadLetter, RestoreRequest, Run
+from runs.progress import progress_for
 from runs.status import run_status
 
 
@@ -77,8 +80,17 @@ def trigger(cmd, o):
         policy, tick=_parse_period(policy, o.get("period")), source="manual", actor=_actor(o)
     )
     cmd.stdout.write(run.run_key)
-    if o["verbosity"] > 1:
-        cmd.stderr.write(f"{'created' if created else 'existing'}: {run.state}")
+    if not created:  # the period's run exists: say so, and of which version
+        approved = policy.approved_version
+        note = (
+            f"; the approved version is now v{approved.number}"
+            if approved is not None and approved.pk != run.policy_version_id
+            else ""
+        )
+        cmd.stderr.write(
+            f"already exists: the run of this period, v{run.policy_version.number}, "
+            f"{state_label(run.state)}{note}"
+        )
 
 
 def status(cmd, o):
@@ -90,7 +102,23 @@ def write_status(cmd, data: dict, *, as_json: bool) -> None:
         cmd.stdout.write(json.dumps(data, indent=2, default=str))
         return
     for key, value in data.items():
-        cmd.stdout.write(f"{key:26} {value}")
+        cmd.stdout.write(f"{key:26} {human(value)}")
+
+
+def human(value) -> str:
+    """A status value as a person reads it: no Python reprs (``-`` for none, ``yes``/``no``,
+    ``a 1, b 2`` for a mapping, commas for a list)."""
+    if value is None or value == "" or value == {} or value == []:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
+    if isinstance(value, dict):
+        return "; ".join(f"{k.replace('_', ' ')} {human(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(human(v) for v in value)
+    return str(value)
 
 
 def drain(cmd, o):
@@ -131,6 +159,44 @@ def drain(cmd, o):
         raise CommandError(f"a drain worker failed: {failed[0]!r}")
     total = {k: sum(r[k] for r in results) for k in ("chunks", "rows", "failed")}
     cmd.stdout.write(_drained(total))
+
+
+def runs_list(cmd, o):
+    """``retention runs [--policy SLUG] [--state STATE]``: the latest runs, newest first, one
+    line each with the run's key, version, stage, state and progress (``runs.progress``)."""
+    runs = Run.objects.select_related("policy", "policy_version").order_by("-created_at", "-id")
+    if o.get("policy"):
+        runs = runs.filter(policy=_policy(o["policy"]))
+    if o.get("state"):
+        states = {s.value for s in Run.State}
+        if o["state"] not in states:
+            raise CommandError(
+                f"--state {o['state']!r}: one of {', '.join(sorted(states))}"
+                + (f" (did you mean {near[0]!r}?)" if (near := _near(o["state"], states)) else "")
+            )
+        runs = runs.filter(state=o["state"])
+    runs = list(runs[: max(1, min(o.get("limit") or 50, 500))])
+    if not runs:
+        cmd.stdout.write("no runs")
+        return
+    figures = progress_for([r.pk for r in runs], now=timezone.now())
+    for run in runs:
+        p = figures[run.pk]
+        done = (
+            f"counted {p.rows_deleted:,} row(s)"
+            if run.counts_only
+            else f"deleted {p.rows_deleted:,} of {p.expected_bound}"
+            f"{'' if p.expected_bound == '~' else ' '}{p.rows_expected:,} row(s)"
+        )
+        cmd.stdout.write(
+            f"{run.run_key}  v{run.policy_version.number} {run.rollout}  "
+            f"{state_label(run.state)}  {done}, {p.chunks_done}/{p.chunks_total} chunks  "
+            f"created {run.created_at:%Y-%m-%d %H:%M} UTC"
+        )
+
+
+def _near(word: str, choices) -> list[str]:
+    return difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
 
 
 def _drained(total: dict) -> str:
@@ -220,19 +286,105 @@ def _letter(letter_id: int):
     return letter
 
 
-def replay(cmd, o):
-    chunk = replay_dead_letter(_letter(o["id"]), actor=_actor(o), reason=o["reason"])
-    cmd.stdout.write(
-        f"dead letter #{o['id']} replayed" + (f" as chunk #{chunk.pk}" if chunk else "")
+def _matching(o) -> list[DeadLetter]:
+    """The open dead letters ``--all`` names, narrowed by ``--run``, ``--cause``, ``--table``
+    and ``--policy``."""
+    return list(
+        actions.open_letters_matching(
+            run=_run(o["run"]) if o.get("run") else None,
+            cause=o.get("cause") or "",
+            table=o.get("table") or "",
+            policy=o.get("policy") or "",
+        )
     )
 
 
+def _chosen(o) -> list[DeadLetter] | None:
+    """The letters a bulk command names (``--all`` with filters, or several ids); None for
+    one id (the single decision)."""
+    if o.get("all"):
+        letters = _matching(o)
+        if not letters:
+            raise CommandError("no open dead letter matches")
+        return letters
+    ids = o.get("ids") or ([o["id"]] if o.get("id") is not None else [])
+    if not ids:
+        raise CommandError("name dead letter ids, or --all (with --run, --cause, --table)")
+    if len(ids) == 1:
+        return None
+    return [_letter(i) for i in ids]
+
+
+def _ids(ids: list[int]) -> str:
+    return ", ".join(f"#{i}" for i in ids)
+
+
+def replay(cmd, o):
+    letters = _chosen(o)
+    if letters is None:
+        letter_id = (o.get("ids") or [o.get("id")])[0]
+        chunk = replay_dead_letter(_letter(letter_id), actor=_actor(o), reason=o["reason"])
+        cmd.stdout.write(
+            f"dead letter #{letter_id} replayed" + (f" as chunk #{chunk.pk}" if chunk else "")
+        )
+        return
+    ids = actions.replay_dead_letters(letters, actor=_actor(o), reason=o["reason"])
+    cmd.stdout.write(f"{len(ids)} dead letter(s) replayed: {_ids(ids)}")
+
+
 def discard(cmd, o):
-    discard_dead_letter(_letter(o["id"]), actor=_actor(o), reason=o["reason"])
-    cmd.stdout.write(f"dead letter #{o['id']} discarded")
+    letters = _chosen(o)
+    if letters is None:
+        letter_id = (o.get("ids") or [o.get("id")])[0]
+        discard_dead_letter(_letter(letter_id), actor=_actor(o), reason=o["reason"])
+        cmd.stdout.write(f"dead letter #{letter_id} discarded")
+        return
+    ids = actions.discard_dead_letters(letters, actor=_actor(o), reason=o["reason"])
+    cmd.stdout.write(f"{len(ids)} dead letter(s) discarded: {_ids(ids)}")
+
+
+def dead_letters(cmd, o):
+    """``retention dead-letters [RUN]``: the open dead letters (``--all``: resolved ones too),
+    one line each with its id, cause, run, table and chunk."""
+    letters = DeadLetter.objects.select_related("run", "chunk").order_by("pk")
+    if not o.get("all"):
+        letters = letters.filter(resolution=DeadLetter.Resolution.OPEN)
+    letters = actions.filter_letters(
+        letters,
+        run=_run(o["run_key"]) if o.get("run_key") else None,
+        cause=o.get("cause") or "",
+        table=o.get("table") or "",
+        policy=o.get("policy") or "",
+    )
+    letters = list(letters[:1000])
+    if not letters:
+        cmd.stdout.write("no open dead letters" if not o.get("all") else "no dead letters")
+        return
+    for letter in letters:
+        context = letter.context or {}
+        where = f"chunk #{letter.chunk_id}" if letter.chunk_id else context.get("stage", "-")
+        if letter.chunk is not None:
+            tenant = f" tenant {letter.chunk.tenant}" if letter.chunk.tenant else ""
+            where += f"{tenant} keys [{letter.chunk.key_from}, {letter.chunk.key_to})"
+        run = letter.run.run_key if letter.run_id else "-"
+        state = letter.resolution
+        if letter.resolution != DeadLetter.Resolution.OPEN:
+            state += f" by {letter.resolved_by}"
+        cmd.stdout.write(
+            f"#{letter.pk}  {state}  {letter.sqlstate or letter.error_class}  run {run}  "
+            f"table {context.get('table', '-')}  {where}  attempts {letter.attempts}: "
+            f"{letter.message}"
+        )
+    cmd.stdout.write(f"{len(letters)} dead letter(s)")
 
 
 def kill_switch(cmd, o):
+    now = KillSwitch.objects.filter(name="global").first()
+    wanted = o["state"] == "on"
+    if now is not None and now.on == wanted and o.get("expected") is None:
+        by = f" (turned {o['state']} by {now.changed_by}: “{now.reason}”)" if now.changed_by else ""
+        cmd.stdout.write(f"kill switch already {o['state']}{by}; nothing changed")
+        return
     switch = set_kill_switch(
         o["state"] == "on", actor=_actor(o), reason=o["reason"], expected=o.get("expected")
     )
@@ -384,6 +536,11 @@ def register(areas) -> None:
     p.add_argument("--period", help="YYYY-MM-DD or YYYY-MM-DDTHH:MM in the policy's timezone")
     p.add_argument("--by", help="optional check: refused unless RETENTION_TOKEN is this user's")
 
+    p = add("runs", runs_list, "the latest runs, newest first")
+    p.add_argument("--policy", metavar="SLUG")
+    p.add_argument("--state", help="active, paused, attention, drained, counted, …")
+    p.add_argument("--limit", type=int, default=50)
+
     p = add("status", status, "state and progress of a run")
     p.add_argument("run_key")
     p.add_argument("--json", action="store_true")
@@ -401,6 +558,7 @@ def register(areas) -> None:
         ("resume", "resume_run", "resume a paused run"),
         ("cancel", "cancel_run", "end a run; pending chunks are cancelled"),
         ("confirm", "confirm_run", "start a run held for blast-radius confirmation"),
+        ("retry", "retry_run", "replay a run's dead letters of a run-level cause and resume it"),
     ):
         p = add(name, _control(action), text)
         p.add_argument("run_key")
@@ -408,13 +566,29 @@ def register(areas) -> None:
         p.add_argument("--by", help="optional check: refused unless RETENTION_TOKEN is this user's")
 
     for name, handler, text in (
-        ("replay", replay, "replay a dead letter"),
-        ("discard", discard, "discard a dead letter"),
+        ("replay", replay, "replay dead letters: ids, or --all matching (--run, --cause, --table)"),
+        (
+            "discard",
+            discard,
+            "discard dead letters: ids, or --all matching (--run, --cause, --table)",
+        ),
     ):
         p = add(name, handler, text)
-        p.add_argument("id", type=int)
+        p.add_argument("ids", type=int, nargs="*", metavar="ID")
+        p.add_argument("--all", action="store_true", help="every open dead letter matching")
+        p.add_argument("--run", metavar="RUN", help="with --all: of this run (key or id)")
+        p.add_argument("--cause", help="with --all: a SQLSTATE (42703) or a whole cause")
+        p.add_argument("--table", help="with --all: of this table (orders or public.orders)")
+        p.add_argument("--policy", metavar="SLUG", help="with --all: of this policy")
         p.add_argument("--reason", required=True)
         p.add_argument("--by", help="optional check: refused unless RETENTION_TOKEN is this user's")
+
+    p = add("dead-letters", dead_letters, "list open dead letters (of a run), with their ids")
+    p.add_argument("run_key", nargs="?", metavar="RUN")
+    p.add_argument("--all", action="store_true", help="replayed and discarded ones too")
+    p.add_argument("--cause", help="a SQLSTATE (42703)")
+    p.add_argument("--table", help="orders or public.orders")
+    p.add_argument("--policy", metavar="SLUG")
 
     p = add("kill-switch", kill_switch, "the global kill switch")
     p.add_argument("state", choices=["on", "off"])

@@ -61,6 +61,17 @@ def policy_apply(api: Api, o):
     return api.post("/policies", {"toml": _read(Path(o.file)), "reason": o.reason})
 
 
+def policy_pull(api: Api, o):
+    folder = Path(o.dir)
+    answer = api.post("/policy-files/pull", {"dir": o.dir, "files": _dir_files(o.dir)})
+    for item in answer.get("files", []):
+        try:
+            (folder / item["name"]).write_text(item["toml"], encoding="utf-8")
+        except OSError as exc:
+            raise Failed(f"cannot write {folder / item['name']}: {exc.strerror or exc}") from None
+    return answer
+
+
 def policy_approve(api: Api, o):
     password = _password(o, "the approval")
     return api.post(
@@ -158,6 +169,13 @@ def register(sub) -> None:  # noqa: PLR0915 - one grammar, as manage.py retentio
     p.add_argument("slug")
     p.add_argument("--json", action="store_true")
     add(ps, "list", lambda api, o: api.get("/policies"))
+    p = add(ps, "show", lambda api, o: api.get(
+        f"/policies/{o.slug}/file", version=o.number, toml=o.toml), "a version as a file")  # fmt: skip
+    p.add_argument("slug")
+    p.add_argument("--version", dest="number", type=int, metavar="N")
+    p.add_argument("--toml", action="store_true")
+    p = add(ps, "pull", policy_pull, "write the approved versions into DIR")
+    p.add_argument("dir", metavar="DIR")
     for name in ("enable", "disable", "pause", "resume"):
         p = add(ps, name, lambda api, o, name=name: api.post(
             f"/policies/{o.slug}/{name}", {"reason": o.reason}))  # fmt: skip
@@ -191,18 +209,38 @@ def register(sub) -> None:  # noqa: PLR0915 - one grammar, as manage.py retentio
     p = add(sub, "status", lambda api, o: api.get(f"/runs/{o.run_key}", json=o.json))
     p.add_argument("run_key")
     p.add_argument("--json", action="store_true")
-    for name in ("pause", "resume", "cancel", "confirm"):
+    for name in ("pause", "resume", "cancel", "confirm", "retry"):
         p = add(sub, name, lambda api, o, name=name: api.post(
             f"/runs/{o.run_key}/{name}", {"reason": o.reason}))  # fmt: skip
         p.add_argument("run_key")
         reason(p)
         p.add_argument("--by", help=CLAIM)
     for name in ("replay", "discard"):
-        p = add(sub, name, lambda api, o, name=name: api.post(
-            f"/dead-letters/{o.id}/{name}", {"reason": o.reason}))  # fmt: skip
-        p.add_argument("id", type=int)
+        p = add(sub, name, lambda api, o, name=name: api.post(f"/dead-letters/{name}", {
+            "ids": o.ids, "all": o.all, "run": o.run or "", "cause": o.cause or "",
+            "table": o.table or "", "policy": o.policy or "", "reason": o.reason}))  # fmt: skip
+        p.add_argument("ids", type=int, nargs="*", metavar="ID")
+        p.add_argument("--all", action="store_true", help="every open dead letter matching")
+        p.add_argument("--run", metavar="RUN")
+        p.add_argument("--cause")
+        p.add_argument("--table")
+        p.add_argument("--policy", metavar="SLUG")
         reason(p)
         p.add_argument("--by", help=CLAIM)
+    p = add(sub, "dead-letters", lambda api, o: api.get(
+        "/listings/dead-letters", run=o.run_key or "", all=o.all, cause=o.cause or "",
+        table=o.table or "", policy=o.policy or ""), "list dead letters (of a run)")  # fmt: skip
+    p.add_argument("run_key", nargs="?", metavar="RUN")
+    p.add_argument("--all", action="store_true")
+    p.add_argument("--cause")
+    p.add_argument("--table")
+    p.add_argument("--policy", metavar="SLUG")
+    p = add(sub, "runs", lambda api, o: api.get(
+        "/listings/runs", policy=o.policy or "", state=o.state or "", limit=o.limit),
+        "the latest runs")  # fmt: skip
+    p.add_argument("--policy", metavar="SLUG")
+    p.add_argument("--state")
+    p.add_argument("--limit", type=int, default=50)
     p = add(sub, "kill-switch", lambda api, o: api.post(
         "/kill-switch", {"state": o.state, "reason": o.reason}))  # fmt: skip
     p.add_argument("state", choices=["on", "off"])

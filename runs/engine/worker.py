@@ -42,7 +42,7 @@ from retention import predicate as P
 from retention.models import PolicyVersion
 from retention.spec import SpecError
 from runs import actions
-from runs.engine import guard, partitions, planner, reconciler, stopping
+from runs.engine import breaker, guard, partitions, planner, reconciler, stopping
 from runs.engine.errors import PERMANENT, backoff, classify, dead_letter, sqlstate_of
 from runs.evidence import audit
 from runs.models import (
@@ -759,6 +759,21 @@ def _record_failure(run: Run, chunk_id: int, attempts: int, exc: BaseException) 
             claimed_at=None,
         )
         return
+    cause = breaker.cause_of(exc, cls)
+    in_a_row = breaker.trips(run, cls, cause)
+    if in_a_row:
+        # one cause, one problem: the run stops and this chunk stays pending (runs.engine.breaker)
+        Chunk.objects.filter(pk=chunk_id).update(
+            attempts=attempts,
+            last_error=message,
+            last_sqlstate=cls.sqlstate,
+            not_before=timezone.now(),
+            claimed_at=None,
+        )
+        why = breaker.reason(cause, cls.label, message, in_a_row)
+        actions.run_needs_attention(run, actor="worker", reason=why)
+        log.error("run %s needs attention: %s", run.run_key, why)
+        return
     if cls.kind == PERMANENT or attempts >= cfg["MAX_ATTEMPTS"]:
         Chunk.objects.filter(pk=chunk_id).update(
             state=Chunk.State.DEAD,
@@ -774,6 +789,7 @@ def _record_failure(run: Run, chunk_id: int, attempts: int, exc: BaseException) 
             sqlstate=cls.sqlstate,
             message=f"{cls.label}: {message}",
             attempts=attempts,
+            extra={"cause": cause},
         )
         return
     Chunk.objects.filter(pk=chunk_id).update(

@@ -12,7 +12,6 @@ import hmac
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
-from django.db import transaction
 from django.db.models import CharField, Q
 from django.db.models.functions import Cast
 from django.http import HttpResponse, HttpResponseRedirect
@@ -42,6 +41,7 @@ RUN_ACTIONS = {
     "resume": actions.resume_run,
     "cancel": actions.cancel_run,
     "confirm": actions.confirm_run,
+    "retry": actions.retry_run,
 }
 LETTER_ACTIONS = {
     "replay": actions.replay_dead_letter,
@@ -163,16 +163,8 @@ def dead_letters(request):
     )
     if show != "all":
         letters = letters.filter(resolution=DeadLetter.Resolution.OPEN)
-    run = read.text("run")
-    if run:
-        run_id = as_id(run)
-        if run_id is None:
-            read.errors.append(f"run: must be a run id (a whole number), got {run[:40]!r}")
-        else:
-            letters = letters.filter(run_id=run_id)
-    policy = read.text("policy")
-    if policy:
-        letters = letters.filter(run__policy__slug=policy)
+    filters = _letter_filters(read)
+    letters = actions.filter_letters(letters, **filters).order_by("-created_at", "-id")
     status = _filter_errors(request, read)
     if status != 200:
         letters = letters.none()
@@ -183,34 +175,72 @@ def dead_letters(request):
     return render(
         request,
         "runs/dead_letters.html",
-        {"letters": letters, "show": show, "run_filter": run, "policy_filter": policy},
+        {
+            "letters": letters,
+            "show": show,
+            "run_filter": read.text("run"),
+            "policy_filter": filters["policy"],
+            "cause_filter": filters["cause"],
+            "table_filter": filters["table"],
+            "matching": actions.open_letters_matching(**filters).count() if status == 200 else 0,
+        },
         status=status,
     )
+
+
+BULK_ACTIONS = {
+    "replay": actions.replay_dead_letters,
+    "discard": actions.discard_dead_letters,
+}
+
+
+def _letter_filters(read: QueryFilters) -> dict:
+    """The dead-letter page's filters (run id, policy, cause, table) as
+    ``actions.filter_letters`` takes them; a bad one is a filter error."""
+    out: dict = {"run": None, "policy": read.text("policy"), "cause": read.text("cause"),
+                 "table": read.text("table")}  # fmt: skip
+    run = read.text("run")
+    if run:
+        run_id = as_id(run)
+        if run_id is None:
+            read.errors.append(f"run: must be a run id (a whole number), got {run[:40]!r}")
+        else:
+            out["run"] = Run.objects.filter(pk=run_id).first() or Run(pk=run_id)
+    return out
 
 
 @require_POST
 @require_role(ONCALL)
 def dead_letters_bulk(request):
-    """Replay or discard every chosen dead letter with one reason, all or none: each goes
-    through the same action as a single one (its own operator-log row), inside one
-    transaction, so a refusal for one (already resolved, the run's discard limit, no
-    reason) changes none of them."""
+    """Replay or discard, with one reason, all or none, on one operator-log row that lists
+    the ids: the ticked letters, or (``scope=matching``) every open letter matching the
+    page's filters (run, policy, cause, table)."""
     action = request.POST.get("action", "")
     reason = request.POST.get("reason", "").strip()
-    ids = [as_id(v) for v in request.POST.getlist("letter")]
-    func = LETTER_ACTIONS.get(action)
+    func = BULK_ACTIONS.get(action)
+    if request.POST.get("scope") == "matching":
+        read = QueryFilters(request.POST)
+        filters = _letter_filters(read)
+        if read.errors:
+            messages.error(request, f"Bulk action refused: {'; '.join(read.errors)}")
+            return _back(request, reverse("runs:dead_letters"))
+        letters = list(actions.open_letters_matching(**filters))
+        ids = [letter.pk for letter in letters]
+        if not letters:
+            messages.error(request, f"Bulk {action} refused: no open dead letter matches")
+            return _back(request, reverse("runs:dead_letters"))
+    else:
+        ids = [as_id(v) for v in request.POST.getlist("letter")]
+        letters = list(DeadLetter.objects.filter(pk__in=[i for i in ids if i]).order_by("pk"))
     if func is None or not ids or None in ids:
         messages.error(
             request, "Bulk action refused: choose replay or discard and at least one letter"
         )
         return _back(request, reverse("runs:dead_letters"))
-    letters = list(DeadLetter.objects.filter(pk__in=ids).order_by("pk"))
     try:
         if len(letters) != len(set(ids)):
             raise actions.ActionError("a chosen dead letter does not exist")
-        with transaction.atomic():
-            for letter in letters:
-                func(letter, actor=request.user, reason=reason)
+        func(letters, actor=request.user, reason=reason)
     except actions.ActionError as exc:
         messages.error(request, f"Bulk {action} refused, nothing changed: {exc}")
     else:

@@ -58,3 +58,14 @@ function nextBeat() {
   window.setTimeout(nextBeat, (slot + 1) * REFRESH_MS - now);
 }
 nextBeat();
+
+// "select all" on the dead-letter page: ticks (or clears) every letter box of its form.
+document.addEventListener("change", function (event) {
+  const all = event.target;
+  if (!all.dataset || !all.dataset.tickAll) return;
+  document
+    .querySelectorAll('input[type=checkbox][form="' + all.dataset.tickAll + '"]')
+    .forEach(function (box) {
+      box.checked = all.checked;
+    });
+});

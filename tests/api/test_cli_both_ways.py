@@ -129,7 +129,11 @@ def test_every_command_prints_the_same_both_ways(server, setting):
          ("kill-switch", "off", "--reason", "INC-9 over"))  # fmt: skip
     pair("compliance", ("hold", "release", hold, "--reason", "case closed"),
          ("hold", "withdraw-release", hold, "--reason", "not yet"))  # fmt: skip
-    assert both("oncall", "trigger", "events", "--period", "2026-11-30").stdout.strip()
+    # the period's run made once; then both ways find it, and say so
+    assert with_database(("trigger", "events", "--period", "2026-11-30"),
+                         token=tokens["oncall"]).returncode == 0  # fmt: skip
+    again = both("oncall", "trigger", "events", "--period", "2026-11-30")
+    assert again.stdout.strip() and "already exists: the run of this period, v1" in again.stderr
     # the second submission of the same content makes no new version: the same text
     toml = str(Path(setting["dir"]) / "events.toml")
     assert (

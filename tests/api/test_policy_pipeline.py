@@ -136,5 +136,5 @@ def test_a_bad_file_is_one_error_and_nothing_is_submitted(server, make_user, tmp
         )
         result = with_api(args, url=server, token=token)
         assert result.returncode == 1, (command, result.stdout, result.stderr)
-        assert "broken.toml: error: " in result.stdout
+        assert "broken.toml:3: error: table public.rr_broken does not exist" in result.stdout
     assert not PolicyVersion.objects.exists()

@@ -96,15 +96,33 @@ def test_bulk_replay_resolves_every_chosen_letter_with_one_reason(client_for, tw
     for letter in two_letters:
         letter.refresh_from_db()
         assert letter.resolution == DeadLetter.Resolution.REPLAYED
-    assert (
-        list(
-            OperatorAction.objects.filter(action="dead_letter.replay").values_list(
-                "reason", flat=True
-            )
-        )
-        == ["INC-8 restored"] * 2
-    )
+    row = OperatorAction.objects.get(action="dead_letter.replay_many")  # one row for the batch
+    assert row.reason == "INC-8 restored"
+    assert row.details["dead_letters"] == sorted(x.pk for x in two_letters)
+    assert not OperatorAction.objects.filter(action="dead_letter.replay").exists()
     assert "2 dead letters" in response.content.decode()
+
+
+def test_replay_all_matching_a_cause_takes_every_open_letter_of_it(client_for, two_letters):
+    page = reverse("runs:dead_letters") + "?cause=42P01"
+    html = client_for("oncall").get(page).content.decode()
+    assert "All 2 open letters matching the filter" in html
+    response = post(
+        client_for("oncall"),
+        reverse("runs:dead_letters_bulk"),
+        {"scope": "matching", "cause": "42P01", "action": "replay", "reason": "INC-8 restored"},
+        page=page,
+    )
+    assert "Replay: 2 dead letters" in response.content.decode()
+    row = OperatorAction.objects.get(action="dead_letter.replay_many")
+    assert row.details["dead_letters"] == sorted(x.pk for x in two_letters)
+    other = post(
+        client_for("oncall"),
+        reverse("runs:dead_letters_bulk"),
+        {"scope": "matching", "table": "rr_nothing", "action": "discard", "reason": "x"},
+        page=page,
+    )
+    assert "no open dead letter matches" in other.content.decode()
 
 
 def test_bulk_discard_refused_for_one_changes_none(client_for, two_letters, users):

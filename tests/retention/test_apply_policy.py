@@ -212,7 +212,8 @@ def test_the_command_exits_1_with_a_single_line_on_stderr(tmp_path):
     )
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        "CommandError: retention must be longer than zero, got '0 days'; when the timestamp is"
+        "CommandError: line 7: retention must be longer than zero, got '0 days'; when the"
+        " timestamp is"
         " an expiry time (a row may go once it has passed), set timestamp_is_expiry = true"
     ]
     assert Policy.objects.count() == 0
