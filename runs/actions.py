@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from core import timeouts
@@ -603,8 +604,6 @@ def filter_letters(
 ):
     """Dead letters of a run, a cause (a SQLSTATE such as ``42703``, or the whole cause
     ``42703 status``), a table (``orders`` or ``public.orders``) and a policy, oldest first."""
-    from django.db.models import Q
-
     if run is not None:
         letters = letters.filter(run=run)
     if cause:
