@@ -458,7 +458,10 @@ def write_preview(command, slug: str, result: dict, *, as_json: bool) -> None:
 
 
 def _preview_summary(result: dict) -> str:
-    text = f"eligible {result['eligible']}, kept {result['kept']}, held {result['held']}, "
+    stage = result.get("rollout") or "full"
+    first = result["would"] if stage != "full" and result.get("would") else ""
+    first = first or f"eligible {result['eligible']}"
+    text = f"{first}, kept {result['kept']}, held {result['held']}, "
     if result["rows_per_second"] is None:  # nothing eligible: no time, no rate to quote
         text += "nothing to drain"
     else:

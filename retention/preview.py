@@ -246,11 +246,14 @@ def preview(
     if validation is None:
         validation = introspect.validate(spec)
     tick = latest_tick(spec, now)
-    cutoff = spec.cutoff_for(tick)
+    cutoff, bound = bounds_now(spec, now)
     result: dict = {
         "taken_at": now.isoformat(),
         "tick": tick.isoformat(),
         "cutoff": cutoff.isoformat(),
+        # the version's stage: a slice version's rows are those older than its slice bound
+        "rollout": spec.rollout,
+        "slice_bound": bound.isoformat() if bound != cutoff else None,
         "table": spec.qualified_table,
         "content_hash": spec.content_hash(),
         # the default, each override's and each class's period: cutoff and rows it lets go
@@ -307,25 +310,25 @@ def preview(
             text, params = _null_timestamp_query(spec)
             cur.execute(text, params)
             result["not_eligible_null"]["timestamp"] = cur.fetchone()[0]
-            text, params = _oldest_query(spec, cutoff)
+            text, params = _oldest_query(spec, bound)
             cur.execute(text, params)
             oldest = cur.fetchone()[0]
             rows: list[dict] = []
             unit = "month"
             if oldest is not None:
-                boundaries, unit = age_boundaries(oldest, cutoff, spec.timezone)
+                boundaries, unit = age_boundaries(oldest, bound, spec.timezone)
                 text, params = _summary_query(
-                    spec, policy_id=policy_id, cutoff=cutoff, boundaries=boundaries
+                    spec, policy_id=policy_id, cutoff=bound, boundaries=boundaries
                 )
                 cur.execute(text, params)
                 names = [d[0] for d in cur.description]
                 rows = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
                 result["age_bucket_unit"] = unit
-                text, params = _sample_query(spec, policy_id=policy_id, cutoff=cutoff)
+                text, params = _sample_query(spec, policy_id=policy_id, cutoff=bound)
                 cur.execute(text, params)
                 result["sample_keys"] = [row[0] for row in cur.fetchall()]
             # per partition of a partitioned table: bounds, rows, kept, held, the action
-            result["partitions"] = partitions.plan(spec, policy_id=policy_id, cutoff=cutoff)
+            result["partitions"] = partitions.plan(spec, policy_id=policy_id, cutoff=bound)
             result["rows_taken_whole"] = sum(
                 p["rows"] for p in result["partitions"] if p["action"] in ("drop", "detach")
             )
@@ -344,6 +347,7 @@ def preview(
     if rows:
         _fill(result, spec, rows, boundaries, unit)
     result["partition_note"] = partition_note(result["partitions"], spec.chunk_size)
+    result["would"] = stage_sentence(spec, result["eligible"])
     return result
 
 
@@ -391,12 +395,34 @@ ELIGIBLE_NOW_TIMEOUT_MS = 2_000
 ELIGIBLE_NOW_LIMIT = 10_000_000
 
 
+def bounds_now(spec: PolicySpec, now: datetime) -> tuple[datetime, datetime]:
+    """(cutoff, bound) of a run of ``spec`` started at ``now``: the cutoff of the latest
+    tick, and what its DELETE compares the timestamp with — a slice version's slice bound
+    (cutoff − slice), else the cutoff. The one rule every number that judges a version uses
+    (preview, approval card, ``policy plan``, drain window), as the run itself does."""
+    cutoff = spec.cutoff_for(latest_tick(spec, now))
+    return cutoff, spec.slice_bound(cutoff) or cutoff
+
+
+def stage_sentence(spec: PolicySpec, rows: int | None) -> str:
+    """What a run of this version does with ``rows`` (its eligible count): a count version
+    "would count N, deletes nothing"; a slice version "would delete N (older than the slice
+    bound)"; a full one "would delete N"."""
+    n = "?" if rows is None else f"{rows:,}"
+    if spec.rollout == "count":
+        return f"would count {n}, deletes nothing"
+    if spec.rollout == "slice":
+        return f"would delete {n} (older than the cutoff − {spec.slice})"
+    return f"would delete {n}"
+
+
 def eligible_now(spec: PolicySpec, policy_id: int, now: datetime) -> int | None:
-    """Rows a run of ``spec`` started at ``now`` would delete (its cutoff, keep rules and
-    the active holds): what an approver compares between two versions, both counted on the
-    table as it is now. None when the count does not finish within its statement timeout
-    (or the table cannot be read); it stops at ``ELIGIBLE_NOW_LIMIT``."""
-    where = predicate.eligible(spec, policy_id=policy_id, cutoff=spec.cutoff_for(now))
+    """Rows a run of ``spec`` started at ``now`` would delete — or, for a count version,
+    count (``bounds_now``: its cutoff or slice bound, keep rules and the active holds): what
+    an approver compares between two versions, both counted on the table as it is now. None
+    when the count does not finish within its statement timeout (or the table cannot be
+    read); it stops at ``ELIGIBLE_NOW_LIMIT``."""
+    where = predicate.eligible(spec, policy_id=policy_id, cutoff=bounds_now(spec, now)[1])
     frag = predicate.count_where(spec, where, limit=ELIGIBLE_NOW_LIMIT)
     try:
         with transaction.atomic(), connection.cursor() as cur:

@@ -20,7 +20,7 @@ from core import timeouts
 from core.formatting import duration as _human
 from retention import predicate as P
 from retention.models import KillSwitch
-from retention.preview import ASSUMED_ROWS_PER_SECOND, measured_rate
+from retention.preview import ASSUMED_ROWS_PER_SECOND, bounds_now, measured_rate
 from runs.counts import count_inflow, last_counts, rows_counted
 from runs.engine import guard
 from runs.engine.schedules import schedule_name
@@ -148,7 +148,8 @@ def _measure(policy) -> dict:
     spec = version.parsed
     out["rollout"] = spec.rollout
     cutoff_now = spec.cutoff_for(now)  # wall-clock days, like a run's
-    where = P.eligible(spec, policy_id=policy.id, cutoff=cutoff_now)
+    # what a run of this version started now deletes: a slice version's bound (bounds_now)
+    where = P.eligible(spec, policy_id=policy.id, cutoff=bounds_now(spec, now)[1])
     # the oldest row by the column itself (its index), read as an instant (an epoch number or
     # a date becomes one: P.timestamp_instant)
     instant = P.timestamp_instant(spec)
@@ -193,7 +194,7 @@ def _table_backlog(policy, measured: dict, *, fresh: bool = False) -> int | None
         if version is None:
             return None
         spec = version.parsed
-        where = P.eligible(spec, policy_id=policy.id, cutoff=spec.cutoff_for(timezone.now()))
+        where = P.eligible(spec, policy_id=policy.id, cutoff=bounds_now(spec, timezone.now())[1])
         counted = {"rows": _one(P.count_where(spec, where, limit=10_000_000), timeout_ms=5000)}
         cache.set(key, counted, CACHE_SECONDS)
     return counted["rows"]

@@ -98,6 +98,7 @@ class RunProgress:
     expected_bound: str = "~"  # "~" | "at least" | "up to": how to read rows_expected
     admission_count: int | None = None  # eligible rows counted at admission (may be capped)
     admission_capped: bool = False  # the count reached the blast-radius cap (run held)
+    counts_only: bool = False  # a count run: its done chunks write no audit record
     audit_records: int = 0
     first_commit: datetime | None = None
     last_commit: datetime | None = None
@@ -200,13 +201,14 @@ def progress_for(
             "id": r.pk, "run_key": r.run_key, "policy__slug": r.policy.slug, "state": r.state,
             "planner_done": r.planner_done, "expected_rows": r.expected_rows,
             "started_at": r.started_at, "held_at": r.held_at, "policy__paused": r.policy.paused,
+            "rollout": r.rollout,
         }
         for r in loaded
     ]  # fmt: skip
     if ids_only:
         rows += Run.objects.filter(pk__in=ids_only).values(
             "id", "run_key", "policy__slug", "state", "planner_done", "expected_rows", "started_at",
-            "held_at", "policy__paused",
+            "held_at", "policy__paused", "rollout",
         )  # fmt: skip
     if kill_switch is UNREAD:
         kill_switch = KillSwitch.objects.filter(name="global").first()
@@ -224,6 +226,7 @@ def progress_for(
             admission_count=row["expected_rows"],
             # held for confirmation: the count stopped at the blast-radius cap (runs.actions.admit)
             admission_capped=row["held_at"] is not None and row["expected_rows"] is not None,
+            counts_only=row["rollout"] == "count",
             broker=broker,
         )
         admitted[row["id"]] = row["expected_rows"]
@@ -358,8 +361,13 @@ def _chunk_sums(
         for name, (n, planned, retries) in tallies[run_id].get("done", {}).items()
     ]  # fmt: skip
     not_done = [s for s in Chunk.State.values if s != Chunk.State.DONE]
+    # a count run's done chunks write no audit record: they are counted here too
+    counting = [run_id for run_id in counted if out[run_id].counts_only]
     fresh += list(
-        Chunk.objects.filter(run_id__in=counted, state__in=not_done)
+        Chunk.objects.filter(
+            Q(run_id__in=counted, state__in=not_done)
+            | Q(run_id__in=counting, state=Chunk.State.DONE)
+        )
         .values("run_id", "tenant", "state")
         .annotate(
             n=Count("*"),  # not "id": the covering index chunk_run_state holds every column read
