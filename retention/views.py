@@ -7,6 +7,8 @@ page it came from; the rule itself lives in the action, so the CLI obeys it too.
 
 from __future__ import annotations
 
+import re
+
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Prefetch, Q
@@ -231,6 +233,7 @@ def form_editor(version: PolicyVersion | None, data=None, error: str = "") -> di
 def _error_field(error: str) -> str:
     """The form field a refusal names first ("retention must look like …": ``retention``;
     "keep rule 2: …": ``keep``), or "" when it names none of them."""
+    error = re.sub(r"^line \d+: ", "", error)  # the policy file's line, which the form has not
     head = error.split(":", 1)[0].split(" ", 1)[0]
     if head in FORM_FIELDS:
         return head

@@ -37,12 +37,13 @@ from runs.progress import broker_backlog, progress_for, stopped_by, tenant_table
 from runs.status import health_of
 
 # Policy states as the overview names them (and colours them: see app.css .state-*).
-ACTIVE, PAUSED, AWAITING, ATTENTION, DISABLED = (
+ACTIVE, PAUSED, AWAITING, ATTENTION, DISABLED, STOPPED = (
     "active",
     "paused",
     "awaiting approval",
     "needs attention",
     "disabled",
+    "stopped by the kill switch",
 )
 
 
@@ -207,10 +208,13 @@ def overview_context(request) -> dict:
         dead_n = dead.get(policy.id, 0)
         eta = p.eta_s if p else window.get("eta_s")
         throttle = (p.throttle_reason if p else "") or "; ".join(guard_state.get("reasons") or [])
+        state = policy_state(policy, run, dead_n, guard_state.get("level", "ok"))
+        if state == ACTIVE and switch is not None and switch.on:
+            state = STOPPED  # nothing of it is admitted: not "active" in green
         rows.append(
             {
                 "policy": policy,
-                "state": policy_state(policy, run, dead_n, guard_state.get("level", "ok")),
+                "state": state,
                 "run": run,
                 "last_run": latest.get(policy.id),
                 "progress": p,
@@ -218,7 +222,10 @@ def overview_context(request) -> dict:
                 "eta_s": eta,
                 "next_run": r.next_runs.get(schedule_name(policy)),
                 "window": window,
-                "backlog_age_s": window.get("oldest_eligible_age_s"),
+                # how far behind the policy is: the oldest eligible row's age minus the
+                # retention (forecast's overdue_s); the oldest row's own age is the detail
+                "backlog_age_s": window.get("overdue_s"),
+                "oldest_age_s": window.get("oldest_eligible_age_s"),
                 "slo": backlog_slo(
                     r.approved[policy.id].spec.get("max_backlog_age")
                     if policy.id in r.approved

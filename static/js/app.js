@@ -69,3 +69,17 @@ document.addEventListener("change", function (event) {
       box.checked = all.checked;
     });
 });
+
+// The run page says when its figures are frozen: while a reason is being typed the live part
+// does not refresh (reasonBeingTyped), and a marker says so until the reason is sent or
+// cleared and the focus has left the controls.
+function markRefreshPaused() {
+  const marker = document.getElementById("refresh-paused");
+  if (marker) marker.hidden = !window.reasonBeingTyped();
+}
+document.addEventListener("beat", markRefreshPaused);
+["input", "focusin", "focusout"].forEach(function (name) {
+  document.addEventListener(name, function () {
+    window.setTimeout(markRefreshPaused, 0);
+  });
+});

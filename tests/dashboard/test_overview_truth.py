@@ -1,0 +1,47 @@
+"""The overview's figures say what they mean: backlog age is how far behind the policy is
+(the oldest eligible row's age minus the retention), with the oldest row's age as a detail;
+a policy whose runs the kill switch stops is not "active" in green."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from core.formatting import duration
+from runs.actions import set_kill_switch
+
+pytestmark = pytest.mark.django_db
+
+
+def card(client) -> str:
+    html = client.get("/?policy=events").content.decode()
+    return html[html.index('data-policy="events"') :]
+
+
+def test_backlog_age_is_how_far_behind_the_policy_is(client_for, run, events_policy):
+    spec = events_policy.approved_version.parsed
+    now = timezone.now()
+    cutoff = spec.cutoff_for(now)
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT min(occurred_at) FROM public.rr_events WHERE occurred_at < %s"
+            " AND (status = 'disputed') IS FALSE",
+            [cutoff],
+        )
+        oldest = cur.fetchone()[0]
+    html = card(client_for("viewer"))
+    age = re.search(r'data-testid="backlog-age">([^<]*)<', html).group(1)
+    behind = round((cutoff - oldest).total_seconds())
+    assert age.strip() == f"{duration(behind)} behind"
+    detail = re.search(r'data-testid="oldest-age">([^<]*)<', html).group(1)
+    assert detail == f"oldest eligible row {duration(round((now - oldest).total_seconds()))} old"
+
+
+def test_a_card_says_stopped_by_the_kill_switch(client_for, run, users):
+    assert ">active</span>" in card(client_for("viewer"))
+    set_kill_switch(True, actor=users["oncall"], reason="INC-4")
+    html = card(client_for("viewer"))
+    assert 'data-testid="policy-state">stopped by the kill switch<' in html
