@@ -17,7 +17,7 @@ from retention.spec import PolicySpec, SpecError
 from runs.actions import trigger_run
 from runs.engine import worker
 from runs.evidence.exports import manifest_header
-from runs.evidence.invariants import check_run
+from runs.evidence.invariants import ROW, Oracle, check_run
 from runs.models import Run
 from tests.factories import approved_policy
 
@@ -139,6 +139,13 @@ def test_three_tenants_drain_exactly_by_their_own_periods(db, make_user, chunkin
     assert run.verification["remaining"] == 0
     # the invariant checker, computing each period's cutoff from the tick on its own, agrees
     assert check_run(run, shadow=("public", "rr_periods_before")) == []
+    # …by each row's own period: by the default cutoff alone, b's and c's rows left are old
+    oracle = Oracle(run)
+    for cond, expected in ((oracle.old(), 0), (oracle.old_at(run.cutoff), 180 + 380)):
+        query = P.sql.SQL("SELECT count(*) FROM public.rr_periods AS {} WHERE ({}) IS TRUE")
+        assert _sql(query.format(ROW, cond[0]).as_string(connection.connection), cond[1]) == [
+            (expected,)
+        ]
     # the evidence: each period's cutoff in the manifest, and on the run page
     periods = manifest_header(run)["periods"]
     assert [(p["applies_to"], p.get("tenants"), p["cutoff"]) for p in periods] == [
