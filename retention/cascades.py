@@ -133,6 +133,48 @@ def self_blocking_keys(spec: PolicySpec) -> list[Edge]:
     ]
 
 
+def deferred_references(spec: PolicySpec) -> list[Edge]:
+    """The foreign keys of other tables to this one that are ``DEFERRABLE`` with ``ON DELETE
+    NO ACTION`` (as Django creates every foreign key): a chunk's DELETE leaves the rows they
+    reference in place (``kept_referenced``) instead of failing on them at its end and being
+    split down to single rows."""
+    rows = _fetch(
+        "SELECT con.conname, con.conrelid, n.nspname || '.' || c.relname,"
+        " ARRAY(SELECT a.attname FROM unnest(con.conkey) WITH ORDINALITY AS k(attnum, ord)"
+        "  JOIN pg_catalog.pg_attribute a ON a.attrelid = con.conrelid AND a.attnum = k.attnum"
+        "  ORDER BY k.ord)::text[],"
+        " ARRAY(SELECT a.attname FROM unnest(con.confkey) WITH ORDINALITY AS k(attnum, ord)"
+        "  JOIN pg_catalog.pg_attribute a ON a.attrelid = con.confrelid AND a.attnum = k.attnum"
+        "  ORDER BY k.ord)::text[], con.confrelid"
+        " FROM pg_catalog.pg_constraint con"
+        " JOIN pg_catalog.pg_class c ON c.oid = con.conrelid"
+        " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE con.contype = 'f' AND con.conparentid = 0 AND con.confdeltype = 'a'"
+        " AND con.condeferrable AND con.conrelid <> con.confrelid"
+        " AND con.confrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s))"
+        " ORDER BY 3, 1",
+        [spec.schema, spec.table],
+    )
+    return [
+        Edge(name, parent, child, child_name, tuple(cols), tuple(refs), True)
+        for name, child, child_name, cols, refs, parent in rows
+    ]
+
+
+def kept_referenced(edges: list[Edge]) -> P.Fragment:
+    """A condition on the row ``t``: no row of another table references it through ``edges``
+    (``deferred_references``) — one probe of each key's referencing columns."""
+    return P.Fragment(
+        sql.SQL(" AND ").join(
+            sql.SQL("NOT EXISTS (SELECT 1 FROM {} AS r WHERE {})").format(
+                sql.Identifier(e.schema, e.table), _match(e, "r", "t")
+            )
+            for e in edges
+        ),
+        [],
+    )
+
+
 def spare_referenced(spec: PolicySpec, edges: list[Edge], chunk) -> P.Fragment:
     """A condition on the chunk's row ``t``: no row that stays references it through the
     table's own ``edges`` (``self_blocking_keys``), directly or through rows it keeps that

@@ -659,10 +659,10 @@ def validate(spec: PolicySpec) -> Validation:
             if fk.deferred:
                 result.warnings.append(
                     f"foreign key {fk.constraint} on {ref} is DEFERRABLE INITIALLY DEFERRED: "
-                    f"PostgreSQL would report its violations only at COMMIT; each chunk checks "
-                    f"it at the end of its DELETE instead (SET CONSTRAINTS ALL IMMEDIATE), so "
-                    f"a chunk whose rows it references fails with SQLSTATE 23503 and is split "
-                    f"down to them"
+                    f"PostgreSQL would report its violations only at COMMIT; each chunk's "
+                    f"DELETE leaves the rows it references in place instead (kept: referenced "
+                    f"by a row that stays), and checks it at its end (SET CONSTRAINTS ALL "
+                    f"IMMEDIATE) for a reference made meanwhile"
                 )
         else:
             result.warnings.append(

@@ -375,7 +375,7 @@ def verification_reason(result: dict) -> str:
         notes.append(f"{blocked:,} row(s) deferred: their cascade would reach protected rows")
     referenced = result.get("kept_referenced", 0)
     if referenced:
-        notes.append(f"{referenced:,} row(s) kept: referenced by a row of the table that stays")
+        notes.append(f"{referenced:,} row(s) kept: referenced by a row that stays")
     if nulls:
         notes.append(f"{nulls:,} row(s) not eligible: NULL timestamp, key or tenant")
     for d in result.get("discarded", []):

@@ -94,7 +94,8 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
     # does not prove its range empty, so the whole old range is read
     triggers = introspect.before_delete_triggers(graph.names)
     selfs = cascades.self_blocking_keys(spec)
-    if selfs:
+    referenced = cascades.deferred_references(spec)
+    if selfs or referenced:
         # rows a row that stays references through the table's own blocking keys are kept
         # (the chunks spared them): counted apart, the whole old range read
         outside = discarded_scopes(run)
@@ -105,8 +106,10 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
                     spec, policy_id=run.policy_id, cutoff=run.bound, outside=outside, types=types
                 )
 
-        spare = cascades.spare_referenced(spec, selfs, rows_of)
-        guard = spare if cascade is None else P.Fragment.join([cascade, spare], " AND ")
+        kept = [cascades.kept_referenced(referenced)] if referenced else []
+        if selfs:
+            kept.append(cascades.spare_referenced(spec, selfs, rows_of))
+        guard = P.Fragment.join(([cascade] if cascade is not None else []) + kept, " AND ")
         result = _verify(run, spec, types, guard, limit=limit, trust_chunks=False)
         if cascade is None:
             result["kept_referenced"] = result.pop("deferred_by_cascades", 0)

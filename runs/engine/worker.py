@@ -499,6 +499,12 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
                     return P.chunk_rows(spec, **rows)
 
             spare = cascades.spare_referenced(spec, selfs, chunk)
+        referenced = P.scoped(
+            ("deferred_refs", spec.schema, spec.table), lambda: cascades.deferred_references(spec)
+        )
+        if referenced:  # rows other tables' deferred keys reference stay, not failed on
+            kept = cascades.kept_referenced(referenced)
+            spare = kept if spare is None else P.Fragment.join([kept, spare], " AND ")
         archived = None
         if spec.archive_dir:  # the rows locked and copied first; the DELETE takes just those
             try:
@@ -636,25 +642,37 @@ def _delete(
         connection.cursor() as before,
         connection.cursor() as after,
     ):
+
+        def begin() -> None:
+            cur.execute("SAVEPOINT chunk_delete")
+            # a deferred foreign key (Django creates every one DEFERRABLE INITIALLY DEFERRED)
+            # would fail only at COMMIT, after the audit row; checked at the end of the DELETE
+            # instead, its violation is the statement's own failure, with its SQLSTATE, and the
+            # chunk is bisected to the referenced rows like any other
+            cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            if lock is not None:
+                cur.execute(lock.sql.as_string(cur.connection), lock.params)
+
+        def rest() -> None:
+            if stats is not None:
+                before.execute(stats.sql.as_string(before.connection), stats.params)
+            delete.execute(statement.sql.as_string(delete.connection), statement.params)
+            if stats is not None:
+                after.execute(stats.sql.as_string(after.connection), stats.params)
+            cur.execute("RELEASE SAVEPOINT chunk_delete")
+            audit.lock_and_read_head(head)
+
         try:
-            with one_round_trip():
-                cur.execute("SAVEPOINT chunk_delete")
-                # a deferred foreign key (Django creates every one DEFERRABLE INITIALLY
-                # DEFERRED) would fail only at COMMIT, after the audit row; checked at the end of
-                # the DELETE instead, its violation is the statement's own failure, with its
-                # SQLSTATE, and the chunk is bisected to the referenced rows like any other
-                cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
-                if lock is not None:
-                    cur.execute(lock.sql.as_string(cur.connection), lock.params)
-            _lock_reach(cur, reach)
-            with one_round_trip():
-                if stats is not None:
-                    before.execute(stats.sql.as_string(before.connection), stats.params)
-                delete.execute(statement.sql.as_string(delete.connection), statement.params)
-                if stats is not None:
-                    after.execute(stats.sql.as_string(after.connection), stats.params)
-                cur.execute("RELEASE SAVEPOINT chunk_delete")
-                audit.lock_and_read_head(head)
+            if reach:  # the rows the cascades reach are locked between, a round trip each
+                with one_round_trip():
+                    begin()
+                _lock_reach(cur, reach)
+                with one_round_trip():
+                    rest()
+            else:
+                with one_round_trip():
+                    begin()
+                    rest()
         except DatabaseError as exc:
             if delete.pgresult is not None:  # the DELETE ran: what failed came after it
                 raise

@@ -146,9 +146,10 @@ def test_a_deferred_foreign_key_is_named_and_said_to_be_checked_at_the_end_of_ea
     result = validate()
     assert result.warnings[1] == (
         "foreign key t_event_refs_event_id_fkey on public.t_event_refs (event_id) is DEFERRABLE "
-        "INITIALLY DEFERRED: PostgreSQL would report its violations only at COMMIT; each chunk "
-        "checks it at the end of its DELETE instead (SET CONSTRAINTS ALL IMMEDIATE), so a chunk "
-        "whose rows it references fails with SQLSTATE 23503 and is split down to them"
+        "INITIALLY DEFERRED: PostgreSQL would report its violations only at COMMIT; each chunk's "
+        "DELETE leaves the rows it references in place instead (kept: referenced by a row that "
+        "stays), and checks it at its end (SET CONSTRAINTS ALL IMMEDIATE) for a reference made "
+        "meanwhile"
     )
     assert result.to_json()["foreign_keys"][0]["deferred"] is True
 

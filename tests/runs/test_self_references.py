@@ -87,5 +87,5 @@ def test_rows_referencing_older_rows_drain_newest_first_and_only_what_a_kept_row
     assert run.state == Run.State.DRAINED, run.state_reason
     assert run.state_reason == (
         f"verified: no eligible row left; {held_by_stayers:,} row(s) kept: referenced by a row "
-        "of the table that stays"
+        "that stays"
     )
