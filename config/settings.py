@@ -19,6 +19,7 @@ from core.env import (
     env_str,
     is_local_database,
 )
+from signatures import keys as signing_keys
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -41,6 +42,16 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")  # bearer token for /metrics; empty
 # Signs the chain anchors in manifests and checkpoints (runs.evidence.anchors); never stored in the
 # database. RETENTION_EVIDENCE_KEY_FILE names a file holding it (e.g. a mounted secret).
 RETENTION_EVIDENCE_KEY = env_secret("RETENTION_EVIDENCE_KEY", minimum_length=32)
+# Sign and verify decisions (signatures/): the Ed25519 private key on the web host only, its
+# public half on every host; demo mode with neither set uses the public demo key.
+try:
+    RETENTION_SIGNING_KEY, RETENTION_VERIFY_KEY = signing_keys.configured(
+        env_secret("RETENTION_SIGNING_KEY", minimum_length=32),
+        env_secret("RETENTION_VERIFY_KEY", minimum_length=32),
+        demo=DEMO,
+    )
+except signing_keys.BadKey as exc:
+    raise ConfigError(str(exc)) from None
 
 CLEANUP_WORKERS = env_int("CLEANUP_WORKERS", 2, minimum=1, maximum=64)
 
@@ -225,6 +236,7 @@ INSTALLED_APPS = [
     "ninja",
     "django_q",
     "axes",
+    "signatures",
     "core",
     "retention",
     "runs",

@@ -16,7 +16,10 @@ from django.db.models import Max, TextField
 from django.db.models.functions import Cast
 
 from core import chain, locks
-from core.models import OperatorAction
+from core.models import AccountSeal, OperatorAction
+from core.roles import SYSTEM_ACTORS
+from signatures import proof
+from signatures.models import Signature
 
 
 class ActionError(ValueError):
@@ -114,6 +117,64 @@ def verify_operator_log(batch: int = 5000, *, after: tuple[int, str] | None = No
     )
 
 
+def is_person(actor) -> bool:
+    """A person acts (a user object), not one of the product's own processes (a name)."""
+    return hasattr(actor, "pk") and hasattr(actor, "username")
+
+
+def sealed_identity(person) -> dict:
+    """Who decides, as the signature carries it: id, username and the account's seal as it is
+    now (``core.seals``). A person whose seal is missing cannot decide."""
+    mac = AccountSeal.objects.filter(user_id=person.pk).values_list("mac", flat=True).first()
+    if not mac:
+        raise ActionError(f"{person.username}'s account is not sealed and cannot decide")
+    return {"id": person.pk, "username": person.username, "seal": mac}
+
+
+def subject_of(target) -> str:
+    return f"{target._meta.model_name}:{target.pk}"
+
+
+def sign_decision(person, kind: str, target, *, subject: str = "", **content) -> Signature:
+    """Sign decision ``kind`` on ``target`` by ``person`` (in the caller's transaction), over
+    ``content`` and the person's sealed identity (``signatures.proof``). Refused
+    (``ActionError``, nothing written) in a process without the signing key."""
+    try:
+        return proof.sign(
+            kind, subject or subject_of(target), {**content, "by": sealed_identity(person)}
+        )
+    except proof.SigningRefused as exc:
+        raise ActionError(str(exc)) from None
+
+
+def unsigned_actions(batch: int = 5000) -> list[str]:
+    """Every operator-log row a person's action wrote whose signature is missing or does not
+    verify (rows of the product's own processes are unsigned: they hold no signing key)."""
+    out: list[str] = []
+    last = 0
+    while True:
+        rows = list(
+            OperatorAction.objects.filter(chain_seq__gt=last)
+            .exclude(actor__in=SYSTEM_ACTORS)
+            .order_by("chain_seq")
+            .values_list("chain_seq", "actor", "action", "hash")[:batch]
+        )
+        if not rows:
+            return out
+        subjects = [f"operatoraction:{seq}" for seq, *_ in rows]
+        found: dict[str, list[Signature]] = {}
+        for signature in Signature.objects.filter(kind="oplog", subject__in=subjects):
+            found.setdefault(signature.subject, []).append(signature)
+        for seq, actor, action, hash_ in rows:
+            subject = f"operatoraction:{seq}"
+            _, reason = proof.check(
+                "oplog", subject, {"hash": hash_, "actor": actor}, found.get(subject, [])
+            )
+            if reason:
+                out.append(f"operator action #{seq} ({action} by {actor}): {reason}")
+        last = rows[-1][0]
+
+
 def record_action(actor, action: str, target, *, reason: str = "", **details) -> OperatorAction:
     """Write one operator-action row, chained; call inside the transaction of the change
     (it takes the operator-chain lock until that transaction commits). Within a CLI
@@ -146,9 +207,21 @@ def record_action(actor, action: str, target, *, reason: str = "", **details) ->
             "details_text": details_text,
         }
         prev = last_hash or chain.GENESIS
-        return OperatorAction.objects.create(
+        action_row = OperatorAction.objects.create(
             **{k: v for k, v in row.items() if k != "details_text"},
             details=details,
             prev_hash=prev,
             hash=action_hash(row, prev),
         )
+        if is_person(actor):
+            # a person's row is signed where the person was authenticated: a row written
+            # with a database login alone has no signature (``unsigned_actions``)
+            sign_decision(
+                actor,
+                "oplog",
+                action_row,
+                subject=f"operatoraction:{action_row.chain_seq}",
+                hash=action_row.hash,
+                actor=actor_name,
+            )
+        return action_row

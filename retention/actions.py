@@ -25,7 +25,7 @@ from core.oplog import (
     require_reason,
 )
 from core.roles import COMPLIANCE, ONCALL, check_role, check_role_or_system
-from retention import cascades, floors, holds, introspect
+from retention import cascades, decisions, floors, holds, introspect
 from retention.models import LegalHold, Policy, PolicyVersion, RetentionFloor
 from retention.preview import preview as take_preview
 from retention.signals import policy_decided
@@ -43,6 +43,14 @@ def _locked_version(version: PolicyVersion) -> PolicyVersion:
         .select_related("policy", "author")
         .get(pk=version.pk)
     )
+
+
+def _check_submission(version: PolicyVersion) -> None:
+    """Four-eyes rests on who wrote and submitted the version: the submission's signature must
+    verify, so a submitter or author changed with a database login alone decides nothing."""
+    refusal = decisions.submission_refusal(version)
+    if refusal:
+        raise ActionError(refusal)
 
 
 def _check_four_eyes(version: PolicyVersion, actor, verb: str) -> None:
@@ -122,6 +130,7 @@ def submit_version(version: PolicyVersion, *, actor, reason: str = "", now=None)
     version.submitted_at = timezone.now()
     version.submitted_by = actor
     version.save(update_fields=["validation", "preview", "state", "submitted_at", "submitted_by"])
+    decisions.sign_submission(version, actor)
     record_action(
         actor,
         "version.submit",
@@ -153,6 +162,7 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
     if version.state != State.SUBMITTED:
         raise ActionError(f"{version} is {version.state}, only a submitted version can be approved")
     _check_four_eyes(version, actor, "approve")
+    _check_submission(version)
     spec = version.parsed
     if spec.content_hash() != version.content_hash:
         raise ActionError(f"{version}: content does not match the hash it was submitted with")
@@ -174,6 +184,7 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
     version.save(
         update_fields=["state", "approved_hash", "decided_by", "decided_at", "decision_reason"]
     )
+    decisions.sign_decision_on(version, actor)
     policy = version.policy
     policy.name = spec.name
     policy.schedule = spec.schedule
@@ -205,11 +216,13 @@ def reject_version(version: PolicyVersion, *, actor, reason: str) -> PolicyVersi
     if version.state != State.SUBMITTED:
         raise ActionError(f"{version} is {version.state}, only a submitted version can be rejected")
     _check_four_eyes(version, actor, "decide on")
+    _check_submission(version)
     version.state = State.REJECTED
     version.decided_by = actor
     version.decided_at = timezone.now()
     version.decision_reason = reason
     version.save(update_fields=["state", "decided_by", "decided_at", "decision_reason"])
+    decisions.sign_decision_on(version, actor)
     record_action(actor, "version.reject", version, reason=reason, number=version.number)
     return version
 
@@ -347,6 +360,7 @@ def request_hold_release(
     hold.save(
         update_fields=["release_requested_by", "release_requested_at", "release_request_reason"]
     )
+    decisions.sign_request(hold, actor)
     record_action(
         actor, "hold.release_request", hold, reason=reason,
         impact=[i.to_json() for i in impact],
@@ -371,11 +385,15 @@ def approve_hold_release(
             f"{actor.username} requested the release of hold #{hold.pk} and cannot approve "
             "it; another member of compliance must"
         )
+    refusal = decisions.release_refusal(hold)
+    if refusal:  # the request was written or changed behind the product's back
+        raise ActionError(refusal)
     impact = holds.release_impact(hold)
     hold.released_by = actor.username
     hold.released_at = timezone.now()
     hold.release_reason = reason
     hold.save(update_fields=["released_by", "released_at", "release_reason"])
+    decisions.sign_release(hold, actor)
     record_action(
         actor, "hold.release", hold, reason=reason,
         requested_by=hold.release_requested_by,

@@ -39,7 +39,7 @@ from psycopg import sql
 
 from core import timeouts
 from core.formatting import duration, when
-from retention import catalog, geometry, predicate
+from retention import catalog, decisions, geometry, predicate
 from retention.models import LegalHold, Policy, PolicyVersion
 from retention.schedule_math import next_tick
 
@@ -255,7 +255,8 @@ def counted(cover: Cover, spec, policy_id: int, tenant: str | None, key_from, ke
     candidate = sql.Identifier("candidate_hold")
     held = predicate.held(spec, policy_id, holds=candidate)
     query = sql.SQL(
-        "WITH {c} AS (SELECT NULL::timestamptz AS released_at, NULL::bigint AS policy_id,"
+        "WITH {c} AS (SELECT NULL::bigint AS id, NULL::timestamptz AS released_at,"
+        " NULL::bigint AS policy_id,"
         " %s::text AS tenant, %s::bigint AS key_from, %s::bigint AS key_to)"
         " SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {held} LIMIT %s) AS s"
     ).format(c=candidate, table=predicate.table(spec), held=held.sql)
@@ -438,13 +439,15 @@ def _released_rows(spec, policy_id: int, hold: LegalHold, cutoff: datetime) -> i
     table = sql.Identifier(LegalHold._meta.db_table)
     query = sql.SQL(
         "WITH {this} AS (SELECT * FROM {table} WHERE id = %s),"
-        " {others} AS (SELECT * FROM {table} WHERE released_at IS NULL AND id <> %s)"
+        " {others} AS (SELECT * FROM {table} WHERE (released_at IS NULL"
+        " OR id <> ALL(%s::bigint[])) AND id <> %s)"
         " SELECT count(*) FROM {target} WHERE {base} AND {covered} AND NOT {other}"
     ).format(
         this=this_hold, others=other_holds, table=table, target=predicate.table(spec),
         base=base.sql, covered=covered.sql, other=others.sql,
     )  # fmt: skip
-    params = [hold.pk, hold.pk, *base.params, *covered.params, *others.params]
+    released = decisions.verified_release_ids()
+    params = [hold.pk, released, hold.pk, *base.params, *covered.params, *others.params]
     with transaction.atomic(), timeouts.bounded(IMPACT_TIMEOUT_MS), connection.cursor() as cur:
         cur.execute(query.as_string(cur.connection), params)
         return cur.fetchone()[0]

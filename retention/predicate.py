@@ -22,7 +22,7 @@ from typing import NamedTuple
 from psycopg import sql
 
 from core.filters import BIGINT_MAX  # integer bounds are compared as bigint (``typed_as_key``)
-from retention import catalog
+from retention import catalog, decisions
 from retention.models import LegalHold
 from retention.spec import LIST_OPERATORS, KeepRule, PolicySpec
 
@@ -266,7 +266,8 @@ def held(
     hold = sql.Identifier("h")
     tenant_match = _tenant_equals(spec, hold, types, hold=True)
     text = sql.SQL(
-        "EXISTS (SELECT 1 FROM {holds} AS {h} WHERE {h}.released_at IS NULL"
+        "EXISTS (SELECT 1 FROM {holds} AS {h} WHERE ({h}.released_at IS NULL"
+        " OR {h}.id <> ALL(%s::bigint[]))"
         " AND ({h}.policy_id IS NULL OR {h}.policy_id = %s)"
         " AND ({h}.tenant IS NULL OR {tenant_match})"
         "{keys})"
@@ -276,7 +277,7 @@ def held(
         tenant_match=tenant_match,
         keys=_hold_keys(spec, hold, types),
     )
-    return Fragment(text, [policy_id])
+    return Fragment(text, [decisions.verified_release_ids(), policy_id])
 
 
 def _hold_keys(spec: PolicySpec, hold: sql.Identifier, types) -> sql.Composable:
@@ -1353,12 +1354,13 @@ def verification_counts(
             "{} UNION ALL SELECT FALSE, FALSE, TRUE, FALSE FROM {} WHERE {} IS NULL"
         ).format(rows, table(spec), col(spec.timestamp))
     text = sql.SQL(
-        "WITH {holds} AS MATERIALIZED (SELECT * FROM {hold_table} WHERE released_at IS NULL"
-        " AND (policy_id IS NULL OR policy_id = %s))"
+        "WITH {holds} AS MATERIALIZED (SELECT * FROM {hold_table} WHERE (released_at IS NULL"
+        " OR id <> ALL(%s::bigint[])) AND (policy_id IS NULL OR policy_id = %s))"
         " SELECT least(count(*) FILTER (WHERE s.e AND NOT s.h AND NOT s.g), %s),"
         " least(count(*) FILTER (WHERE s.h), %s), least(count(*) FILTER (WHERE s.n), %s),"
         " (SELECT array_agg(a.id ORDER BY a.id) FROM {holds} AS a),"
         " least(count(*) FILTER (WHERE s.g), %s)"
         " FROM ({rows} OFFSET 0) AS s"
     ).format(holds=holds, hold_table=sql.Identifier(LegalHold._meta.db_table), rows=rows)
-    return Fragment(text, [policy_id, limit, limit, limit, limit, *params])
+    released = decisions.verified_release_ids()
+    return Fragment(text, [released, policy_id, limit, limit, limit, limit, *params])

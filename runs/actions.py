@@ -13,7 +13,7 @@ from core import timeouts
 from core.locks import decision_fence
 from core.oplog import ActionError, StaleDecision, check_decision, record_action, require_reason
 from core.roles import ONCALL, check_role, check_role_or_system
-from retention import floors, geometry
+from retention import decisions, floors, geometry
 from retention import predicate as P
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import period_label
@@ -69,6 +69,9 @@ def trigger_run(
     version = policy.approved_version
     if version is None:
         raise ActionError(f"policy {policy.slug} has no approved version; nothing may run")
+    refusal = decisions.approval_refusal(version)
+    if refusal:  # an approval written behind the product's back runs nothing
+        raise ActionError(f"policy {policy.slug}: {refusal}; nothing may run")
     if not policy.enabled:
         raise ActionError(f"policy {policy.slug} is disabled")
     spec = version.parsed

@@ -18,8 +18,9 @@ from core import locks, timeouts
 from core.cli_identity import acting_user
 from core.filters import as_id
 from core.formatting import state_label
-from core.oplog import verify_operator_log
+from core.oplog import unsigned_actions, verify_operator_log
 from core.seals import broken_seals
+from retention.decisions import unverified_decisions
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import latest_tick, tick_for_period
 from runs import actions, restores
@@ -470,6 +471,10 @@ def audit_verify(cmd, o):
         f"account {who}: its seal does not match — created or changed outside the product"
         for who in broken_seals()
     )
+    # decisions and a person's operator-log rows without a signature that verifies
+    # (signatures/, retention.decisions): written with a database login alone
+    problems.extend(unverified_decisions())
+    problems.extend(unsigned_actions())
     for path in o.get("against") or []:
         problems.extend(evidence.check(path))
     checked = None

@@ -148,6 +148,17 @@ def pinned_guard_readings(request, settings, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def no_remembered_decisions():
+    """No test inherits the approvals and hold releases an earlier one saw verify (ids may be
+    used again after a flush)."""
+    from retention import decisions  # the app registry is ready only once pytest-django ran
+
+    decisions.forget()
+    yield
+    decisions.forget()
+
+
+@pytest.fixture(autouse=True)
 def no_cli_identity(monkeypatch):
     """No test inherits a CLI identity, and whatever one sets is undone after it."""
     monkeypatch.setenv("RETENTION_TOKEN", "")

@@ -2,6 +2,8 @@
 
 An AST walk over the packages' own ``.py`` files (no Django, no database):
 
+- ``signatures`` (signed decisions) imports none of the product's packages: ``core`` and
+  every layer above sign and verify through it;
 - ``core`` imports no app (``database``, ``retention``, ``runs``, ``demo``);
 - ``database`` imports only ``core``;
 - ``retention`` imports neither ``archive``, ``runs`` nor ``demo``; ``archive`` imports
@@ -21,9 +23,10 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "database", "retention", "archive", "runs", "demo", "config", "api")
+PACKAGES = ("signatures", "core", "database", "retention", "archive", "runs", "demo", "config", "api")
 # package -> the packages it must not import
 FORBIDDEN = {
+    "signatures": {"core", "database", "retention", "archive", "runs", "demo", "api"},
     "core": {"database", "retention", "archive", "runs", "demo", "api"},
     "database": {"retention", "archive", "runs", "demo", "api"},
     "retention": {"archive", "runs", "demo", "api"},

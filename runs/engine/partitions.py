@@ -25,6 +25,7 @@ from psycopg import sql
 from core import locks, timeouts
 from core.oplog import record_action
 from database.grants import partition_function
+from retention import decisions
 from retention import partitions as RP
 from retention.models import PolicyVersion
 from retention.spec import SpecError
@@ -136,7 +137,8 @@ def _refusal(run: Run) -> str:
         return "policy is paused"
     if version_state != PolicyVersion.State.APPROVED:
         return "policy version superseded"
-    return ""
+    # the partition function checks the state only: the approval's signature is checked here
+    return decisions.approval_refusal(run.policy_version)
 
 
 @contextmanager

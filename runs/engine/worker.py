@@ -37,7 +37,7 @@ from psycopg import sql
 from archive import step as archive_step
 from core import locks, timeouts
 from core.pipeline import one_round_trip
-from retention import cascades, introspect
+from retention import cascades, decisions, introspect
 from retention import predicate as P
 from retention.models import PolicyVersion
 from retention.spec import SpecError
@@ -449,6 +449,10 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
             _release(chunk_id)
             actions.supersede_run(run)
             return Outcome(STOP, reason="policy version superseded")
+        unsigned = decisions.approval_refusal(run.policy_version)
+        if unsigned:  # approved by a row no signature vouches for: delete nothing
+            _release(chunk_id)
+            return Outcome(STOP, reason=unsigned)
         if admitted.busy and admitted.busy != TENANT_BUSY:
             _release(chunk_id)
             return Outcome(BUSY, reason=admitted.busy)

@@ -38,6 +38,7 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Max, Q
 from psycopg import sql
 
+from retention import decisions
 from retention.models import LegalHold, PolicyVersion
 from retention.spec import _RETENTION, months_before
 from runs.evidence.audit import verify_chain
@@ -404,9 +405,9 @@ def active_holds(run: Run, *, ids=None) -> list[HoldScope]:
 
 
 def _holds_of(policy_id: int, *, ids=None) -> list[HoldScope]:
-    qs = LegalHold.objects.filter(released_at__isnull=True).filter(
-        Q(policy__isnull=True) | Q(policy_id=policy_id)
-    )
+    # a release that does not verify leaves its hold in force (retention.decisions)
+    in_force = Q(released_at__isnull=True) | ~Q(pk__in=decisions.verified_release_ids())
+    qs = LegalHold.objects.filter(in_force).filter(Q(policy__isnull=True) | Q(policy_id=policy_id))
     if ids is not None:
         qs = qs.filter(pk__in=list(ids))
     return [HoldScope(h.tenant, h.key_from, h.key_to) for h in qs.order_by("pk")]
