@@ -14,9 +14,10 @@ The logins (docs/deploy.md, "Database logins"):
   (database/migrations: ``rr_policy_decisions``, ``rr_run_decisions``); no ``pg_monitor``
   (the guard reads other sessions through ``guard_*_signals``); nothing any process unpickles
   (django-q2's results go to the cluster cache as signed JSON, not to ``django_q_task``).
-- ``operator`` — the command line with a database connection: what the web login may, except
-  people, role memberships, tokens and sessions (so a database credential on a laptop cannot
-  make or become a person).
+- ``operator`` — read-only: ``status``, ``explain``, ``check`` and ``audit verify`` on the
+  server. It writes no decision, hold, person, operator-log row or task: operators decide
+  over the HTTP API (the ``retention`` client needs no database login), where the web
+  process signs each decision (``signatures``).
 - ``monitor`` — the checkpoint job: reads the chains and stores signed checkpoints.
 """
 
@@ -84,7 +85,9 @@ WEB_WRITES = {
     "retention.LegalHold": RIU,
     "retention.KillSwitch": RIU,
     "retention.RetentionFloor": RIU,
+    # a person's operator-log rows and decisions, each signed in this process (signatures/)
     "core.OperatorAction": RI,
+    "signatures.Signature": RI,
     "runs.Run": RIU,
     "runs.Chunk": RIU,
     "runs.PlannerCursor": RIU,
@@ -107,15 +110,14 @@ LOGINS: dict[str, Login] = {
         targets=R,
     ),
     "operator": Login(
-        purpose="the command line with a database connection (no people, roles or tokens)",
+        purpose="read-only: status, explain, check and audit verify on the server (operators"
+        " decide over the HTTP API with the `retention` client, which needs no database login)",
         tables={
-            **WEB_WRITES,
-            **dict.fromkeys(PEOPLE, R),
-            # a token's last use is recorded when the command line acts with it
+            # no write anywhere: no decision, hold, person, operator-log row or task
             "sessions.Session": frozenset(),
-            "admin.LogEntry": R,
+            "django_q.OrmQ": frozenset(),
+            "django_q.Task": frozenset(),
         },
-        columns={"core.ApiToken": {"UPDATE": ("last_used_at",)}},
         default=R,
         targets=R,
     ),
@@ -140,6 +142,9 @@ LOGINS: dict[str, Login] = {
             "retention.LegalHold": R,
             "retention.KillSwitch": R,
             "retention.RetentionFloor": R,
+            "signatures.Signature": R,
+            # a lease re-enqueues its next generation (the clusters run only the product's
+            # entry points: runs.engine.payloads)
             "django_q.OrmQ": RIUD,
             "django_q.Schedule": RIUD,
             "core_cluster_cache": RIUD,
@@ -159,6 +164,8 @@ LOGINS: dict[str, Login] = {
             "core.OperatorAction": R,
             "retention.Policy": R,
             "retention.PolicyVersion": R,
+            "retention.LegalHold": R,
+            "signatures.Signature": R,
         },
     ),
 }

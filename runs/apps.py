@@ -17,8 +17,11 @@ class RunsConfig(AppConfig):
         # the app registry is ready only now: runs' modules use the models at import
         from retention import signals
         from runs import actions, counts
+        from runs.engine import payloads
         from runs.evidence import audit
 
+        # a cluster runs only the product's own entry points, whoever signed the message
+        payloads.install()
         post_migrate.connect(_ensure_schedules, sender=self)
         # retention's decisions and preview reach the runs through these (imports go one way)
         signals.policy_decided.connect(

@@ -20,6 +20,9 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import psycopg
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from signatures import keys
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY_TOML = """\
@@ -94,6 +97,9 @@ def logins(admin: dict):
                 conn.execute(f'DROP ROLE IF EXISTS "{role}"')
 
 
+SIGNING_KEY = Ed25519PrivateKey.generate()
+
+
 def production_env(url: str) -> dict:
     """DEBUG off, no demo mode, a real secret, behind a proxy that terminates TLS."""
     env = {
@@ -105,6 +111,8 @@ def production_env(url: str) -> dict:
         DATABASE_URL=url,
         DEBUG="0",
         SECRET_KEY=secrets.token_urlsafe(50),
+        # every host verifies decisions; only the web host signs them (env_of below)
+        RETENTION_VERIFY_KEY=keys.public_text(SIGNING_KEY.public_key()),
         METRICS_TOKEN=secrets.token_urlsafe(24),
         SECURE_PROXY_SSL_HEADER="1",
         ALLOWED_HOSTS="127.0.0.1,localhost",
@@ -280,6 +288,8 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
             kind: dict(owner, DATABASE_URL=database_url(admin, name, login))
             for kind, login in made.items()
         }
+        # the web host alone holds the decision-signing key: decisions are made there
+        env_of["web"]["RETENTION_SIGNING_KEY"] = keys.private_text(SIGNING_KEY)
         web, worker, env = env_of["web"], env_of["worker"], env_of["operator"]
         manage(env, "check", "--deploy", "--fail-level", "WARNING")
         step("check --deploy")
@@ -288,9 +298,10 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
             "createsuperuser", "--no-input", "--username", "root", "--email", "root@example.com",
         )  # fmt: skip
 
-        def token_of(user: str, password: str, login: dict = env) -> dict:
+        def token_of(user: str, password: str, login: dict = web) -> dict:
             """The CLI acts as a person: their personal token, obtained with their password
-            (minted on the web host, with the web login: the operator login writes no token)."""
+            (minted on the web host, with the web login: the operator login writes nothing).
+            Commands that decide run there too, where the decision-signing key is."""
             secret = manage(
                 web, "retention", "token", "create", "--username", user, "--password-stdin",
                 stdin=f"{password}\n",
@@ -451,8 +462,15 @@ def every_other_command(env_of: dict, run_key: str, tmp_path: Path, tokens: dict
         "role revoke": ["retention", "role", "revoke", "oscar", "auditor", "--by", "root",
                         "--reason", "left"],
     }  # fmt: skip
+    # reading needs no more than the read-only operator login
+    read = {label: commands.pop(label) for label in ("policy list", "hold list", "status")}
     results = {}
-    for kind, group in (("operator", commands), ("worker", system), ("web", people)):
+    for kind, group in (
+        ("operator", read),
+        ("web", commands),
+        ("worker", system),
+        ("web", people),
+    ):
         results.update(_run_commands(env_of[kind], group, tokens))
     return results
 

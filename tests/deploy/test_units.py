@@ -79,6 +79,12 @@ def test_no_unit_loads_the_owners_login_and_only_the_checkpoint_job_holds_the_ev
         if "RETENTION_EVIDENCE_KEY" in "".join(env(path.name))
     ]
     assert holders == ["monitor.env.example"]
+    signers = [
+        path.name
+        for path in UNITS.glob("*.env.example")
+        if "RETENTION_SIGNING_KEY" in "".join(env(path.name))
+    ]
+    assert signers == ["web.env.example"], "only the web host signs decisions"
 
 
 def test_the_shipped_grants_are_what_the_grants_command_runs(db):
