@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.contrib.auth import authenticate
 from ninja.security import HttpBearer
 
 from core.cli_identity import act_for_request
@@ -55,3 +56,15 @@ class Token(HttpBearer):
 
 def caller(request) -> Caller:
     return request.auth
+
+
+def password_again(request, password: str, doing: str) -> None:
+    """Sudo over the API: the caller's password with the request (django-axes counts a wrong
+    one), so a token taken from someone cannot do ``doing`` on its own; ``ApiError`` 403
+    ``password_required`` otherwise."""
+    user = caller(request).user
+    if not password:
+        raise ApiError(403, "password_required", f"send your password to confirm {doing}")
+    again = authenticate(request, username=user.get_username(), password=password)
+    if again is None or again.pk != user.pk:
+        raise ApiError(403, "password_required", f"wrong password: {doing} was not done")

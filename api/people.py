@@ -12,7 +12,7 @@ from core.models import ApiToken
 from core.roles import COMPLIANCE, roles_of
 
 from . import commands, schemas
-from .auth import Token, caller
+from .auth import Token, caller, password_again
 from .errors import not_found
 from .schemas import ERRORS
 
@@ -38,12 +38,15 @@ def _role_change(name: str, handler):
     @router.post(f"/roles/{name}", response={200: schemas.Done, **ERRORS},
                  auth=Token(COMPLIANCE), operation_id=f"role_{name}")  # fmt: skip
     def endpoint(request, body: schemas.RoleChange):
-        return {"output": commands.run(handler, username=body.username, role=body.role,
-                                       reason=body.reason)}  # fmt: skip
+        password_again(request, body.password, f"the {name} of {body.role}")
+        with accounts.password_confirmed(caller(request).user):
+            return {"output": commands.run(handler, username=body.username, role=body.role,
+                                           reason=body.reason)}  # fmt: skip
 
     endpoint.__doc__ = (
         f"{name.capitalize()} a role (``retention role {name}``): a superuser only, never on "
-        "themself."
+        "themself, with their password again. Compliance granted by one superuser makes an "
+        "approver only once another superuser grants it too (the confirmation)."
     )
 
 
@@ -53,14 +56,17 @@ _role_change("revoke", people_cli.role_revoke)
 
 @router.post("/users", response={200: schemas.Done, **ERRORS}, auth=Token(COMPLIANCE))
 def add_user(request, body: schemas.UserIn):
-    """Add a person with no role yet (``retention user add``): a superuser only."""
+    """Add a person with no role yet (``retention user add``): a superuser only, with their
+    password again (``actor_password``)."""
 
     def handler(command, options):
         user = accounts.add_user(body.username, body.password, actor=caller(request).user,
                                  email=body.email, via="api")  # fmt: skip
         command.stdout.write(f"user {user.username} added (no role yet)")
 
-    return {"output": commands.run(handler)}
+    password_again(request, body.actor_password, f"creating {body.username}")
+    with accounts.password_confirmed(caller(request).user):
+        return {"output": commands.run(handler)}
 
 
 @router.get("/tokens", response={200: list[schemas.TokenOut], **ERRORS}, auth=Token())

@@ -246,6 +246,9 @@ class RoleChange(Schema):
     username: str
     role: Literal["compliance", "oncall", "auditor", "viewer"]
     reason: str = ""
+    password: str = Field(
+        "", description="the acting superuser's password, asked again: a token alone changes no one"
+    )
 
 
 class RolesOut(Schema):
@@ -258,6 +261,9 @@ class UserIn(Schema):
     username: str
     password: str = Field(description="the new person's password")
     email: str = ""
+    actor_password: str = Field(
+        "", description="the acting superuser's password, asked again: a token alone creates no one"
+    )
 
 
 class TokenOut(Schema):

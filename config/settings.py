@@ -53,6 +53,9 @@ try:
 except signing_keys.BadKey as exc:
     raise ConfigError(str(exc)) from None
 
+# A compliance grant by one superuser makes an approver only once a second superuser confirms
+# it; with this set (seconds), also once this long has passed (core.accounts).
+COMPLIANCE_COOLING_OFF_S = env_int("COMPLIANCE_COOLING_OFF_S", 0, minimum=0)
 CLEANUP_WORKERS = env_int("CLEANUP_WORKERS", 2, minimum=1, maximum=64)
 
 

@@ -3,21 +3,63 @@
 Roles are the four groups ``migrate`` creates (core/migrations). Only a superuser creates
 people and changes roles — never their own — so no compliance officer can make a second
 account and pass four-eyes alone (docs/security.md). Every change writes its operator-log row
-(who, what, to whom, why) in the same transaction, and reseals the account (core.seals)."""
+(who, what, to whom, why) in the same transaction, signed by the web process
+(``core.oplog``), and reseals the account (core.seals).
+
+A token or a session alone changes no one: the acting superuser's password must have been
+given again for this very request or command (``password_confirmed``, set by the API, the
+CLI and the admin after they checked it). And granting *compliance* makes an approver only
+once a second superuser confirms it (``grant_role`` again, by another superuser), or — when
+``COMPLIANCE_COOLING_OFF_S`` is set — after that long; until then the new officer may write
+and submit versions but not approve, reject or release (``approver_refusal``)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import timedelta
+
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
+from django.db.models import TextField
+from django.db.models.functions import Cast
+from django.utils import timezone
 
-from core.oplog import record_action
-from core.roles import ALL_ROLES
+from core.models import OperatorAction
+from core.oplog import ACTION_FIELDS, ActionError, action_hash, record_action
+from core.roles import ALL_ROLES, COMPLIANCE
 from core.seals import is_sealed
+from signatures import proof
 
-GRANT, REVOKE = "role.grant", "role.revoke"
+GRANT, REVOKE, CONFIRM = "role.grant", "role.revoke", "role.confirm"
+
+_confirmed: ContextVar[int | None] = ContextVar("retention_password_confirmed", default=None)
+
+
+@contextmanager
+def password_confirmed(user):
+    """Within this block ``user`` gave their password again (the entry point checked it)."""
+    token = _confirmed.set(user.pk)
+    try:
+        yield
+    finally:
+        _confirmed.reset(token)
+
+
+def is_password_confirmed(user) -> bool:
+    return _confirmed.get() == getattr(user, "pk", None)
+
+
+def _require_password(actor, doing: str) -> None:
+    if _confirmed.get() != getattr(actor, "pk", None):
+        raise PermissionDenied(
+            f"{doing} needs {getattr(actor, 'username', actor)}'s password again: a token or "
+            "a session alone changes no one"
+        )
 
 
 def check_manager(actor, *, subject=None) -> None:
@@ -46,12 +88,26 @@ def grant_role(user, role: str, *, actor, reason: str = "", via: str = "cli") ->
     """Give ``user`` the role; False (and no log row) if they already hold it."""
     group = _role(role)
     check_manager(actor, subject=user)
+    _require_password(actor, f"granting {role}")
     if user.groups.filter(pk=group.pk).exists():
-        return False
+        pending = _pending_grant(user) if role == COMPLIANCE else None
+        if pending is None:
+            return False
+        if pending.actor == actor.username:
+            raise ActionError(
+                f"{actor.username} granted {user.username} compliance and cannot confirm it; "
+                "another superuser must"
+            )
+        record_action(
+            actor, CONFIRM, user, reason=reason.strip(), role=role, username=user.username,
+            granted_by=pending.actor, grant=pending.chain_seq, via=via,
+        )  # fmt: skip
+        return True
     user.groups.add(group)
     record_action(
-        actor, GRANT, user, reason=reason.strip(), role=role, username=user.username, via=via
-    )
+        actor, GRANT, user, reason=reason.strip(), role=role, username=user.username, via=via,
+        **({"awaiting_confirmation": True} if role == COMPLIANCE else {}),
+    )  # fmt: skip
     return True
 
 
@@ -60,6 +116,7 @@ def revoke_role(user, role: str, *, actor, reason: str = "", via: str = "cli") -
     """Take the role from ``user``; False (and no log row) if they do not hold it."""
     group = _role(role)
     check_manager(actor, subject=user)
+    _require_password(actor, f"revoking {role}")
     if not user.groups.filter(pk=group.pk).exists():
         return False
     user.groups.remove(group)
@@ -73,6 +130,7 @@ def revoke_role(user, role: str, *, actor, reason: str = "", via: str = "cli") -
 def add_user(username: str, password: str, *, actor, email: str = "", via: str = "cli"):
     """Create a user (no role yet) with a password that passes the password validators."""
     check_manager(actor)
+    _require_password(actor, "creating a person")
     User = get_user_model()
     username = username.strip()
     if not username:
@@ -87,6 +145,69 @@ def add_user(username: str, password: str, *, actor, email: str = "", via: str =
     user = User.objects.create_user(username=username, email=email, password=password)
     record_action(actor, "user.create", user, username=username, via=via)
     return user
+
+
+def _verified(row) -> bool:
+    """The operator-log row is as the web process signed it: its hash recomputed from its
+    content, and that hash signed for a person."""
+    fields = {name: getattr(row, name) for name in ACTION_FIELDS}
+    if action_hash({**fields, "details_text": row.details_text}, row.prev_hash) != row.hash:
+        return False
+    body, _ = proof.check(
+        "oplog", f"operatoraction:{row.chain_seq}", {"hash": row.hash, "actor": row.actor}
+    )
+    return body is not None
+
+
+def _pending_grant(user):
+    """The operator-log row of ``user``'s compliance grant that awaits a second superuser,
+    or None: the newest signed grant, confirmation or revocation of it decides (rows that do
+    not verify are not decisions)."""
+    rows = (
+        OperatorAction.objects.filter(
+            target_type=user._meta.model_name,
+            target_id=str(user.pk),
+            action__in=(GRANT, CONFIRM, REVOKE),
+            details__role=COMPLIANCE,
+        )
+        .annotate(details_text=Cast("details", TextField()))
+        .order_by("-chain_seq")
+    )
+    for row in rows:
+        if not _verified(row):
+            continue
+        if row.action == GRANT and row.details.get("awaiting_confirmation"):
+            return row
+        return None
+    return None
+
+
+def approver_refusal(user) -> str:
+    """ "" when ``user`` may approve, reject or release as compliance; else why not: their
+    compliance grant awaits a second superuser (and, with ``COMPLIANCE_COOLING_OFF_S``, its
+    cooling-off has not passed)."""
+    pending = _pending_grant(user)
+    if pending is None:
+        return ""
+    cooling = getattr(settings, "COMPLIANCE_COOLING_OFF_S", 0)
+    if cooling and timezone.now() >= pending.at + timedelta(seconds=cooling):
+        return ""
+    until = (
+        f" or until {(pending.at + timedelta(seconds=cooling)).isoformat(timespec='minutes')}"
+        if cooling
+        else ""
+    )
+    return (
+        f"{user.username}'s compliance role, granted by {pending.actor}, awaits a second "
+        f"superuser's confirmation{until}: until then they cannot approve, reject or release"
+    )
+
+
+def check_approver(user) -> None:
+    """``ActionError`` when ``user`` may not decide as compliance yet (``approver_refusal``)."""
+    refusal = approver_refusal(user)
+    if refusal:
+        raise ActionError(refusal)
 
 
 def memberships() -> dict[str, list[str]]:

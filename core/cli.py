@@ -28,6 +28,11 @@ def register(areas) -> None:
         p.add_argument("role", choices=ALL_ROLES)
         p.add_argument("--reason", default="", help="why (kept in the operator log)")
         p.add_argument("--by", metavar="USERNAME", help="acting superuser or compliance officer")
+        p.add_argument(
+            "--password-stdin",
+            action="store_true",
+            help="read your password (asked again for people and roles) from standard input",
+        )
         p.set_defaults(handler=handler)
     p = sub.add_parser("list", help="who holds which role")
     p.set_defaults(handler=role_list)
@@ -74,20 +79,42 @@ def _subject(username: str):
 def role_grant(command, options) -> None:
     actor = acting_user(options)
     user = _subject(options["username"])
-    changed = accounts.grant_role(
-        user, options["role"], actor=actor, reason=options["reason"], via=_via()
-    )
+    with _password_again(actor, options, read_line=bool(options.get("password_stdin"))):
+        changed = accounts.grant_role(
+            user, options["role"], actor=actor, reason=options["reason"], via=_via()
+        )
     verb = "granted to" if changed else "already held by"
     command.stdout.write(f"{options['role']} {verb} {user.username}")
+
+
+def _password_again(actor, options, *, read_line: bool = False):
+    """People and roles need the acting superuser's password again (``core.accounts``):
+    given at the prompt that signed in this command, by the API that called it, or now — at a
+    terminal, or as a line of standard input (``--password-stdin``)."""
+    if accounts.is_password_confirmed(actor) or channel().get("auth") == "password":
+        return accounts.password_confirmed(actor)
+    if read_line:
+        password = sys.stdin.readline().rstrip("\n")
+    elif sys.stdin is not None and sys.stdin.isatty():
+        password = getpass.getpass(f"{actor.username}'s password (asked again): ")
+    else:
+        raise CommandError(
+            "people and roles need your password again (a token alone changes no one): run "
+            "it at a terminal, or give it with --password-stdin"
+        )
+    if password_user(actor.username, password).pk != actor.pk:
+        raise CommandError("wrong password: nothing was changed")
+    return accounts.password_confirmed(actor)
 
 
 @one_line
 def role_revoke(command, options) -> None:
     actor = acting_user(options)
     user = _subject(options["username"])
-    changed = accounts.revoke_role(
-        user, options["role"], actor=actor, reason=options["reason"], via=_via()
-    )
+    with _password_again(actor, options, read_line=bool(options.get("password_stdin"))):
+        changed = accounts.revoke_role(
+            user, options["role"], actor=actor, reason=options["reason"], via=_via()
+        )
     verb = "revoked from" if changed else "not held by"
     command.stdout.write(f"{options['role']} {verb} {user.username}")
 
@@ -111,7 +138,9 @@ def user_add(command, options) -> None:
             raise CommandError("the passwords differ")
     else:
         raise CommandError("no terminal to prompt for a password: use --password-stdin")
-    user = accounts.add_user(options["username"], password, actor=actor, email=options["email"])
+    # with a token, the acting superuser's own password follows (the next line of stdin)
+    with _password_again(actor, options, read_line=bool(options["password_stdin"])):
+        user = accounts.add_user(options["username"], password, actor=actor, email=options["email"])
     command.stdout.write(f"user {user.username} added (no role yet)")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from core.accounts import check_approver
 from core.locks import decision_fence, hold_fence
 from core.oplog import (
     ActionError,
@@ -151,6 +152,7 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
     at submission. Needs a reason (refused here, so the CLI and the pages refuse alike).
     Copies name, schedule and timezone to the policy and syncs its schedule."""
     check_role(actor, COMPLIANCE)
+    check_approver(actor)
     reason = require_reason(reason, "approving a version")
     if cascades.reached_by_cascades(version.parsed):
         # other policies' chunks whose DELETE cascades into this table judge its rows by the
@@ -211,6 +213,7 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
 def reject_version(version: PolicyVersion, *, actor, reason: str) -> PolicyVersion:
     """submitted → rejected, with a reason; never by anyone who wrote or submitted it."""
     check_role(actor, COMPLIANCE)
+    check_approver(actor)
     reason = require_reason(reason, "rejecting a version")
     version = _locked_version(version)
     if version.state != State.SUBMITTED:
@@ -377,6 +380,7 @@ def approve_hold_release(
     eligible again for later chunks. Never by the requester (the database refuses it too:
     ``legalhold_release_four_eyes``)."""
     check_role(actor, COMPLIANCE)
+    check_approver(actor)
     reason = require_reason(reason, "approving a hold's release")
     hold = _locked_hold(hold, expected)
     _pending_request(hold)
@@ -431,6 +435,7 @@ def refuse_hold_release(
     """Another member of compliance turns a pending release request down; the hold stays in
     force (a new request can be made later)."""
     check_role(actor, COMPLIANCE)
+    check_approver(actor)
     reason = require_reason(reason, "refusing a release request")
     hold = _locked_hold(hold, expected)
     _pending_request(hold)

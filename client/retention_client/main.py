@@ -95,7 +95,16 @@ def user_add(api: Api, o):
             raise Failed("the passwords differ")
     else:
         raise Failed("no terminal to prompt for a password: use --password-stdin")
-    return api.post("/users", {"username": o.username, "password": password, "email": o.email})
+    # then your own password, asked again (a token alone creates no one)
+    mine = _password(o, f"creating {o.username}")
+    return api.post("/users", {"username": o.username, "password": password, "email": o.email,
+                               "actor_password": mine})  # fmt: skip
+
+
+def role_change(api: Api, o, name: str):
+    password = _password(o, f"the {name} of {o.role}")
+    return api.post(f"/roles/{name}", {"username": o.username, "role": o.role,
+                                       "reason": o.reason, "password": password})  # fmt: skip
 
 
 def check(api: Api, o):
@@ -266,12 +275,13 @@ def register(sub) -> None:  # noqa: PLR0915 - one grammar, as manage.py retentio
     role = sub.add_parser("role", help="grant, revoke and list roles")
     rs = role.add_subparsers(dest="role_command", required=True, metavar="COMMAND")
     for name in ("grant", "revoke"):
-        p = add(rs, name, lambda api, o, name=name: api.post(
-            f"/roles/{name}", {"username": o.username, "role": o.role, "reason": o.reason}))  # fmt: skip
+        p = add(rs, name, lambda api, o, name=name: role_change(api, o, name),
+                "asks for your password again")  # fmt: skip
         p.add_argument("username")
         p.add_argument("role", choices=ROLES)
         reason(p, required=False)
         p.add_argument("--by", help=CLAIM)
+        p.add_argument("--password-stdin", action="store_true")
     add(rs, "list", lambda api, o: api.get("/roles"))
     user = sub.add_parser("user", help="add users")
     us = user.add_subparsers(dest="user_command", required=True, metavar="COMMAND")

@@ -271,12 +271,16 @@ def test_the_other_deciding_commands_print_the_same_both_ways(server, setting, m
                                 letters[2:], letter)  # fmt: skip
     twins("oncall", lambda k: ("confirm", k, "--reason", "expected size"), confirmed,
           r"held\d")  # fmt: skip
+    # people and roles: the new person's password, then the superuser's own, asked again
+    again = ("a-long-password-1234\nrooty-pw\n",) * 2
     twins("root", lambda u: ("user", "add", u, "--password-stdin"), ["newbie1", "newbie2"],
-          r"newbie\d", stdin=("a-long-password-1234\n", "a-long-password-1234\n"))  # fmt: skip
-    twins("root", lambda u: ("role", "grant", u, "auditor", "--reason", "audit week"),
-          ["newbie1", "newbie2"], r"newbie\d")  # fmt: skip
-    twins("root", lambda u: ("role", "revoke", u, "auditor", "--reason", "audit over"),
-          ["newbie1", "newbie2"], r"newbie\d")  # fmt: skip
+          r"newbie\d", stdin=again)  # fmt: skip
+    twins("root", lambda u: ("role", "grant", u, "auditor", "--reason", "audit week",
+                             "--password-stdin"),
+          ["newbie1", "newbie2"], r"newbie\d", stdin=("rooty-pw\n",) * 2)  # fmt: skip
+    twins("root", lambda u: ("role", "revoke", u, "auditor", "--reason", "audit over",
+                             "--password-stdin"),
+          ["newbie1", "newbie2"], r"newbie\d", stdin=("rooty-pw\n",) * 2)  # fmt: skip
     assert Run.objects.filter(run_key__in=confirmed, state=Run.State.CONFIRM).count() == 0
     assert User.objects.filter(username__in=["newbie1", "newbie2"]).count() == 2
     assert len(compared) == 9

@@ -310,19 +310,32 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
 
         # people and roles: a superuser, on the web host
         as_root = token_of("root", "root-password-1234", web)
+        # (the new person's password, then root's own, asked again: a token alone adds no one)
         for user in ("alice", "carol", "oscar"):
             manage(
                 as_root, "retention", "user", "add", user, "--by", "root", "--password-stdin",
-                stdin=f"{user}-password-1234\n",
+                stdin=f"{user}-password-1234\nroot-password-1234\n",
             )  # fmt: skip
-        manage(as_root, "retention", "role", "grant", "alice", "compliance", "--by", "root",
-               "--reason", "first compliance officer")  # fmt: skip
-        manage(as_root, "retention", "role", "grant", "carol", "compliance", "--by", "root")
+        # compliance makes an approver once a second superuser confirms the grant
+        manage(
+            dict(web, DJANGO_SUPERUSER_PASSWORD="second-password-1234"),
+            "createsuperuser", "--no-input", "--username", "second", "--email", "s@example.com",
+        )  # fmt: skip
+        as_second = token_of("second", "second-password-1234", web)
+        for user in ("alice", "carol"):
+            for who, login, password in (
+                ("root", as_root, "root-password-1234"),
+                ("second", as_second, "second-password-1234"),
+            ):
+                manage(login, "retention", "role", "grant", user, "compliance", "--by", who,
+                       "--reason", "first compliance officers", "--password-stdin",
+                       stdin=f"{password}\n")  # fmt: skip
         as_alice, as_carol = (
             token_of("alice", "alice-password-1234"),
             token_of("carol", "carol-password-1234"),
         )
-        manage(as_root, "retention", "role", "grant", "oscar", "oncall", "--by", "root")
+        manage(as_root, "retention", "role", "grant", "oscar", "oncall", "--by", "root",
+               "--password-stdin", stdin="root-password-1234\n")  # fmt: skip
         as_oscar = token_of("oscar", "oscar-password-1234")
         seen["roles"] = manage(env, "retention", "role", "list").stdout
         step("superuser, users, roles")
@@ -458,24 +471,27 @@ def every_other_command(env_of: dict, run_key: str, tmp_path: Path, tokens: dict
     }
     # people and roles: a superuser on the web host, with the web login
     people = {
-        "role grant": ["retention", "role", "grant", "oscar", "auditor", "--by", "root"],
+        "role grant": ["retention", "role", "grant", "oscar", "auditor", "--by", "root",
+                       "--password-stdin"],
         "role revoke": ["retention", "role", "revoke", "oscar", "auditor", "--by", "root",
-                        "--reason", "left"],
+                        "--reason", "left", "--password-stdin"],
     }  # fmt: skip
     # reading needs no more than the read-only operator login
     read = {label: commands.pop(label) for label in ("policy list", "hold list", "status")}
     results = {}
+    # the superuser's password, asked again for people and roles
+    again = dict.fromkeys(people, "root-password-1234\n")
     for kind, group in (
         ("operator", read),
         ("web", commands),
         ("worker", system),
         ("web", people),
     ):
-        results.update(_run_commands(env_of[kind], group, tokens))
+        results.update(_run_commands(env_of[kind], group, tokens, again))
     return results
 
 
-def _run_commands(env: dict, commands: dict, tokens: dict) -> dict:
+def _run_commands(env: dict, commands: dict, tokens: dict, stdin: dict | None = None) -> dict:
     # One process runs them all (each as `manage.py retention ...` would), to save start-ups.
     script = (
         "import io, json, sys, django; django.setup()\n"
@@ -488,6 +504,7 @@ def _run_commands(env: dict, commands: dict, tokens: dict) -> dict:
         "for label, args in given['commands'].items():\n"
         "    who = [args[i + 1] for i, a in enumerate(args[:-1]) if a in CLAIMS]\n"
         "    os.environ['RETENTION_TOKEN'] = given['tokens'].get(who[0], '') if who else ''\n"
+        "    sys.stdin = io.StringIO(given['stdin'].get(label, ''))\n"
         "    buf = io.StringIO()\n"
         "    try:\n"
         "        call_command(*args, stdout=buf, stderr=buf)\n"
@@ -501,7 +518,7 @@ def _run_commands(env: dict, commands: dict, tokens: dict) -> dict:
         [sys.executable, "-c", script],
         cwd=ROOT,
         env=dict(env, DJANGO_SETTINGS_MODULE="config.settings"),
-        input=json.dumps({"commands": commands, "tokens": tokens}),
+        input=json.dumps({"commands": commands, "tokens": tokens, "stdin": stdin or {}}),
         capture_output=True,
         text=True,
         timeout=300,

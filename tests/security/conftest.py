@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 from psycopg import sql
 
+from tests.api.conftest import api, people  # noqa: F401
 from tests.runs.conftest import events, events_policy  # noqa: F401
 
 

@@ -386,3 +386,109 @@ def test_only_web_and_worker_enqueue_and_a_cluster_refuses_a_signed_task_the_pro
     assert task_outcomes([genuine], "cleanup")[genuine].success
     assert task_outcomes(task_ids, "cleanup") == {}  # none of them ran
     assert [path.exists() for path in ran] == [False, False]
+
+
+def test_a_superuser_token_without_the_password_creates_no_one_and_grants_nothing(
+    api, people, monkeypatch
+):
+    """Finding 3, first half: the superuser's API token alone — no password, or a wrong one —
+    adds no person and changes no role, over the API and on the command line."""
+    from django.contrib.auth.models import User
+
+    from core.models import ApiToken, OperatorAction
+    from core.roles import roles_of
+
+    vera = people["viewer"]
+    for password in ("", "not-her-password"):
+        status, error = api.post(
+            "/users",
+            {"username": "mallory", "password": "a long new password 42",
+             "actor_password": password},
+            as_="superuser",
+        )  # fmt: skip
+        assert (status, error["code"]) == (403, "password_required"), error
+        for change in ("grant", "revoke"):
+            status, error = api.post(
+                f"/roles/{change}",
+                {"username": "vera", "role": "compliance" if change == "grant" else "viewer",
+                 "reason": "x", "password": password},
+                as_="superuser",
+            )  # fmt: skip
+            assert (status, error["code"]) == (403, "password_required"), error
+    # the command line with the token, no terminal and no password
+    secret = ApiToken.PREFIX + "only-the-token"
+    ApiToken.objects.create(user=people["superuser"], name="cli", prefix=secret[:12],
+                            digest=ApiToken.digest_of(secret))  # fmt: skip
+    monkeypatch.setenv("RETENTION_TOKEN", secret)
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    with pytest.raises(CommandError, match="password again"):
+        call_command("retention", "role", "grant", "vera", "compliance", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="wrong"):
+        monkeypatch.setattr("sys.stdin", io.StringIO("guess\n"))
+        call_command("retention", "role", "grant", "vera", "compliance", "--password-stdin",
+                     stdout=io.StringIO())  # fmt: skip
+    assert not User.objects.filter(username="mallory").exists()
+    assert roles_of(User.objects.get(pk=vera.pk)) == {"viewer"}
+    assert not OperatorAction.objects.filter(action__in=("user.create", "role.grant",
+                                                          "role.revoke")).exists()  # fmt: skip
+
+
+def test_a_compliance_grant_confirmed_by_one_superuser_alone_cannot_approve(
+    api, people, events, make_user
+):
+    """Finding 3, second half: with her password, one superuser makes two people and grants
+    both compliance; one submits a 1-day retention, the other cannot approve it until a second
+    superuser confirms her grant (and the first superuser cannot confirm her own)."""
+    from django.contrib.auth.models import User
+
+    from core.tokens import create_token
+
+    sue = people["superuser"]
+    for name in ("mallory", "trudy"):
+        status, body = api.post(
+            "/users",
+            {"username": name, "password": f"{name}-password-1234", "actor_password": "sue-pw"},
+            as_="superuser",
+        )
+        assert status == 200, body
+        status, body = api.post(
+            "/roles/grant",
+            {"username": name, "role": "compliance", "reason": "new", "password": "sue-pw"},
+            as_="superuser",
+        )
+        assert status == 200, body
+    mallory, trudy = User.objects.get(username="mallory"), User.objects.get(username="trudy")
+    api.tokens["trudy"] = create_token(trudy, name="api")[1]
+    version = actions.apply_spec(
+        PolicySpec.parse(events_spec(retention="1 day", name="Events older than 1 day")),
+        author=mallory,
+    )
+    version = actions.submit_version(version, actor=mallory, reason="shorter")
+    approve = f"/policies/events/versions/{version.number}/approve"
+    status, error = api.post(
+        approve, {"reason": "fine", "password": "trudy-password-1234"}, as_="trudy"
+    )
+    assert status >= 400 and "awaits a second superuser" in error["message"], error
+    assert PolicyVersion.objects.get(pk=version.pk).state == PolicyVersion.State.SUBMITTED
+    # the same superuser again is no second superuser
+    status, error = api.post(
+        "/roles/grant",
+        {"username": "trudy", "role": "compliance", "reason": "sure", "password": "sue-pw"},
+        as_="superuser",
+    )
+    assert status >= 400 and "cannot confirm it" in error["message"], error
+    # a second superuser confirms: now trudy approves
+    sam = User.objects.create_superuser("sam", password="sam-pw")
+    api.tokens["sam"] = create_token(sam, name="api")[1]
+    status, body = api.post(
+        "/roles/grant",
+        {"username": "trudy", "role": "compliance", "reason": "checked", "password": "sam-pw"},
+        as_="sam",
+    )
+    assert status == 200, body
+    status, body = api.post(
+        approve, {"reason": "fine", "password": "trudy-password-1234"}, as_="trudy"
+    )
+    assert status == 200, body
+    assert PolicyVersion.objects.get(pk=version.pk).state == PolicyVersion.State.APPROVED
+    assert sue.pk != sam.pk
