@@ -20,6 +20,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django.views.decorators.vary import vary_on_headers
 
+from core.accounts import approver_refusal
 from core.models import OperatorAction
 from core.reauth import require_recent_password
 from core.roles import COMPLIANCE, ONCALL, require_role, roles_of
@@ -389,10 +390,17 @@ def approvals(request):
             "below_floor": floors.violation(version.parsed),
         }
         (others if row["hand"] else mine).append(row)
+    # a compliance grant that awaits a second superuser: this officer may not decide yet
+    not_yet = approver_refusal(request.user)
     return render(
         request,
         "retention/approvals.html",
-        {"awaiting": mine, "own": others, "decider": COMPLIANCE in roles_of(request.user)},
+        {
+            "awaiting": mine,
+            "own": others,
+            "decider": COMPLIANCE in roles_of(request.user) and not not_yet,
+            "not_yet": not_yet,
+        },
     )
 
 

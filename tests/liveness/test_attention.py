@@ -74,10 +74,9 @@ def test_a_restricting_reference_costs_only_its_row_and_a_discard_lets_the_run_d
 def test_a_discarded_scope_is_left_out_of_later_passes_and_their_deletes(events_policy, make_user):
     """Pass 2 re-plans rows on both sides of a discarded key: its chunk spans the discarded
     scope, yet neither the plan nor the DELETE touches it, and no new dead letter appears."""
-    from django.utils import timezone
-
-    from retention.models import LegalHold
+    from retention.actions import place_hold
     from runs.models import Chunk
+    from tests.factories import release_hold
 
     run, _ = trigger_run(events_policy, tick=NOW)
     with connection.cursor() as cur:
@@ -100,11 +99,10 @@ def test_a_discarded_scope_is_left_out_of_later_passes_and_their_deletes(events_
         )
         cur.execute("INSERT INTO public.rr_child VALUES (%s)", [pinned])
     # the neighbours are held through pass 1, released after the discard: pass 2 finds them
+    lena, mia = make_user("lena", "compliance"), make_user("mia", "compliance")
     holds = [
-        LegalHold.objects.create(
-            policy=events_policy, tenant="1", key_from=k, key_to=k + 1, reason="audit",
-            placed_by="lena",
-        )
+        place_hold(actor=lena, reason="audit", policy=events_policy, tenant="1", key_from=k,
+                   key_to=k + 1)
         for k in (below, above)
     ]  # fmt: skip
     try:
@@ -115,9 +113,8 @@ def test_a_discarded_scope_is_left_out_of_later_passes_and_their_deletes(events_
         discard_dead_letter(
             letter, actor=make_user("olga", "oncall"), reason="row pinned by an invoice"
         )
-        LegalHold.objects.filter(pk__in=[h.pk for h in holds]).update(
-            released_at=timezone.now(), released_by="lena", release_reason="audit done"
-        )
+        for hold in holds:  # released as production releases: one asks, another approves
+            release_hold(hold, requester=lena, approver=mia, reason="audit done")
         run = drain(Run.objects.get(pk=run.pk))
         assert run.state == Run.State.DRAINED, run.state_reason
         assert run.pass_no == 2, run.state_reason

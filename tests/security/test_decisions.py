@@ -440,6 +440,8 @@ def test_a_compliance_grant_confirmed_by_one_superuser_alone_cannot_approve(
     both compliance; one submits a 1-day retention, the other cannot approve it until a second
     superuser confirms her grant (and the first superuser cannot confirm her own)."""
     from django.contrib.auth.models import User
+    from django.test import Client
+    from django.urls import reverse
 
     from core.tokens import create_token
 
@@ -470,6 +472,11 @@ def test_a_compliance_grant_confirmed_by_one_superuser_alone_cannot_approve(
     )
     assert status >= 400 and "awaits a second superuser" in error["message"], error
     assert PolicyVersion.objects.get(pk=version.pk).state == PolicyVersion.State.SUBMITTED
+    # the approvals page says so, and offers her no decision
+    page = Client()
+    page.force_login(trudy)
+    html = page.get(reverse("retention:approvals"), secure=True).content.decode()
+    assert "awaits a second superuser" in html
     # the same superuser again is no second superuser
     status, error = api.post(
         "/roles/grant",
