@@ -70,7 +70,11 @@ class RoleGroupAdmin(NoWrites, BaseGroupAdmin):
 
 
 @admin.register(User)
-class RetentionUserAdmin(BaseUserAdmin):
+class RetentionUserAdmin(NoWrites, BaseUserAdmin):
+    """People are read-only here too: creating one, setting a password or a flag needs the
+    acting superuser's password again and a signed operator-log row (``core.accounts``,
+    through ``retention user add`` or the API), which a form of the admin does not give."""
+
     list_display = ("username", "email", "roles", "is_active", "is_staff", "is_superuser")
 
     @admin.display(description="roles")

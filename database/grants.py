@@ -113,9 +113,9 @@ LOGINS: dict[str, Login] = {
         purpose="read-only: status, explain, check and audit verify on the server (operators"
         " decide over the HTTP API with the `retention` client, which needs no database login)",
         tables={
-            # no write anywhere: no decision, hold, person, operator-log row or task
+            # no write anywhere: no decision, hold, person, operator-log row or task (the
+            # queue is read for a run's backlog in `status`)
             "sessions.Session": frozenset(),
-            "django_q.OrmQ": frozenset(),
             "django_q.Task": frozenset(),
         },
         default=R,

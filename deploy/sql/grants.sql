@@ -79,6 +79,7 @@ GRANT SELECT ON TABLE "retention_runner"."database_detachedpartition" TO :"opera
 GRANT SELECT ON TABLE "retention_runner"."django_admin_log" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."django_content_type" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."django_migrations" TO :"operator";
+GRANT SELECT ON TABLE "retention_runner"."django_q_ormq" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."django_q_schedule" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."retention_killswitch" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."retention_legalhold" TO :"operator";

@@ -20,9 +20,12 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
+from django.test import Client
+from django.urls import reverse
 from django.utils import timezone
 from django_q.signing import SignedPackage
 from psycopg import sql
@@ -393,8 +396,6 @@ def test_a_superuser_token_without_the_password_creates_no_one_and_grants_nothin
 ):
     """Finding 3, first half: the superuser's API token alone — no password, or a wrong one —
     adds no person and changes no role, over the API and on the command line."""
-    from django.contrib.auth.models import User
-
     from core.models import ApiToken, OperatorAction
     from core.roles import roles_of
 
@@ -427,6 +428,14 @@ def test_a_superuser_token_without_the_password_creates_no_one_and_grants_nothin
         monkeypatch.setattr("sys.stdin", io.StringIO("guess\n"))
         call_command("retention", "role", "grant", "vera", "compliance", "--password-stdin",
                      stdout=io.StringIO())  # fmt: skip
+    # nor the admin's forms (a session alone)
+    page = Client()
+    page.force_login(people["superuser"])
+    assert page.get("/admin/auth/user/add/", secure=True).status_code == 403
+    page.post(f"/admin/auth/user/{vera.pk}/password/",
+              {"password1": "a long new password 42", "password2": "a long new password 42"},
+              secure=True)  # fmt: skip
+    assert User.objects.get(pk=vera.pk).check_password("vera-pw")
     assert not User.objects.filter(username="mallory").exists()
     assert roles_of(User.objects.get(pk=vera.pk)) == {"viewer"}
     assert not OperatorAction.objects.filter(action__in=("user.create", "role.grant",
@@ -439,9 +448,6 @@ def test_a_compliance_grant_confirmed_by_one_superuser_alone_cannot_approve(
     """Finding 3, second half: with her password, one superuser makes two people and grants
     both compliance; one submits a 1-day retention, the other cannot approve it until a second
     superuser confirms her grant (and the first superuser cannot confirm her own)."""
-    from django.contrib.auth.models import User
-    from django.test import Client
-    from django.urls import reverse
 
     from core.tokens import create_token
 
