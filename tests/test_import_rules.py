@@ -23,7 +23,17 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("signatures", "core", "database", "retention", "archive", "runs", "demo", "config", "api")
+PACKAGES = (
+    "signatures",
+    "core",
+    "database",
+    "retention",
+    "archive",
+    "runs",
+    "demo",
+    "config",
+    "api",
+)
 # package -> the packages it must not import
 FORBIDDEN = {
     "signatures": {"core", "database", "retention", "archive", "runs", "demo", "api"},
