@@ -117,6 +117,8 @@ LOGINS: dict[str, Login] = {
             # queue is read for a run's backlog in `status`)
             "sessions.Session": frozenset(),
             "django_q.Task": frozenset(),
+            # the pages' cache of derived numbers (JSON only: core.cache), which `status` fills
+            "core_cache": RIUD,
         },
         default=R,
         targets=R,

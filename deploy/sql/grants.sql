@@ -73,7 +73,7 @@ GRANT SELECT ON TABLE "retention_runner"."axes_accessfailurelog" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."axes_accesslog" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."core_accountseal" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."core_apitoken" TO :"operator";
-GRANT SELECT ON TABLE "retention_runner"."core_cache" TO :"operator";
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "retention_runner"."core_cache" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."core_cluster_cache" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."database_detachedpartition" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."django_admin_log" TO :"operator";
