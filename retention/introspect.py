@@ -29,9 +29,15 @@ from retention.spec import PolicySpec, SpecError, did_you_mean
 KEY_TYPES = ("int2", "int4", "int8")
 TIMESTAMP_TYPES = ("timestamptz", "timestamp", "date")
 # An epoch timestamp (``timestamp_unit``): time since the Unix epoch in a number column.
-EPOCH_TYPES = ("int8", "int4", "numeric")
+EPOCH_TYPES = ("int8", "int4", "numeric", "float8", "float4")
 # The units each integer type holds a present-day time in (int4: seconds, until 2038).
-EPOCH_UNITS_OF = {"int8": ("s", "ms", "us"), "int4": ("s",), "numeric": ("s", "ms", "us")}
+EPOCH_UNITS_OF = {
+    "int8": ("s", "ms", "us"),
+    "int4": ("s",),
+    "numeric": ("s", "ms", "us"),
+    "float8": ("s", "ms", "us"),  # a recorder's ``last_updated_ts``: seconds with a fraction
+    "float4": ("s", "ms", "us"),  # compared exactly, though it stores a present-day time coarsely
+}
 # pg_constraint.confdeltype
 ON_DELETE = {
     "a": "no action",
@@ -341,7 +347,8 @@ def _check_timestamp(spec: PolicySpec, ts: Column, where: str) -> None:
     if spec.timestamp_unit:
         if ts.typname not in EPOCH_TYPES:
             raise SpecError(
-                f"timestamp_unit applies to a bigint, integer or numeric timestamp column; "
+                f"timestamp_unit applies to a bigint, integer, numeric, double precision or real "
+                f"timestamp column; "
                 f"{name!r} of {where} is {ts.type}: leave timestamp_unit out"
             )
         if spec.timestamp_unit not in EPOCH_UNITS_OF[ts.typname]:
@@ -365,7 +372,8 @@ def _check_timestamp(spec: PolicySpec, ts: Column, where: str) -> None:
     if ts.typname not in TIMESTAMP_TYPES:
         raise SpecError(
             f"timestamp column {name!r} of {where} must be timestamptz, timestamp "
-            f"or date, not {ts.type} (or bigint, integer or numeric with timestamp_unit)"
+            f"or date, not {ts.type} (or bigint, integer, numeric, double precision or real "
+            f"with timestamp_unit)"
         )
     if spec.timestamp_zone and ts.typname == "timestamptz":
         raise SpecError(

@@ -10,6 +10,7 @@ Python beforehand.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import uuid
 import zoneinfo
@@ -535,7 +536,7 @@ def _timestamp_base(spec: PolicySpec, types: dict | None) -> str | None:
     return found.base if found is not None else None
 
 
-def epoch_value(spec: PolicySpec, instant: datetime, base: str | None) -> int | Decimal:
+def epoch_value(spec: PolicySpec, instant: datetime, base: str | None) -> int | Decimal | float:
     """``instant`` in the epoch column's unit: exact for a ``numeric`` column; for an integer
     column the least integer not before it, so ``col < value`` says exactly ``col``'s instant
     is before ``instant``."""
@@ -543,6 +544,12 @@ def epoch_value(spec: PolicySpec, instant: datetime, base: str | None) -> int | 
     per = MICROSECONDS_PER[spec.timestamp_unit]
     if base == "numeric":
         return Decimal(micro) / Decimal(per)
+    if base in ("float8", "float4"):
+        # the least double not below the exact value: ``col < value`` then holds for exactly
+        # the stored numbers below the cutoff (a real column compares as a double, exactly)
+        exact = Decimal(micro) / Decimal(per)
+        value = float(exact)
+        return value if Decimal(value) >= exact else math.nextafter(value, math.inf)
     return -(-micro // per)
 
 
@@ -605,6 +612,8 @@ def cutoff_param(spec: PolicySpec, types: dict | None = None) -> sql.Composable:
     ``int4 < int8``) or numeric, a date column's to date."""
     if spec.timestamp_unit:
         base = _timestamp_base(spec, types)
+        if base in ("float8", "float4"):  # a real column's btree serves ``float4 < float8``
+            return sql.SQL("%s::pg_catalog.float8")
         return sql.SQL("%s::pg_catalog.numeric" if base == "numeric" else "%s::pg_catalog.int8")
     return sql.SQL("%s")
 

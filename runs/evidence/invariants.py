@@ -269,8 +269,15 @@ class Oracle:
         fmt = self.types[self.spec.timestamp][2]
         unit = getattr(self.spec, "timestamp_unit", None)
         if unit:  # seconds since the epoch, exactly, as PostgreSQL counts them
+            # a floating-point number by its shortest exact text (a cast to numeric keeps
+            # only 15 digits: a microsecond of a present-day time in seconds is the 16th)
+            exact = (
+                "{}::float8::text::numeric"
+                if self.types[self.spec.timestamp][3] in ("float8", "float4")
+                else "{}::numeric"
+            )
             return (
-                sql.SQL("{}::numeric < extract(epoch FROM %s::timestamptz) * %s").format(ts),
+                sql.SQL(exact + " < extract(epoch FROM %s::timestamptz) * %s").format(ts),
                 [cutoff, PER_SECOND[unit]],
             )
         if self.types[self.spec.timestamp][3] == "date":

@@ -121,6 +121,19 @@ def test_an_epoch_columns_bound_is_one_number_its_own_btree_index_serves(epoch_t
         ("bigint", "us", datetime(2026, 11, 20, 12, 0, 0, 500_001, tzinfo=UTC), 1795176000500001),
         ("numeric", "s", datetime(2026, 11, 20, 12, 0, 0, 500_000, tzinfo=UTC), "1795176000.5"),
         ("integer", "s", datetime(2026, 11, 20, 12, 0, tzinfo=UTC), 1795176000),
+        (
+            "double precision",
+            "s",
+            datetime(2026, 11, 20, 12, 0, 0, 500_001, tzinfo=UTC),
+            "1795176000.5000012",
+        ),
+        (
+            "double precision",
+            "ms",
+            datetime(2026, 11, 20, 12, 0, 0, 500_001, tzinfo=UTC),
+            "1795176000500.0012",
+        ),
+        ("real", "s", datetime(2026, 11, 20, 12, 0, tzinfo=UTC), "1795176000.0"),
     ],
 )
 def test_the_bound_says_exactly_which_stored_numbers_are_before_the_cutoff(
@@ -287,3 +300,53 @@ def test_an_expiry_timestamp_with_zero_retention_deletes_what_expired_before_the
     assert count("public.rr_sessions", "expire_date < %s", [NOW]) == 4
     assert count("public.rr_sessions", "expire_date < %s AND NOT pinned", [NOW]) == 0
     assert count("public.rr_sessions", "expire_date >= %s", [NOW]) == 51
+
+
+@pytest.mark.parametrize(("column", "unit", "per_second"), [
+    ("double precision", "s", 1), ("double precision", "ms", 1000), ("real", "s", 1),
+])  # fmt: skip
+def test_a_floating_point_epoch_column_drains_exactly_the_rows_before_the_cutoff(
+    db, settings, make_user, column, unit, per_second
+):
+    """A recorder's ``last_updated_ts`` (``double precision`` seconds since the epoch, with a
+    fraction): rows a microsecond before the cutoff go, the cutoff itself and a microsecond
+    after it stay — the bound is the least double not below the cutoff's exact value."""
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    cutoff = NOW - timedelta(days=10)
+    c = (cutoff - EPOCH) / timedelta(seconds=1) * per_second
+    tiny = 1e-6 * per_second if column == "double precision" else 256.0
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_floats, public.rr_floats_shadow")
+        cur.execute(
+            f"CREATE TABLE public.rr_floats (id bigint PRIMARY KEY, tenant_id int NOT NULL,"
+            f" at {column} NOT NULL, status text)"
+        )
+        cur.execute(
+            "INSERT INTO public.rr_floats SELECT g, 1 + g %% 3, %s - g * 600.0 * %s, 'closed'"
+            " FROM generate_series(1, 3000) AS g",
+            [(NOW - EPOCH) / timedelta(seconds=1) * per_second, per_second],
+        )
+        cur.execute(
+            "INSERT INTO public.rr_floats VALUES (100001, 1, %s, 'closed'),"
+            " (100002, 1, %s, 'closed'), (100003, 1, %s, 'closed')",
+            [c - tiny, c, c + tiny],
+        )
+        cur.execute("CREATE INDEX ON public.rr_floats (at)")
+        cur.execute("CREATE INDEX ON public.rr_floats (tenant_id, id)")
+        cur.execute("CREATE TABLE public.rr_floats_shadow AS SELECT * FROM public.rr_floats")
+    policy = approved_policy(
+        make_user, **events_spec(slug="floats", table="rr_floats", timestamp="at",
+                                 timestamp_unit=unit, retention="10 days", keep=[]),
+    )  # fmt: skip
+    run = _drain(policy, NOW)
+    assert run.cutoff == cutoff
+    with connection.cursor() as cur:
+        cur.execute("SELECT id FROM public.rr_floats WHERE id > 100000 ORDER BY id")
+        left = [row[0] for row in cur.fetchall()]
+    if column == "real":  # the cutoff's value as a real may lie either side of it
+        assert 100001 not in left and 100003 in left
+    else:
+        assert left == [100002, 100003]
+    assert check_run(run, shadow=("public", "rr_floats_shadow")) == []
+    with connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_floats, public.rr_floats_shadow")
