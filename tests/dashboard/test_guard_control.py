@@ -577,6 +577,7 @@ def test_io_pressure_over_its_threshold_backs_the_controller_off_within_the_limi
     assert "io_pressure 0.9 > 0.3" in state["reasons"]
 
 
+@pytest.mark.server_version  # pg_stat_wal up to 17, pg_stat_io from 18
 def test_a_sample_reads_the_servers_wal_fsync_time_and_the_hosts_io_pressure(
     transactional_db, make_user
 ):
