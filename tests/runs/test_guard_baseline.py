@@ -5,6 +5,7 @@ cycle instead of stopping them."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -331,11 +332,27 @@ def test_an_idle_reading_over_the_budget_of_the_idle_median_stays_out_of_the_bas
     before = guard.idle_baseline(TABLE)
     assert before["n"] == guard.IDLE_PROBES and before["p50"] is not None
 
-    # a foreground session holds the table's ACCESS EXCLUSIVE lock for 300 ms: the probe
-    # waits for it, far over 1.5 × the idle median and the 1 ms margin
+    # a foreground session holds the table's ACCESS EXCLUSIVE lock until the probe has waited
+    # 300 ms for it: far over 1.5 × the idle median and the 1 ms margin (counted from when
+    # the probe waits, so a busy machine's slow start of the sample does not shorten it)
     blocker = pg_connect(autocommit=False)
     blocker.execute("LOCK TABLE public.rr_events IN ACCESS EXCLUSIVE MODE")
-    release = threading.Timer(0.3, blocker.commit)
+
+    def release_after_the_probe_waited() -> None:
+        with pg_connect(autocommit=True) as watcher:
+            deadline = time.monotonic() + 30
+            while (
+                time.monotonic() < deadline
+                and not watcher.execute(
+                    "SELECT count(*) FROM pg_locks"
+                    " WHERE relation = 'public.rr_events'::regclass AND NOT granted"
+                ).fetchone()[0]
+            ):
+                time.sleep(0.005)
+        time.sleep(0.3)
+        blocker.commit()
+
+    release = threading.Thread(target=release_after_the_probe_waited)
     release.start()
     try:
         slow = guard.sample(force=True)
