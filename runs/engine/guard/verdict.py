@@ -170,7 +170,10 @@ def evaluate(spec, latest: GuardSample | None, *, probes=None) -> Verdict:
         # the absolute thresholds judge the probe's read (``_probe``)
         "probe_p95_ms": (
             p.get("read_p95", p.get("p95")),
-            g["probe_p95_ms"],
+            # with the controller on, the limit in ms is the one latency measure: the read's
+            # absolute threshold no longer stops chunks by itself (its critical one still
+            # pauses the policy)
+            None if controlled(spec) else g["probe_p95_ms"],
             g["critical_probe_p95_ms"],
             "ms",
         ),
