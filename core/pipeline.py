@@ -23,11 +23,26 @@ the libpq psycopg runs on (before 14), the statements are sent one by one, with 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
 from django.db import connection
+
+
+class _PipelineEcho(logging.Filter):
+    """psycopg logs a warning ("error ignored exiting/terminating <Pipeline>: pipeline
+    aborted") each time a pipeline ends on a statement's failure: the failure itself reaches
+    the caller, who records it (a failed chunk: one line, ``runs.engine.worker``); the echo is
+    dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not (text.startswith("error ignored ") and "pipeline aborted" in text)
+
+
+logging.getLogger("psycopg").addFilter(_PipelineEcho())
 
 
 @contextmanager

@@ -14,7 +14,7 @@ import random
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
@@ -132,13 +132,16 @@ def _verify(run: Run, spec, types: dict, cascade, *, limit: int, trust_chunks: b
         with transaction.atomic(), bitmap_scan(spec), connection.cursor() as cur:
             cur.execute(frag.sql.as_string(cur.connection), frag.params)
             below, above = cur.fetchone()
-        read = f"outside the pass's chunks: below {show_bound(first)}, from {show_bound(last)} on"
+        read = (
+            f"outside the pass's chunks: below {show_bound(first)}, from {show_bound(last)} on;"
+            f" rows older than the cutoff {shown_cutoff(run)}"
+        )
         if early is not None:
             read = (
                 f"outside the pass's chunks: below {show_bound(first)}, from {show_bound(last)}"
                 f" to {show_bound(tuple(early['last']))}, from {show_bound(tuple(early['top']))}"
                 f" on, and the {len(early['found'])} eligible key(s) between them that a read"
-                f" at {early['at']} found"
+                f" at {early['at']} found; rows older than the cutoff {shown_cutoff(run)}"
             )
         return {
             "remaining": min(below + above, limit),
@@ -180,10 +183,16 @@ def _verify(run: Run, spec, types: dict, cascade, *, limit: int, trust_chunks: b
         "discarded": discarded_report(run, spec, types=types),
         "not_eligible_null": nulls,
         "limit": limit,
-        "read": "the whole range older than the cutoff",
+        "read": f"the whole range older than the cutoff {shown_cutoff(run)}",
         "checked_at": timezone.now().isoformat(),
         "pass": run.pass_no,
     }
+
+
+def shown_cutoff(run: Run) -> str:
+    """The bound a run's verification compares rows with (its cutoff, a slice run's slice
+    bound), as its text says it."""
+    return f"{run.bound.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
 
 
 def missed_ranges(run: Run, spec, *, types: dict, cascade=None) -> tuple | None:

@@ -762,6 +762,10 @@ def _record_failure(run: Run, chunk_id: int, attempts: int, exc: BaseException) 
     cls = classify(exc)
     message = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:2000]
     attempts += 1
+    log.warning(
+        "run %s: chunk %s failed (attempt %s, %s%s): %s", run.run_key, chunk_id, attempts,
+        cls.label, f", SQLSTATE {cls.sqlstate}" if cls.sqlstate else "", message,
+    )  # fmt: skip
     P.forget_types(types_token(run))  # the table may have changed: read its types afresh
     chunk = Chunk.objects.get(pk=chunk_id)
     cfg = settings.RETENTION

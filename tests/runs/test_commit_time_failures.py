@@ -219,3 +219,30 @@ def test_a_chunk_cancelled_while_its_commit_fails_is_left_cancelled(events, make
     assert not DeadLetter.objects.filter(run=run).exists()
     assert not Chunk.objects.filter(parent=chunk).exists()
     assert not AuditRecord.objects.filter(run=run).exists()
+
+
+def test_each_failed_chunk_logs_one_line_and_no_pipeline_echo(events, make_user, caplog, no_guard):
+    """A restricting key fails chunks (bisected down to the pinned rows): each failed attempt
+    is one warning line naming the run, the chunk, the class and SQLSTATE — and psycopg's
+    "error ignored … pipeline aborted" echo of each is not logged."""
+    import logging
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "CREATE TABLE public.rr_refs (id serial PRIMARY KEY, event_id bigint NOT NULL"
+            " REFERENCES public.rr_events (id) ON DELETE RESTRICT)"
+        )
+        cur.execute(
+            "INSERT INTO public.rr_refs (event_id) SELECT id FROM public.rr_events"
+            " WHERE status = 'closed' AND occurred_at < %s ORDER BY id LIMIT 2",
+            [NOW.replace(day=1)],
+        )
+    policy = approved_policy(make_user, **events_spec(chunk_size=200))
+    run, _ = trigger_run(policy, tick=NOW)
+    with caplog.at_level(logging.DEBUG):
+        stats = worker.drain(run.pk, budget_s=60, until_idle=True)
+    failed = [r for r in caplog.records if " failed (attempt " in r.getMessage()]
+    assert stats["failed"] >= 2 and len(failed) == stats["failed"], stats
+    assert all(f"run {run.run_key}: chunk " in r.getMessage() for r in failed)
+    assert all("SQLSTATE 23001" in r.getMessage() for r in failed)  # RESTRICT
+    assert not [r for r in caplog.records if "pipeline aborted" in r.getMessage()]
