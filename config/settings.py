@@ -244,6 +244,7 @@ INSTALLED_APPS = [
     "retention",
     "runs",
     "database",
+    "targets",
     "demo",
 ]
 

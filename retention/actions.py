@@ -12,6 +12,8 @@ Errors: ``SpecError`` (the specification or the table is wrong), ``ActionError``
 
 from __future__ import annotations
 
+import contextlib
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -31,6 +33,7 @@ from retention.models import LegalHold, Policy, PolicyVersion, RetentionFloor
 from retention.preview import preview as take_preview
 from retention.signals import policy_decided
 from retention.spec import PolicySpec, SpecError, check_period
+from targets import connections as fleet_connections
 
 State = PolicyVersion.State
 
@@ -63,6 +66,18 @@ def _check_four_eyes(version: PolicyVersion, actor, verb: str) -> None:
         )
 
 
+def on_validating_target(spec: PolicySpec):
+    """Where a version's table is validated and previewed: on the control database for a
+    policy of the control database (as always), else on the first of its targets (each
+    target's own table is resolved again, in that target, when a run is triggered there)."""
+    names = fleet_connections.resolve(spec.targets)
+    if not names:
+        raise ActionError(f"targets {list(spec.targets)} name no registered target")
+    if names[0] == fleet_connections.DEFAULT:
+        return contextlib.nullcontext()
+    return fleet_connections.on(names[0])
+
+
 @transaction.atomic
 def apply_spec(spec: PolicySpec, *, author) -> PolicyVersion:
     """Create a draft version of ``spec`` (and its policy, if the slug is new).
@@ -72,7 +87,8 @@ def apply_spec(spec: PolicySpec, *, author) -> PolicyVersion:
     validated against the database first; nothing is written when it does not validate.
     """
     check_role(author, COMPLIANCE)
-    introspect.validate(spec)
+    with on_validating_target(spec):
+        introspect.validate(spec)
     floors.check_version(spec)
     content_hash = spec.content_hash()
     policy = Policy.objects.select_for_update().filter(slug=spec.slug).first()
@@ -121,12 +137,12 @@ def submit_version(version: PolicyVersion, *, actor, reason: str = "", now=None)
     spec = version.parsed
     if spec.content_hash() != version.content_hash:
         raise ActionError(f"{version}: stored content does not match its hash")
-    validation = introspect.validate(spec)
+    with on_validating_target(spec):
+        validation = introspect.validate(spec)
+        preview = take_preview(spec, policy_id=version.policy_id, now=now, validation=validation)
     floors.check_version(spec)
     version.validation = validation.to_json()
-    version.preview = take_preview(
-        spec, policy_id=version.policy_id, now=now, validation=validation
-    )
+    version.preview = preview
     version.state = State.SUBMITTED
     version.submitted_at = timezone.now()
     version.submitted_by = actor
@@ -170,7 +186,8 @@ def approve_version(version: PolicyVersion, *, actor, reason: str = "") -> Polic
         raise ActionError(f"{version}: content does not match the hash it was submitted with")
     if not version.preview or version.preview.get("content_hash") != version.content_hash:
         raise ActionError(f"{version} has no dry-run preview of its own content")
-    introspect.validate(spec)  # the table may have changed since submission
+    with on_validating_target(spec):
+        introspect.validate(spec)  # the table may have changed since submission
     floors.check_version(spec)  # a floor may have been set since submission
 
     previous = version.policy.versions.filter(state=State.APPROVED).first()

@@ -644,6 +644,11 @@ FIELDS: tuple[Field, ...] = (
     Field("overlap", "overlap", "choice", "wait", "",
           "a tick while the previous run is open waits for it or is skipped",
           choices=OVERLAP_MODES),
+    Field("targets", "targets", "special", ("default",), 'list of target names and `"group:LABEL"`',
+          "the databases it deletes from (`retention target list`): one run per target and "
+          "period; a group's members when the run is triggered, one that joined later "
+          "included", shown_default='`["default"]` (the control database)',
+          omitted_at_default=True),
     Field("cascade_ack", "cascade_ack", "special", (), 'list of `"schema.table"`',
           "every table the `ON DELETE CASCADE` of its rows reaches, at any depth, that you "
           "accept: its rows go with theirs, counted, except where a policy of that table "
@@ -856,6 +861,25 @@ def _archive(section: dict) -> dict:
     return out
 
 
+_TARGET_NAME = re.compile(r"^(group:)?[a-z][a-z0-9_-]{0,62}$")
+
+
+def _targets(value) -> tuple[str, ...]:
+    """``targets``: a non-empty list of target names and ``"group:LABEL"``, each once."""
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, str) and _TARGET_NAME.match(v) for v in value)
+    ):
+        raise SpecError(
+            'targets must be a non-empty list of target names or "group:LABEL" (lowercase'
+            ' letters, digits, "-" and "_"), e.g. targets = ["payments"]'
+        )
+    if len(set(value)) != len(value):
+        raise SpecError("targets names a target or group twice")
+    return tuple(value)
+
+
 @dataclass(frozen=True)
 class PolicySpec:
     slug: str
@@ -877,6 +901,9 @@ class PolicySpec:
     catch_up: str = "latest"
     overlap: str = "wait"
     cascade_ack: tuple[str, ...] = ()
+    # the targets it deletes from (names, "group:LABEL"); left out of the stored JSON at its
+    # default, so the content hash of a version from before targets does not change
+    targets: tuple[str, ...] = ("default",)
     lock_timeout_ms: int = 2000
     statement_timeout_ms: int = 10000
     target_chunk_ms: int = 300
@@ -1026,6 +1053,7 @@ class PolicySpec:
         cascade = data.get("cascade_ack", [])
         if not isinstance(cascade, list) or not all(isinstance(c, str) for c in cascade):
             raise SpecError('cascade_ack must be a list of "schema.table" names')
+        targets = _targets(data.get("targets", ["default"]))
         guard_extra = _guard_extras(sections["guard"])
         archive_extra = _archive(sections["archive"])
         simple, guard = {}, dict(GUARD_DEFAULTS)
@@ -1052,6 +1080,7 @@ class PolicySpec:
             keep=keep,
             guard=guard,
             cascade_ack=tuple(sorted(cascade)),
+            targets=targets,
             owner=owner.strip(),
             timestamp_zone=timestamp_zone,
             max_backlog_age=max_backlog_age,
@@ -1099,11 +1128,16 @@ class PolicySpec:
         data["overrides"] = [o.to_json() for o in self.overrides]
         data["classes"] = [c.to_json() for c in self.classes]
         data["cascade_ack"] = list(self.cascade_ack)
+        data["targets"] = list(self.targets)
         for name in ("key", "tenant"):
             if isinstance(data[name], tuple):
                 data[name] = list(data[name])
         for f in FIELDS:
-            if f.omitted_at_default and data[f.attr] in (f.default, []):
+            value = data[f.attr]
+            if f.omitted_at_default and (
+                value in (f.default, [])
+                or (tuple(value) if isinstance(value, list) else value) == f.default
+            ):
                 del data[f.attr]
         return data
 
@@ -1122,6 +1156,8 @@ class PolicySpec:
         data["classes"] = tuple(
             RetentionClass.parse(item, "class", expiry=expiry) for item in data.get("classes", [])
         )
+
+        data["targets"] = tuple(data.get("targets", ("default",)))
         for name in ("key", "tenant"):
             if isinstance(data.get(name), list):
                 data[name] = tuple(data[name])
@@ -1139,7 +1175,7 @@ class PolicySpec:
                 continue
             if f.path == "pace_rows_per_s" and not value:
                 continue
-            if f.path == "rollout" and value == f.default:
+            if f.path in ("rollout", "targets") and value == f.default:
                 continue
             if isinstance(value, tuple):
                 value = list(value)

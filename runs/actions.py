@@ -22,6 +22,7 @@ from runs.engine import dispatch
 from runs.engine.schedules import sync_policy_schedule
 from runs.models import MAX_DISCARDED_SCOPES, Chunk, DeadLetter, PartitionAction, Run
 from runs.progress import progress_for
+from targets import connections as fleet_connections
 
 BLAST_RADIUS_FLOOR = 10_000  # below this many rows a run never needs confirmation
 
@@ -31,6 +32,11 @@ def run_key_for(policy: Policy, tick: datetime, *, rerun_of_version: int | None 
     a re-run of the period under a newly approved version (its earlier run superseded)
     appends that version's number: ``events/2026-11-30T03:00/v2``."""
     key = f"{policy.slug}/{period_label(policy, tick)}"
+    # on a target, the key names it (``runs.fleet.runs.key_on``); the control database's keys
+    # are as they always were
+    target = fleet_connections.current()
+    if target != fleet_connections.DEFAULT:
+        key = f"{target}:{key}"
     return key if rerun_of_version is None else f"{key}/v{rerun_of_version}"
 
 

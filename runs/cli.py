@@ -19,9 +19,10 @@ from core.cli_identity import acting_user
 from core.filters import as_id
 from core.formatting import state_label
 from core.oplog import unsigned_actions, verify_operator_log
+from core.roles import roles_of
 from core.seals import broken_seals
 from retention.decisions import unverified_decisions
-from retention.models import KillSwitch, Policy
+from retention.models import KillSwitch, Policy, PolicyVersion
 from retention.schedule_math import latest_tick, tick_for_period
 from runs import actions, restores
 from runs.actions import (
@@ -41,9 +42,12 @@ from runs.evidence import anchors as evidence
 from runs.evidence import archives
 from runs.evidence.archives import archived_rows
 from runs.evidence.audit import verify_chain
+from runs.fleet import drain as fleet_drain
+from runs.fleet import runs as fleet_runs
 from runs.models import DeadLetter, RestoreRequest, Run
 from runs.progress import progress_for
 from runs.status import run_status
+from targets import connections as fleet_connections
 
 
 def _actor(options):
@@ -76,26 +80,41 @@ def _parse_period(policy, text: str | None) -> datetime:
 
 
 def trigger(cmd, o):
+    """One run key per target of the policy, one a line (runs.fleet.runs)."""
     policy = _policy(o["slug"])
-    run, created = trigger_run(
-        policy, tick=_parse_period(policy, o.get("period")), source="manual", actor=_actor(o)
-    )
-    cmd.stdout.write(run.run_key)
-    if not created:  # the period's run exists: say so, and of which version
-        approved = policy.approved_version
-        note = (
-            f"; the approved version is now v{approved.number}"
-            if approved is not None and approved.pk != run.policy_version_id
-            else ""
-        )
-        cmd.stderr.write(
-            f"already exists: the run of this period, v{run.policy_version.number}, "
-            f"{state_label(run.state)}{note}"
-        )
+    tick = _parse_period(policy, o.get("period"))
+    made = fleet_runs.trigger_everywhere(policy, tick=tick, source="manual", actor=_actor(o))
+    for name, run, note in made:
+        if run is None:
+            cmd.stderr.write(f"{name}: no run: {note}")
+            continue
+        cmd.stdout.write(run.run_key)
+        if note != "created":  # the period's run exists: say so, and of which version
+            approved = policy.approved_version
+            newer = (
+                f"; the approved version is now v{approved.number}"
+                if approved is not None and approved.pk != run.policy_version_id
+                else ""
+            )
+            # the version's number, read where the run's version lives (the same id on a
+            # target's mirror as on the control database)
+            number = PolicyVersion.objects.get(pk=run.policy_version_id).number
+            cmd.stderr.write(
+                f"already exists: the run of this period, v{number}, "
+                f"{state_label(run.state)}{newer}"
+            )
+    if any(run is None for _name, run, _note in made):
+        raise CommandError("some targets got no run (above); trigger again when they answer")
 
 
 def status(cmd, o):
-    write_status(cmd, run_status(_run(o["run_key"])), as_json=o["json"])
+    name, run = fleet_runs.find(o["run_key"])
+    if run is None and name != fleet_connections.DEFAULT:
+        write_status(cmd, fleet_runs.unreachable_status(name, o["run_key"]), as_json=o["json"])
+        return
+    with fleet_connections.on(name):
+        data = run_status(_run(o["run_key"]))
+    write_status(cmd, {**data, "target": name}, as_json=o["json"])
 
 
 def write_status(cmd, data: dict, *, as_json: bool) -> None:
@@ -128,11 +147,17 @@ def drain(cmd, o):
     process start-up whatever N; the workers spend their time waiting on the database, which
     releases the interpreter's lock."""
     results: list = [None] * max(1, o["workers"])
+    if o.get("run_key"):
+        names = [fleet_runs.target_of_key(o["run_key"])]
+    else:
+        names = fleet_connections.all_names()
 
     def work(i: int) -> None:
         try:
             with timeouts.engine_session():
-                results[i] = _drain_here(o, Run, drain_run)
+                results[i] = fleet_drain.drain_everywhere(
+                    names, lambda: _drain_here(o, Run, drain_run), worker=i
+                )
         except BaseException as exc:  # noqa: BLE001 - reported by the command below
             results[i] = exc
         finally:
@@ -160,6 +185,9 @@ def drain(cmd, o):
         raise CommandError(f"a drain worker failed: {failed[0]!r}")
     total = {k: sum(r[k] for r in results) for k in ("chunks", "rows", "failed")}
     cmd.stdout.write(_drained(total))
+    unreachable = {name: why for r in results for name, why in r["unreachable"].items()}
+    for name, why in sorted(unreachable.items()):
+        cmd.stderr.write(f"target {name} did not answer; its runs wait for it: {why}")
 
 
 def runs_list(cmd, o):
@@ -270,11 +298,16 @@ def _drain_here(o, Run, drain_run) -> dict:
 
 def _control(action_name):
     def handler(cmd, o):
-        run = _run(o["run_key"])
-        getattr(actions, action_name)(
-            run, actor=_actor(o), reason=o["reason"], expected=o.get("expected")
-        )
-        run.refresh_from_db()
+        actor = _actor(o)
+        name = fleet_runs.target_of_key(o["run_key"])
+        if name != fleet_connections.DEFAULT and not isinstance(actor, str):
+            roles_of(actor)  # read on the control database, remembered on the person
+        with fleet_connections.on(name):
+            run = _run(o["run_key"])
+            getattr(actions, action_name)(
+                run, actor=actor, reason=o["reason"], expected=o.get("expected")
+            )
+            run.refresh_from_db()
         cmd.stdout.write(f"{run.run_key}: {run.state}")
 
     return handler
@@ -463,9 +496,33 @@ def restore(cmd, o):
     )
 
 
+def _verify_targets(cmd) -> list[str]:
+    """Every other target's audit chain (and the operator log its engine wrote there), each
+    verified on its own database; a target that does not answer is a problem, named."""
+    problems: list[str] = []
+    for name in fleet_connections.all_names():
+        if name == fleet_connections.DEFAULT:
+            continue
+        try:
+            with fleet_connections.on(name):
+                report, log = verify_chain(), verify_operator_log()
+        except Exception as exc:  # noqa: BLE001 - any failure to read a chain is reported
+            problems.append(f"target {name}: not verified: {fleet_connections.first_line(exc)}")
+            continue
+        finally:
+            fleet_connections.close_all()
+        problems.extend(f"target {name}: {p}" for p in [*report.problems, *log.problems])
+        if not report.problems and not log.problems:
+            cmd.stdout.write(
+                f"target {name}: audit chain intact: {report.records} record(s), head "
+                f"{report.head}; operator log intact: {log.records} action(s)"
+            )
+    return problems
+
+
 def audit_verify(cmd, o):
     report, log = verify_chain(), verify_operator_log()
-    problems = [*report.problems, *log.problems]
+    problems = [*report.problems, *log.problems, *_verify_targets(cmd)]
     # people written behind the product's back (core.seals): they sign in nowhere, and are named
     problems.extend(
         f"account {who}: its seal does not match — created or changed outside the product"

@@ -18,6 +18,7 @@ from runs.engine.reconciler import catch_up
 from runs.engine.reconciler import reconcile as run_reconciler
 from runs.engine.worker import dead_letter
 from runs.models import Run
+from targets import connections as fleet_connections
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,30 @@ def _now():
     return timezone.now()
 
 
+def on_target(func):
+    """A message that names a target (``target=NAME``, runs.engine.dispatch) runs on it; an
+    unreachable target is noted on its registry row and the message ends (the reconciler's
+    pass over that target re-publishes its leases when it answers again)."""
+
+    @functools.wraps(func)
+    def run(*args, target=None, **kwargs):
+        if target is None or target == fleet_connections.DEFAULT:
+            return func(*args, **kwargs)
+        if not isinstance(target, str) or not fleet_connections.valid_name(target):
+            return _malformed("task", "target must be a target's name", {"target": repr(target)})
+        try:
+            with fleet_connections.on(target):
+                result = func(*args, **kwargs)
+        except fleet_connections.TargetError as exc:
+            return {"stopped": str(exc), "continue": False}
+        finally:
+            fleet_connections.close_all()
+        return result
+
+    return run
+
+
+@on_target
 @engine_task
 def drain_lease(run_id=None, slot=None, generation=None, *extra) -> dict | str:
     """One lease: drain chunks of the run for a time budget, then publish the next generation."""
@@ -115,6 +140,7 @@ def reconcile() -> dict:
     return {k: v for k, v in report.items() if v}
 
 
+@on_target
 @engine_task
 def vacuum_target(run_id=None) -> str:
     """``VACUUM (ANALYZE)`` the target of a drained run (``runs.engine.maintenance.vacuum_target``:

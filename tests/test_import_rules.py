@@ -4,8 +4,8 @@ An AST walk over the packages' own ``.py`` files (no Django, no database):
 
 - ``signatures`` (signed decisions) imports none of the product's packages: ``core`` and
   every layer above sign and verify through it;
-- ``core`` imports no app (``database``, ``retention``, ``runs``, ``demo``);
-- ``database`` imports only ``core``;
+- ``core`` imports no app (``database``, ``targets``, ``retention``, ``runs``, ``demo``);
+- ``database`` imports only ``core``; ``targets`` only ``core`` and ``database``;
 - ``retention`` imports neither ``archive``, ``runs`` nor ``demo``; ``archive`` imports
   neither ``runs`` nor ``demo``; ``runs`` does not import ``demo``;
 - no app imports ``api`` (the HTTP API, an entry point); ``api`` does not import ``demo``;
@@ -27,6 +27,7 @@ PACKAGES = (
     "signatures",
     "core",
     "database",
+    "targets",
     "retention",
     "archive",
     "runs",
@@ -36,9 +37,10 @@ PACKAGES = (
 )
 # package -> the packages it must not import
 FORBIDDEN = {
-    "signatures": {"core", "database", "retention", "archive", "runs", "demo", "api"},
-    "core": {"database", "retention", "archive", "runs", "demo", "api"},
-    "database": {"retention", "archive", "runs", "demo", "api"},
+    "signatures": {"core", "database", "targets", "retention", "archive", "runs", "demo", "api"},
+    "core": {"database", "targets", "retention", "archive", "runs", "demo", "api"},
+    "database": {"targets", "retention", "archive", "runs", "demo", "api"},
+    "targets": {"retention", "archive", "runs", "demo", "api"},
     "retention": {"archive", "runs", "demo", "api"},
     "archive": {"runs", "demo", "api"},
     "runs": {"demo", "api"},

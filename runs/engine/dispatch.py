@@ -16,9 +16,26 @@ from django.utils import timezone
 from django_q.tasks import async_task
 
 from runs.models import Lease, Run
+from targets import connections as fleet_connections
 
 CLUSTER = "cleanup"
 DRAIN_TASK = "runs.tasks.drain_lease"
+
+
+def _on_target(kwargs: dict) -> bool:
+    """On a target (``targets.connections.on``) the message names it and goes to the control
+    database's queue once the target's transaction has committed: no outbox spans two
+    databases, and the reconciler re-publishes a lease whose message was lost."""
+    name = fleet_connections.current()
+    if name == fleet_connections.DEFAULT:
+        return False
+    kwargs["target"] = name
+    return True
+
+
+def _send_to_control(func: str, args, kwargs) -> None:
+    with fleet_connections.on(fleet_connections.DEFAULT):
+        async_task(func, *args, cluster=CLUSTER, **kwargs)
 
 
 def enqueue(func: str, *args, **kwargs) -> None:
@@ -27,6 +44,9 @@ def enqueue(func: str, *args, **kwargs) -> None:
     def send() -> None:
         async_task(func, *args, cluster=CLUSTER, **kwargs)
 
+    if _on_target(kwargs):
+        transaction.on_commit(lambda: _send_to_control(func, args, kwargs))
+        return
     if settings.RETENTION["BROKER"] == "orm":
         send()
     else:
@@ -43,6 +63,9 @@ def enqueue_after_commit(func: str, *args, **kwargs) -> None:
     def send() -> None:
         async_task(func, *args, cluster=CLUSTER, **kwargs)
 
+    if _on_target(kwargs):
+        transaction.on_commit(lambda: _send_to_control(func, args, kwargs), robust=True)
+        return
     transaction.on_commit(send, robust=True)
 
 

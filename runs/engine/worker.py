@@ -45,6 +45,7 @@ from runs import actions
 from runs.engine import breaker, guard, partitions, planner, reconciler, stopping
 from runs.engine.errors import PERMANENT, backoff, classify, dead_letter, sqlstate_of
 from runs.evidence import audit
+from runs.fleet import mirror
 from runs.models import (
     Chunk,
     Lease,
@@ -52,6 +53,7 @@ from runs.models import (
     discarded_scope_rows,
     scopes_of,
 )
+from targets import connections as fleet_connections
 
 log = logging.getLogger(__name__)
 
@@ -354,7 +356,9 @@ def process_one(run: Run, *, chunk_id: int | None = None) -> Outcome:
     """Run one chunk transaction for ``run`` (or the given chunk). Never raises for a chunk error.
     The target's column types are read from the catalog once per run and version and kept
     until a chunk fails (``P.cached_types``, ``P.forget_types``)."""
-    with P.cached_types(types_token(run)):
+    with P.cached_types(types_token(run)), mirror.gate(run.policy_id) as gated:
+        if not gated:  # on a target: a decision holds the control database's fences
+            return Outcome(BUSY, reason="waiting for an operator decision to commit")
         return _process_one(run, chunk_id=chunk_id)
 
 
@@ -1147,7 +1151,11 @@ def read_above_beside(run: Run) -> threading.Thread | None:
     if not reconciler.above_unread(run):
         return None
     thread = threading.Thread(
-        target=_read_above, args=(run.pk,), name=f"read-above-{run.pk}", daemon=True
+        # on the target in place: the thread's own connection goes to the same database
+        target=fleet_connections.carry(_read_above),
+        args=(run.pk,),
+        name=f"read-above-{run.pk}",
+        daemon=True,
     )
     thread.start()
     return thread

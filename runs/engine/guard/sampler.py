@@ -24,6 +24,7 @@ from runs.engine.guard.probe import (
 from runs.engine.guard.signals import (
     sample,
 )
+from targets import connections as fleet_connections
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ def sample_beside(linger_s: float = SAMPLER_LINGER_S) -> None:
     cfg = settings.RETENTION
     if not cfg.get("GUARD", True) or not cfg.get("GUARD_SAMPLER_THREAD", True):
         return
+    if fleet_connections.current() != fleet_connections.DEFAULT:
+        return  # one thread per process samples the control database; a target's drain
+        # samples at its leases and admissions, on the target's own connection
     with _beside_lock:
         _beside["until"] = max(_beside["until"], time.monotonic() + linger_s)
         if _beside["thread"] is not None:

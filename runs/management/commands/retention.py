@@ -16,6 +16,7 @@ from database import cli as database_cli
 from retention import cli as policy_cli
 from runs import cli as run_cli
 from runs.evidence import cli_check
+from targets import cli as targets_cli
 
 
 class Command(BaseCommand):
@@ -29,6 +30,7 @@ class Command(BaseCommand):
         cli_check.register(areas)
         people_cli.register(areas)
         database_cli.register(areas)
+        targets_cli.register(areas)
 
     def handle(self, *args, **options):
         handler = options.get("handler")
