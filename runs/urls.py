@@ -32,4 +32,6 @@ urlpatterns = [
     path("audit/", views.audit, name="audit"),
     path("audit/export.csv", views.audit_export, name="audit_export"),
     path("activity/", views.activity, name="activity"),
+    path("targets/", views.targets, name="targets"),
+    path("targets/<str:name>/", views.target, name="target"),
 ]

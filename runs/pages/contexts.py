@@ -31,10 +31,12 @@ from runs import counts, forecast
 from runs.engine import guard
 from runs.engine.schedules import schedule_name
 from runs.evidence import archives, audit
+from runs.fleet import view as fleet_view
 from runs.models import AuditRecord, Chunk, DeadLetter, Lease, Run, discarded_scopes
 from runs.pages import charts
 from runs.progress import broker_backlog, progress_for, stopped_by, tenant_table
 from runs.status import health_of
+from targets import connections as fleet_connections
 
 # Policy states as the overview names them (and colours them: see app.css .state-*).
 ACTIVE, PAUSED, AWAITING, ATTENTION, DISABLED, STOPPED = (
@@ -192,6 +194,14 @@ def overview_context(request) -> dict:
         .annotate(n=Count("id"))
         .order_by()
     )
+    # policies over other targets: their convergence, read from each target's ledger
+    fleet = fleet_view.fleet_of(
+        policies,
+        {
+            pid: fleet_connections.resolve(version.parsed.targets)
+            for pid, version in r.approved.items()
+        },
+    )
     rows = []
     for policy in policies:
         run = current.get(policy.id)
@@ -235,6 +245,7 @@ def overview_context(request) -> dict:
                 "guard": guard_state,
                 "throttle_reason": throttle,
                 "dead_letters": dead_n,
+                "fleet": fleet.get(policy.id),
             }
         )
     known = []

@@ -14,7 +14,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_not_required
 from django.db.models import CharField, Q
 from django.db.models.functions import Cast
-from django.http import HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -31,10 +31,12 @@ from retention.models import Policy, PolicyVersion
 from retention.schedule_math import tick_for_period
 from runs import actions
 from runs.evidence import anchors, exports
+from runs.fleet import view as fleet_view
 from runs.models import DeadLetter, Run
 from runs.pages.contexts import overview_context, run_page_context
 from runs.pages.metrics import render_metrics
 from runs.progress import progress_for
+from targets.models import Target
 
 RUN_ACTIONS = {
     "pause": actions.pause_run,
@@ -75,6 +77,20 @@ def _perform(request, func, target, *, label: str) -> None:
         messages.error(request, f"{label} refused: {exc}")
     else:
         messages.success(request, f"{label}: done ({reason})")
+
+
+@require_GET
+@require_role()
+def targets(request):
+    return render(request, "runs/targets.html", fleet_view.targets_page())
+
+
+@require_GET
+@require_role()
+def target(request, name: str):
+    if name != "default" and not Target.objects.filter(name=name).exists():
+        raise Http404(f"no target {name}")
+    return render(request, "runs/target.html", fleet_view.target_page(name))
 
 
 @require_GET
