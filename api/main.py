@@ -9,7 +9,7 @@ from django.conf import settings
 from ninja import NinjaAPI
 from ninja.throttling import AuthRateThrottle
 
-from . import audit, errors, holds, people, policies, runs
+from . import audit, errors, holds, people, policies, runs, targets
 
 api = NinjaAPI(
     title="Retention Runner API",
@@ -26,5 +26,5 @@ api = NinjaAPI(
     throttle=[AuthRateThrottle(settings.API_THROTTLE_RATE)],
 )
 errors.install(api)
-for module in (policies, holds, runs, audit, people):
+for module in (policies, holds, runs, audit, people, targets):
     api.add_router("", module.router)

@@ -279,3 +279,26 @@ class Me(Schema):
     username: str
     roles: list[str]
     token: str
+
+
+class TargetOut(Schema):
+    """A target database: its name, group and where its connection string comes from (a
+    variable's name or a file's path — never the string)."""
+
+    name: str
+    group: str
+    reference: str
+    unreachable_since: datetime | None = None
+    unreachable_reason: str = ""
+
+
+class TargetList(Schema):
+    targets: list[TargetOut]
+    output: Output
+
+
+class TargetIn(Schema):
+    name: str
+    dsn_env: str = Field("", description="the environment variable holding its URL, on the server")
+    dsn_file: str = Field("", description="or the file holding its URL, on the server")
+    group: str = ""

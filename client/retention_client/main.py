@@ -210,6 +210,29 @@ def register(sub) -> None:  # noqa: PLR0915 - one grammar, as manage.py retentio
     p = add(hs, "list", lambda api, o: api.get("/holds", all=o.all))
     p.add_argument("--all", action="store_true")
 
+    target = sub.add_parser("target", help="the databases the product deletes from")
+    ts = target.add_subparsers(dest="target_command", required=True, metavar="COMMAND")
+    add(ts, "list", lambda api, o: api.get("/targets"), "the targets and whether each answers")
+    p = add(ts, "add", lambda api, o: api.post("/targets", {
+        "name": o.name, "dsn_env": o.dsn_env or "", "dsn_file": o.dsn_file or "",
+        "group": o.group or ""}), "register a target (its URL is read on the server)")  # fmt: skip
+    p.add_argument("name")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dsn-env", metavar="VAR")
+    source.add_argument("--dsn-file", metavar="PATH")
+    p.add_argument("--group", metavar="LABEL")
+    p.add_argument("--by", help=CLAIM)
+    p = add(ts, "remove", lambda api, o: api.post(
+        f"/targets/{o.name}/remove", {"reason": o.reason}), "forget a target")  # fmt: skip
+    p.add_argument("name")
+    p.add_argument("--by", help=CLAIM)
+    reason(p, required=False)
+    p = add(ts, "migrate", refuse(
+        "`retention target migrate` installs the ledger with the target's owner login: run it on"
+        " the server (manage.py retention target migrate NAME)"), "runs on the server only")  # fmt: skip
+    p.add_argument("name")
+    p.set_defaults(offline=True)
+
     p = add(sub, "trigger", lambda api, o: api.post(
         "/runs", {"policy": o.slug, "period": o.period}), "create (or find) a run")  # fmt: skip
     p.add_argument("slug")

@@ -91,6 +91,10 @@ ENDPOINTS = [
     ("POST", "/users", "/users", lambda r: {"username": f"new-{r}",
                                             "password": "a long new password 42",
                                             "actor_password": PASSWORDS[r]}, SU),
+    ("GET", "/targets", "/targets", None, ALL),
+    ("POST", "/targets", "/targets", lambda r: {"name": f"t-{r}", "dsn_env": "RR_MATRIX_UNSET"},
+     O),
+    ("POST", "/targets/{name}/remove", "/targets/nowhere/remove", lambda r: R, O),
     ("GET", "/tokens", "/tokens", None, ALL),
     ("POST", "/tokens/{token_id}/revoke", "/tokens/{spare}/revoke", None, ALL),
 ]  # fmt: skip
