@@ -11,12 +11,14 @@ from core.roles import AUDITOR, COMPLIANCE, ONCALL
 from retention.models import KillSwitch
 from runs import cli as run_cli
 from runs.evidence import cli_check, exports
+from runs.fleet import runs as fleet_runs
 from runs.models import DeadLetter, Run
 from runs.status import run_status
+from targets import connections as fleet_connections
 
 from . import commands, schemas
 from .auth import Token
-from .errors import not_found
+from .errors import ApiError, not_found
 from .fences import etag_of, if_match, tag
 from .schemas import ERRORS
 
@@ -59,20 +61,25 @@ def trigger(request, body: schemas.TriggerIn):
     """Create (or find) the run of a policy for a period (``retention trigger``); one run per
     policy and period however often it is asked."""
     output = commands.run(run_cli.trigger, slug=body.policy, period=body.period)
-    run = run_or_404(output.stdout.strip())
-    return {"output": output, "run_key": run.run_key, "etag": etag_of(run)}
+    first = output.stdout.split()[0]  # one key per target of the policy, one a line
+    with fleet_connections.on(fleet_runs.target_of_key(first)):
+        run = run_or_404(first)
+        return {"output": output, "run_key": run.run_key, "etag": etag_of(run)}
 
 
 def _control(name: str, handler, text: str):
     @router.post(f"/runs/{{path:key}}/{name}", response={200: schemas.Done, **ERRORS},
                  auth=Token(ONCALL), operation_id=f"run_{name}", summary=text)  # fmt: skip
     def endpoint(request, key: str, body: schemas.Reason):
-        run = run_or_404(key)
+        target = fleet_runs.target_of_key(key)  # the run lives in its target's ledger
+        with fleet_connections.on(target):
+            run = run_or_404(key)
         output = commands.run(
             handler, run_key=run.run_key, reason=body.reason, expected=if_match(request)
         )
-        run.refresh_from_db()
-        return {"output": output, "etag": etag_of(run)}
+        with fleet_connections.on(target):
+            run.refresh_from_db()
+            return {"output": output, "etag": etag_of(run)}
 
     endpoint.__doc__ = (
         f"{text} (``retention {name}``). ``If-Match``: the run's ETag the decision was made "
@@ -110,11 +117,17 @@ def manifest(request, key: str):
 @router.get("/runs/{path:key}", response={200: schemas.RunStatus, **ERRORS}, auth=Token())
 def status(request, response: HttpResponse, key: str, as_json: bool = Query(False, alias="json")):
     """State and progress of a run (``retention status``), with its ETag."""
-    run = run_or_404(key)
-    data = run_status(run)
-    tag(response, etag_of(run))
+    name, found = fleet_runs.find(key)
+    if found is None and name != fleet_connections.DEFAULT:
+        reason = fleet_runs.unreachable_status(name, key)["state_reason"]
+        raise ApiError(409, "target_unreachable", reason)
+    with fleet_connections.on(name):  # the run's own target: its ledger is the record
+        run = run_or_404(key)
+        data = {**run_status(run), "target": name}
+        tag(response, etag_of(run))
+        out = run_out(run)
     output = commands.run(lambda cmd, o: run_cli.write_status(cmd, data, as_json=as_json))
-    return {"run": run_out(run), "status": data, "output": output}
+    return {"run": out, "status": data, "output": output}
 
 
 @router.get("/dead-letters", response={200: list[schemas.DeadLetterOut], **ERRORS},

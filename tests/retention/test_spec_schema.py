@@ -60,6 +60,7 @@ def test_the_toml_writer_and_the_diff_cover_every_declared_key():
             rollout='"slice"',
             slice='"30 days"',
             cascade_ack='["public.b", "public.a"]',
+            targets='["payments", "group:shards"]',
             tables='[slo]\nmax_backlog_age = "2 days"\n'
             "[guard]\ninflation_budget = 2.0\ninflation = 2.0\nmargin_ms = 5\nfg_p99_ms = 25\n"
             'signal = "both"\nio_pressure = 0.3\nwal_fsync_ms = 20\n'
