@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PY = VENV / "bin" / "python"
 STOP_GRACE_S = 7  # then SIGKILL; with the database's stop, `up` ends within 10 s of Ctrl-C
+FLEET_PGDATA = ROOT / ".pgdata-fleet" / "demo-second"  # `up --fleet`: the second target's server
+FLEET_DSN_ENV = "RETENTION_DEMO_SECOND_DSN"
 
 
 def ensure_venv() -> None:
@@ -68,13 +70,31 @@ def up(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="dev.py up")
     parser.add_argument("--rows", type=int, default=int(os.environ.get("DEMO_ROWS", "1000000")))
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    parser.add_argument(
+        "--fleet",
+        action="store_true",
+        help="a second embedded PostgreSQL as a second target (the fleet view; docs/fleet.md)",
+    )
     args = parser.parse_args(argv)
 
     env = dict(os.environ)
     env.setdefault("RETENTION_DEMO", "1")
     env.setdefault("DEBUG", "0")
     manage("migrate", "--no-input", "-v", "0", env=env)
-    manage("demo", "--rows", str(args.rows), env=env)
+    demo = ["demo", "--rows", str(args.rows)]
+    if args.fleet:
+        # the second server: its own data directory, a Unix socket of its own
+        second = subprocess.run(
+            [str(PY), "-c", "from core import embedded_pg; print(embedded_pg.database_url())"],
+            env=dict(env, RR_PGDATA=str(FLEET_PGDATA)), cwd=ROOT, check=True,
+            capture_output=True, text=True,
+        ).stdout.strip().splitlines()[-1]  # fmt: skip
+        env[FLEET_DSN_ENV] = second
+        second_env = dict(env, DATABASE_URL=second)
+        manage("migrate", "--no-input", "-v", "0", env=second_env)  # the ledger
+        manage("demo", "--rows", str(args.rows // 2), "--no-users", env=second_env)
+        demo += ["--fleet-dsn-env", FLEET_DSN_ENV]
+    manage(*demo, env=env)
     manage("collectstatic", "--no-input", "-v", "0", env=env)
     manage("retention", "startup", env=env)
 
@@ -138,6 +158,11 @@ def up(argv: list[str]) -> None:
                 cwd=ROOT,
                 check=False,
             )
+        if args.fleet:
+            subprocess.run(
+                [str(PY), "-c", "from core import embedded_pg; embedded_pg.stop()"],
+                env=dict(env, RR_PGDATA=str(FLEET_PGDATA)), cwd=ROOT, check=False,
+            )  # fmt: skip
         print(f"» stopped in {time.monotonic() - stop_started:.1f} s", flush=True)
 
 

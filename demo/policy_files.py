@@ -61,7 +61,9 @@ def _actions() -> ModuleType | None:
         return None
 
 
-def apply_demo_policies(*, author, approver, actions: ModuleType | None = None) -> list[Outcome]:
+def apply_demo_policies(
+    *, author, approver, actions: ModuleType | None = None, specs: list[PolicySpec] | None = None
+) -> list[Outcome]:
     """Write (draft), submit and approve each demo policy: ``author`` writes and submits,
     ``approver`` approves, with the reason "demo".
 
@@ -73,7 +75,7 @@ def apply_demo_policies(*, author, approver, actions: ModuleType | None = None) 
     """
     State = PolicyVersion.State
     actions = actions if actions is not None else _actions()
-    specs = load_specs()
+    specs = load_specs() if specs is None else specs
     if not _has_actions(actions):
         return [Outcome(spec.slug, "unavailable") for spec in specs]
     outcomes = []

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.env import env_bool
+from core.oplog import ActionError
 from demo.marketplace import DemoDataError, DemoParams, ensure_marketplace
-from demo.policy_files import apply_demo_policies
+from demo.policy_files import apply_demo_policies, load_specs
 from demo.tasks import ensure_schedule
 from demo.users import ensure_demo_users
+from targets.actions import add_target
+from targets.models import Target
+
+FLEET_TARGET = "second"
 
 
 class Command(BaseCommand):
@@ -23,6 +30,12 @@ class Command(BaseCommand):
         parser.add_argument("--rows", type=int, default=1_000_000, help="marketplace events")
         parser.add_argument("--seed", type=int, default=42, help="seed of the generated data")
         parser.add_argument("--tenants", type=int, default=50, help="number of tenants (>= 2)")
+        parser.add_argument(
+            "--fleet-dsn-env",
+            metavar="VAR",
+            help="register the database in VAR (its ledger and demo data already installed)"
+            " as the target 'second' and approve a copy of the marketplace-events policy over it",
+        )
         parser.add_argument(
             "--no-users",
             action="store_true",
@@ -63,8 +76,34 @@ class Command(BaseCommand):
         else:
             self.stdout.write("demo users already present")
         self._policies()
+        if options.get("fleet_dsn_env"):
+            self._fleet(options["fleet_dsn_env"])
 
         ensure_schedule()
+
+    def _fleet(self, dsn_env: str) -> None:
+        """A second target for the fleet view: ``second`` (group ``demo``), and the
+        marketplace events policy over it (``marketplace-events-second``)."""
+        if not Target.objects.filter(name=FLEET_TARGET).exists():
+            try:
+                add_target(FLEET_TARGET, dsn_env=dsn_env, group="demo", actor="startup")
+            except ActionError as exc:
+                raise CommandError(str(exc)) from None
+            self.stdout.write(f"target {FLEET_TARGET} registered ({dsn_env})")
+        spec = next(s for s in load_specs() if s.slug == "marketplace-events")
+        spec = dataclasses.replace(
+            spec,
+            slug=f"{spec.slug}-{FLEET_TARGET}",
+            name=f"{spec.name} (target {FLEET_TARGET})",
+            targets=(FLEET_TARGET,),
+        )
+        outcomes = apply_demo_policies(
+            author=User.objects.get(username="alice"),
+            approver=User.objects.get(username="carol"),
+            specs=[spec],
+        )
+        for outcome in outcomes:
+            self.stdout.write(f"policy {outcome.slug}: {outcome.status}")
 
     def _policies(self) -> None:
         # Two compliance officers: one writes, the other approves (never their own).
