@@ -20,9 +20,11 @@ from prometheus_client.core import (
 
 from retention.models import Policy
 from retention.schedule_math import latest_tick
+from runs.fleet import view as fleet_view
 from runs.models import AuditRecord, Chunk, DeadLetter, Run
 from runs.pages.contexts import policy_readings
 from runs.progress import progress_for
+from targets import connections as fleet_connections
 
 # Upper bounds (seconds) of the chunk-duration histogram buckets.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -355,6 +357,35 @@ class LedgerCollector:
             "1 while the global kill switch is on",
             value=1 if readings.kill_switch and readings.kill_switch.on else 0,
         )
+        yield from fleet_families(policies, readings)
+
+
+def fleet_families(policies, readings) -> list[GaugeMetricFamily]:
+    """The fleet, labelled by ``target`` (runs.fleet.view: each target's ledger, never waiting
+    on one noted unreachable): whether each target answers, and per policy over other targets
+    the state of its latest run on each."""
+    targets = {
+        pid: fleet_connections.resolve(version.parsed.targets)
+        for pid, version in readings.approved.items()
+    }
+    fleet = fleet_view.fleet_of(policies, targets)
+    up = GaugeMetricFamily(
+        "retention_target_up", "1 when the target answered its last reading", labels=["target"]
+    )
+    converged = GaugeMetricFamily(
+        "retention_target_converged",
+        "1 when the policy's latest period drained on the target (0: a laggard)",
+        labels=["policy", "target"],
+    )
+    by_id = {p.id: p.slug for p in policies}
+    seen: dict[str, bool] = {}
+    for pid, row in fleet.items():
+        for t in row["targets"]:
+            seen[t["target"]] = t["reachable"]
+            converged.add_metric([by_id[pid], t["target"]], 0 if t["why"] else 1)
+    for name, reachable in sorted(seen.items()):
+        up.add_metric([name], 1 if reachable else 0)
+    return [up, converged]
 
 
 def render_metrics() -> bytes:

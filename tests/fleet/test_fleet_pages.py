@@ -51,6 +51,11 @@ def test_the_overview_names_the_laggard_and_the_target_pages_answer(two_of_three
     assert "converged on 2 of 3 targets" in page
     assert 'lagging: <a href="/runs/targets/shard3/">shard3</a> — active' in page
 
+    metrics = client.get("/metrics").content.decode()
+    assert 'retention_target_up{target="shard3"} 1.0' in metrics
+    assert 'retention_target_converged{policy="events",target="shard1"} 1.0' in metrics
+    assert 'retention_target_converged{policy="events",target="shard3"} 0.0' in metrics
+
     targets = client.get("/runs/targets/").content.decode()
     for name in ("default", "shard1", "shard2", "shard3"):
         assert f'data-target="{name}"' in targets
