@@ -1,0 +1,163 @@
+#!/usr/bin/env python
+"""Fleet bench: one policy over N targets drained by 2 workers, against one target of the same
+total size, and the control database's own load while they drain.
+
+    RETENTION_DEMO=1 .venv/bin/python bench/fleet.py [--targets 2,4,8] [--rows 120000]
+                                                    [--chunk-size 2000] [--keep]
+
+Builds a throwaway control database (``bench_fleet``) on the project's embedded server and
+one target database per target on an embedded server of the bench's own (``.pgdata-fleet/
+bench``: the targets share its one server and the machine's cores), each a copy of a database
+with the ledger installed by ``migrate`` (``tests.fleet.servers``). For each N: ``--rows``
+rows in all, split evenly over the N targets (about 60% eligible), one approved policy
+``targets = ["group:bench"]``, ``retention trigger`` (one run per target) and ``retention
+drain --until-idle --workers 2`` in this process. N = 1 is the baseline: one target of the
+same total size.
+
+The table: rows deleted per second over the whole drain and against the baseline; the control
+database's transactions (``pg_stat_database.xact_commit + xact_rollback``) during the drain, per
+second and per chunk. Prints tables; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from io import StringIO
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.setdefault("RETENTION_DEMO", "1")
+os.environ["TEST_DATABASE_NAME"] = "bench_fleet"
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
+
+PERIOD = "2026-11-30"
+
+
+def control_transactions() -> int:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname ="
+            " current_database()"
+        )
+        return cur.fetchone()[0]
+
+
+def cli(*args: str) -> str:
+    out = StringIO()
+    call_command("retention", *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+def one_round(n: int, rows: int, chunk_size: int, server, template: str, people) -> dict:
+    """N targets of ``rows // n`` rows each, one policy over them, drained by 2 workers."""
+    from retention import actions
+    from retention.models import Policy, PolicyVersion
+    from retention.spec import PolicySpec
+    from runs.fleet import mirror
+    from runs.models import AuditRecord, Chunk
+    from targets import connections as C
+    from targets.models import Target
+    from tests.factories import events_spec
+    from tests.runs.conftest import create_events
+
+    made = []
+    Target.objects.all().delete()
+    mirror.forget()
+    for i in range(n):
+        database = server.create_database(template=template)
+        made.append(database)
+        os.environ[f"BENCH_FLEET_{i}"] = server.admin_url(database)
+        Target.objects.create(name=f"b{i}", dsn_env=f"BENCH_FLEET_{i}", group="bench")
+        with C.on(f"b{i}"):
+            create_events(rows // n, days=40, tenants=8)
+    C.close_all()
+    slug = f"fleet-{n}"
+    spec = PolicySpec.parse(
+        events_spec(slug, targets=["group:bench"], chunking="key", chunk_size=chunk_size,
+                    limits={"policy_workers": 2, "tenant_workers": 1})
+    )  # fmt: skip
+    version = actions.apply_spec(spec, author=people["author"])
+    if version.state == PolicyVersion.State.DRAFT:
+        version = actions.submit_version(version, actor=people["author"], reason="bench")
+    actions.approve_version(version, actor=people["approver"], reason="bench")
+    os.environ["RETENTION_TOKEN"] = people["token"]
+    keys = cli("trigger", slug, "--period", PERIOD).split()
+    before, t0 = control_transactions(), time.monotonic()
+    cli("drain", "--until-idle", "--workers", "2")
+    seconds = time.monotonic() - t0
+    control = control_transactions() - before
+    deleted = chunks = 0
+    for i in range(n):
+        with C.on(f"b{i}"):
+            deleted += sum(AuditRecord.objects.values_list("rows_deleted", flat=True))
+            chunks += Chunk.objects.filter(state="done").count()
+    C.close_all()
+    Policy.objects.filter(slug=slug).update(enabled=False)
+    for database in made:
+        server.drop_database(database)
+    return {"targets": n, "runs": len(keys), "rows": deleted, "chunks": chunks,
+            "seconds": seconds, "control": control}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--targets", default="2,4,8")
+    parser.add_argument("--rows", type=int, default=120_000)
+    parser.add_argument("--chunk-size", type=int, default=2000)
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args()
+    settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+
+    from django.contrib.auth.models import Group, User
+
+    from core.tokens import create_token
+    from tests.fleet import servers
+    from tests.fleet.conftest import migrate_url
+
+    old_name = connection.settings_dict["NAME"]
+    connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+    try:
+        people = {}
+        for name, role in (("author", "compliance"), ("approver", "compliance"),
+                           ("olga", "oncall")):  # fmt: skip
+            user = User.objects.create_user(name, password=f"{name}-bench-pw-1")
+            user.groups.add(Group.objects.get_or_create(name=role)[0])
+            people[name] = user
+        people["token"] = create_token(people["olga"], name="bench")[1]
+        server = servers.embedded("bench")
+        template = server.ledger_template(migrate_url)
+        results = [
+            one_round(n, args.rows, args.chunk_size, server, template, people)
+            for n in [1, *(int(x) for x in args.targets.split(","))]
+        ]
+    finally:
+        if not args.keep:
+            connection.creation.destroy_test_db(old_name, verbosity=0)
+    base = results[0]["rows"] / results[0]["seconds"]
+    print(f"\n{args.rows:,} rows in all, chunks of {args.chunk_size}, 2 workers (one process)\n")
+    print("| targets | runs | rows deleted | chunks | seconds | rows/s | × one target |"
+          " control tx | control tx/s | control tx per chunk |")  # fmt: skip
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for r in results:
+        rate = r["rows"] / r["seconds"]
+        print(
+            f"| {r['targets']} | {r['runs']} | {r['rows']:,} | {r['chunks']:,} | "
+            f"{r['seconds']:.1f} | {rate:,.0f} | {rate / base:.2f} | {r['control']:,} | "
+            f"{r['control'] / r['seconds']:,.0f} | {r['control'] / max(1, r['chunks']):.1f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
