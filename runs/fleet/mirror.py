@@ -1,7 +1,8 @@
 """The decisions a target's chunks obey, and the order that keeps them effective.
 
 Every target's ledger holds a mirror of the control database's decision rows — policies, their
-versions, legal holds, the kill switch (and the users those versions name, without passwords) —
+versions, legal holds, the kill switch, the signatures of those decisions (and the users the
+versions name, without passwords) —
 so a chunk's DELETE there is the same statement as on the control database: its hold test and
 its admission read tables of the same transaction.
 
@@ -28,6 +29,7 @@ from django.db import DatabaseError, connection, transaction
 
 from core import locks
 from retention.models import KillSwitch, LegalHold, Policy, PolicyVersion
+from signatures.models import Signature
 from targets import connections as C
 from targets.models import DEFAULT
 
@@ -54,6 +56,9 @@ def read_decisions() -> dict:
         "versions": versions,
         "holds": _rows(LegalHold),
         "kill": _rows(KillSwitch),
+        # the signatures that vouch for approvals and releases: the worker verifies them
+        # (``retention.decisions``) on the target as on the control database
+        "signatures": _rows(Signature),
     }
 
 
@@ -84,6 +89,7 @@ def write_decisions(decisions: dict, generation: int) -> None:
         _upsert(PolicyVersion, decisions["versions"])
         _upsert(LegalHold, decisions["holds"])
         _upsert(KillSwitch, decisions["kill"], key="name")
+        _upsert(Signature, decisions["signatures"])
         with connection.cursor() as cur:
             cur.execute(
                 "INSERT INTO targets_generation (id, generation) VALUES (1, %s)"
