@@ -28,6 +28,7 @@ from django.contrib.auth.models import User
 from django.db import DatabaseError, connection, transaction
 
 from core import locks
+from core.models import AccountSeal
 from retention.models import KillSwitch, LegalHold, Policy, PolicyVersion
 from signatures.models import Signature
 from targets import connections as C
@@ -38,8 +39,6 @@ GATE_LOCK_TIMEOUT_MS = 5000
 _synced: dict[str, int] = {}  # this process: target -> the generation its mirror was synced to
 _synced_lock = threading.Lock()
 
-_USER_FIELDS = ("author_id", "submitted_by_id", "decided_by_id")
-
 
 def _rows(model) -> list[dict]:
     return list(model.objects.order_by("pk").values())
@@ -48,8 +47,9 @@ def _rows(model) -> list[dict]:
 def read_decisions() -> dict:
     """The rows to mirror, read from the database in place (the control database)."""
     versions = _rows(PolicyVersion)
-    user_ids = {v[f] for v in versions for f in _USER_FIELDS if v.get(f)}
-    users = list(User.objects.filter(pk__in=user_ids).values("id", "username"))
+    # every person, without a password, and their seals: the versions name them, and a
+    # person's action on a target (a trigger, a pause) is signed there with the sealed identity
+    users = list(User.objects.order_by("pk").values("id", "username"))
     return {
         "users": users,
         "policies": _rows(Policy),
@@ -59,6 +59,7 @@ def read_decisions() -> dict:
         # the signatures that vouch for approvals and releases: the worker verifies them
         # (``retention.decisions``) on the target as on the control database
         "signatures": _rows(Signature),
+        "seals": list(AccountSeal.objects.order_by("pk").values("user_id", "mac")),
     }
 
 
@@ -70,6 +71,19 @@ def _upsert(model, rows: list[dict], *, key: str = "id") -> None:
     model.objects.bulk_create(
         objs, update_conflicts=True, unique_fields=[key], update_fields=fields
     )
+
+
+def _add_signatures(rows: list[dict]) -> None:
+    """The control database's signatures the target lacks, each once (by its kind, subject and
+    signature: they verify themselves), under the target's own ids — the target's own
+    signatures (its people's actions there) keep theirs."""
+    have = set(Signature.objects.values_list("kind", "subject", "signature"))
+    new = [
+        Signature(**{k: v for k, v in row.items() if k != "id"})
+        for row in rows
+        if (row["kind"], row["subject"], row["signature"]) not in have
+    ]
+    Signature.objects.bulk_create(new)
 
 
 def write_decisions(decisions: dict, generation: int) -> None:
@@ -89,7 +103,8 @@ def write_decisions(decisions: dict, generation: int) -> None:
         _upsert(PolicyVersion, decisions["versions"])
         _upsert(LegalHold, decisions["holds"])
         _upsert(KillSwitch, decisions["kill"], key="name")
-        _upsert(Signature, decisions["signatures"])
+        _upsert(AccountSeal, decisions["seals"], key="user_id")
+        _add_signatures(decisions["signatures"])
         with connection.cursor() as cur:
             cur.execute(
                 "INSERT INTO targets_generation (id, generation) VALUES (1, %s)"
