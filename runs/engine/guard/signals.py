@@ -101,9 +101,10 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
         values["connections_used"], values["lock_waits"], lag_s, lag_bytes = 1, 0, 0, 0
     values["connections_free"] = values["max_connections"] - values["connections_used"]
     values["replication_lag_s"], values["replication_lag_bytes"] = float(lag_s), int(lag_bytes)
-    values["wal_bytes"] = int(_rows("SELECT wal_bytes FROM pg_stat_wal")[0][0])
+    wal = _wal()
+    values["wal_bytes"] = wal.pop("wal_bytes")
     if not pinned:  # pinned, the server's WAL fsyncs and the host's I/O read as calm too
-        values.update(_wal_fsyncs())
+        values.update(wal)
         io_us = _io_pressure_us()
         if io_us is not None:
             values["io_some_us"] = io_us
@@ -179,20 +180,31 @@ def read_signals(specs: list | None = None) -> tuple[dict, dict]:
     return values, tables
 
 
-def _wal_fsyncs() -> dict:
-    """The server's WAL fsyncs so far and the milliseconds they took (``wal_syncs``,
-    ``wal_sync_ms``): ``pg_stat_wal`` up to PostgreSQL 17, ``pg_stat_io``'s WAL rows from 18,
-    where those columns moved. The times are counted only with ``track_wal_io_timing`` on
-    (``wal_io_timing``); without it the guard has no fsync time to judge."""
-    timing = _rows("SELECT current_setting('track_wal_io_timing')")[0][0] == "on"
+def _wal() -> dict:
+    """The server's WAL so far, in one statement: its bytes, its fsyncs and the milliseconds
+    they took (``wal_syncs``, ``wal_sync_ms``) — ``pg_stat_wal`` up to PostgreSQL 17,
+    ``pg_stat_io``'s WAL rows from 18, where those columns moved. The times are counted only
+    with ``track_wal_io_timing`` on (``wal_io_timing``); without it the guard has no fsync time
+    to judge."""
     if connection.pg_version >= 180000:
-        syncs, ms = _rows(
-            "SELECT coalesce(sum(fsyncs), 0), coalesce(sum(fsync_time), 0) FROM pg_stat_io"
-            " WHERE object = 'wal'"
-        )[0]
+        query = (
+            "SELECT w.wal_bytes, io.fsyncs, io.fsync_time,"
+            " current_setting('track_wal_io_timing') FROM pg_stat_wal w,"
+            " (SELECT coalesce(sum(fsyncs), 0) AS fsyncs, coalesce(sum(fsync_time), 0)"
+            "  AS fsync_time FROM pg_stat_io WHERE object = 'wal') io"
+        )
     else:
-        syncs, ms = _rows("SELECT wal_sync, wal_sync_time FROM pg_stat_wal")[0]
-    return {"wal_syncs": int(syncs), "wal_sync_ms": float(ms), "wal_io_timing": timing}
+        query = (
+            "SELECT wal_bytes, wal_sync, wal_sync_time, current_setting('track_wal_io_timing')"
+            " FROM pg_stat_wal"
+        )
+    wal_bytes, syncs, ms, timing = _rows(query)[0]
+    return {
+        "wal_bytes": int(wal_bytes),
+        "wal_syncs": int(syncs),
+        "wal_sync_ms": float(ms),
+        "wal_io_timing": timing == "on",
+    }
 
 
 PRESSURE_IO = "/proc/pressure/io"
