@@ -620,9 +620,12 @@ def check_run(
     return problems
 
 
-def _cascading_keys(schema: str, table: str) -> list[tuple[str, str, list[str], list[str]]]:
-    """The ``ON DELETE CASCADE`` foreign keys referencing ``schema.table``, from the catalog:
-    (referencing schema, table, its columns, the referenced columns)."""
+def _cascading_keys(
+    schema: str, table: str, actions: tuple[str, ...] = ("c",)
+) -> list[tuple[str, str, list[str], list[str]]]:
+    """The ``ON DELETE CASCADE`` foreign keys referencing ``schema.table`` (``actions``: those
+    with these ``confdeltype``s), from the catalog: (referencing schema, table, its columns,
+    the referenced columns)."""
     with connection.cursor() as cur:
         cur.execute(
             "SELECT n.nspname, c.relname,"
@@ -632,19 +635,22 @@ def _cascading_keys(schema: str, table: str) -> list[tuple[str, str, list[str], 
             "  JOIN pg_attribute a ON a.attrelid = con.confrelid AND a.attnum = k.n ORDER BY k.o)"
             " FROM pg_constraint con JOIN pg_class c ON c.oid = con.conrelid"
             " JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE con.contype = 'f' AND con.confdeltype = 'c' AND con.conparentid = 0"
+            " WHERE con.contype = 'f' AND con.confdeltype = ANY(%s) AND con.conparentid = 0"
             " AND con.confrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s))",
-            [schema, table],
+            [list(actions), schema, table],
         )
         return [(n, t, list(cols), list(refs)) for n, t, cols, refs in cur.fetchall()]
 
 
 def _unreferenced(spec) -> sql.Composable:
-    """No row still present references row ``r`` through a cascading foreign key. An eligible
-    row that one does reference may stay: deleting it would delete that row too, which may be
-    protected (docs/policies.md, "Cascades"), so it is not counted as left behind."""
+    """No row still present references row ``r`` through a cascading foreign key, nor through
+    one that forbids its deletion (``NO ACTION``, ``RESTRICT``: another table's, or the
+    table's own). An eligible row that one does reference may stay: deleting it would delete
+    that row too, which may be protected (docs/policies.md, "Cascades"), or cannot be done
+    while the row stays (a row that stays keeps what it references), so it is not counted as
+    left behind."""
     parts = []
-    for schema, table, cols, refs in _cascading_keys(spec.schema, spec.table):
+    for schema, table, cols, refs in _cascading_keys(spec.schema, spec.table, ("c", "a", "r")):
         y = sql.Identifier("y")
         match = sql.SQL(" AND ").join(
             sql.SQL("{}.{} = {}.{}").format(y, sql.Identifier(c), ROW, sql.Identifier(r))

@@ -391,6 +391,43 @@ value = "LOGIN_ERROR"
         ),
     ),
     Case(
+        name="home_assistant", project="Home Assistant", ddl="home_assistant.sql",
+        fill=(
+            "INSERT INTO states_meta (entity_id) SELECT 'sensor.s' || g FROM generate_series(1, 40) g",
+            "INSERT INTO state_attributes (hash, shared_attrs)"
+            " SELECT g, '{{}}' FROM generate_series(1, 40) g",
+            # 60,000 state changes over 20 days (one per entity every ~11.5 minutes), each
+            # referencing its entity's previous state; the recorder keeps 10 days
+            "INSERT INTO states (state_id, state, last_updated_ts, last_changed_ts,"
+            " old_state_id, attributes_id, metadata_id)"
+            " OVERRIDING SYSTEM VALUE SELECT g, (g % 7)::text,"
+            " {T_S} - (60000 - g) * 28.8 + (g % 1000) / 1000.0,"
+            " {T_S} - (60000 - g) * 28.8 + (g % 1000) / 1000.0,"
+            " CASE WHEN g > 40 THEN g - 40 END, 1 + g % 40, 1 + g % 40"
+            " FROM generate_series(1, 60000) g",
+            # the purge's own step, as the recorder does before it deletes: the oldest kept
+            # state of each entity stops referencing the state before it
+            "UPDATE states s SET old_state_id = NULL WHERE s.last_updated_ts >= {T_S} - 864000"
+            " AND s.old_state_id IN (SELECT state_id FROM states"
+            "  WHERE last_updated_ts < {T_S} - 864000)",
+        ),
+        policies=(
+            """
+slug = "ha-states"
+name = "Recorder states older than 10 days"
+table = "{schema}.states"
+key = "state_id"
+timestamp = "last_updated_ts"
+timestamp_unit = "s"
+retention = "10 days"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+""",
+        ),
+        holds=(Hold("ha-states", key_from=100, key_to=200),),
+    ),
+    Case(
         name="mastodon", project="Mastodon", ddl="mastodon.sql",
         fill=(
             "INSERT INTO accounts SELECT g, 'account' || g FROM generate_series(1, 200) g",
