@@ -1,4 +1,6 @@
-"""One JSON request to the API, with the personal token; plain HTTP only to loopback."""
+"""One JSON request to the API, with the personal token; plain HTTP only to loopback. A
+redirect is followed only to the same scheme, host and port: the token is never sent
+anywhere else (a redirect elsewhere is one clear error, and nothing is sent there)."""
 
 from __future__ import annotations
 
@@ -45,6 +47,42 @@ def base_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
 
 
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of ``url``, the port spelled out when it is the scheme's own."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    port = port or {"https": 443, "http": 80}.get(parts.scheme)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+
+
+class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to the origin of ``RETENTION_URL``; anything else (another
+    host, port or scheme — https to http included) is refused before a byte is sent there."""
+
+    def __init__(self, base: str):
+        super().__init__()
+        self.base = base
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        target = urllib.parse.urljoin(req.full_url, newurl)
+        if origin(target) != origin(self.base):
+            raise ClientError(
+                f"{self.base} answered with a redirect (HTTP {code}) to {_shown(target)}: not "
+                f"followed, so the token is not sent there; set {URL_ENV} to the server's own "
+                "address"
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _shown(url: str) -> str:
+    """A URL without its query (which could carry anything) for a message."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+
+
 class Api:
     def __init__(self, url: str, token: str, *, timeout: float = 600):
         self.base = base_url(url)
@@ -55,6 +93,9 @@ class Api:
         self.token = token.strip()
         self.timeout = timeout
         self.context = ssl.create_default_context()
+        self.opener = urllib.request.build_opener(
+            urllib.request.HTTPSHandler(context=self.context), SameOriginRedirects(self.base)
+        )
 
     def call(self, method: str, path: str, body: dict | None = None, query: dict | None = None):
         """The decoded JSON answer; ``ApiRefusal`` for an error answer."""
@@ -68,7 +109,7 @@ class Api:
         if data is not None:
             request.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout, context=self.context) as r:
+            with self.opener.open(request, timeout=self.timeout) as r:
                 return json.loads(r.read() or b"null")
         except urllib.error.HTTPError as exc:
             raw = exc.read()
