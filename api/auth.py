@@ -7,13 +7,16 @@ so each operator-log row says ``via: api`` and which token. The actions check th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import wraps
 
+from django.conf import settings
 from django.contrib.auth import authenticate
+from django.http import JsonResponse
 from ninja.security import HttpBearer
 
 from core.cli_identity import act_for_request
 from core.models import ApiToken
-from core.roles import ALL_ROLES, check_role
+from core.roles import ALL_ROLES, check_role, roles_of
 from core.tokens import TokenError, user_for_token
 
 from .errors import ApiError
@@ -68,3 +71,37 @@ def password_again(request, password: str, doing: str) -> None:
     again = authenticate(request, username=user.get_username(), password=password)
     if again is None or again.pk != user.pk:
         raise ApiError(403, "password_required", f"wrong password: {doing} was not done")
+
+
+def schema_readers_only(view):
+    """The schema and the browsable docs: for a token's owner or a signed-in person holding a
+    role (the docs page fetches the schema with the session), or anyone when
+    ``API_PUBLIC_SCHEMA`` is on. Anonymous: 401, the API's error shape."""
+
+    @wraps(view)
+    def guarded(request, *args, **kwargs):
+        if settings.API_PUBLIC_SCHEMA or roles_of(getattr(request, "user", None)):
+            return view(request, *args, **kwargs)
+        header = request.headers.get("Authorization", "")
+        scheme, _, secret = header.partition(" ")
+        if scheme.lower() == "bearer" and secret.strip():
+            try:
+                user, _token = user_for_token(secret)
+            except TokenError as exc:
+                message = str(exc).replace("RETENTION_TOKEN", "the token")
+                return JsonResponse({"code": "token_refused", "message": message}, status=401)
+            if roles_of(user):
+                return view(request, *args, **kwargs)
+            return JsonResponse(
+                {"code": "forbidden", "message": "the token's owner holds no role"}, status=403
+            )
+        return JsonResponse(
+            {
+                "code": "unauthenticated",
+                "message": "the API's schema needs a personal API token: "
+                "Authorization: Bearer rrt_...",
+            },
+            status=401,
+        )
+
+    return guarded

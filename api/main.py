@@ -1,7 +1,8 @@
 """The API object: ``/api/v1/``, its routers, its errors and its throttle. The schema it
 serves (``/api/v1/openapi.json``) is checked in as ``api/openapi.json``; regenerate it with
 ``manage.py export_openapi_schema --api api.main.api --indent 1 --sorted --output api/openapi.json``
-(a test keeps the two equal)."""
+(a test keeps the two equal). Both need a token or a signed-in person holding a role, unless
+``API_PUBLIC_SCHEMA`` publishes them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ninja import NinjaAPI
 from ninja.throttling import AuthRateThrottle
 
 from . import audit, errors, holds, people, policies, runs, targets
+from .auth import schema_readers_only
 
 api = NinjaAPI(
     title="Retention Runner API",
@@ -23,6 +25,7 @@ api = NinjaAPI(
         "refused (412 `stale_state`). See docs/api.md."
     ),
     urls_namespace="api",
+    docs_decorator=schema_readers_only,
     throttle=[AuthRateThrottle(settings.API_THROTTLE_RATE)],
 )
 errors.install(api)

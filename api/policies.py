@@ -86,11 +86,14 @@ def list_policies(request):
     }
 
 
-@router.post("/policy-files/plan", response={200: commands.Output, **ERRORS_DOC}, auth=Token())
+@router.post("/policy-files/plan", response={200: commands.Output, **ERRORS_DOC},
+             auth=Token(COMPLIANCE))  # fmt: skip
 def plan(request, body: schemas.PolicyFiles):
     """Compare policy files with what is approved: per policy the difference and the
     preview (``retention policy plan DIR``); ``exit_code`` 0 nothing to do, 2 changes, 1
-    an error."""
+    an error. Compliance only (it reads the catalog and runs live previews): each preview
+    bounded as the version page's, once per content and minute, at most
+    ``retention.plan.MAX_PLAN_PREVIEWS`` per plan."""
     return commands.run(
         lambda command, options: policy_cli.plan_files(command, _files(body), options)
     )
@@ -150,9 +153,11 @@ def show_policy(request, response: HttpResponse, slug: str):
 
 
 @router.get("/policies/{slug}/preview", response={200: schemas.PreviewOut, **ERRORS_DOC},
-            auth=Token())  # fmt: skip
+            auth=Token(COMPLIANCE))  # fmt: skip
 def preview(request, slug: str, as_json: bool = Query(False, alias="json")):
-    """Dry-run the approved (else latest) version now (``retention policy preview``)."""
+    """Dry-run the approved (else latest) version now (``retention policy preview``):
+    compliance only, computed at most once per version and minute (the version page's
+    ``live_preview``; a stored preview is in the version's ``preview``)."""
     policy = policy_or_404(slug)
     result = policy_cli.preview_of(policy)
     output = commands.run(

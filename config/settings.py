@@ -38,6 +38,9 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 AUDIT_EXPORT_TIMEOUT_S = env_int("AUDIT_EXPORT_TIMEOUT_S", 300, minimum=1)
 # the HTTP API's budget per token (django-ninja's throttle: N/s, N/m, N/h or N/d)
 API_THROTTLE_RATE = env_str("API_THROTTLE_RATE", "600/m")
+# the API's schema (/api/v1/openapi.json) and docs (/api/v1/docs) for anyone; off: a token's
+# owner or a signed-in person holding a role only
+API_PUBLIC_SCHEMA = env_bool("API_PUBLIC_SCHEMA", False)
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")  # bearer token for /metrics; empty: sign-in only
 # Signs the chain anchors in manifests and checkpoints (runs.evidence.anchors); never stored in the
 # database. RETENTION_EVIDENCE_KEY_FILE names a file holding it (e.g. a mounted secret).

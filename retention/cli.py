@@ -20,7 +20,7 @@ from retention import plan as policies_as_code
 from retention.holds import coverage as hold_coverage
 from retention.models import LegalHold, Policy, PolicyVersion, RetentionFloor
 from retention.periods import label as period_label
-from retention.preview import preview, without_tenant_text
+from retention.preview import live_preview, without_tenant_text
 from retention.spec import did_you_mean, load_toml
 
 CLAIM_HELP = "optional check: refused unless RETENTION_TOKEN belongs to this user"
@@ -305,6 +305,11 @@ def plan_files(command, files: list[tuple[str, str]], options) -> int:
             for period in item.preview.get("periods", [])[1:]:
                 counted = f": {period['eligible']} eligible" if "eligible" in period else ""
                 write(f"  period {period_label(period)}{counted}")
+        elif item.preview_skipped:
+            write(
+                f"  preview: not taken (at most {policies_as_code.MAX_PLAN_PREVIEWS} per plan; "
+                "plan fewer files at once)"
+            )
     changes = sum(1 for item in planned if item.changed)
     errors = sum(1 for item in planned if item.error)
     write(
@@ -417,7 +422,7 @@ def preview_of(policy: Policy) -> dict:
     version = policy.approved_version or policy.versions.order_by("-number").first()
     if version is None:
         raise CommandError(f"policy {policy.slug!r} has no version")
-    result = preview(version.parsed, policy_id=policy.pk)
+    result = dict(live_preview(version))
     result["version"] = version.number
     result["version_state"] = version.state
     return result

@@ -104,22 +104,30 @@ def _fetch(query: str, params: list) -> list[tuple]:
 
 
 def table_oid(schema: str, table: str) -> int:
-    """The table's oid; SpecError naming it when there is no such (partitioned) table."""
+    """The table's oid; SpecError naming it when there is no such (partitioned) table.
+
+    Only a table this database login may read can be a policy's (the deployment grants
+    ``SELECT`` on each target, ``retention grants apply --target``): any other is answered
+    exactly as one that does not exist, so validating a policy file tells nobody whether a
+    table they may not read exists, nor its columns and types."""
     rows = _fetch(
         "SELECT c.oid, c.relkind FROM pg_catalog.pg_class c"
         " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = %s AND c.relname = %s",
+        " WHERE n.nspname = %s AND c.relname = %s"
+        " AND pg_catalog.has_table_privilege(c.oid, 'SELECT')",
         [schema, table],
     )
     if not rows:
+        # near names only among the tables this login may read, as above
         near = _fetch(
             "SELECT n.nspname || '.' || c.relname FROM pg_catalog.pg_class c"
             " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE c.relkind IN ('r', 'p') AND n.nspname = %s",
+            " WHERE c.relkind IN ('r', 'p') AND n.nspname = %s"
+            " AND pg_catalog.has_table_privilege(c.oid, 'SELECT')",
             [schema],
         )
         raise SpecError(
-            f"table {schema}.{table} does not exist"
+            f"table {schema}.{table} does not exist (or this login may not read it)"
             f"{did_you_mean(f'{schema}.{table}', [r[0] for r in near])}",
             field="table",
         )

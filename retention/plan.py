@@ -20,10 +20,13 @@ from django.db import transaction
 from retention import actions, floors, introspect
 from retention.diff import spec_diff
 from retention.models import Policy, PolicyVersion
-from retention.preview import preview
+from retention.preview import live_preview_of_spec
 from retention.spec import PolicySpec, SpecError, load_toml, located
 
 EXIT_NOTHING, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
+# live previews in one plan (each bounded like the version page's, ``live_preview``); the
+# changes past it are planned without one
+MAX_PLAN_PREVIEWS = 10
 State = PolicyVersion.State
 
 
@@ -36,6 +39,7 @@ class PlannedPolicy:
     pending: PolicyVersion | None = None  # a draft or submitted version of this content
     diff: list[dict] = field(default_factory=list)
     preview: dict | None = None
+    preview_skipped: bool = False  # past ``MAX_PLAN_PREVIEWS``
     error: str = ""
 
     @property
@@ -75,9 +79,11 @@ def pulled() -> list[tuple[str, str, PolicyVersion]]:
 
 def plan(files: list[tuple[str, str]], *, with_preview: bool = True) -> list[PlannedPolicy]:
     """Each ``(file name, TOML text)`` compared with its policy's approved version, in file
-    order. A file that does not parse or validate, or a slug named twice, is an ``error``."""
+        order. A file that does not parse or validate, or a slug named twice, is an ``error``. The
+    first ``MAX_PLAN_PREVIEWS`` changes get a live preview (``live_preview_of_spec``)."""
     planned: list[PlannedPolicy] = []
     seen: dict[str, str] = {}
+    previews = 0
     for name, text in files:
         item = PlannedPolicy(file=name)
         planned.append(item)
@@ -109,11 +115,16 @@ def plan(files: list[tuple[str, str]], *, with_preview: bool = True) -> list[Pla
             if item.policy
             else None
         )
-        if with_preview:
+        if with_preview and previews < MAX_PLAN_PREVIEWS:
+            previews += 1
             try:
-                item.preview = preview(item.spec, policy_id=item.policy.pk if item.policy else None)
+                item.preview = live_preview_of_spec(
+                    item.spec, policy_id=item.policy.pk if item.policy else None
+                )
             except SpecError as exc:
                 item.error = str(exc)
+        elif with_preview:
+            item.preview_skipped = True
     return planned
 
 

@@ -24,7 +24,7 @@ from psycopg import sql
 from core.formatting import natural_key
 from retention import geometry, introspect, partitions, predicate
 from retention import periods as period_rows
-from retention.models import LegalHold
+from retention.models import LegalHold, PolicyVersion
 from retention.schedule_math import latest_tick
 from retention.signals import preview_rate_sources
 from retention.spec import PolicySpec
@@ -32,6 +32,7 @@ from retention.spec import PolicySpec
 PREVIEW_TIMEOUT_MS = 30_000  # at submission: the approver's evidence
 LIVE_PREVIEW_TIMEOUT_MS = 10_000  # "preview as of now" on the version page
 LIVE_PREVIEW_LOCK = 0x52525056  # advisory lock class of live previews ("RRPV")
+LIVE_PREVIEW_CONTENT_LOCK = 0x52525043  # … of a policy file's content not stored ("RRPC")
 TOP_TENANTS = 20
 SAMPLE_KEYS = 10
 MAX_MONTH_BUCKETS = 36
@@ -434,24 +435,56 @@ def eligible_now(spec: PolicySpec, policy_id: int, now: datetime) -> int | None:
 
 
 def live_preview(version) -> dict:
-    """``preview`` of a version as of now, for the version page: computed at most once per
-    version and minute across every web process (a transaction-level advisory lock per
-    version; whoever waited reads the cached result), under ``LIVE_PREVIEW_TIMEOUT_MS``.
-    The result is informational; approval binds to the preview taken at submission."""
+    """``preview`` of a version as of now, for the version page, ``retention policy preview``
+    and the API: computed at most once per version and minute across every web process (a
+    transaction-level advisory lock per version; whoever waited reads the cached result),
+    under ``LIVE_PREVIEW_TIMEOUT_MS``. The result is informational; approval binds to the
+    preview taken at submission."""
+    return _bounded(
+        version.parsed,
+        policy_id=version.policy_id,
+        key=f"{version.pk}:{version.content_hash}",
+        lock=(LIVE_PREVIEW_LOCK, version.pk),
+    )
+
+
+def live_preview_of_spec(spec: PolicySpec, *, policy_id: int | None) -> dict:
+    """``live_preview`` of a policy file that is not (yet) a version — a plan's: the version
+    of that content when the policy has one, else bounded the same way per content (its own
+    advisory lock and cache entry per policy and content hash, once a minute)."""
+    content_hash = spec.content_hash()
+    if policy_id is not None:
+        version = (
+            PolicyVersion.objects.filter(policy_id=policy_id, content_hash=content_hash)
+            .order_by("-number")
+            .first()
+        )
+        if version is not None:
+            return live_preview(version)
+    return _bounded(
+        spec,
+        policy_id=policy_id,
+        key=f"spec:{policy_id}:{content_hash}",
+        lock=(
+            LIVE_PREVIEW_CONTENT_LOCK,
+            int.from_bytes(bytes.fromhex(content_hash[:8]), "big", signed=True),
+        ),
+    )
+
+
+def _bounded(spec: PolicySpec, *, policy_id: int | None, key: str, lock: tuple[int, int]) -> dict:
     now = timezone.now()
-    key = f"live-preview:{version.pk}:{version.content_hash}:{now:%Y%m%d%H%M}"
+    key = f"live-preview:{key}:{now:%Y%m%d%H%M}"
     cached = cache.get(key)
     if cached is not None:
         return cached
     with transaction.atomic():
         with connection.cursor() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LIVE_PREVIEW_LOCK, version.pk])
+            cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", list(lock))
         cached = cache.get(key)
         if cached is not None:
             return cached
-        result = preview(
-            version.parsed, policy_id=version.policy_id, now=now, timeout_ms=LIVE_PREVIEW_TIMEOUT_MS
-        )
+        result = preview(spec, policy_id=policy_id, now=now, timeout_ms=LIVE_PREVIEW_TIMEOUT_MS)
         cache.set(key, result, timeout=120)
     return result
 

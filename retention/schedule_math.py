@@ -150,6 +150,11 @@ def period_label(obj, tick: datetime) -> str:
     return label
 
 
+# a manual trigger's period starts no earlier (a tick before it, less a retention, is past
+# what a timestamp holds: year 1 less 30 days is no date)
+EARLIEST_PERIOD_YEAR = 1970
+
+
 def tick_for_period(obj, text: str | None, now: datetime) -> datetime:
     """The tick a manual trigger stands for: the newest scheduled tick at or before the given
     local date/time in the policy's zone (a date means the end of that day: today's date
@@ -168,6 +173,10 @@ def tick_for_period(obj, text: str | None, now: datetime) -> datetime:
         raise ValueError(
             f"the period must be YYYY-MM-DD or YYYY-MM-DDTHH:MM, got {text[:40]!r}"
         ) from None
+    if local.year < EARLIEST_PERIOD_YEAR:
+        raise ValueError(
+            f"the period {text[:40]!r} is before {EARLIEST_PERIOD_YEAR}: no run is for so long ago"
+        )
     zone = _schedule_of(obj)[1]
     if local.tzinfo is None:
         local = local.replace(tzinfo=_tz(zone))
