@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,8 +44,10 @@ def gunicorn(database_url: str | None = None):
         deadline = time.monotonic() + 60
         while True:
             try:
-                urllib.request.urlopen(f"{url}/api/v1/openapi.json", timeout=5).read()
+                urllib.request.urlopen(f"{url}/healthz", timeout=5).read()
                 break
+            except urllib.error.HTTPError:
+                break  # it answers (503: not every cluster is up, which the API does not need)
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"gunicorn did not start: {process.stderr.read()}") from None

@@ -110,7 +110,14 @@ def test_every_command_prints_the_same_both_ways(server, setting):
     # reading
     assert both("viewer", "policy", "list").stdout.startswith("events  approved v1  latest v2")
     assert "eligible" in both("compliance", "policy", "preview", "events").stdout
-    both("compliance", "policy", "preview", "events", "--json", mask=r'"(duration_ms|taken_at)": [^,]+')
+    both(
+        "compliance",
+        "policy",
+        "preview",
+        "events",
+        "--json",
+        mask=r'"(duration_ms|taken_at)": [^,]+',
+    )
     assert f"#{hold}" in both("viewer", "hold", "list").stdout
     both("viewer", "hold", "list", "--all")
     both("viewer", "role", "list")

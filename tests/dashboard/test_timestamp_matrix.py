@@ -185,7 +185,7 @@ def _body(response) -> str:
 
 def test_every_surface_renders_real_dates_for_every_timestamp_type(matrix, client_for, users):
     kind, policy, run, hold, letter = matrix
-    token, secret = create_token(users["auditor"], name="matrix")
+    token, _ = create_token(users["auditor"], name="matrix")
     urls = _urls(policy, run, hold, letter, token)
     # a reader for every page: the first role it renders for (most are every role's)
     # (the sign-in page: signed out)
@@ -221,11 +221,12 @@ def test_every_surface_renders_real_dates_for_every_timestamp_type(matrix, clien
     cutoff_day = f"{run.cutoff:%Y-%m-%d}"
     assert cutoff_day in rendered["runs:detail"]
 
-    # the JSON API, as an auditor's token reads it: the run, the policy, its preview and
-    # version, the holds and the evidence answer, and say times as dates
+    # the JSON API, as a compliance officer's token reads it (a live preview is compliance's):
+    # the run, the policy, its preview and version, the holds and the evidence answer, and
+    # say times as dates
     api = _api_reads(
         client_for(None),
-        secret,
+        create_token(users["compliance"], name="matrix")[1],
         {"key": run.run_key, "slug": policy.slug, "number": policy.approved_version.number,
          "hold_id": hold.pk},
     )  # fmt: skip
