@@ -53,7 +53,7 @@ def test_the_web_login_serves_every_kind_of_call(login_role, make_user, tmp_path
         assert ok("oscar", "resume", run.run_key, "--reason", "over") == f"{run.run_key}: active\n"
         assert ok("oscar", "kill-switch", "on", "--reason", "INC-2") == "kill switch on\n"
         assert ok("oscar", "kill-switch", "off", "--reason", "over") == "kill switch off\n"
-        assert "eligible" in ok("audrey", "policy", "preview", "events")
+        assert "eligible" in ok("carla", "policy", "preview", "events")
         assert ok("audrey", "audit", "verify").startswith("audit chain intact")
         assert "placed" in ok("carla", "hold", "place", "--reason", "LIT-1", "--tenant", "2")
         assert "plan: 1 change(s)" in ok("carla", "policy", "plan", str(folder), code=2)
