@@ -428,6 +428,39 @@ timezone = "UTC"
         holds=(Hold("ha-states", key_from=100, key_to=200),),
     ),
     Case(
+        name="wagtail", project="Wagtail", ddl="wagtail.sql",
+        fill=(
+            # 60,000 revisions of 1,500 pages over two years
+            "INSERT INTO wagtailcore_revision (id, created_at, content, object_id, object_str,"
+            " base_content_type_id, content_type_id, user_id) OVERRIDING SYSTEM VALUE"
+            " SELECT g, {T} - (60000 - g) * interval '17 minutes', '{{}}', (g % 1500)::text,"
+            " 'Page ' || g % 1500, 3, 3, 1 + g % 20 FROM generate_series(1, 60000) g",
+            # each page's live revision is one of its old ones; its latest, its newest
+            "INSERT INTO wagtailcore_page (id, title, live, live_revision_id, latest_revision_id)"
+            " OVERRIDING SYSTEM VALUE SELECT p, 'Page ' || p, true,"
+            " (SELECT min(id) FROM wagtailcore_revision WHERE object_id = p::text) + 1500 * (p % 3),"
+            " (SELECT max(id) FROM wagtailcore_revision WHERE object_id = p::text)"
+            " FROM generate_series(0, 1499) p",
+            # workflow task states of 400 old revisions
+            "INSERT INTO wagtailcore_taskstate (status, started_at, revision_id)"
+            " SELECT 'approved', {T} - interval '400 days', 700 + g * 37 FROM generate_series(1, 400) g",
+        ),
+        policies=(
+            """
+slug = "wagtail-revisions"
+name = "Revisions older than a year"
+table = "{schema}.wagtailcore_revision"
+key = "id"
+timestamp = "created_at"
+retention = "1 year"
+chunk_size = 4000
+schedule = "0 3 * * *"
+timezone = "UTC"
+""",
+        ),
+        holds=(Hold("wagtail-revisions", key_from=5000, key_to=5100),),
+    ),
+    Case(
         name="mastodon", project="Mastodon", ddl="mastodon.sql",
         fill=(
             "INSERT INTO accounts SELECT g, 'account' || g FROM generate_series(1, 200) g",
