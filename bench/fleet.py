@@ -40,7 +40,7 @@ django.setup()
 
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from django.db import connection  # noqa: E402
+from django.db import connection, connections  # noqa: E402
 
 PERIOD = "2026-11-30"
 
@@ -128,23 +128,28 @@ def main() -> None:
 
     old_name = connection.settings_dict["NAME"]
     connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
-    try:
-        people = {}
-        for name, role in (("author", "compliance"), ("approver", "compliance"),
-                           ("olga", "oncall")):  # fmt: skip
-            user = User.objects.create_user(name, password=f"{name}-bench-pw-1")
-            user.groups.add(Group.objects.get_or_create(name=role)[0])
-            people[name] = user
-        people["token"] = create_token(people["olga"], name="bench")[1]
-        server = servers.embedded("bench")
-        template = server.ledger_template(migrate_url)
-        results = [
-            one_round(n, args.rows, args.chunk_size, server, template, people)
-            for n in [1, *(int(x) for x in args.targets.split(","))]
-        ]
-    finally:
-        if not args.keep:
-            connection.creation.destroy_test_db(old_name, verbosity=0)
+    people = {}
+    for name, role in (("author", "compliance"), ("approver", "compliance"),
+                       ("olga", "oncall")):  # fmt: skip
+        user = User.objects.create_user(name, password=f"{name}-bench-pw-1")
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
+        people[name] = user
+    people["token"] = create_token(people["olga"], name="bench")[1]
+    server = servers.embedded("bench")
+    template = server.ledger_template(migrate_url)
+    results = []
+    for n in [1, *(int(x) for x in args.targets.split(","))]:
+        results.append(one_round(n, args.rows, args.chunk_size, server, template, people))
+        report(results, args)
+    if not args.keep:
+        bench_name = connection.settings_dict["NAME"]
+        connections.close_all()
+        connection.settings_dict["NAME"] = old_name
+        with connection.cursor() as cur:  # the drain threads' sessions may linger a moment
+            cur.execute(f'DROP DATABASE IF EXISTS "{bench_name}" WITH (FORCE)')
+
+
+def report(results: list[dict], args) -> None:
     base = results[0]["rows"] / results[0]["seconds"]
     print(f"\n{args.rows:,} rows in all, chunks of {args.chunk_size}, 2 workers (one process)\n")
     print("| targets | runs | rows deleted | chunks | seconds | rows/s | × one target |"
@@ -155,7 +160,8 @@ def main() -> None:
         print(
             f"| {r['targets']} | {r['runs']} | {r['rows']:,} | {r['chunks']:,} | "
             f"{r['seconds']:.1f} | {rate:,.0f} | {rate / base:.2f} | {r['control']:,} | "
-            f"{r['control'] / r['seconds']:,.0f} | {r['control'] / max(1, r['chunks']):.1f} |"
+            f"{r['control'] / r['seconds']:,.0f} | {r['control'] / max(1, r['chunks']):.1f} |",
+            flush=True,
         )
 
 
