@@ -5,6 +5,7 @@ backlog, never "nothing eligible"."""
 from __future__ import annotations
 
 import re
+import time
 from datetime import timedelta
 
 import pytest
@@ -34,9 +35,13 @@ def _arm(policy, seconds: float) -> None:
 
 
 def test_the_window_names_the_armed_next_tick_as_of_the_request(client_for, run):
-    _arm(run.policy, 2)
+    started = time.monotonic()
+    _arm(run.policy, 20)
     first = drain_window(run.policy, fresh=True)
-    assert re.search(r"next tick (is )?in [12]s", first["explanation"]), first["explanation"]
+    elapsed = time.monotonic() - started  # however slowly a busy machine reads the window
+    seconds = re.search(r"next tick (?:is )?in (\d+)s", first["explanation"])
+    assert seconds, first["explanation"]
+    assert 20 - elapsed - 1 <= int(seconds.group(1)) <= 20, (seconds.group(0), elapsed)
     _arm(run.policy, 9.5 * 60)  # the tick fired and the schedule was re-armed for the next
     again = drain_window(run.policy)  # within the cache lifetime of the first reading
     assert re.search(r"next tick (is )?in 9m", again["explanation"]), again["explanation"]
@@ -44,16 +49,21 @@ def test_the_window_names_the_armed_next_tick_as_of_the_request(client_for, run)
     # the "Next tick" line beside it says the same, in the same words
     assert re.search(r'data-testid="next-tick">[\s\S]*?\(in 9m \d\ds\)</dd>', card), card
     assert re.search(r"next tick (is )?in 9m", card)
-    assert not re.search(r"next tick (is )?in [12]s", card)
+    assert not re.search(r"next tick (is )?in \d+s", card)
 
 
 def test_a_tick_less_than_a_minute_away_is_not_zero_minutes_away(client_for, run):
     """Django's ``timeuntil`` says "0 minutes" for a tick under a minute away (every policy's
     card, for a minute before each of its ticks): the card says the seconds."""
+    client = client_for("viewer")
+    started = time.monotonic()
     _arm(run.policy, 30)
-    card = card_of(client_for("viewer").get(reverse("home")).content.decode(), "events")
+    card = card_of(client.get(reverse("home")).content.decode(), "events")
+    elapsed = time.monotonic() - started  # however slowly a busy machine renders the page
     tick = re.search(r'data-testid="next-tick">([\s\S]*?)</dd>', card)
-    assert tick and re.search(r"\(in (29|30)s\)", tick.group(1)), tick and tick.group(1)
+    seconds = tick and re.search(r"\(in (\d+)s\)", tick.group(1))
+    assert seconds, tick and tick.group(1)
+    assert 30 - elapsed - 1 <= int(seconds.group(1)) <= 30, (seconds.group(0), elapsed)
     assert "0\xa0minutes" not in card
 
 
