@@ -12,6 +12,7 @@ from core.env import (
     database_from_url,
     env_bool,
     env_float,
+    env_hex,
     env_identifier,
     env_int,
     env_list,
@@ -55,6 +56,9 @@ try:
     )
 except signing_keys.BadKey as exc:
     raise ConfigError(str(exc)) from None
+# Its public half (64 hex digits, printed by `retention audit checkpoint`): the web and worker
+# hosts check anchors with it, and serve a stored checkpoint only when it verifies.
+RETENTION_EVIDENCE_PUBLIC_KEY = env_hex("RETENTION_EVIDENCE_PUBLIC_KEY", length=32)
 
 # A compliance grant by one superuser makes an approver only once a second superuser confirms
 # it; with this set (seconds), also once this long has passed (core.accounts).

@@ -87,6 +87,20 @@ def env_secret(name: str, *, minimum_length: int) -> bytes | None:
     return value.encode()
 
 
+def env_hex(name: str, *, length: int) -> bytes | None:
+    """``length`` bytes written as hexadecimal digits (a public key); None when unset."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError:
+        raw = b""
+    if len(raw) != length:
+        raise ConfigError(f"{name} must be {length * 2} hexadecimal digits")
+    return raw
+
+
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 

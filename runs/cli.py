@@ -532,6 +532,8 @@ def audit_verify(cmd, o):
     # (signatures/, retention.decisions): written with a database login alone
     problems.extend(unverified_decisions())
     problems.extend(unsigned_actions())
+    # checkpoints stored without the checkpoint job's key (the monitor login may insert)
+    problems.extend(evidence.unverified_checkpoints())
     for path in o.get("against") or []:
         problems.extend(evidence.check(path))
     checked = None
@@ -563,6 +565,10 @@ def audit_checkpoint(cmd, o):
     except evidence.NoEvidenceKey as exc:
         raise CommandError(str(exc)) from None
     text = json.dumps(evidence.document(checkpoint), indent=1) + "\n"
+    cmd.stderr.write(
+        f"public key (RETENTION_EVIDENCE_PUBLIC_KEY of the web and worker hosts): "
+        f"{evidence.public_key_hex()}"
+    )
     if o.get("out"):
         Path(o["out"]).write_text(text)
         cmd.stdout.write(

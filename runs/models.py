@@ -455,8 +455,10 @@ class AuditRecord(models.Model):
 class Checkpoint(models.Model):
     """A signed anchor of both hash chains, taken by the checkpoint job
     (``retention audit checkpoint``, the only process that holds ``RETENTION_EVIDENCE_KEY``)
-    and stored here so every run manifest carries the latest one. Its ``hmac`` signs the
-    anchor document (``runs.evidence.anchors.document``); the database cannot make one.
+    and stored here so every run manifest carries the latest one. Its ``signature``
+    (Ed25519, ``ed25519:…``; an earlier release's HMAC without the prefix) signs the anchor
+    document (``runs.evidence.anchors.document``); the database cannot make one, and a row
+    whose signature does not verify is never served (``anchors.latest_checkpoint``).
     Written once, after the WAL holds every record it anchors (``anchors.take_checkpoint``);
     append-only like the chains."""
 
@@ -465,7 +467,7 @@ class Checkpoint(models.Model):
     audit_hash = models.CharField(max_length=64, blank=True)  # '': an empty chain
     operator_seq = models.BigIntegerField()
     operator_hash = models.CharField(max_length=64, blank=True)
-    hmac = models.CharField(max_length=64)
+    signature = models.CharField(max_length=200, db_column="hmac")
     host = models.CharField(max_length=200, help_text="where the checkpoint job ran")
 
     class Meta:

@@ -1,9 +1,15 @@
 """Anchors of the two hash chains kept outside the database.
 
 An anchor names the head (sequence number and hash) of the audit chain and of the operator
-log at a moment, signed with HMAC-SHA256 under ``RETENTION_EVIDENCE_KEY`` — a key only the
-checkpoint job holds (``retention audit checkpoint``, run by a timer outside the web process
-and the workers), and the database does not. The job stores each anchor it signs
+log at a moment, signed with Ed25519 under a key derived from ``RETENTION_EVIDENCE_KEY`` — a
+secret only the checkpoint job holds (``retention audit checkpoint``, run by a timer outside
+the web process and the workers), and the database does not. Checking a signature needs only
+the public half, ``RETENTION_EVIDENCE_PUBLIC_KEY`` (the checkpoint job prints it), which the
+web and worker hosts hold: a stored checkpoint is served (on the API, in a manifest, on the
+run page) only when its signature verifies, so a row written with a database login alone —
+the monitor login may insert checkpoints — is never passed off as signed, and ``audit
+verify`` names it. Anchors of earlier releases (``hmac``, HMAC-SHA256 under the secret
+itself) still verify where the secret is. The job stores each anchor it signs
 (``runs.models.Checkpoint``); a run manifest carries the latest one and the proof that the
 chain extends it (``extension``), so nothing signs on demand: a database owner who rewrote
 the chain cannot have a fresh anchor signed for it by downloading a manifest.
@@ -21,9 +27,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import socket
 from pathlib import Path
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
@@ -36,6 +45,10 @@ from runs.models import AuditRecord, Checkpoint
 
 FORMAT = "retention-runner chain anchor"
 MAX_PROOF_PROBLEMS = 20
+SIGNED = "ed25519:"  # a stored signature's prefix; without it, an earlier release's HMAC
+# newest stored checkpoints looked at for one that verifies
+MAX_CHECKPOINTS_SCANNED = 100
+log = logging.getLogger(__name__)
 
 
 class NoEvidenceKey(ValueError):
@@ -51,9 +64,72 @@ def _head(model) -> dict:
     return {"seq": row["chain_seq"], "hash": row["hash"]} if row else {"seq": 0, "hash": None}
 
 
-def _signature(key: bytes, body: dict) -> str:
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+def _text(body: dict) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _hmac(key: bytes, body: dict) -> str:
+    """An earlier release's signature (HMAC-SHA256 under the secret itself)."""
+    return hmac.new(key, _text(body), hashlib.sha256).hexdigest()
+
+
+def _private_key() -> Ed25519PrivateKey | None:
+    """The signing key, derived from ``RETENTION_EVIDENCE_KEY`` (so a deployment keeps its
+    secret); None without it."""
+    secret = _key()
+    if secret is None:
+        return None
+    seed = hashlib.sha256(b"retention-runner evidence key\x00" + secret).digest()
+    return Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def public_key_hex() -> str | None:
+    """The public half of the signing key, as ``RETENTION_EVIDENCE_PUBLIC_KEY`` takes it."""
+    private = _private_key()
+    if private is None:
+        return None
+    return private.public_key().public_bytes_raw().hex()
+
+
+def _public_key() -> Ed25519PublicKey | None:
+    configured = getattr(settings, "RETENTION_EVIDENCE_PUBLIC_KEY", None)
+    if configured:
+        return Ed25519PublicKey.from_public_bytes(configured)
+    private = _private_key()
+    return private.public_key() if private else None
+
+
+def _sign(body: dict) -> str:
+    return SIGNED + _private_key().sign(_text(body)).hex()
+
+
+def signature_problem(found: dict) -> str | None:
+    """None when the anchor ``found`` (a document) carries a signature that verifies with
+    the public key; else why not, one sentence."""
+    body = {k: v for k, v in found.items() if k not in ("signature", "hmac")}
+    signature = found.get("signature")
+    if signature:
+        public = _public_key()
+        if public is None:
+            return "cannot check its signature: RETENTION_EVIDENCE_PUBLIC_KEY is not set"
+        if not isinstance(signature, str) or not signature.startswith(SIGNED):
+            return "the anchor's signature is of no known kind"
+        try:
+            public.verify(bytes.fromhex(signature[len(SIGNED) :]), _text(body))
+        except (InvalidSignature, ValueError):
+            return "the anchor's signature does not match (forged, or another key)"
+        return None
+    if found.get("hmac"):
+        key = _key()
+        if key is None:
+            return (
+                "cannot check its signature: an earlier release's HMAC anchor needs "
+                "RETENTION_EVIDENCE_KEY"
+            )
+        if not hmac.compare_digest(str(found["hmac"]), _hmac(key, body)):
+            return "the anchor's signature does not match (forged, or another key)"
+        return None
+    return "the anchor is not signed"
 
 
 def _body(checkpoint: Checkpoint) -> dict:
@@ -67,7 +143,10 @@ def _body(checkpoint: Checkpoint) -> dict:
 
 def document(checkpoint: Checkpoint) -> dict:
     """The signed anchor a checkpoint stores, as a file or a manifest carries it."""
-    return {**_body(checkpoint), "hmac": checkpoint.hmac}
+    stored = checkpoint.signature
+    if stored.startswith(SIGNED):
+        return {**_body(checkpoint), "signature": stored}
+    return {**_body(checkpoint), "hmac": stored}
 
 
 def take_checkpoint() -> Checkpoint:
@@ -91,17 +170,43 @@ def take_checkpoint() -> Checkpoint:
             operator_hash=operator["hash"] or "",
             host=socket.gethostname()[:200],
         )
-        checkpoint.hmac = _signature(key, _body(checkpoint))
+        checkpoint.signature = _sign(_body(checkpoint))
         checkpoint.save()
     return checkpoint
 
 
 def latest_checkpoint() -> Checkpoint | None:
-    return Checkpoint.objects.order_by("-id").first()
+    """The newest stored checkpoint whose signature verifies (``signature_problem``); one
+    that does not — a row written without the key — is skipped, never served as signed."""
+    for checkpoint in Checkpoint.objects.order_by("-id")[:MAX_CHECKPOINTS_SCANNED]:
+        problem = signature_problem(document(checkpoint))
+        if problem is None:
+            return checkpoint
+        log.warning("checkpoint #%s is not served: %s", checkpoint.pk, problem)
+    return None
+
+
+def unverified_checkpoints() -> list[str]:
+    """One line per stored checkpoint whose signature does not verify (``audit verify``);
+    nothing when this process has no key to check with."""
+    if _public_key() is None:
+        return []
+    return [
+        f"checkpoint #{checkpoint.pk} of {checkpoint.at:%Y-%m-%d %H:%M}: {problem} — stored "
+        "without the checkpoint job's key, never served"
+        for checkpoint in Checkpoint.objects.order_by("id")
+        if (problem := signature_problem(document(checkpoint))) is not None
+    ]
 
 
 def status(checkpoint: Checkpoint | None) -> str:
     """One sentence on what anchors the evidence now (the run page's and the manifest's)."""
+    if checkpoint is None and Checkpoint.objects.exists():
+        return (
+            "No verified checkpoint: the stored checkpoints' signatures do not verify here "
+            "(RETENTION_EVIDENCE_PUBLIC_KEY unset, or rows not written by the checkpoint job; "
+            "`retention audit verify` names them)."
+        )
     if checkpoint is None:
         return (
             "No signed checkpoint yet: this installation's evidence is not anchored outside "
@@ -179,14 +284,9 @@ def check(path: str) -> list[str]:
         found = _load(path)
     except ValueError as exc:
         return [str(exc)]
-    key = _key()
-    body = {k: v for k, v in found.items() if k != "hmac"}
-    if key is None:
-        return [f"{path}: cannot check its signature: RETENTION_EVIDENCE_KEY is not set"]
-    if not found.get("hmac"):
-        return [f"{path}: the anchor is not signed"]
-    if not hmac.compare_digest(str(found["hmac"]), _signature(key, body)):
-        return [f"{path}: the anchor's signature does not match (forged, or another key)"]
+    problem = signature_problem(found)
+    if problem is not None:
+        return [f"{path}: {problem}"]
     problems = []
     for name, model, noun in (
         ("audit", AuditRecord, "audit record"),

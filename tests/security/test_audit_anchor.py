@@ -21,6 +21,7 @@ from django.urls import reverse
 from core.models import OperatorAction
 from runs.actions import trigger_run
 from runs.engine import worker
+from runs.evidence import anchors as evidence
 from runs.evidence import audit, exports
 from runs.models import AuditRecord, Checkpoint, Chunk, Run
 from tests.runs.conftest import NOW
@@ -255,7 +256,9 @@ def test_a_manifest_carries_the_latest_checkpoint_and_the_proof_the_chain_extend
     later, _ = trigger_run(events_policy, tick=NOW + timedelta(days=2))
     worker.drain(later.pk, budget_s=60, until_idle=True)
     head = AuditRecord.objects.order_by("-chain_seq").first()
-    settings.RETENTION_EVIDENCE_KEY = None  # the web process holds no key
+    # the web process holds no key, only its public half
+    settings.RETENTION_EVIDENCE_PUBLIC_KEY = bytes.fromhex(evidence.public_key_hex())
+    settings.RETENTION_EVIDENCE_KEY = None
 
     document = download_manifest(client, audited, make_user("audrey", "auditor"))
 
@@ -263,7 +266,7 @@ def test_a_manifest_carries_the_latest_checkpoint_and_the_proof_the_chain_extend
         "seq": checkpoint.audit_seq,
         "hash": checkpoint.audit_hash,
     }
-    assert document["anchor"]["hmac"] == checkpoint.hmac
+    assert document["anchor"]["signature"] == checkpoint.signature
     proof = document["anchor_extension"]["audit"]
     assert (proof["from_seq"], proof["to_seq"], proof["to_hash"]) == (
         checkpoint.audit_seq,
@@ -307,5 +310,5 @@ def test_a_checkpoint_is_stored_signed_and_verifies(audited, tmp_path):
     stored = Checkpoint.objects.get()
     head = AuditRecord.objects.order_by("-chain_seq").first()
     assert (stored.audit_seq, stored.audit_hash) == (head.chain_seq, head.hash)
-    assert json.loads(Path(path).read_text())["hmac"] == stored.hmac
+    assert json.loads(Path(path).read_text())["signature"] == stored.signature
     assert verify(path) == ""

@@ -115,9 +115,13 @@ def test_each_login_holds_exactly_what_it_needs_and_check_names_anything_more(lo
     assert "retention_policyversion" not in out and "pg_monitor" in out
 
 
-def test_no_login_reads_another_sessions_sql_but_the_guard_still_counts_lock_waits(logins):
+def test_no_login_reads_another_sessions_sql_but_the_guard_still_counts_lock_waits(
+    logins, make_user
+):
     """A session key in another session's statement text stays unreadable; the guard reads
-    lock waits through its SECURITY DEFINER function (aggregates only)."""
+    lock waits through its SECURITY DEFINER function (aggregates only), on the table of an
+    approved policy."""
+    approved_policy(make_user, **events_spec())
     marker = f"session-key-{secrets.token_hex(8)}"
     holder = psycopg.connect(**_owner_params(), application_name="application")  # the app
     holder.execute("LOCK TABLE public.rr_events IN ACCESS EXCLUSIVE MODE")
@@ -219,8 +223,8 @@ def test_the_worker_login_cannot_undo_an_operators_decision(logins, make_user):
         "0 3 * * *",
     )
     assert run.state == "paused"
-    # what the workers do need: the guard pauses an unpaused policy at a critical reading and
-    # lifts its own pause
+    # what the workers do need: the guard pauses an unpaused policy at a critical reading;
+    # lifting it is an on-call engineer's (tests/security/test_database_functions.py)
     other = approved_policy(make_user, **events_spec(slug="other"))
     with connect_as(*logins["worker"]) as conn:
         conn.execute(
@@ -228,7 +232,8 @@ def test_the_worker_login_cannot_undo_an_operators_decision(logins, make_user):
             " WHERE id = %s",
             [other.pk],
         )
-        conn.execute("UPDATE retention_policy SET paused = false WHERE id = %s", [other.pk])
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE retention_policy SET paused = false WHERE id = %s", [other.pk])
         # a run's cutoff never moves, whoever asks
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("UPDATE runs_run SET cutoff = now()")
@@ -382,7 +387,7 @@ def test_the_checkpoint_job_signs_and_stores_with_the_monitor_login_alone(logins
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     stored = Checkpoint.objects.get()
-    assert stored.operator_seq > 0 and stored.hmac in done.stdout
+    assert stored.operator_seq > 0 and stored.signature in done.stdout
 
     with connect_as(*logins["web"]) as web:
         assert refused(
