@@ -505,3 +505,39 @@ def test_a_compliance_grant_confirmed_by_one_superuser_alone_cannot_approve(
     assert status == 200, body
     assert PolicyVersion.objects.get(pk=version.pk).state == PolicyVersion.State.APPROVED
     assert sue.pk != sam.pk
+
+
+def test_a_process_without_the_signing_key_decides_nothing(events_policy, make_user, settings):
+    """A worker or operator host holds only the public key: a decision made there (the command
+    line acting as a person) is refused with one line and writes nothing; it still verifies."""
+    carol, dave = make_user("carol", "compliance"), make_user("dave", "compliance")
+    version = actions.apply_spec(
+        PolicySpec.parse(events_spec(retention="30 days", name="Events older than 30 days")),
+        author=carol,
+    )
+    version = actions.submit_version(version, actor=carol, reason="longer")
+    settings.RETENTION_SIGNING_KEY = None
+    with pytest.raises(ActionError, match="no decision-signing key"):
+        actions.approve_version(version, actor=dave, reason="fine")
+    assert PolicyVersion.objects.get(pk=version.pk).state == PolicyVersion.State.SUBMITTED
+    assert decisions.approval_refusal(events_policy.approved_version) == ""
+
+
+def test_the_keys_are_read_as_ed25519_and_a_bad_one_is_named():
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from signatures import keys
+
+    private = Ed25519PrivateKey.generate()
+    signing = keys.private_text(private).encode()
+    verify = keys.public_text(private.public_key()).encode()
+    got_private, got_public = keys.configured(signing, None, demo=False)
+    assert keys.public_text(got_public) == verify.decode()
+    assert keys.configured(None, verify, demo=False)[0] is None  # verifies, cannot sign
+    assert keys.configured(None, None, demo=False) == (None, None)
+    assert keys.configured(None, None, demo=True)[0] is not None  # the public demo key
+    with pytest.raises(keys.BadKey, match="RETENTION_VERIFY_KEY"):
+        keys.configured(None, b"not-a-key", demo=False)
+    other = keys.public_text(Ed25519PrivateKey.generate().public_key()).encode()
+    with pytest.raises(keys.BadKey, match="not the private half"):
+        keys.configured(signing, other, demo=False)
