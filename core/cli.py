@@ -79,6 +79,7 @@ def _subject(username: str):
 def role_grant(command, options) -> None:
     actor = acting_user(options)
     user = _subject(options["username"])
+    accounts.check_manager(actor, subject=user)  # a refusal names the role before any prompt
     with _password_again(actor, options, read_line=bool(options.get("password_stdin"))):
         changed = accounts.grant_role(
             user, options["role"], actor=actor, reason=options["reason"], via=_via()
@@ -111,6 +112,7 @@ def _password_again(actor, options, *, read_line: bool = False):
 def role_revoke(command, options) -> None:
     actor = acting_user(options)
     user = _subject(options["username"])
+    accounts.check_manager(actor, subject=user)  # a refusal names the role before any prompt
     with _password_again(actor, options, read_line=bool(options.get("password_stdin"))):
         changed = accounts.revoke_role(
             user, options["role"], actor=actor, reason=options["reason"], via=_via()
@@ -130,6 +132,7 @@ def role_list(command, options) -> None:
 @one_line
 def user_add(command, options) -> None:
     actor = acting_user(options)
+    accounts.check_manager(actor)  # a refusal names the role before any prompt
     if options["password_stdin"]:
         password = sys.stdin.readline().rstrip("\n")
     elif sys.stdin.isatty():

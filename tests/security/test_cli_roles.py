@@ -209,12 +209,18 @@ MATRIX = {
     "kill-switch on": (lambda w: ["--reason", "incident"], ONCALL, "kill_switch.on"),
     "kill-switch off": (lambda w: kill_switch_on(w)[1:], ONCALL, "kill_switch.off"),
     "role grant": (
-        lambda w: [newcomer(w).username, "viewer", "--reason", "joins"],
+        lambda w: [newcomer(w).username, "viewer", "--reason", "joins", "--password-stdin"],
         ROLE_MANAGERS,
         "role.grant",
     ),
     "role revoke": (
-        lambda w: [newcomer(w, "viewer").username, "viewer", "--reason", "leaves"],
+        lambda w: [
+            newcomer(w, "viewer").username,
+            "viewer",
+            "--reason",
+            "leaves",
+            "--password-stdin",
+        ],
         ROLE_MANAGERS,
         "role.revoke",
     ),
@@ -306,7 +312,11 @@ def test_each_role_is_allowed_or_refused_each_command(world, command, role, act_
         user.save()
     else:
         act_as(user)
-    monkeypatch.setattr("sys.stdin", io.StringIO(PASSWORD + "\n"))
+    if command in ("role grant", "role revoke", "user add"):
+        # people and roles ask for the actor's password again (after the new person's)
+        user.set_password(PASSWORD)
+        user.save()
+    monkeypatch.setattr("sys.stdin", io.StringIO(PASSWORD + "\n" + PASSWORD + "\n"))
     before = snapshot()
     newest = OperatorAction.objects.order_by("-chain_seq").values_list("chain_seq", flat=True)
     last = newest.first() or 0
