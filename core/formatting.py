@@ -179,3 +179,21 @@ def natural_key(text) -> tuple:
     digits compare as numbers, the rest as text (ties keep their order under a stable sort)."""
     parts = _DIGITS.split(str(text if text is not None else ""))
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p != "")
+
+
+def in_words(value) -> str:
+    """A value as a person reads it, never a Python repr: ``-`` for none, ``yes``/``no``,
+    thousands separators, ``key value; key value`` for a mapping, commas for a list."""
+    if value is None or value == "" or value == {} or value == []:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    if isinstance(value, dict):
+        return "; ".join(f"{str(k).replace('_', ' ')} {in_words(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(in_words(v) for v in value)
+    return str(value)

@@ -17,9 +17,9 @@ from django.utils import timezone
 from core import locks, timeouts
 from core.cli_identity import acting_user
 from core.filters import as_id
-from core.formatting import state_label
+from core.formatting import in_words, state_label
 from core.oplog import unsigned_actions, verify_operator_log
-from core.roles import roles_of
+from core.roles import AUDITOR, COMPLIANCE, check_role, roles_of
 from core.seals import broken_seals
 from retention.decisions import unverified_decisions
 from retention.models import KillSwitch, Policy, PolicyVersion
@@ -39,7 +39,7 @@ from runs.engine.reconciler import reconcile as run_reconciler
 from runs.engine.schedules import ensure_system_schedules
 from runs.engine.worker import drain as drain_run
 from runs.evidence import anchors as evidence
-from runs.evidence import archives
+from runs.evidence import archives, exports
 from runs.evidence.archives import archived_rows
 from runs.evidence.audit import verify_chain
 from runs.fleet import drain as fleet_drain
@@ -126,19 +126,8 @@ def write_status(cmd, data: dict, *, as_json: bool) -> None:
 
 
 def human(value) -> str:
-    """A status value as a person reads it: no Python reprs (``-`` for none, ``yes``/``no``,
-    ``a 1, b 2`` for a mapping, commas for a list)."""
-    if value is None or value == "" or value == {} or value == []:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
-    if isinstance(value, dict):
-        return "; ".join(f"{k.replace('_', ' ')} {human(v)}" for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return ", ".join(human(v) for v in value)
-    return str(value)
+    """A status value as a person reads it (``core.formatting.in_words``)."""
+    return in_words(value)
 
 
 def drain(cmd, o):
@@ -425,6 +414,28 @@ def kill_switch(cmd, o):
     cmd.stdout.write(f"kill switch {'on' if switch.on else 'off'}")
 
 
+def evidence_files(cmd, o):
+    """``retention evidence RUN --csv FILE --manifest FILE``: the run's audit CSV and its
+    manifest, as the run page and the API give them, written to files (auditor, compliance)."""
+    check_role(_actor(o), AUDITOR, COMPLIANCE)
+    run = _run(o["run_key"])
+    if not o.get("csv") and not o.get("manifest"):
+        raise CommandError("name --csv FILE, --manifest FILE or both")
+    if o.get("csv"):
+        data = b"".join(exports.csv_rows(exports.AuditFilters(run=run.run_key)))
+        Path(o["csv"]).write_bytes(data)
+        cmd.stdout.write(evidence_line(o["csv"], run.run_key, csv_lines=data.count(b"\n") - 1))
+    if o.get("manifest"):
+        Path(o["manifest"]).write_text("".join(exports.manifest_json(run)), encoding="utf-8")
+        cmd.stdout.write(evidence_line(o["manifest"], run.run_key))
+
+
+def evidence_line(path: str, run_key: str, *, csv_lines: int | None = None) -> str:
+    if csv_lines is None:
+        return f"{path}: the evidence manifest of {run_key}"
+    return f"{path}: the audit CSV of {run_key}, {csv_lines:,} line(s)"
+
+
 def reconcile(cmd, o):
     with timeouts.engine_session():
         report = run_reconciler()
@@ -662,6 +673,11 @@ def register(areas) -> None:
     p.add_argument("state", choices=["on", "off"])
     p.add_argument("--reason", required=True)
     p.add_argument("--by", help="optional check: refused unless RETENTION_TOKEN is this user's")
+
+    p = add("evidence", evidence_files, "write a run's audit CSV and evidence manifest to files")
+    p.add_argument("run_key", metavar="RUN")
+    p.add_argument("--csv", metavar="FILE")
+    p.add_argument("--manifest", metavar="FILE")
 
     add("reconcile", reconcile, "one reconciler pass now")
     p = add(

@@ -122,6 +122,25 @@ class Api:
             reason = getattr(exc, "reason", exc)
             raise ClientError(f"cannot reach {self.base}: {reason}") from None
 
+    def raw(self, path: str, **query) -> bytes:
+        """The answer's bytes (a CSV, a manifest); ``ApiRefusal`` for an error answer."""
+        url = self.base + PREFIX + urllib.parse.quote(path, safe="/:")
+        if query:
+            url += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
+        request = urllib.request.Request(url, method="GET")
+        request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=self.context) as r:
+                return r.read()
+        except urllib.error.HTTPError as exc:
+            try:
+                answer = json.loads(exc.read())
+            except ValueError:
+                answer = {"code": "http_error", "message": f"HTTP {exc.code} from {url}"}
+            raise ApiRefusal(exc.code, answer) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise ClientError(f"cannot reach {self.base}: {getattr(exc, 'reason', exc)}") from None
+
     def get(self, path: str, **query):
         return self.call("GET", path, query=query or None)
 

@@ -68,6 +68,11 @@ CSV_COLUMNS = [
     # (a version 1 record, written before it carried them: the version's own)
     ("version_hash", "version_hash_text"),
     ("approved_by", "approved_by_name"),
+    # the version's own name (what it was approved as, not the policy's name today), and its
+    # approval's reason and time
+    ("version_name", "version_name_text"),
+    ("approval_reason", "policy_version__decision_reason"),
+    ("approved_at", "approved_at_text"),
     ("run_id", "run_id"),
     ("run_key", "run__run_key"),
     # the run's rollout stage: full, slice (cutoff below is its slice bound) or count
@@ -119,7 +124,7 @@ CSV_COLUMNS = [
 # the outcomes are the product's own words.)
 TEXT_COLUMNS = {
     "policy", "run_key", "table", "tenant", "worker_host", "partition",
-    "partition_bounds", "approved_by",
+    "partition_bounds", "approved_by", "version_name", "approval_reason",
 }  # fmt: skip
 
 
@@ -148,6 +153,14 @@ class IsoText(Func):
     cheaper than building and re-formatting a Python datetime per cell."""
 
     template = "(to_json(%(expressions)s) #>> '{}')"
+    output_field = TextField()
+
+
+class SpecName(Func):
+    """A version's ``name`` from its spec, the key written in the SQL (no bound parameter:
+    ``Neutralized`` repeats the expression)."""
+
+    template = "(%(expressions)s ->> 'name')"
     output_field = TextField()
 
 
@@ -391,6 +404,8 @@ def csv_rows(filters: AuditFilters) -> Iterator[bytes]:
             NullIf("policy_version__approved_hash", Value("")),
             "policy_version__content_hash",
         ),
+        "version_name_text": SpecName("policy_version__spec"),
+        "approved_at_text": IsoText("policy_version__decided_at"),
         "approved_by_name": Coalesce(
             Subquery(User.objects.filter(pk=OuterRef("approved_by_id")).values("username")[:1]),
             "policy_version__decided_by__username",
@@ -442,6 +457,8 @@ def counted_rows(filters: AuditFilters) -> Iterator[bytes]:
         "policy": run.policy.slug, "policy_version": version.number,
         "version_hash": version.approved_hash or version.content_hash,
         "approved_by": version.decided_by.username if version.decided_by else "",
+        "version_name": version.spec.get("name") or "", "approval_reason": version.decision_reason,
+        "approved_at": _iso(version.decided_at) or "",
         "run_id": run.pk, "run_key": run.run_key, "rollout": run.rollout,
         "table": version.parsed.qualified_table, "bounds_on": bounds_on,
         "cutoff": _iso(run.bound), "rows_deleted": 0, "outcome": COUNTED,
@@ -640,7 +657,12 @@ def manifest_header(run: Run) -> dict:
             "chunking_reason": run.chunking_reason,
             "bounds_on": list(run.bound_columns(version.parsed)),
         },
-        "policy": {"slug": run.policy.slug, "name": run.policy.name},
+        # the name the version was approved under (the policy may be called otherwise today)
+        "policy": {
+            "slug": run.policy.slug,
+            "name": version.spec.get("name") or run.policy.name,
+            "name_today": run.policy.name,
+        },
         "policy_version": {
             "number": version.number,
             "state": version.state,
@@ -680,6 +702,25 @@ def manifest_header(run: Run) -> dict:
             **counted_totals(run),
         },
         "verification": run.verification,
+        # every dead letter of the run and what became of it: replayed or discarded, by whom,
+        # when and why (a replayed chunk's audit record counts its attempts)
+        "dead_letters": [
+            {
+                "id": d.pk,
+                "chunk": d.chunk_id,
+                "error_class": d.error_class,
+                "sqlstate": d.sqlstate,
+                "cause": (d.context or {}).get("cause"),
+                "message": d.message,
+                "attempts": d.attempts,
+                "created_at": _iso(d.created_at),
+                "resolution": d.resolution,
+                "resolved_by": d.resolved_by or None,
+                "resolved_at": _iso(d.resolved_at),
+                "reason": d.resolution_reason or None,
+            }
+            for d in run.dead_letters.order_by("id")
+        ],  # fmt: skip
         "partitions": [
             {
                 "partition": f"{a.schema}.{a.name}",

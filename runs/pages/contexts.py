@@ -19,7 +19,7 @@ from django_q.models import Schedule
 
 from core import timeouts
 from core.filters import QueryFilters
-from core.formatting import natural_key
+from core.formatting import in_words, natural_key
 from core.models import OperatorAction
 from retention import partitions, predicate
 from retention.models import KillSwitch, LegalHold, Policy, PolicyVersion
@@ -28,6 +28,7 @@ from retention.periods import periods as periods_of
 from retention.schedule_math import period_label
 from retention.spec import parse_retention
 from runs import counts, forecast
+from runs.actions import verification_reason
 from runs.engine import guard
 from runs.engine.schedules import schedule_name
 from runs.evidence import archives, audit
@@ -330,16 +331,43 @@ def verification_items(result: dict | None) -> dict | None:
             ids = ", ".join(f"#{pk}" for pk in result[key]) or "none"
             rows.append({"label": label, "value": ids, "kind": "text"})
         elif key in result:
+            value = result[key]
             kind = (
                 "when"
                 if key in VERIFICATION_WHEN
                 else ("text" if key in VERIFICATION_TEXT else "number")
             )
-            rows.append({"label": label, "value": result[key], "kind": kind})
+            if isinstance(value, dict | list) or (kind == "number" and not _countable(value)):
+                value, kind = in_words(value), "text"  # a mapping in words, never a repr
+            rows.append({"label": label, "value": value, "kind": kind})
     for key, value in result.items():
         if key not in VERIFICATION_LABELS and key not in VERIFICATION_HIDDEN:
-            rows.append({"label": key.replace("_", " "), "value": value, "kind": "text"})
-    return {"rows": rows, "discarded": list(result.get("discarded") or [])}
+            rows.append({"label": key.replace("_", " "), "value": in_words(value), "kind": "text"})
+    return {
+        "rows": rows,
+        "discarded": list(result.get("discarded") or []),
+        "summary": _verified_in_words(result),
+    }
+
+
+def _countable(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _verified_in_words(result: dict) -> str:
+    """The verification as one sentence: what it found left, and why rows stay."""
+    if result.get("error"):
+        return f"Verification failed: {result['error']}"
+    if "remaining" not in result:
+        return ""
+    left = result["remaining"] or 0
+    if left:
+        return f"Verification found {left:,} eligible row(s) left."
+    try:
+        reason = verification_reason(result)
+    except (KeyError, TypeError):
+        reason = "verified: no eligible row left"
+    return f"{reason[:1].upper()}{reason[1:]}."
 
 
 HELD_COUNT_TIMEOUT_MS = 2_000

@@ -75,3 +75,17 @@ def test_listing_and_bulk_decisions_print_the_same_both_ways(server, make_user):
     assert none.returncode == 1 and "no open dead letter matches" in none.stderr
     assert both(viewer, "dead-letters").stdout == "no open dead letters\n"
     assert Run.objects.filter(pk__in=[r.pk for r in runs[:2]], state=Run.State.ACTIVE).count() == 2
+
+
+def test_evidence_files_are_the_same_both_ways(server, make_user, tmp_path):
+    auditor = create_token(make_user("audrey", "auditor"), name="ops")[1]
+    letter = make_dead_letter(make_user, slug="gone", rows=200)
+    key = letter.run.run_key
+    connection.close()
+    a = with_database(("evidence", key, "--csv", str(tmp_path / "a.csv"), "--manifest",
+                       str(tmp_path / "a.json")), token=auditor)  # fmt: skip
+    b = with_api(("evidence", key, "--csv", str(tmp_path / "b.csv"), "--manifest",
+                  str(tmp_path / "b.json")), url=server, token=auditor)  # fmt: skip
+    assert a.returncode == b.returncode == 0, (a.stderr, b.stderr)
+    assert a.stdout.replace("a.csv", "b.csv").replace("a.json", "b.json") == b.stdout
+    assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()

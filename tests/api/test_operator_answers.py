@@ -73,3 +73,24 @@ def test_a_version_as_a_policy_file_both_ways(api, world):
     assert body["output"]["stdout"] == "policies/events.toml: written (events approved v1)\n"
     status, body = api.get("/policies/evnets/file", as_="viewer")
     assert status == 400 and "did you mean 'events'" in body["message"]
+
+
+def test_evidence_writes_the_runs_csv_and_manifest(world, act_as, people, tmp_path):
+    import json as _json
+
+    from runs.engine import worker
+
+    act_as(people["auditor"])
+    run = world["run"]
+    worker.process_one(run)
+    csv_path, manifest_path = tmp_path / "run.csv", tmp_path / "run.json"
+    out, _ = retention(
+        "evidence", run.run_key, "--csv", str(csv_path), "--manifest", str(manifest_path)
+    )
+    lines = csv_path.read_bytes().count(b"\n") - 1
+    assert out == (
+        f"{csv_path}: the audit CSV of {run.run_key}, {lines:,} line(s)\n"
+        f"{manifest_path}: the evidence manifest of {run.run_key}\n"
+    )
+    assert lines >= 1 and csv_path.read_text().startswith("chain_seq,")
+    assert _json.loads(manifest_path.read_text())["run"]["run_key"] == run.run_key

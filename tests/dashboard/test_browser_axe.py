@@ -1,0 +1,63 @@
+"""axe-core (the engine, run in headless Chromium on each page) reports no violation on the
+pages an operator, an auditor and compliance visit, nor on the API's docs page; no page logs
+a script error. The pages are counted in ``PAGES``."""
+
+from __future__ import annotations
+
+import pytest
+from axe_playwright_python.sync_playwright import Axe
+
+from tests.dashboard.test_browser import active_run, browser, login  # noqa: F401 - fixtures
+from tests.dashboard.test_browser_run_controls import watch_console
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+AXE = Axe()
+
+
+def pages(run_id: int) -> list[tuple[str, str]]:
+    return [
+        ("oncall", "/"),
+        ("oncall", "/?policy=events"),
+        ("oncall", f"/runs/{run_id}/"),
+        ("oncall", "/runs/"),
+        ("oncall", "/runs/dead-letters/"),
+        ("oncall", "/runs/activity/"),
+        ("viewer", "/policies/"),
+        ("compliance", "/policies/events/"),
+        ("compliance", "/policies/approvals/"),
+        ("compliance", "/policies/holds/"),
+        ("auditor", "/runs/audit/"),
+        ("viewer", "/docs/runbook/"),
+        ("viewer", "/tokens/"),
+        ("viewer", "/runs/audit/"),  # a 403: the error page
+        ("viewer", "/api/v1/docs"),
+    ]
+
+
+def violations(page) -> list[str]:
+    found = AXE.run(page).response["violations"]
+    return [
+        f"{v['id']} ({v['impact']}): {v['help']} — {[n['target'] for n in v['nodes']][:3]}"
+        for v in found
+    ]
+
+
+def test_axe_finds_no_violation_on_any_page(login, live_server, active_run):  # noqa: F811
+    seen: dict[str, list[str]] = {}
+    opened, errors = {}, {}
+    visited = 0
+    for role, path in pages(active_run.pk):
+        if role not in opened:
+            opened[role] = login(role)
+            errors[role] = watch_console(opened[role])
+        page = opened[role]
+        page.goto(f"{live_server.url}{path}")
+        page.wait_for_load_state("networkidle")
+        visited += 1
+        found = violations(page)
+        if found:
+            seen[f"{role} {path}"] = found
+    print(f"axe-core: {visited} page loads checked")
+    assert seen == {}, "\n".join(f"{k}: {v}" for k, v in seen.items())
+    assert {role: e for role, e in errors.items() if e} == {}
