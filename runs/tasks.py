@@ -12,11 +12,12 @@ from django.utils import timezone
 
 from core import timeouts
 from retention.models import Policy
-from runs.actions import ActionError, trigger_run
+from runs.actions import ActionError
 from runs.engine import dispatch, maintenance, schedules, worker
 from runs.engine.reconciler import catch_up
 from runs.engine.reconciler import reconcile as run_reconciler
 from runs.engine.worker import dead_letter
+from runs.fleet import runs as fleet_runs
 from runs.models import Run
 from targets import connections as fleet_connections
 
@@ -61,8 +62,13 @@ def trigger_scheduled(policy_id=None, tick=None, **_ignored) -> str:
             if now - tick_at > schedules.DUE_GRACE:
                 outcome = _late_firing(policy, tick_at, now)
             else:
-                run, created = trigger_run(policy, tick=tick_at)
-                outcome = f"{'created' if created else 'existing'} run {run.run_key} ({run.state})"
+                # one run per target of the policy (the control database's alone for a policy
+                # without targets, as always)
+                made = fleet_runs.trigger_everywhere(policy, tick=tick_at)
+                outcome = "; ".join(
+                    f"{note} run {run.run_key} ({run.state})" if run else f"{name}: {note}"
+                    for name, run, note in made
+                )
         except ActionError as exc:
             outcome = f"not triggered: {exc}"
         schedules.arm(policy, after=max(tick_at, now))

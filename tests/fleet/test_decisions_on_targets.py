@@ -71,3 +71,23 @@ def test_the_kill_switch_stops_a_targets_run(fleet, make_user, act_as, no_guard)
     with C.on(target):
         assert AuditRecord.objects.exists()
         assert Run.objects.get(run_key=key).state == Run.State.DRAINED
+
+
+def test_a_scheduled_firing_creates_the_run_on_each_target(fleet, make_user, no_guard):
+    from runs import tasks
+
+    for target in fleet[:2]:
+        with C.on(target.name):
+            create_events(300, days=40)
+    policy = approved_policy(
+        make_user, **events_spec(targets=[fleet[0].name, fleet[1].name], chunk_size=100)
+    )
+    from django.utils import timezone
+
+    outcome = tasks.trigger_scheduled(policy_id=policy.pk, tick=timezone.now().isoformat())
+    assert f"created run {fleet[0].name}:events/" in outcome
+    assert f"created run {fleet[1].name}:events/" in outcome
+    assert not Run.objects.exists()  # none on the control database
+    for target in fleet[:2]:
+        with C.on(target.name):
+            assert Run.objects.count() == 1
