@@ -71,7 +71,8 @@ def clone_test_database(alias: str = "default") -> str:
     params = conn.get_connection_params()
     target = conn.creation._get_test_db_name()
     template = f"{PREFIX}{migrations_digest()}"
-    lock_path = Path(tempfile.gettempdir()) / f"retention-{template}-{params.get('port', '')}.lock"
+    server = hashlib.sha256(f"{params.get('host', '')}:{params.get('port', '')}".encode())
+    lock_path = Path(tempfile.gettempdir()) / f"retention-{template}-{server.hexdigest()[:8]}.lock"
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         with _admin(params) as admin:
