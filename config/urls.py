@@ -16,6 +16,7 @@ urlpatterns = [
     path(
         "favicon.ico",
         login_not_required(RedirectView.as_view(url=static("img/favicon.svg"), permanent=True)),
+        name="favicon",
     ),
     path("metrics", metrics_view, name="metrics"),
     path("login/", core_views.LoginView.as_view(), name="login"),

@@ -41,6 +41,7 @@ COMPLIANCE_POST = only({"compliance": 302})
 MATRIX = {
     "home": ("GET", {}, READ),
     "healthz": ("GET", {}, every_role(200, anonymous=200)),
+    "favicon": ("GET", {}, every_role(301, anonymous=301)),
     "metrics": ("GET", {}, every_role(200, anonymous=401)),
     "login": ("GET", {}, every_role(302, anonymous=200)),
     "logout": ("POST", {}, every_role(302, anonymous=302)),
@@ -57,6 +58,7 @@ MATRIX = {
     "runs:pause": ("POST", {"run_id": "run"}, ONCALL_POST),
     "runs:resume": ("POST", {"run_id": "run"}, ONCALL_POST),
     "runs:cancel": ("POST", {"run_id": "run"}, ONCALL_POST),
+    "runs:retry": ("POST", {"run_id": "run"}, ONCALL_POST),
     "runs:confirm": ("POST", {"run_id": "run"}, ONCALL_POST),
     "runs:manifest": ("GET", {"run_id": "run"}, EVIDENCE),
     "runs:dead_letters": ("GET", {}, READ),
@@ -68,6 +70,8 @@ MATRIX = {
     "runs:audit": ("GET", {}, EVIDENCE),
     "runs:audit_export": ("GET", {}, EVIDENCE),
     "runs:activity": ("GET", {}, READ),
+    "runs:targets": ("GET", {}, READ),
+    "runs:target": ("GET", {"name": "target"}, READ),
     "retention:policy_list": ("GET", {}, READ),
     "retention:approvals": ("GET", {}, READ),
     "retention:policy_detail": ("GET", {"slug": "slug"}, READ),
@@ -138,6 +142,7 @@ def world(users, make_user):
         "number": version.number,
         "hold": hold.pk,
         "doc": "runbook",
+        "target": "default",
     }
 
 
