@@ -104,5 +104,6 @@ def test_detached_keep_is_a_duration_only_with_detach_and_absent_keeps_the_hash(
     ):
         load_toml(policy_toml(partition_action='"drop"', detached_keep='"30 days"'))
     for bad in ('"-3 days"', '"0 days"', "30", '"soon"'):
-        with pytest.raises(SpecError, match="^detached_keep: "):
+        # the field first, after the line it stands on
+        with pytest.raises(SpecError, match=r"^line \d+: detached_keep: "):
             load_toml(policy_toml(partition_action='"detach"', detached_keep=bad))
