@@ -44,6 +44,19 @@ def approved_policy(make_user, **spec_fields) -> Policy:
     return Policy.objects.get(slug=spec.slug)
 
 
+def backdate_approval(policy: Policy, when, *, created_too: bool = False) -> None:
+    """Move a policy's approval back to ``when`` as if it had been made then: the row's time
+    and its signature, which the web process would have made at that time (a row's time
+    changed alone no longer verifies, and nothing would run)."""
+    from retention import decisions
+
+    versions = PolicyVersion.objects.filter(policy=policy)
+    versions.update(decided_at=when, **({"created_at": when} if created_too else {}))
+    for version in versions.filter(state=PolicyVersion.State.APPROVED):
+        decisions.sign_decision_on(version, version.decided_by)
+    decisions.forget()
+
+
 def release_hold(hold, *, requester, approver, reason: str = "released") -> None:
     """Release a legal hold the way production does: one compliance officer requests, another
     approves."""

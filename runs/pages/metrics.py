@@ -161,7 +161,7 @@ class LedgerCollector:
         converges = GaugeMetricFamily(
             "retention_drain_converges",
             "1 when the policy's backlog converges (or nothing waits), 0 when it is at risk,"
-            " paused or stopped; absent when unknown",
+            " paused or stopped; NaN while not known yet (no rate measured)",
             labels=["policy"],
         )
         overdue = GaugeMetricFamily(
@@ -221,6 +221,8 @@ class LedgerCollector:
                 converges.add_metric([policy.slug], 1)
             elif verdict in ("at risk", "paused", "stopped"):
                 converges.add_metric([policy.slug], 0)
+            else:  # an alert comparing it with 0 or 1 does not fire on a NaN
+                converges.add_metric([policy.slug], float("nan"))
             state = readings.guard_state(policy)
             latency = state.get("latency") or {}
             on_its_own.add_metric([policy.slug], 1 if latency.get("on_its_own") else 0)

@@ -9,11 +9,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from retention.models import PolicyVersion
 from retention.spec import SpecError, load_toml
 from runs.actions import trigger_run
 from runs.engine import planner
-from tests.factories import approved_policy, events_spec
+from tests.factories import approved_policy, backdate_approval, events_spec
 from tests.retention.conftest import policy_toml
 from tests.runs.conftest import NOW, ROOT, create_events
 
@@ -56,9 +55,7 @@ def test_metrics_export_the_slo_and_the_overdue_backlog(client_for, slo_policy, 
 
 
 def test_every_metric_the_alert_rules_read_is_exported(client_for, slo_policy):
-    PolicyVersion.objects.filter(policy=slo_policy).update(
-        decided_at=timezone.now() - timedelta(days=3)
-    )
+    backdate_approval(slo_policy, timezone.now() - timedelta(days=3))
     run, _ = trigger_run(slo_policy, tick=NOW)
     planner.plan(run)  # pending chunks: a queue age
     rules = (ROOT / "deploy" / "prometheus" / "alerts.yml").read_text()

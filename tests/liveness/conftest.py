@@ -7,8 +7,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from retention.models import PolicyVersion
-from tests.factories import approved_policy, events_spec
+from tests.factories import approved_policy, backdate_approval, events_spec
 from tests.runs.conftest import create_events, events, events_policy  # noqa: F401
 
 # A lowered task timeout: a reconciler pass must stay well inside it.
@@ -35,9 +34,7 @@ def policy_on(make_user, slug: str, table: str, *, rows: int = 600, approved_ago
     if approved_ago is not None:
         from django.utils import timezone
 
-        PolicyVersion.objects.filter(policy=policy).update(
-            decided_at=timezone.now() - approved_ago, created_at=timezone.now() - approved_ago
-        )
+        backdate_approval(policy, timezone.now() - approved_ago, created_too=True)
     return policy
 
 

@@ -15,7 +15,7 @@ from runs.actions import trigger_run
 from runs.engine import planner
 from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, Chunk, Run
-from tests.factories import approved_policy, events_spec
+from tests.factories import approved_policy, backdate_approval, events_spec
 from tests.runs.conftest import NOW, count, create_events, manage
 from tests.runs.processes import (
     backends_running,
@@ -291,11 +291,10 @@ def test_a_legal_hold_placed_mid_run_protects_its_rows(table, make_user):
 
 
 def test_a_scheduler_down_for_three_periods_gets_one_catch_up_run(table, make_user):
-    from retention.models import PolicyVersion
     from runs.engine.reconciler import reconcile
 
     policy = make_policy(make_user)
-    PolicyVersion.objects.filter(policy=policy).update(decided_at=NOW - timedelta(days=10))
+    backdate_approval(policy, NOW - timedelta(days=10))
     first, _ = trigger_run(policy, tick=NOW.replace(hour=3) - timedelta(days=4))
     Run.objects.filter(pk=first.pk).update(state=Run.State.DRAINED)
     report = reconcile(now=NOW)
