@@ -153,6 +153,38 @@ def kill_switch_on(world: World) -> list[str]:
     return ["off", "--reason", "over"]
 
 
+def drained_archive_run(world: World) -> list[str]:
+    """A drained run whose policy archives its rows before deleting them: what a restore asks
+    to put back."""
+    from runs.engine import worker
+    from tests.archive.conftest import create_typed, typed_spec
+
+    directory = world.tmp_path / "archive"
+    directory.mkdir(exist_ok=True)
+    create_typed()
+    policy = approved_policy(world.make_user, **typed_spec(directory))
+    run, _ = trigger_run(policy, tick=NOW)
+    worker.drain(run.pk, budget_s=120)
+    return [run.run_key, "--tenant", "2", "--reason", "deleted by mistake"]
+
+
+def second_target(world: World) -> list[str]:
+    """The test database itself, as a second target's connection string."""
+    import os
+
+    from tests.runs.conftest import worker_env
+
+    os.environ["RR_MATRIX_DSN"] = worker_env()["DATABASE_URL"]
+    return ["second", "--dsn-env", "RR_MATRIX_DSN"]
+
+
+def registered_target(world: World) -> list[str]:
+    from targets.models import Target
+
+    Target.objects.create(name="second", dsn_env="RR_MATRIX_DSN", created_by="setup")
+    return ["second", "--reason", "decommissioned"]
+
+
 def newcomer(world: World, *roles: str) -> User:
     return world.make_user("newbie", *roles)
 
@@ -206,6 +238,14 @@ MATRIX = {
         ONCALL,
         "dead_letter.discard",
     ),
+    "retry": (
+        lambda w: [make_dead_letter(w.make_user).run.run_key, "--reason", "fixed"],
+        ONCALL,
+        "run.retry",
+    ),
+    "restore": (drained_archive_run, COMPLIANCE, "restore.request"),
+    "target add": (second_target, ONCALL, "target.add"),
+    "target remove": (registered_target, ONCALL, "target.remove"),
     "kill-switch on": (lambda w: ["--reason", "incident"], ONCALL, "kill_switch.on"),
     "kill-switch off": (lambda w: kill_switch_on(w)[1:], ONCALL, "kill_switch.off"),
     "role grant": (
@@ -236,7 +276,9 @@ NOT_THE_ROLE = {
 SYSTEM_OR_READ = {
     "status", "drain", "reconcile", "explain", "startup", "audit verify", "audit checkpoint",
     "check", "policy preview", "policy list", "policy plan", "hold list", "role list",
-    "floor list",
+    "floor list", "runs", "dead-letters", "evidence", "policy show", "policy pull", "target list",
+    # a target's ledger: run with the target's owner login, as migrate is
+    "target migrate",
     # the database's logins and grants: run with the owner's login, not as a person
     "grants apply", "grants check", "grants sql",
 }  # fmt: skip
