@@ -52,6 +52,8 @@ GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."runs_plannercursor" TO
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."runs_restorerequest" TO :"web";
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."runs_run" TO :"web";
 GRANT SELECT, INSERT ON TABLE "retention_runner"."signatures_signature" TO :"web";
+GRANT SELECT ON TABLE "retention_runner"."targets_generation" TO :"web";
+GRANT SELECT ON TABLE "retention_runner"."targets_target" TO :"web";
 GRANT USAGE ON SCHEMA :"target_schema" TO :"web";
 GRANT SELECT ON TABLE :"target_schema".:"target_table" TO :"web";
 
@@ -100,6 +102,8 @@ GRANT SELECT ON TABLE "retention_runner"."runs_plannercursor" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."runs_restorerequest" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."runs_run" TO :"operator";
 GRANT SELECT ON TABLE "retention_runner"."signatures_signature" TO :"operator";
+GRANT SELECT ON TABLE "retention_runner"."targets_generation" TO :"operator";
+GRANT SELECT ON TABLE "retention_runner"."targets_target" TO :"operator";
 GRANT USAGE ON SCHEMA :"target_schema" TO :"operator";
 GRANT SELECT ON TABLE :"target_schema".:"target_table" TO :"operator";
 
