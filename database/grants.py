@@ -145,6 +145,10 @@ LOGINS: dict[str, Login] = {
             "retention.KillSwitch": R,
             "retention.RetentionFloor": R,
             "signatures.Signature": R,
+            # the registered targets (names and where their connection strings come from,
+            # never the strings) and the decisions' generation a target's mirror is synced to
+            "targets.Target": R,
+            "targets.Generation": R,
             # a lease re-enqueues its next generation (the clusters run only the product's
             # entry points: runs.engine.payloads)
             "django_q.OrmQ": RIUD,

@@ -133,6 +133,8 @@ GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."runs_partitionaction" 
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."runs_plannercursor" TO :"worker";
 GRANT SELECT, INSERT, UPDATE ON TABLE "retention_runner"."runs_run" TO :"worker";
 GRANT SELECT ON TABLE "retention_runner"."signatures_signature" TO :"worker";
+GRANT SELECT ON TABLE "retention_runner"."targets_generation" TO :"worker";
+GRANT SELECT ON TABLE "retention_runner"."targets_target" TO :"worker";
 GRANT UPDATE ("paused", "paused_reason") ON TABLE "retention_runner"."retention_policy" TO :"worker";
 GRANT EXECUTE ON FUNCTION "retention_runner".runs_try_slot(integer, integer[]) TO :"worker";
 GRANT EXECUTE ON FUNCTION "retention_runner".guard_instance_signals() TO :"worker";

@@ -12,7 +12,15 @@ import sys
 import psycopg
 import pytest
 
-from tests.deploy.install import ROOT, database_url, manage, new_database, production_env
+from signatures import keys
+from tests.deploy.install import (
+    ROOT,
+    SIGNING_KEY,
+    database_url,
+    manage,
+    new_database,
+    production_env,
+)
 from tests.deploy.test_fresh_install import server_of_the_tests
 
 pytestmark = [pytest.mark.processes]
@@ -123,7 +131,9 @@ def test_the_product_installs_beside_a_django_application_and_prunes_its_expired
 
         policy = tmp_path / "sessions.toml"
         policy.write_text(SESSIONS_POLICY)
-        out = manage(env, "shell", "-c", ACT.format(path=str(policy))).stdout
+        # the decisions are made as the web host makes them: it alone holds the signing key
+        web_env = dict(env, RETENTION_SIGNING_KEY=keys.private_text(SIGNING_KEY))
+        out = manage(web_env, "shell", "-c", ACT.format(path=str(policy))).stdout
         run_key = out.strip().splitlines()[-1]
         manage(env, "retention", "drain", run_key, "--until-idle", "--budget", "30")
 
