@@ -159,7 +159,8 @@ def carry_out(request: RestoreRequest) -> int:
         RestoreRequest.objects.filter(pk=request.pk).update(
             state=RestoreRequest.State.DONE, finished_at=timezone.now()
         )
-        record_action("system", "restore.done", request, run=run.run_key, rows_restored=restored)
+        # the product's own process puts the rows back: a system actor, not a person
+        record_action("worker", "restore.done", request, run=run.run_key, rows_restored=restored)
     return total
 
 

@@ -90,7 +90,7 @@ def test_one_tenants_rows_come_back_after_a_second_approval(drained, make_user, 
     ) == [
         ("restore.request", "alice"),
         ("restore.approve", "carol"),
-        ("restore.done", "system"),
+        ("restore.done", "worker"),
     ]
     request.refresh_from_db()
     assert request.state == RestoreRequest.State.DONE
