@@ -218,6 +218,99 @@ def spare_referenced(spec: PolicySpec, edges: list[Edge], chunk) -> P.Fragment:
     return P.Fragment(text, [*rows.params, *step_t.params])
 
 
+def _primary_key(oid: int) -> list[str]:
+    """The primary key's columns of table ``oid``, in order (empty: none)."""
+    rows = _fetch(
+        "SELECT a.attname FROM pg_catalog.pg_index i, unnest(i.indkey) WITH ORDINALITY AS k(n, o)"
+        " JOIN pg_catalog.pg_attribute a ON a.attnum = k.n"
+        " WHERE i.indrelid = %s AND i.indisprimary AND a.attrelid = i.indrelid ORDER BY k.o",
+        [oid],
+    )
+    return [r[0] for r in rows]
+
+
+def _row_name(alias: str, columns: list[str]) -> sql.Composable:
+    """Text naming row ``alias`` by ``columns``: ``id = 42`` (``ctid (0,7)`` without columns)."""
+    if not columns:
+        return sql.SQL("'ctid ' || {}.ctid::text").format(sql.Identifier(alias))
+    return sql.SQL(" || ', ' || ").join(
+        sql.SQL("{} || coalesce({}.{}::text, 'NULL')").format(
+            sql.Literal(f"{c} = "), sql.Identifier(alias), sql.Identifier(c)
+        )
+        for c in columns
+    )
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One foreign key that keeps eligible rows of a run's table: ``rows`` eligible rows it
+    references directly, from ``referencing`` rows that stay (each count stops at the limit
+    it was read with), and one of them, named (``example``)."""
+
+    constraint: str
+    table: str  # the referencing table, "schema.table"
+    columns: tuple[str, ...]
+    rows: int
+    referencing: int
+    example: str
+
+    def to_json(self) -> dict:
+        return {
+            "constraint": self.constraint, "table": self.table, "columns": list(self.columns),
+            "rows": self.rows, "referencing": self.referencing, "example": self.example,
+        }  # fmt: skip
+
+    @staticmethod
+    def text(found: dict) -> str:
+        """One cause in words: which key, how many rows that stay reference how many eligible
+        rows directly, and one of them."""
+        return (
+            f"{found['constraint']} on {found['table']} ({', '.join(found['columns'])}):"
+            f" {found['referencing']:,} row(s) that stay reference {found['rows']:,} directly,"
+            f" e.g. {found['example']}"
+        )
+
+
+def referencing_causes(
+    spec: PolicySpec, others: list[Edge], selfs: list[Edge], eligible, *, limit: int
+) -> list[Cause]:
+    """Why eligible rows of the run's table are kept as referenced (``kept_referenced``,
+    ``spare_referenced``): per foreign key, the eligible rows a row that stays references
+    directly — any row of another table (``others``), a row of the table itself that is not
+    eligible (``selfs``) — how many such referencing rows there are, and one of them named by
+    its primary key (one statement per key). ``eligible(alias)``: the run's eligibility
+    predicate on the row ``alias``. Keys that keep nothing are left out."""
+    target = sql.Identifier(spec.schema, spec.table)
+    out = []
+    for e in [*others, *selfs]:
+        elig = eligible("p")
+        where = [elig.sql]
+        params = list(elig.params)
+        if e in selfs:  # the referencing row stays: it is not eligible itself
+            stays = eligible("r")
+            where.append(sql.SQL("({}) IS NOT TRUE").format(stays.sql))
+            params += stays.params
+        joined = sql.SQL(
+            "FROM {t} AS p JOIN {c} AS r ON {m} WHERE {w}"
+        ).format(
+            t=target, c=sql.Identifier(e.schema, e.table), m=_match(e, "r", "p"),
+            w=sql.SQL(" AND ").join(where),
+        )  # fmt: skip
+        query = sql.SQL(
+            "SELECT (SELECT count(*) FROM (SELECT DISTINCT p.ctid {j} LIMIT %s) AS a),"
+            " (SELECT count(*) FROM (SELECT DISTINCT r.ctid {j} LIMIT %s) AS b),"
+            " (SELECT {rn} || ' references ' || {pn} {j} LIMIT 1)"
+        ).format(
+            j=joined, rn=_row_name("r", _primary_key(e.child)), pn=_row_name("p", [*e.referenced])
+        )
+        with connection.cursor() as cur:
+            cur.execute(query.as_string(cur.connection), [*params, limit, *params, limit, *params])
+            rows, referencing, example = cur.fetchone()
+        if rows:
+            out.append(Cause(e.constraint, e.child_name, e.columns, rows, referencing, example))
+    return out
+
+
 def reached_by_cascades(spec: PolicySpec) -> bool:
     """A foreign key of the policy's table cascades from another table (or from itself): a
     DELETE there may remove this table's rows, so other policies' chunks judge them by this

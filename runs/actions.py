@@ -13,7 +13,7 @@ from core import timeouts
 from core.locks import decision_fence
 from core.oplog import ActionError, StaleDecision, check_decision, record_action, require_reason
 from core.roles import ONCALL, check_role, check_role_or_system
-from retention import decisions, floors, geometry
+from retention import cascades, decisions, floors, geometry
 from retention import predicate as P
 from retention.models import KillSwitch, Policy
 from retention.schedule_math import period_label
@@ -383,8 +383,16 @@ def verification_reason(result: dict) -> str:
     if blocked:
         notes.append(f"{blocked:,} row(s) deferred: their cascade would reach protected rows")
     referenced = result.get("kept_referenced", 0)
+    causes = result.get("kept_referenced_by") or []
     if referenced:
-        notes.append(f"{referenced:,} row(s) kept: referenced by a row that stays")
+        notes.append(
+            f"{referenced:,} row(s) kept: referenced by a row that stays"
+            + (f" ({'; '.join(cascades.Cause.text(c) for c in causes)})" if causes else "")
+        )
+    elif causes:  # beside a cascade guard: the referenced rows are among those deferred
+        notes.append(
+            f"kept: referenced by a row that stays ({'; '.join(cascades.Cause.text(c) for c in causes)})"
+        )
     if nulls:
         notes.append(f"{nulls:,} row(s) not eligible: NULL timestamp, key or tenant")
     for d in result.get("discarded", []):

@@ -113,6 +113,12 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
         result = _verify(run, spec, types, guard, limit=limit, trust_chunks=False)
         if cascade is None:
             result["kept_referenced"] = result.pop("deferred_by_cascades", 0)
+        if result.get("kept_referenced") or (
+            cascade is not None and result.get("deferred_by_cascades")
+        ):
+            # why: per key, the rows that stay and reference them, one of them named
+            causes = cascades.referencing_causes(spec, referenced, selfs, rows_of, limit=limit)
+            result["kept_referenced_by"] = [c.to_json() for c in causes]
     else:
         result = _verify(run, spec, types, cascade, limit=limit, trust_chunks=not triggers)
     if triggers:  # rows such a trigger skipped are still here, counted in ``remaining``

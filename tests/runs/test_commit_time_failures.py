@@ -6,6 +6,8 @@ processes (``retention drain``)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection
 
@@ -106,6 +108,13 @@ def test_rows_a_deferred_foreign_key_references_are_kept_without_a_failed_chunk(
     run.refresh_from_db()
     assert run.state == Run.State.DRAINED, run.state_reason
     assert f"{PINNED} row(s) kept: referenced by a row that stays" in run.state_reason
+    # one cause for the key, naming a referencing row, not one report per row
+    (cause,) = run.verification["kept_referenced_by"]
+    assert (cause["table"], cause["columns"]) == ("public.rr_refs", ["event_id"])
+    assert (cause["rows"], cause["referencing"]) == (PINNED, PINNED)
+    ref, event = re.fullmatch(r"id = (\d+) references id = (\d+)", cause["example"]).groups()
+    assert count("public.rr_refs", "id = %s AND event_id = %s", [ref, event]) == 1
+    assert f"e.g. {cause['example']}" in run.state_reason
     assert not DeadLetter.objects.filter(run=run).exists()
     assert not Chunk.objects.filter(run=run).exclude(state=Chunk.State.DONE).exists()
     assert count("public.rr_events", ELIGIBLE, [run.cutoff]) == PINNED

@@ -6,6 +6,8 @@ goes before the row it references; each chunk spares the rows a row that stays r
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection
 
@@ -85,7 +87,32 @@ def test_rows_referencing_older_rows_drain_newest_first_and_only_what_a_kept_row
     assert not Chunk.objects.filter(run=run, state=Chunk.State.SPLIT).exists()
     assert not DeadLetter.objects.filter(run=run).exists()
     assert run.state == Run.State.DRAINED, run.state_reason
+    # the cause named once per key, not once per row: the rows that stay and reference an old
+    # row directly, and one of them
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM public.rr_states_shadow r JOIN public.rr_states_shadow o"
+            " ON o.state_id = r.old_state_id WHERE (r.last_updated >= %s OR r.pinned)"
+            " AND o.last_updated < %s AND NOT o.pinned",
+            [run.bound, run.bound],
+        )
+        direct = cur.fetchone()[0]
+    (cause,) = run.verification["kept_referenced_by"]
+    assert (cause["rows"], cause["referencing"]) == (direct, direct)
+    assert cause["table"] == "public.rr_states" and cause["columns"] == ["old_state_id"]
+    stayer, old_row = re.fullmatch(
+        r"state_id = (\d+) references state_id = (\d+)", cause["example"]
+    ).groups()
+    assert (
+        count(
+            "public.rr_states_shadow",
+            "state_id = %s AND old_state_id = %s AND (last_updated >= %s OR pinned)",
+            [stayer, old_row, run.bound],
+        )
+        == 1
+    )
     assert run.state_reason == (
         f"verified: no eligible row left; {held_by_stayers:,} row(s) kept: referenced by a row "
-        "that stays"
+        f"that stays ({cause['constraint']} on public.rr_states (old_state_id): {direct:,} row(s)"
+        f" that stay reference {direct:,} directly, e.g. {cause['example']})"
     )
