@@ -9,16 +9,19 @@ rows older than 20 days by key-range chunks; its second version, on an identical
 "7 years" (``--period``): every row of a chunk is younger than that, so each is looked up among
 the overrides (and found in none) and still goes — both versions delete the same rows
 (``--chunk``: 5,000 a chunk, all older than 30 days). Each chunk's DELETE
-(``retention.predicate.delete_chunk``, holds and all, built inside the timing) runs first in a
+(``retention.predicate.delete_chunk``, holds and all, built inside the timing, as a worker
+builds it: rows counted per tenant for a chunk across tenants, the catalog's types read once) runs first in a
 transaction rolled back, then again committed (what a chunk costs: the WAL flush too), the two
 versions alternating on the same key ranges; prints the median and p90 of each, their ratio,
-and the plan of the overridden one. Nothing is timed in tests; this prints.
+the CPU time a chunk took (this process's and its server backend's, per chunk: on a busy
+machine the wall time is mostly waiting for a core) and the plan of the overridden one. Nothing is timed in tests; this prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -75,6 +78,7 @@ def main() -> None:
     parser.add_argument("--overrides", type=int, default=5_000)
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--chunk", type=int, default=5_000)
+    parser.add_argument("--passes", type=int, default=4, help="rolled back: passes over them")
     parser.add_argument("--period", default="7 years", help="each override's period")
     parser.add_argument(
         "--tenant-chunks", action="store_true",
@@ -115,51 +119,77 @@ def main() -> None:
         span = 1 + args.chunk * args.tenants
         ranges = [(f"t{n:06d}", 1, span) for n in range(args.repeat + 1)]
 
+    connection.ensure_connection()
+    backend = f"/proc/{connection.connection.info.backend_pid}/stat"
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu() -> float:
+        """CPU seconds of this process and of its server backend: what a chunk costs whatever
+        else the machine runs (its wall time on a busy machine is mostly waiting for a core)."""
+        fields = open(backend).read().rsplit(")", 1)[1].split()
+        return time.process_time() + (int(fields[11]) + int(fields[12])) / tick
+
     def run(spec, tenant, lo, hi, *, commit: bool) -> tuple[float, int]:
         """The chunk's DELETE (holds, keep rules, periods: the engine's statement) and its
         commit, or the DELETE alone rolled back; the statement built inside the timing."""
         t0 = time.perf_counter()
         with transaction.atomic(), connection.cursor() as cur:
             frag = P.delete_chunk(
-                spec, policy_id=0, cutoff=cutoff, tenant=tenant, key_from=lo, key_to=hi
-            )
+                spec, policy_id=0, cutoff=cutoff, tenant=tenant, key_from=lo, key_to=hi,
+                by_tenant=tenant is None,
+            )  # fmt: skip
             cur.execute(frag.sql, frag.params)
             n = cur.rowcount
             transaction.set_rollback(not commit)
         return (time.perf_counter() - t0) * 1000, n
 
     results = {}
-    for commit in (False, True):
+    for commit, scope in ((False, 1), (True, 2)):  # a worker's scope: its catalog types once
         times: dict[str, list[float]] = {"none": [], over: []}
         deleted: dict[str, set] = {k: set() for k in times}
-        for spec in (plain, overridden):  # warm both (a range deleted for real is not reused)
-            run(spec, *ranges[-1], commit=False)
-        for i, (tenant, lo, hi) in enumerate(ranges[:-1]):
-            order = [("none", plain), (over, overridden)]
-            for label, spec in order if i % 2 == 0 else order[::-1]:
-                took, n = run(spec, tenant, lo, hi, commit=commit)
-                times[label].append(took)
-                deleted[label].add(n)
-        results["chunk: DELETE + COMMIT" if commit else "statement, rolled back"] = (times, deleted)
+        spent = dict.fromkeys(times, 0.0)
+        # rolled back, the same ranges again --passes times (CPU time is counted in ticks)
+        chunks = ranges[:-1] * (1 if commit else args.passes)
+        with P.cached_types(("bench", scope)):
+            for spec in (plain, overridden):  # warm both (a range deleted for real: not reused)
+                run(spec, *ranges[-1], commit=False)
+            for i, (tenant, lo, hi) in enumerate(chunks):
+                order = [("none", plain), (over, overridden)]
+                for label, spec in order if i % 2 == 0 else order[::-1]:
+                    c0 = cpu()
+                    took, n = run(spec, tenant, lo, hi, commit=commit)
+                    spent[label] += cpu() - c0
+                    times[label].append(took)
+                    deleted[label].add(n)
+        cpu_ms = {k: spent[k] * 1000 / len(chunks) for k in spent}
+        results["chunk: DELETE + COMMIT" if commit else "statement, rolled back"] = (
+            times, deleted, cpu_ms
+        )  # fmt: skip
     print(
         f"chunk of {args.chunk} rows by {'tenant and ' if args.tenant_chunks else ''}key range,"
         f" {args.rows} rows / {args.tenants} tenants,"
-        f" {args.repeat} chunks each, the two versions alternating"
+        f" {args.repeat} chunks each ({args.passes} passes rolled back), the two versions"
+        f" alternating; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )
-    print(f"{'what':<26}{'version':<18}{'rows':>6}{'median ms':>11}{'p90 ms':>9}{'ratio':>7}")
-    for what, (times, deleted) in results.items():
+    print(
+        f"{'what':<26}{'version':<18}{'rows':>6}{'median ms':>11}{'p90 ms':>9}{'ratio':>7}"
+        f"{'CPU ms':>8}{'ratio':>7}"
+    )
+    for what, (times, deleted, cpu_ms) in results.items():
         base_ms = statistics.median(times["none"])
         for label, values in times.items():
             median = statistics.median(values)
             print(
                 f"{what:<26}{label:<18}{'/'.join(map(str, sorted(deleted[label]))):>6}"
                 f"{median:>11.1f}{percentile(values, 90):>9.1f}{median / base_ms:>7.2f}"
+                f"{cpu_ms[label]:>8.2f}{cpu_ms[label] / cpu_ms['none']:>7.2f}"
             )
     frag = P.delete_chunk(
         overridden, policy_id=0, cutoff=cutoff, tenant=ranges[-1][0], key_from=ranges[-1][1],
-        key_to=ranges[-1][2],
+        key_to=ranges[-1][2], by_tenant=ranges[-1][0] is None,
     )  # fmt: skip
-    print("\n".join(_plan(frag)))
+    # the plan, its array of tenants cut short
+    print("\n".join(re.sub(r"'\{([^}]{60})[^}]*\}'", r"'{\1…}'", line) for line in _plan(frag)))
 
 
 if __name__ == "__main__":
