@@ -9,6 +9,7 @@ import csv
 import io
 import json
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from io import StringIO
 
 import pytest
@@ -238,6 +239,55 @@ def test_a_cascade_into_another_policys_table_respects_its_holds_keep_rules_and_
         [json.dumps({**edited.table_rows, "public.rr_order_lines": 0}), edited.pk],
     )
     assert not verify_chain().ok
+
+
+def test_a_cascade_into_a_table_whose_policy_overrides_tenants_judges_each_line_by_its_tenant(
+    orders, make_user
+):
+    """The lines' policy keeps 10 days, tenant 4 forever and tenant 6 for 25 days, and its
+    class 'disputed' for 35 days: an order goes only when each of its lines would go by the
+    period of that line's own tenant and class, not by the lines' default."""
+    approved_policy(
+        make_user, slug="lines", table="public.rr_order_lines", key="id",
+        timestamp="updated_at", tenant="tenant_id", retention="10 days", schedule="0 4 * * *",
+        timezone="UTC",
+        override=[{"tenant": 4, "retention": "forever"}, {"tenant": 6, "retention": "25 days"}],
+        **{"class": [{"column": "status", "value": "disputed", "retention": "35 days"}]},
+    )  # fmt: skip
+    orders_policy = approved_policy(
+        make_user, slug="orders", table="public.rr_orders", key="id", timestamp="placed_at",
+        tenant="tenant_id", retention="20 days", schedule="0 3 * * *", timezone="UTC",
+        chunk_size=100, chunking="key", cascade_ack=["public.rr_order_lines"],
+    )  # fmt: skip
+    protected = (
+        "tenant_id = 4 OR updated_at >= %s OR (tenant_id = 6 AND updated_at >= %s)"
+        " OR (status = 'disputed' AND updated_at >= %s)"
+    )
+    cutoffs = [NOW - timedelta(days=10), NOW - timedelta(days=25), NOW - timedelta(days=35)]
+    protected_lines = count("public.rr_order_lines", protected, cutoffs)
+    # lines of tenant 6 between 25 and 10 days old, which the default alone would let go
+    assert (
+        count(
+            "public.rr_order_lines",
+            "tenant_id = 6 AND updated_at < %s AND updated_at >= %s",
+            cutoffs[:2],
+        )
+        > 10
+    )
+    lines_before = count("public.rr_order_lines")
+
+    run, _ = trigger_run(orders_policy, tick=NOW)
+    worker.drain(run.pk, budget_s=120)
+
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    assert count("public.rr_order_lines", protected, cutoffs) == protected_lines
+    assert count("public.rr_order_lines", "tenant_id = 4") == count(
+        "public.rr_order_lines_shadow", "tenant_id = 4"
+    )
+    assert lines_before - count("public.rr_order_lines") > 0  # other tenants' lines went
+    cascaded = {"public.rr_order_lines": ("public", "rr_order_lines_shadow")}
+    assert check_run(run, shadow=("public", "rr_orders_shadow"), cascaded=cascaded) == []
 
 
 def test_the_checker_reports_protected_rows_a_cascade_removed_and_rows_it_did_not_audit(
