@@ -24,8 +24,9 @@ The numbers are honest about being estimates:
   planner is still walking, and ``rows_expected`` is 0.
 - ``percent`` is ``rows_deleted / rows_expected`` (100 only when drained, 0 when there is no
   total); ``eta_range_s`` is when the rows still to go are done, as a range: at the run's
-  pace over the last ten minutes and at its pace over the whole run, at least ±12% wide;
-  ``eta_s`` its geometric middle; both only for an active run.
+  pace over the last ten minutes and at its pace over the whole run — each per second the
+  run was admitted (``ADMITTED_GAP``) — at least ±12% wide; ``eta_s`` its geometric middle;
+  both only for an active run.
 
 Every number is an ``int`` or a ``float``: database sums (``numeric`` in PostgreSQL, a
 ``Decimal`` in Python) are converted here, so no caller mixes the two.
@@ -35,12 +36,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Count, F, Min, Q, Sum
 from psycopg import sql
 
@@ -103,7 +105,9 @@ class RunProgress:
     first_commit: datetime | None = None
     last_commit: datetime | None = None
     last_commit_age_s: float | None = None
-    rate_per_s: float | None = None
+    rate_per_s: float | None = None  # rows per second admitted, over the last ten minutes
+    admitted_s: float = 0.0  # seconds the run was admitted and working, over the whole run
+    recent_admitted_s: float = 0.0  # the same over the last ten minutes
     percent: int = 0
     eta_s: float | None = None  # the middle of the range below (for /metrics and --json)
     eta_range_s: tuple[float, float] | None = None  # (soonest, latest): what the page shows
@@ -188,12 +192,36 @@ def progress_for(
     paused, the kill switch on) has no admissible chunk, whatever their ``not_before``.
     ``remembered=False``: every sum read from the records, nothing read from or written to the
     shared cache — for the engine's own processes, whose login has no access to the cache the
-    pages trust (database/grants.py)."""
+    pages trust (database/grants.py).
+
+    Every figure is read in one snapshot (a repeatable-read transaction, unless the caller is
+    in a transaction of its own already): a chunk that commits while they are read is either
+    done in all of them or pending in all of them, never missing from both — so a run's chunk
+    count and expected total do not dip for one reading (131 → 130 → 131)."""
     given = list(runs)
+    if not given:
+        return {}
+    with _one_snapshot():
+        out, remember = _read_progress(given, now, broker, kill_switch, remembered)
+    if remember:
+        cache.set_many(remember, timeout=None)
+    return out
+
+
+@contextmanager
+def _one_snapshot():
+    if connection.in_atomic_block:
+        yield  # the caller's transaction: its isolation is its own
+        return
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield
+
+
+def _read_progress(given, now, broker, kill_switch, remembered):
     broker = broker if broker is not None else broker_backlog(now)
     out: dict[int, RunProgress] = {}
-    if not given:
-        return out
     loaded = [r for r in given if isinstance(r, Run)]
     ids_only = [r for r in given if not isinstance(r, Run)]
     rows = [
@@ -246,8 +274,7 @@ def progress_for(
     )
     tallies, remember = audit_tallies(ids, recent, known=known)
     chunk_rows, remember_chunks = _chunk_sums(out, tallies, started, now, known=known)
-    if remembered and (remember or remember_chunks):
-        cache.set_many({**remember, **remember_chunks}, timeout=None)
+    to_remember = {**remember, **remember_chunks} if remembered else {}
 
     for row in chunk_rows:
         p = out[row["run_id"]]
@@ -289,6 +316,8 @@ def progress_for(
         for name, rows in tally["moved"].items():
             t = tenants[run_id].setdefault(name, TenantProgress(name))
             t.rows_deleted += rows
+        p.admitted_s = float(tally.get("admitted_s", 0.0))
+        p.recent_admitted_s = tally["recent_admitted_s"]
         if tally["recent_rows"]:
             p.rate_per_s = float(tally["recent_rows"])
 
@@ -310,7 +339,7 @@ def progress_for(
         p.queue_age_s = _age(now, p.oldest_pending)
         p.last_commit_age_s = _age(now, p.last_commit)
         _derive(p, admitted[p.run_id], started[p.run_id], now)
-    return out
+    return out, to_remember
 
 
 CHUNK_SUMS_KEY = "progress:chunk-sums:v1:{}"
@@ -405,7 +434,7 @@ def _chunk_sums(
 # not a hash join over every chunk)
 _NEWER_BRANCH = sql.SQL(
     "SELECT {run}::bigint AS run_id, a.tenant, a.rows_deleted, a.committed_at, a.chain_seq,"
-    " a.hash, a.tenant_rows, a.chunk_id FROM runs_auditrecord a"
+    " a.hash, a.tenant_rows, a.chunk_id, a.started_at FROM runs_auditrecord a"
     " WHERE a.run_id = {run} AND a.chain_seq > {seq}"
 )
 _LAST_SEQ = (
@@ -433,12 +462,38 @@ FROM newer n CROSS JOIN LATERAL (
 ) c
 GROUP BY n.run_id, c.tenant
 UNION ALL
+SELECT 'busy', run_id, NULL, sum(extract(epoch FROM busy)), NULL, NULL, NULL, NULL, NULL FROM (
+  SELECT run_id, {busy} AS busy FROM (
+    SELECT run_id, started_at, committed_at,
+           lag(committed_at) OVER (PARTITION BY run_id ORDER BY committed_at, chain_seq) AS prev
+    FROM newer
+  ) ordered
+) b GROUP BY run_id
+UNION ALL
 (SELECT DISTINCT ON (run_id) 'top', run_id, NULL, NULL, NULL, NULL, NULL, chain_seq, hash
  FROM newer ORDER BY run_id, chain_seq DESC)
 """)
 
 
-AUDIT_TALLY_KEY = "progress:audit-tally:v2:{}"
+# A chunk's share of the time its run was admitted: from the previous commit when its
+# transaction began within ADMITTED_GAP of it (the lease's own overhead between chunks, or
+# another worker's chunk overlapping it), else from its own start — a longer gap is time the
+# run was not admitted (paused, the kill switch on, the guard throttling it to zero, waiting
+# for a worker), and counts for nothing.
+ADMITTED_GAP = timedelta(seconds=2)
+_BUSY = sql.SQL(
+    "CASE WHEN prev IS NOT NULL AND started_at - prev <= {gap} THEN committed_at - prev"
+    " ELSE committed_at - greatest(started_at, prev) END"
+).format(gap=sql.Literal(ADMITTED_GAP))
+_RECENT = sql.SQL("""
+SELECT run_id, sum(rows_deleted), sum(extract(epoch FROM {busy})) FROM (
+  SELECT run_id, rows_deleted, started_at, committed_at,
+         lag(committed_at) OVER (PARTITION BY run_id ORDER BY committed_at, chain_seq) AS prev
+  FROM runs_auditrecord WHERE run_id = ANY({ids}) AND committed_at >= {since}
+) recent GROUP BY 1
+""")
+
+AUDIT_TALLY_KEY = "progress:audit-tally:v3:{}"
 
 
 def _empty_tally() -> dict:
@@ -496,7 +551,7 @@ def audit_tallies(ids: list[int], recent: datetime, *, known: dict) -> tuple[dic
                 _NEWER_BRANCH.format(run=sql.Literal(run_id), seq=sql.Literal(seq))
                 for run_id, seq in behind
             )
-            cur.execute(_NEWER.format(branches=branches).as_string(cur.connection))
+            cur.execute(_NEWER.format(branches=branches, busy=_BUSY).as_string(cur.connection))
             rows = cur.fetchall()
         for kind, run_id, name, summed, n, first, last, top, top_hash in rows:
             tally = out[run_id]
@@ -508,6 +563,8 @@ def audit_tallies(ids: list[int], recent: datetime, *, known: dict) -> tuple[dic
                 was[3] = max(filter(None, (was[3], last)), default=None)
             elif kind == "moved":
                 tally["moved"][name] = tally["moved"].get(name, 0) + _int(summed)
+            elif kind == "busy":
+                tally["admitted_s"] = tally.get("admitted_s", 0.0) + float(summed or 0)
             elif kind == "done":
                 was = tally.setdefault("done", {}).setdefault(name, [0, 0, 0])
                 was[0] += _int(n)
@@ -517,14 +574,14 @@ def audit_tallies(ids: list[int], recent: datetime, *, known: dict) -> tuple[dic
                 tally["seq"], tally["hash"] = top, top_hash
                 changed.add(run_id)
         cur.execute(
-            "SELECT run_id, sum(rows_deleted) FROM runs_auditrecord"
-            " WHERE run_id = ANY(%s) AND committed_at >= %s GROUP BY 1",
-            [list(out), recent],
+            _RECENT.format(
+                busy=_BUSY, ids=sql.Literal(list(out)), since=sql.Literal(recent)
+            ).as_string(cur.connection)
         )
-        recent_rows = {run_id: _int(rows) for run_id, rows in cur.fetchall()}
+        recent_rows = {run_id: (_int(rows), float(busy or 0)) for run_id, rows, busy in cur}
     remember = {AUDIT_TALLY_KEY.format(run_id): dict(out[run_id]) for run_id in changed}
     for run_id, tally in out.items():
-        tally["recent_rows"] = recent_rows.get(run_id, 0)
+        tally["recent_rows"], tally["recent_admitted_s"] = recent_rows.get(run_id, (0, 0.0))
     return out, remember
 
 
@@ -628,15 +685,15 @@ ETA_SPREAD = 1.25  # the range is never narrower than this factor: no false prec
 
 
 def _rates(p: RunProgress) -> list[float]:
-    """The paces an ETA may assume (rows/s): the last ten minutes', and the whole run's from
-    its first commit to its last once they are ``WHOLE_RUN_MIN_S`` apart with three commits.
-    Rows per second change as a run moves through its table (a key range where fewer rows are
-    old deletes fewer per chunk; the guard slows it for a while), so neither alone is right."""
+    """The paces an ETA may assume (rows/s): the last ten minutes', and the whole run's once
+    it was admitted ``WHOLE_RUN_MIN_S`` with three commits — both per second the run was
+    admitted (``ADMITTED_GAP``), so a run paused, stopped or throttled to zero for a while is
+    not judged slow for it. Rows per second change as a run moves through its table (a key
+    range where fewer rows are old deletes fewer per chunk; the guard slows it for a while),
+    so neither alone is right."""
     rates = [p.rate_per_s]
-    if p.audit_records >= 3 and p.first_commit is not None and p.last_commit is not None:
-        span = (p.last_commit - p.first_commit).total_seconds()
-        if span >= WHOLE_RUN_MIN_S and p.rows_deleted:
-            rates.append(p.rows_deleted / span)
+    if p.audit_records >= 3 and p.admitted_s >= WHOLE_RUN_MIN_S and p.rows_deleted:
+        rates.append(p.rows_deleted / p.admitted_s)
     return rates
 
 
@@ -674,13 +731,13 @@ def _derive(p: RunProgress, admitted: int | None, started: datetime | None, now:
         p.percent = min(99, _percent(p.rows_deleted, p.rows_expected))
     else:
         p.percent = _percent(p.rows_deleted, p.rows_expected)
-    # The run's own pace over the last ten minutes (since it started, if that is later).
+    # The run's own pace over the last ten minutes, per second it was admitted (ADMITTED_GAP:
+    # the time it was paused, stopped by the kill switch or throttled to zero counts for
+    # nothing), at least a second.
     recent_rows = p.rate_per_s or 0.0
     p.rate_per_s = None
     if recent_rows and p.last_commit is not None:
-        since = max(now - RATE_WINDOW, started) if started else now - RATE_WINDOW
-        span = max(1.0, (p.last_commit - since).total_seconds())
-        p.rate_per_s = recent_rows / span
+        p.rate_per_s = recent_rows / max(1.0, p.recent_admitted_s)
     to_go = p.rows_expected - p.rows_deleted - (p.rows_outstanding - p.rows_pending)
     if p.state == Run.State.ACTIVE and p.rate_per_s and to_go > 0:
         p.eta_range_s = eta_range(to_go, _rates(p))

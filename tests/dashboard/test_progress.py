@@ -306,9 +306,10 @@ def test_an_active_run_has_an_eta_from_its_own_recent_pace_that_moves_with_progr
 
 
 def test_the_eta_is_the_range_between_the_recent_and_the_whole_runs_pace(run, client_for):
-    """A run whose first chunk committed twenty minutes ago and the others in the last minute:
-    its pace over the whole run and over the last ten minutes differ, and the ETA is the range
-    between them — the page shows both ends, and the middle moves with neither alone."""
+    """A run whose first chunk took 30 s twenty minutes ago and the others committed in the
+    last minute: its pace over the whole run and over the last ten minutes differ (each per
+    second it was admitted: the twenty minutes between count for nothing), and the ETA is the
+    range between them — the page shows both ends, and the middle moves with neither alone."""
     from runs.models import AuditRecord
     from runs.progress import progress_for
     from tests.security.test_audit_append_only import behind_the_trigger
@@ -316,14 +317,15 @@ def test_the_eta_is_the_range_between_the_recent_and_the_whole_runs_pace(run, cl
     now = timezone.now()
     first = AuditRecord.objects.filter(run=run).order_by("chain_seq").first()
     behind_the_trigger(
-        "UPDATE runs_auditrecord SET committed_at = %s WHERE id = %s",
-        [now - timedelta(minutes=20), first.pk],
+        "UPDATE runs_auditrecord SET started_at = %s, committed_at = %s WHERE id = %s",
+        [now - timedelta(minutes=20, seconds=30), now - timedelta(minutes=20), first.pk],
     )
     Run.objects.filter(pk=run.pk).update(started_at=now - timedelta(minutes=21))
     p = progress_for([run.pk], now=now)[run.pk]
     to_go = p.rows_expected - p.rows_deleted - (p.rows_outstanding - p.rows_pending)
     assert to_go > 0
-    whole = p.rows_deleted / (p.last_commit - p.first_commit).total_seconds()
+    assert 30 <= p.admitted_s < 40  # the first chunk's 30 s and the others' own time
+    whole = p.rows_deleted / p.admitted_s
     fast, slow = max(whole, p.rate_per_s), min(whole, p.rate_per_s)
     assert fast > slow * ETA_SPREAD  # the paces differ more than the least spread
     assert p.eta_range_s == (pytest.approx(to_go / fast), pytest.approx(to_go / slow))
