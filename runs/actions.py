@@ -405,6 +405,12 @@ def _triggers_note(result: dict) -> str:
     triggers = result.get("before_delete_triggers")
     if not triggers:
         return ""
+    kept = result.get("kept_by_triggers")
+    if kept:  # counted by the chunks' DELETEs (their audit records)
+        return (
+            f" ({kept:,} row(s) kept by BEFORE DELETE trigger(s) {', '.join(triggers)}, which "
+            f"returned NULL for them)"
+        )
     return (
         f" (kept by a trigger? BEFORE DELETE trigger(s) {', '.join(triggers)} keep every row "
         f"they return NULL for)"

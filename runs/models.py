@@ -380,6 +380,9 @@ class AuditRecord(models.Model):
     # Chain version 8: a chunk archived before its DELETE — where its rows were written
     # ({"to": "file:///DIR", "objects": [{"name", "table", "rows", "sha256"}]}).
     archive = models.JSONField(null=True, blank=True)
+    # Chain version 9: a chunk of a table with a row-level BEFORE DELETE trigger — the rows its
+    # DELETE matched that are still there after it (the trigger returned NULL for them: kept).
+    rows_kept_by_triggers = models.BigIntegerField(null=True, blank=True)
     attempt = models.PositiveIntegerField()
     worker_host = models.CharField(max_length=200)
     worker_pid = models.IntegerField()

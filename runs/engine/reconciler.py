@@ -42,6 +42,7 @@ from runs.engine.maintenance import reclaim_vacuums, record_after_run
 from runs.engine.partitions import drop_kept_detached, settle_left_behind
 from runs.engine.planner import timestamp_indexed
 from runs.engine.schedules import sync_policy_schedule
+from runs.evidence import audit
 from runs.models import (
     AuditRecord,
     Chunk,
@@ -123,6 +124,8 @@ def verify(run: Run, *, limit: int = 100_000) -> dict:
         result = _verify(run, spec, types, cascade, limit=limit, trust_chunks=not triggers)
     if triggers:  # rows such a trigger skipped are still here, counted in ``remaining``
         result["before_delete_triggers"] = [f"{t} on {name}" for name, t in triggers]
+        # what the pass's DELETEs matched and the trigger kept, from their audit records
+        result["kept_by_triggers"] = audit.rows_kept_by_triggers(run.pk, run.pass_no) or 0
     return result
 
 

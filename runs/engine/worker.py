@@ -524,14 +524,34 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
                 _record_failure(run, chunk_id, attempts, failed.error)
                 return Outcome(FAILED, chunk_id, reason=str(failed).splitlines()[0])
             statement = P.delete_rows(spec, archived.ctids, by_tenant=by_tenant)
+            left = P.Fragment(sql.SQL("{}.ctid = ANY(%s::tid[])").format(P.row_alias()),
+                              statement.params[-1:])  # fmt: skip
         else:
             condition = cascade
             if spare is not None:
                 condition = spare if cascade is None else P.Fragment.join([cascade, spare], " AND ")
             statement = P.delete_chunk(spec, **rows, by_tenant=by_tenant, cascade=condition)
+            left = P.Fragment.join(
+                [P.chunk_rows(spec, **rows), *([condition] if condition is not None else [])],
+                " AND ",
+            )
+        # a row-level BEFORE DELETE trigger may keep rows the DELETE matched (RETURN NULL):
+        # those still matching after it are counted, kept, in the chunk's audit record
+        triggered = P.scoped(
+            ("before_delete", spec.schema, spec.table),
+            lambda: bool(
+                introspect.before_delete_triggers([introspect.table_oid(spec.schema, spec.table)])
+            ),
+        )
         try:
-            deleted, tenant_rows, head, table_rows = _delete(
+            deleted, tenant_rows, head, table_rows, kept_by_triggers = _delete(
                 statement,
+                kept=P.Fragment(
+                    sql.SQL("SELECT count(*) FROM {} WHERE {}").format(P.table(spec), left.sql),
+                    left.params,
+                )
+                if triggered
+                else None,
                 by_tenant=by_tenant,
                 counted=graph if cascade is not None else None,
                 lock=P.lock_chunk(spec, **rows) if cascade is not None else None,
@@ -571,6 +591,7 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
                 "outcome": "deleted",
                 "run_key": run.run_key,
                 "archive": archived.record() if archived is not None else None,
+                "rows_kept_by_triggers": kept_by_triggers,
                 **audit.version_facts(run.policy_version),
             },
             head,
@@ -625,15 +646,18 @@ def _count_chunk(
 def _delete(
     statement: P.Fragment,
     *,
+    kept: P.Fragment | None = None,
     by_tenant: bool,
     counted: cascades.Graph | None = None,
     lock: P.Fragment | None = None,
     reach: Sequence[cascades.Lock] = (),
-) -> tuple[int, dict | None, tuple, dict | None]:
+) -> tuple[int, dict | None, tuple, dict | None, int | None]:
     """The chunk's DELETE in a savepoint, then the chain lock and the chain head, in one round
     trip: (rows deleted, rows per tenant of a chunk across tenants, the head for
     ``audit.link``, rows removed per table of ``counted``: the tables its cascades reach,
-    from PostgreSQL's per-transaction statistics read just before and just after the DELETE;
+    from PostgreSQL's per-transaction statistics read just before and just after the DELETE,
+    the rows ``kept`` counts right after the DELETE — the rows it matched that are still
+    there, kept by a BEFORE DELETE trigger — or None without ``kept``;
     ``lock``: ``predicate.lock_chunk``, sent first where cascades are judged; ``reach``:
     ``cascades.lock_reach``, the rows those cascades reach, locked next, so that the DELETE
     judges each on its committed value and nothing changes it before the cascade removes it).
@@ -649,6 +673,7 @@ def _delete(
         connection.cursor() as head,
         connection.cursor() as before,
         connection.cursor() as after,
+        connection.cursor() as left,
     ):
 
         def begin() -> None:
@@ -667,6 +692,8 @@ def _delete(
             delete.execute(statement.sql.as_string(delete.connection), statement.params)
             if stats is not None:
                 after.execute(stats.sql.as_string(after.connection), stats.params)
+            if kept is not None:
+                left.execute(kept.sql.as_string(left.connection), kept.params)
             cur.execute("RELEASE SAVEPOINT chunk_delete")
             audit.lock_and_read_head(head)
 
@@ -687,6 +714,7 @@ def _delete(
             cur.execute("ROLLBACK TO SAVEPOINT chunk_delete")
             raise _DeleteFailed(exc) from exc
         table_rows = None
+        kept_rows = int(left.fetchone()[0]) if kept is not None else None
         if stats is not None:
             was = dict(before.fetchall())
             table_rows = {
@@ -696,8 +724,8 @@ def _delete(
             # "delete") are the rest of the total: a record's tenant_rows name tenants only
             counts = [(t, int(n)) for t, n in delete.fetchall()]
             tenant_rows = {t: n for t, n in counts if t is not None}
-            return sum(n for _t, n in counts), tenant_rows, head.fetchone(), table_rows
-        return delete.rowcount, None, head.fetchone(), table_rows
+            return sum(n for _t, n in counts), tenant_rows, head.fetchone(), table_rows, kept_rows
+        return delete.rowcount, None, head.fetchone(), table_rows, kept_rows
 
 
 def _lock_reach(cur, reach: Sequence[cascades.Lock]) -> None:

@@ -15,7 +15,9 @@ version 6, a chunk whose bounds are not on the key (timestamp chunks), also cove
 table that cascading foreign keys reference, also covers ``table_rows``: the rows it removed in
 each table its DELETE reaches, the policy's own included; version 8, a chunk of a policy that
 archives before deleting (``archive``), also covers ``archive``: the destination and each
-object the chunk's rows were written to, with its name, table, rows and SHA-256.
+object the chunk's rows were written to, with its name, table, rows and SHA-256; version 9, a
+chunk of a table with a row-level BEFORE DELETE trigger, also covers ``rows_kept_by_triggers``:
+the rows its DELETE matched that the trigger kept.
 Each record is verified by the fields of its own version, so older records keep verifying."""
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 
-from django.db import connection
+from django.db import connection, models
 from django.db.models.sql import InsertQuery
 
 from core import chain, locks
@@ -63,7 +65,11 @@ V7_FIELDS = (*V6_FIELDS, "table_rows")
 # ({"to": "file:///DIR", "objects": [{"name", "table", "rows", "sha256"}]}).
 ARCHIVE_CHAIN_VERSION = 8
 V8_FIELDS = (*V7_FIELDS, "archive")
-HASHED_COLUMNS = [*dict.fromkeys([*V3_FIELDS, *V8_FIELDS]), "prev_hash", "hash"]
+# Version 9: a chunk of a table with a row-level BEFORE DELETE trigger — version 8's fields and
+# ``rows_kept_by_triggers``: the rows its DELETE matched that the trigger kept (RETURN NULL).
+TRIGGER_KEPT_CHAIN_VERSION = 9
+V9_FIELDS = (*V8_FIELDS, "rows_kept_by_triggers")
+HASHED_COLUMNS = [*dict.fromkeys([*V3_FIELDS, *V9_FIELDS]), "prev_hash", "hash"]
 FIELDS_BY_VERSION = {
     1: V1_FIELDS,
     CHAIN_VERSION: V2_FIELDS,
@@ -73,6 +79,7 @@ FIELDS_BY_VERSION = {
     BOUND_COLUMNS_CHAIN_VERSION: V6_FIELDS,
     TABLE_ROWS_CHAIN_VERSION: V7_FIELDS,
     ARCHIVE_CHAIN_VERSION: V8_FIELDS,
+    TRIGGER_KEPT_CHAIN_VERSION: V9_FIELDS,
 }
 # Columns a record of an older version leaves empty: what its hash does not cover must stay
 # empty, or an edit there (a v2 record given key_lo, which the pages then show) would pass.
@@ -157,10 +164,12 @@ def link(values: dict, head: tuple) -> dict:
     prev = last_hash or GENESIS
     values = {
         "key_lo": None, "key_hi": None, "tenant_rows": None, "bound_columns": None,
-        "table_rows": None, "archive": None, **values,
+        "table_rows": None, "archive": None, "rows_kept_by_triggers": None, **values,
     }  # fmt: skip
     values.update(chain_seq=seq, committed_at=committed_at)
-    if values.get("archive") is not None:
+    if values.get("rows_kept_by_triggers") is not None:
+        values["chain_version"] = TRIGGER_KEPT_CHAIN_VERSION
+    elif values.get("archive") is not None:
         values["chain_version"] = ARCHIVE_CHAIN_VERSION
     elif values.get("table_rows") is not None:
         values["chain_version"] = TABLE_ROWS_CHAIN_VERSION
@@ -274,6 +283,16 @@ def rows_by_table(run_id: int) -> dict[str, int]:
             [run_id],
         )
         return {name: int(rows) for name, rows in cur.fetchall()}
+
+
+def rows_kept_by_triggers(run_id: int, pass_no: int | None = None) -> int | None:
+    """Rows a run's chunks (of pass ``pass_no``, else every pass) matched and a BEFORE DELETE
+    trigger kept (RETURN NULL), from the records' ``rows_kept_by_triggers`` (chain version 9);
+    None when no record counted them (the table has no such trigger)."""
+    records = AuditRecord.objects.filter(run_id=run_id, rows_kept_by_triggers__isnull=False)
+    if pass_no is not None:
+        records = records.filter(chunk__pass_no=pass_no)
+    return records.aggregate(n=models.Sum("rows_kept_by_triggers"))["n"]
 
 
 def measured_rate(slug: str) -> float | None:

@@ -123,7 +123,8 @@ def test_rows_a_before_delete_trigger_keeps_are_never_called_drained(make_user, 
 
     from runs.actions import trigger_run
     from runs.engine import worker
-    from runs.models import Run
+    from runs.evidence import audit
+    from runs.models import AuditRecord, Run
     from tests.factories import approved_policy, events_spec
     from tests.runs.conftest import NOW, count, create_events
 
@@ -157,6 +158,20 @@ def test_rows_a_before_delete_trigger_keeps_are_never_called_drained(make_user, 
         assert run.state_reason.startswith(f"{run.verification['remaining']:,} eligible row(s)")
         assert "trigger(s) rr_keep_pinned on public.rr_events" in run.state_reason
         assert run.verification["remaining"] >= kept
+        # counted as kept where it happened: the chunks' audit records (chain version 9) say
+        # how many rows their DELETEs matched and the trigger kept, each pass summed apart
+        records = AuditRecord.objects.filter(run=run)
+        assert all(
+            r.chain_version == audit.TRIGGER_KEPT_CHAIN_VERSION and r.rows_kept_by_triggers >= 0
+            for r in records
+        )
+        assert run.verification["kept_by_triggers"] == kept
+        assert audit.rows_kept_by_triggers(run.pk, run.pass_no) == kept
+        assert audit.rows_kept_by_triggers(run.pk) >= kept
+        assert f"({kept:,} row(s) kept by BEFORE DELETE trigger(s) rr_keep_pinned" in (
+            run.state_reason
+        )
+        assert audit.verify_chain().ok
     finally:
         with connection.cursor() as cur:
             cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")

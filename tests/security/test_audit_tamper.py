@@ -46,6 +46,9 @@ COVERED = {
     6: V2 | {"key_lo", "key_hi", "tenant_rows", "bound_columns"},
     7: V2 | {"key_lo", "key_hi", "tenant_rows", "bound_columns", "table_rows"},
     8: V2 | {"key_lo", "key_hi", "tenant_rows", "bound_columns", "table_rows", "archive"},
+    9: V2
+    | {"key_lo", "key_hi", "tenant_rows", "bound_columns", "table_rows", "archive"}
+    | {"rows_kept_by_triggers"},
 }
 # Not evidence: the surrogate key (nothing refers to it; evidence names chain_seq) and the
 # hash itself (an edited hash no longer matches the content: covered by every version).
@@ -104,6 +107,8 @@ VERSION_EXTRAS = {
             ],
         },
     },
+    # a chunk of a table with a BEFORE DELETE trigger: the rows it matched that the trigger kept
+    9: {"key_from": 7, "key_to": 9, "rows_kept_by_triggers": 2},
 }
 
 
@@ -143,7 +148,11 @@ def other_value(column: str, value):
         return value + 10_000
     if isinstance(value, bool) or value is None and column.endswith(("_at", "cutoff")):
         return NOW
-    if isinstance(value, int) or value is None and column.endswith(("_id", "_from", "_to")):
+    if (
+        isinstance(value, int)
+        or value is None
+        and column.endswith(("_id", "_from", "_to", "_by_triggers"))
+    ):
         return (value or 0) + 1
     if column in ("version_number", "partition", "key_lo", "key_hi", "tenant_rows"):
         if value is None:
