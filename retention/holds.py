@@ -194,6 +194,24 @@ def _shown(value: str) -> str:
     return value if value and value == value.strip() else repr(value)  # spaces visible
 
 
+def key_interval_refusal(slug: str, spec) -> str:
+    """Why a hold's key interval (integers) cannot apply to policy ``slug`` (``spec``): its
+    key is not one integer column, so the interval has no place in the key's order and the
+    hold would cover every row of its scope — '' when it can."""
+    if predicate.integer_key(spec):
+        return ""
+    ctypes = catalog.column_types(spec.schema, spec.table, list(spec.key_columns))
+    shown = ", ".join(
+        f"{c} {ctypes[c].display}" if ctypes.get(c) is not None else f"{c} (not found)"
+        for c in spec.key_columns
+    )
+    return (
+        f"policy {slug}'s key ({shown}) is not one integer column: a key interval has no "
+        f"place in its order (it would hold every row); hold the whole policy or a tenant "
+        f"instead"
+    )
+
+
 def cover_of(slug: str, spec, tenant, key_from=None, key_to=None) -> Cover:
     """What a hold with ``tenant`` (a value, or the parts of a tenant of several columns)
     protects in one policy, in words; TenantMismatch when the policy's tenant type cannot
@@ -328,6 +346,11 @@ def check_placement(policy, tenant, key_from=None, key_to=None):
                 + " ".join(f"--tenant {c.upper()}" for c in spec.tenant_columns)
                 + ", in that order)"
             )
+    if key_from is not None or key_to is not None:
+        for p, spec in applicable:
+            refusal = key_interval_refusal(p.slug, spec)
+            if refusal:
+                raise TenantMismatch(refusal)
     covers = [cover_of(p.slug, spec, parts, key_from, key_to) for p, spec in applicable]
     stored = None
     if parts is not None:
@@ -361,7 +384,19 @@ def check_version(spec) -> None:
     """Every active tenant-scoped hold that applies to the policy ``spec`` describes must be a
     value of its tenant column (each part of a tenant of several columns: a hold naming one
     value covers every row of such a policy); raises TenantMismatch naming the first that is
-    not."""
+    not — or an active hold with a key interval, which a key that is not one integer column
+    cannot take (``key_interval_refusal``)."""
+    keyed = LegalHold.objects.filter(released_at__isnull=True).filter(
+        Q(key_from__isnull=False) | Q(key_to__isnull=False)
+    )
+    hold = keyed.filter(Q(policy__isnull=True) | Q(policy__slug=spec.slug)).order_by("pk").first()
+    if hold is not None:
+        refusal = key_interval_refusal(spec.slug, spec)
+        if refusal:
+            raise TenantMismatch(
+                f"active legal hold #{hold.pk} holds keys {_keys(hold.key_from, hold.key_to)[7:]},"
+                f" but {refusal}; release it first"
+            )
     if not spec.tenant:
         return  # tenant-scoped holds hold such a policy whole
     holds = LegalHold.objects.filter(released_at__isnull=True, tenant__isnull=False).filter(

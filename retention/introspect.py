@@ -618,11 +618,10 @@ def validate(spec: PolicySpec) -> Validation:
                 f"not {tenant.type}"
             )
         used[tenant.name] = tenant
-    if tenants:
-        try:
-            holds.check_version(spec)
-        except holds.TenantMismatch as exc:
-            raise SpecError(str(exc)) from None
+    try:  # every active hold that applies fits the version's tenant and key
+        holds.check_version(spec)
+    except holds.TenantMismatch as exc:
+        raise SpecError(str(exc)) from None
     for index, rule in enumerate(spec.keep):
         col = _column(columns, rule.column, f"keep[{index}]", where)
         if not col.scalar and rule.op not in ("is null", "is not null"):
