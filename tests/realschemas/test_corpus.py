@@ -492,6 +492,230 @@ cascade_ack = ["{schema}.statuses"]
         ),
         holds=(Hold("mastodon-statuses", tenant="11"),),
     ),
+    # Round three. n8n: quoted camelCase columns (the policy names "stoppedAt" as written), an
+    # execution's data, metadata and annotation cascading, the annotation's tags a level below
+    Case(
+        name="n8n", project="n8n", ddl="n8n.sql",
+        fill=(
+            "INSERT INTO workflow_entity (id, name, active)"
+            " SELECT 'wf' || g, 'Workflow ' || g, g % 4 <> 0 FROM generate_series(1, 30) g",
+            "INSERT INTO annotation_tag_entity SELECT 'tag' || g, 'Tag ' || g"
+            " FROM generate_series(1, 5) g",
+            # 12,000 executions over 60 days; every 97th waits (no stoppedAt yet or a stale
+            # one: kept by the policy), every 500th is still running (stoppedAt NULL)
+            "INSERT INTO execution_entity (id, finished, mode, \"startedAt\", \"stoppedAt\","
+            " \"waitTill\", status, \"workflowId\", \"createdAt\")"
+            " SELECT g, g % 97 <> 0, 'trigger', {T} - (12000 - g) * interval '432 seconds',"
+            " CASE WHEN g % 500 <> 0 THEN {T} - (12000 - g) * interval '432 seconds'"
+            "  + interval '3 seconds' END,"
+            " CASE WHEN g % 97 = 0 THEN {T} + interval '1 day' END,"
+            " CASE WHEN g % 97 = 0 THEN 'waiting' WHEN g % 500 = 0 THEN 'running'"
+            "  WHEN g % 13 = 0 THEN 'error' ELSE 'success' END,"
+            " 'wf' || (1 + g % 30), {T} - (12000 - g) * interval '432 seconds'"
+            " FROM generate_series(1, 12000) g",
+            "INSERT INTO execution_data SELECT id, '{{}}', '[]' FROM execution_entity",
+            "INSERT INTO execution_metadata (\"executionId\", key, value)"
+            " SELECT id, 'customer', 'c' || id % 40 FROM execution_entity WHERE id % 3 = 0",
+            "INSERT INTO execution_annotations (\"executionId\", vote, note)"
+            " SELECT id, CASE WHEN id % 20 = 0 THEN 'up' ELSE 'down' END, 'checked'"
+            " FROM execution_entity WHERE id % 10 = 0",
+            "INSERT INTO execution_annotation_tags"
+            " SELECT a.id, 'tag' || (1 + (a.id + k) % 5) FROM execution_annotations a,"
+            " generate_series(0, 1) k",
+        ),
+        policies=(
+            """
+slug = "n8n-executions"
+name = "Executions stopped more than 30 days ago (EXECUTIONS_DATA_MAX_AGE=720)"
+table = "{schema}.execution_entity"
+key = "id"
+timestamp = "stoppedAt"
+retention = "30 days"
+chunk_size = 1500
+schedule = "0 3 * * *"
+timezone = "UTC"
+cascade_ack = ["{schema}.execution_data", "{schema}.execution_metadata",
+               "{schema}.execution_annotations", "{schema}.execution_annotation_tags"]
+
+[[keep]]
+column = "status"
+op = "="
+value = "waiting"
+""",
+        ),
+        holds=(Hold("n8n-executions", key_from=2000, key_to=2100),),
+    ),
+    # Zabbix: history without a primary key (one index on (itemid, clock)), clock in epoch
+    # seconds; the housekeeper's job, per item
+    Case(
+        name="zabbix", project="Zabbix", ddl="zabbix.sql",
+        fill=(
+            "INSERT INTO items (itemid, name) SELECT g, 'item ' || g FROM generate_series(1, 40) g",
+            # 500 values per item over 180 days; two values share a second now and then (ns)
+            "INSERT INTO history (itemid, clock, value, ns)"
+            " SELECT 1 + g % 40, ({T_S} - (20000 - g) * 777)::integer, (g % 1000) / 7.0,"
+            " (g * 7919) % 1000000000 FROM generate_series(1, 20000) g",
+            "INSERT INTO history (itemid, clock, value, ns)"
+            " SELECT itemid, clock, value + 1, ns + 1 FROM history WHERE clock % 50 = 0",
+        ),
+        policies=(
+            """
+slug = "zabbix-history"
+name = "Numeric history older than 90 days (the housekeeper's default)"
+table = "{schema}.history"
+key = "clock"
+tenant = "itemid"
+timestamp = "clock"
+timestamp_unit = "s"
+retention = "90 days"
+chunk_size = 2000
+schedule = "0 3 * * *"
+timezone = "UTC"
+""",
+        ),
+        holds=(Hold("zabbix-history", tenant="7"),),
+    ),
+    # Supabase Storage: row-level security on storage.objects and the statement-level BEFORE
+    # DELETE trigger refusing direct deletes, which the operator lifts for the worker login
+    # (ALTER ROLE … SET storage.can_delete = 'true'); without it every chunk fails on it
+    Case(
+        name="supabase_storage", project="Supabase Storage", ddl="supabase_storage.sql",
+        fill=(
+            "INSERT INTO buckets (id, name, public) VALUES ('avatars', 'avatars', true),"
+            " ('exports', 'exports', false), ('uploads', 'uploads', false)",
+            # 9,000 objects over 300 days
+            "INSERT INTO objects (id, bucket_id, name, owner, created_at, updated_at,"
+            " last_accessed_at, metadata)"
+            " SELECT md5('object' || g)::uuid,"
+            " (ARRAY['avatars', 'exports', 'uploads'])[1 + g % 3], 'folder' || g % 50 || '/f' || g,"
+            " md5('owner' || g % 200)::uuid, {T} - (9000 - g) * interval '48 minutes',"
+            " {T} - (9000 - g) * interval '48 minutes', {T} - (9000 - g) * interval '40 minutes',"
+            " jsonb_build_object('size', g * 13, 'mimetype', 'application/pdf')"
+            " FROM generate_series(1, 9000) g",
+        ),
+        policies=(
+            """
+slug = "storage-objects"
+name = "Stored objects older than 90 days, avatars kept"
+table = "{schema}.objects"
+key = "id"
+timestamp = "created_at"
+retention = "90 days"
+chunk_size = 1500
+schedule = "0 3 * * *"
+timezone = "UTC"
+
+[[keep]]
+column = "bucket_id"
+op = "="
+value = "avatars"
+""",
+        ),
+        session=(("storage.can_delete", "true"),),
+    ),
+    # Sentry: the node store's random 32-character hex keys, whose order says nothing of age
+    Case(
+        name="sentry", project="Sentry", ddl="sentry.sql",
+        fill=(
+            "INSERT INTO nodestore_node (id, data, \"timestamp\")"
+            " SELECT md5('node' || g), repeat('e', 200), {T} - (12000 - g) * interval '15 minutes'"
+            " FROM generate_series(1, 12000) g",
+        ),
+        policies=(
+            """
+slug = "sentry-nodestore"
+name = "Event payloads older than 90 days (SENTRY_EVENT_RETENTION_DAYS)"
+table = "{schema}.nodestore_node"
+key = "id"
+timestamp = "timestamp"
+retention = "90 days"
+chunk_size = 2000
+schedule = "0 3 * * *"
+timezone = "UTC"
+""",
+        ),
+    ),
+    # NetBox: the change log, its deferred foreign keys to content types and users
+    Case(
+        name="netbox", project="NetBox", ddl="netbox.sql",
+        fill=(
+            "INSERT INTO django_content_type (app_label, model)"
+            " SELECT 'dcim', 'model' || g FROM generate_series(1, 12) g",
+            "INSERT INTO users_user (username) SELECT 'user' || g FROM generate_series(1, 20) g",
+            # 15,000 changes over two years, in requests of five
+            "INSERT INTO core_objectchange (id, \"time\", user_name, request_id, action,"
+            " changed_object_id, object_repr, postchange_data, changed_object_type_id, user_id)"
+            " OVERRIDING SYSTEM VALUE SELECT g, {T} - (15000 - g) * interval '70 minutes',"
+            " 'user' || (1 + g % 20), md5('request' || g / 5)::uuid,"
+            " (ARRAY['create', 'update', 'delete'])[1 + g % 3], g % 3000, 'device ' || g % 3000,"
+            " jsonb_build_object('name', 'device ' || g % 3000), 1 + g % 12, 1 + g % 20"
+            " FROM generate_series(1, 15000) g",
+        ),
+        policies=(
+            """
+slug = "netbox-changelog"
+name = "Change records older than 90 days (CHANGELOG_RETENTION)"
+table = "{schema}.core_objectchange"
+key = "id"
+timestamp = "time"
+retention = "90 days"
+chunk_size = 2000
+schedule = "0 3 * * *"
+timezone = "UTC"
+""",
+        ),
+        holds=(Hold("netbox-changelog", key_from=100, key_to=200),),
+    ),
+    # A CRM's messages: four children cascade from a message, and a reply references the
+    # message it answers with ON DELETE SET NULL — a young reply to an old message loses its
+    # reference, and only such replies change
+    Case(
+        name="crm", project="Chatwoot", ddl="chatwoot.sql",
+        fill=(
+            # 10,000 messages over 400 days (naive timestamps, UTC), every fourth replying
+            # to the message two before it
+            "INSERT INTO messages (id, content, account_id, inbox_id, conversation_id,"
+            " message_type, created_at, updated_at, in_reply_to)"
+            " SELECT g, 'message ' || g, 1 + g % 6, 1 + g % 12, g / 8, g % 2,"
+            " ({T} AT TIME ZONE 'UTC') - (10000 - g) * interval '3456 seconds',"
+            " ({T} AT TIME ZONE 'UTC') - (10000 - g) * interval '3456 seconds',"
+            " CASE WHEN g % 4 = 0 THEN g - 2 END FROM generate_series(1, 10000) g",
+            "INSERT INTO attachments (message_id, account_id, created_at, updated_at)"
+            " SELECT id, account_id, created_at, updated_at FROM messages WHERE id % 5 = 0",
+            "INSERT INTO csat_survey_responses (account_id, conversation_id, message_id, rating,"
+            " contact_id, created_at, updated_at)"
+            " SELECT account_id, conversation_id, id, 1 + id % 5, id % 300, created_at, updated_at"
+            " FROM messages WHERE id % 50 = 0",
+            "INSERT INTO message_reads SELECT m.id, u, m.created_at FROM messages m,"
+            " generate_series(1, 2) u WHERE m.id % 2 = 0",
+            "INSERT INTO message_reactions (message_id, user_id, emoji)"
+            " SELECT id, id % 30, 'thumbs_up' FROM messages WHERE id % 7 = 0",
+        ),
+        policies=(
+            """
+slug = "crm-messages"
+name = "Messages older than a year"
+table = "{schema}.messages"
+key = "id"
+timestamp = "created_at"
+tenant = "account_id"
+retention = "365 days"
+chunk_size = 1500
+schedule = "0 3 * * *"
+timezone = "UTC"
+cascade_ack = ["{schema}.attachments", "{schema}.csat_survey_responses",
+               "{schema}.message_reads", "{schema}.message_reactions"]
+""",
+        ),
+        holds=(Hold("crm-messages", tenant="3"),),
+        # the replies that stay whose message went lose their reference (ON DELETE SET NULL),
+        # held and young ones too: the rule applied to the shadow, every other row unchanged
+        changes=(
+            "UPDATE {SH}.messages r SET in_reply_to = NULL WHERE r.in_reply_to IS NOT NULL"
+            " AND EXISTS (SELECT 1 FROM {S}.messages l WHERE l.id = r.id)"
+            " AND NOT EXISTS (SELECT 1 FROM {S}.messages p WHERE p.id = r.in_reply_to)",
+        ),
+    ),
 ]
 # fmt: on
 
@@ -518,6 +742,8 @@ def test_a_real_schema_drains_exactly_what_its_policy_allows(db, settings, case)
     assert deleted > 0  # every case has old rows: a case that deletes nothing proves nothing
     if case.holds:  # each case's holds protect old rows that would otherwise go
         assert sum(r.verification.get("deferred_by_holds", 0) for r in outcome.runs) > 0
+    # a case's SET NULL rule did change rows that stay (the scenario happened)
+    assert all(n > 0 for n in outcome.changed), outcome.changed
 
 
 def test_the_corpus_names_at_least_eight_projects_each_with_its_source():
@@ -528,3 +754,58 @@ def test_the_corpus_names_at_least_eight_projects_each_with_its_source():
         head = (DDL / case.ddl).read_text()[:2000]
         assert "Repository: https://github.com/" in head, case.ddl
         assert "Commit: " in head or "(commit " in head, case.ddl
+
+
+def _case(name: str) -> Case:
+    return next(c for c in CASES if c.name == name)
+
+
+def test_the_crm_policy_without_cascade_ack_names_its_four_child_tables_at_once(db):
+    """The report's CRM: a policy written without ``cascade_ack`` is refused with one line that
+    names every table a message's deletion reaches, not one table per attempt."""
+    from retention import actions as retention_actions
+    from retention.spec import SpecError, load_toml
+    from tests.realschemas.corpus import load
+    from tests.runs.shapes import fast_user
+
+    case = _case("crm")
+    load(case)
+    text = case.policies[0].replace("{schema}", case.schema)
+    text = text[: text.index("cascade_ack")]
+    with pytest.raises(SpecError) as refused:
+        retention_actions.apply_spec(load_toml(text), author=fast_user("crm-author", "compliance"))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "deletes rows of 4 table(s) not listed in cascade_ack" in message
+    for child in ("attachments", "csat_survey_responses", "message_reads", "message_reactions"):
+        assert f"'{case.schema}.{child}'" in message
+
+
+def test_a_key_interval_hold_on_the_node_stores_random_text_keys_is_refused(db):
+    """Sentry's node store has random hex text keys: a key interval such as ``--key-from 0
+    --key-to 1`` has no place in their order and is refused with one line, nothing placed —
+    not shown as "every row, keys [0, 1)" and silently holding the whole table."""
+    import tomllib
+
+    from retention import actions as retention_actions
+    from retention.models import LegalHold
+    from tests.factories import approved_policy
+    from tests.realschemas.corpus import load
+    from tests.runs.shapes import fast_user
+
+    case = _case("sentry")
+    load(case)
+    policy = approved_policy(
+        fast_user, **tomllib.loads(case.policies[0].replace("{schema}", case.schema))
+    )
+    with pytest.raises(retention_actions.ActionError) as refused:
+        retention_actions.place_hold(
+            actor=fast_user("sentry-keeper", "compliance"), reason="case 40", policy=policy,
+            key_from=0, key_to=1,
+        )  # fmt: skip
+    assert str(refused.value) == (
+        "policy sentry-nodestore's key (id character varying(40)) is not one integer column: a "
+        "key interval has no place in its order (it would hold every row); hold the whole "
+        "policy or a tenant instead"
+    )
+    assert not LegalHold.objects.exists()
