@@ -10,7 +10,7 @@ from django.conf import settings
 from ninja import NinjaAPI
 from ninja.throttling import AuthRateThrottle
 
-from . import audit, errors, holds, people, policies, runs, targets
+from . import audit, errors, floors, holds, people, policies, runs, targets
 from .auth import schema_readers_only
 
 api = NinjaAPI(
@@ -29,5 +29,5 @@ api = NinjaAPI(
     throttle=[AuthRateThrottle(settings.API_THROTTLE_RATE)],
 )
 errors.install(api)
-for module in (policies, holds, runs, audit, people, targets):
+for module in (policies, holds, floors, runs, audit, people, targets):
     api.add_router("", module.router)

@@ -165,6 +165,37 @@ class Placed(Done):
     id: int
 
 
+class FloorOut(Schema):
+    """A retention floor (docs/policies.md, "Per-tenant periods, classes and floors")."""
+
+    id: int
+    table: str
+    period: str
+    mode: Literal["compliance", "governance"]
+    state: Literal["requested", "approved", "waiting", "refused"] = Field(
+        description="waiting: approved, a governance lowering not yet in force (effective_at)"
+    )
+    lowers: bool
+    requested_by: str
+    requested_at: datetime
+    request_reason: str
+    approved_by: str | None
+    approved_at: datetime | None
+    effective_at: datetime | None
+
+
+class FloorList(Schema):
+    floors: list[FloorOut]
+    output: Output
+
+
+class FloorIn(Schema):
+    table: str = Field(description="SCHEMA.TABLE")
+    period: str = Field(description='the minimum retention, e.g. "6 years"')
+    mode: Literal["compliance", "governance"]
+    reason: str
+
+
 class RunOut(Schema):
     run_key: str
     id: int

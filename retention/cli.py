@@ -662,6 +662,7 @@ def floor_set(command, options) -> None:
         options["table"], options["period"], mode=options["mode"], actor=actor,
         reason=options["reason"],
     )  # fmt: skip
+    options["floor_id"] = floor.pk  # what was requested, for a caller that runs this handler
     lowers = f", lowering floor #{floor.replaces_id}" if floor.lowers else ""
     command.stdout.write(
         f"floor #{floor.pk} requested on {floor.qualified_table}: {floor.period}, {floor.mode} "

@@ -234,6 +234,24 @@ def register(sub) -> None:  # noqa: PLR0915 - one grammar, as manage.py retentio
     p = add(hs, "list", lambda api, o: api.get("/holds", all=o.all))
     p.add_argument("--all", action="store_true")
 
+    floor = sub.add_parser("floor", help="set, approve and list retention floors")
+    fs = floor.add_subparsers(dest="floor_command", required=True, metavar="COMMAND")
+    p = add(fs, "set", lambda api, o: api.post("/floors", {
+        "table": o.table, "period": o.period, "mode": o.mode, "reason": o.reason}),
+        "request a floor on a table (another officer approves)")  # fmt: skip
+    p.add_argument("table", metavar="SCHEMA.TABLE")
+    p.add_argument("period", metavar="PERIOD")
+    p.add_argument("--mode", required=True, choices=("compliance", "governance"))
+    reason(p)
+    p.add_argument("--by", help=CLAIM)
+    for name in ("approve", "refuse"):
+        p = add(fs, name, lambda api, o, name=name: api.post(
+            f"/floors/{o.floor_id}/{name}", {"reason": o.reason}))  # fmt: skip
+        p.add_argument("floor_id", type=int, metavar="ID")
+        reason(p)
+        p.add_argument("--by", help=CLAIM)
+    add(fs, "list", lambda api, o: api.get("/floors"), "every floor, newest first")
+
     target = sub.add_parser("target", help="the databases the product deletes from")
     ts = target.add_subparsers(dest="target_command", required=True, metavar="COMMAND")
     add(ts, "list", lambda api, o: api.get("/targets"), "the targets and whether each answers")

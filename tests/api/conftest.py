@@ -67,7 +67,7 @@ def api(people):
 @pytest.fixture
 def world(db, make_user, people):
     """An approved policy ``events`` with a submitted v2 by someone else, an active planned
-    run and an active hold (a dead letter: ``tests.dashboard.conftest.make_dead_letter``)."""
+    run, an active hold and a requested floor on its table (a dead letter: ``tests.dashboard.conftest.make_dead_letter``)."""
     create_events(3000)
     policy = approved_policy(make_user, **events_spec())
     author = User.objects.get(username="author-events")
@@ -76,5 +76,7 @@ def world(db, make_user, people):
     run, _ = trigger_run(policy, tick=NOW)
     planner.plan(run)
     hold = actions.place_hold(actor=author, reason="LIT-1", policy=policy, tenant="3")
+    floor = actions.request_floor("public.rr_events", "10 days", mode="governance", actor=author,
+                                  reason="LAW-1")  # fmt: skip
     return {"policy": policy, "v2": v2, "run": Run.objects.get(pk=run.pk), "hold": hold,
-            "author": author}  # fmt: skip
+            "author": author, "floor": floor}  # fmt: skip

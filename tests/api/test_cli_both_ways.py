@@ -150,6 +150,27 @@ def test_every_command_prints_the_same_both_ways(server, setting):
     placed = both("compliance", "hold", "place", "--reason", "LIT-2", "--policy", "events",
                   "--tenant", "2", mask=r"#\d+")  # fmt: skip
     assert "placed: policy events, tenant 2" in placed.stdout
+    # a floor requested and refused with the database, then with the API (one request of a
+    # table waits at a time): the same text but for the floor's number
+    number = re.compile(r"#\d+|approve \d+\)")
+    ask = ("floor", "set", "public.rr_events", "10 days", "--mode", "governance", "--reason", "L")
+
+    def way(run, args, role):
+        result = run(args, token=tokens[role], **({"url": server} if run is with_api else {}))
+        assert result.returncode == 0, result.stderr
+        return result
+
+    said = []
+    for first, then in ((with_database, with_api), (with_api, with_database)):
+        asked = way(first, ask, "compliance")
+        floor = asked.stdout.split()[1].lstrip("#")
+        refused = way(then, ("floor", "refuse", floor, "--reason", "no"), "author")
+        said.append([number.sub("#…", t) for r in (asked, refused) for t in output(r)])
+    assert said[0] == said[1]
+    assert "requested on public.rr_events: 10 days, governance mode, by carla" in said[0][0]
+    compared.extend([ask, ("floor", "refuse")])
+    listed = both("viewer", "floor", "list").stdout
+    assert "10 days, governance mode, set by carla [refused]" in listed
 
     # refusals
     assert (
@@ -161,6 +182,10 @@ def test_every_command_prints_the_same_both_ways(server, setting):
         in both("viewer", "pause", run, "--reason", "not mine to pause").stderr
     )
     assert "needs a reason" in both("oncall", "kill-switch", "on", "--reason", " ").stderr
+    own = way(with_database, ask, "compliance").stdout.split()[1].lstrip("#")
+    assert (
+        "another member" in both("compliance", "floor", "approve", own, "--reason", "mine").stderr
+    )
     assert "no run with key" in both("viewer", "status", "no-such-run").stderr
     assert (
         "--by oscar is not who is acting"
@@ -177,7 +202,7 @@ def test_every_command_prints_the_same_both_ways(server, setting):
 
     rows = OperatorAction.objects.filter(action="run.pause")
     assert sorted(r.details.get("via") for r in rows) == ["api", "cli"]
-    assert len(compared) == 30
+    assert len(compared) == 34
 
 
 def test_the_client_refuses_what_needs_the_database_and_plain_http_elsewhere(server, setting):

@@ -66,6 +66,12 @@ ENDPOINTS = [
     ("POST", "/holds/{hold_id}/withdraw-release", "/holds/{hold}/withdraw-release", lambda r: R,
      C),
     ("POST", "/holds/{hold_id}/refuse-release", "/holds/{hold}/refuse-release", lambda r: R, C),
+    ("GET", "/floors", "/floors", None, ALL),
+    ("POST", "/floors", "/floors", lambda r: {**R, "table": "public.rr_events", "period": "1 year",
+                                               "mode": "governance"}, C),
+    ("GET", "/floors/{floor_id}", "/floors/{floor}", None, ALL),
+    ("POST", "/floors/{floor_id}/approve", "/floors/{floor}/approve", lambda r: R, C),
+    ("POST", "/floors/{floor_id}/refuse", "/floors/{floor}/refuse", lambda r: R, C),
     ("GET", "/runs", "/runs", None, ALL),
     ("POST", "/runs", "/runs", lambda r: {"policy": "events"}, O),
     ("GET", "/runs/{key}", "/runs/{run}", None, ALL),
@@ -131,6 +137,7 @@ def test_each_role_is_served_or_refused(api, world, people, make_user, method, t
         return (
             path.replace("{run}", world["run"].run_key)
             .replace("{hold}", str(world["hold"].pk))
+            .replace("{floor}", str(world["floor"].pk))
             .replace("{letter}", str(letter.pk) if letter else "")
             .replace("{spare}", str(spare[role or "viewer"].pk))
         )
@@ -248,17 +255,23 @@ FOUR_EYES = [
     ("/policies/events/versions/2/reject", R),
     ("/holds/{hold}/approve-release", R),
     ("/holds/{hold}/refuse-release", R),
+    ("/floors/{floor}/approve", R),
 ]
 
 
 @pytest.mark.parametrize("path,body", FOUR_EYES, ids=[f[0] for f in FOUR_EYES])
 def test_the_person_who_wrote_or_asked_cannot_decide(api, world, path, body):
-    author = world["author"]  # wrote and submitted v2; asks for the hold's release here
+    author = world["author"]  # wrote and submitted v2, asked for the floor; asks for the hold's
+    # release here
     release.request_hold_release(world["hold"], actor=author, reason="settled")
     _, secret = create_token(author, name="own decision")
     before = OperatorAction.objects.count()
 
-    status, error = api.post(path.replace("{hold}", str(world["hold"].pk)), body, token=secret)
+    status, error = api.post(
+        path.replace("{hold}", str(world["hold"].pk)).replace("{floor}", str(world["floor"].pk)),
+        body,
+        token=secret,
+    )
 
     assert (status, error["code"]) == (403, "four_eyes"), error
     assert "cannot" in error["message"]

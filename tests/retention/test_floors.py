@@ -71,6 +71,47 @@ def test_a_floor_is_requested_and_approved_by_two_officers_on_the_command_line(
         )
 
 
+def test_a_floor_is_requested_approved_refused_and_listed_over_the_api(
+    events_table, alice, bob, make_user
+):
+    """The API runs the command line's handlers: the same roles, the same four eyes, the same
+    refusals; a viewer reads the floors and decides none."""
+    from core.tokens import create_token
+
+    vera = make_user("vera", "viewer")
+    api = Api({u.username: create_token(u, name="t")[1] for u in (alice, bob, vera)})
+    body = {"table": "public.t_events", "period": "6 years", "mode": "compliance",
+            "reason": "tax law"}  # fmt: skip
+    assert api.post("/floors", body, as_="vera")[0] == 403
+    status, placed = api.post("/floors", body, as_="alice")
+    assert status == 200, placed
+    floor = RetentionFloor.objects.get(pk=placed["id"])
+    assert placed["output"]["stdout"].startswith(f"floor #{floor.pk} requested on public.t_events")
+    status, error = api.post(f"/floors/{floor.pk}/approve", {"reason": "mine"}, as_="alice")
+    assert (status, error["code"]) == (403, "four_eyes"), error
+    assert api.post(f"/floors/{floor.pk}/approve", {"reason": "ok"}, as_="vera")[0] == 403
+    status, done = api.post(f"/floors/{floor.pk}/approve", {"reason": "checked"}, as_="bob")
+    assert status == 200 and "approved by bob" in done["output"]["stdout"], done
+    assert floors.in_force("public", "t_events") == floor
+    status, shown = api.get(f"/floors/{floor.pk}", as_="vera")
+    assert status == 200 and (shown["state"], shown["approved_by"]) == ("approved", "bob")
+    # a compliance floor is never lowered, over the API either
+    status, error = api.post("/floors", {**body, "period": "1 year"}, as_="bob")
+    assert status == 409 and "can never be lowered" in error["message"], error
+    # a request refused by the other officer never comes into force
+    status, placed = api.post("/floors", {**body, "period": "7 years"}, as_="bob")
+    status, done = api.post(f"/floors/{placed['id']}/refuse", {"reason": "no"}, as_="alice")
+    assert status == 200 and "refused by alice" in done["output"]["stdout"], done
+    status, listed = api.get("/floors", as_="vera")
+    assert status == 200
+    assert [(f["id"], f["state"]) for f in listed["floors"]] == [
+        (placed["id"], "refused"), (floor.pk, "approved")
+    ]  # fmt: skip
+    assert f"floor #{floor.pk} on public.t_events: 6 years" in listed["output"]["stdout"]
+    assert api.get("/floors/999999", as_="vera")[0] == 404
+    assert OperatorAction.objects.filter(action="floor.approve", actor="bob").count() == 1
+
+
 def test_a_version_below_a_compliance_floor_is_refused_at_apply_and_approve(
     events_table, alice, bob, act_as, tmp_path, make_user
 ):
