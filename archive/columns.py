@@ -42,6 +42,7 @@ class ArchivedColumn:
     pg_type: str  # format_type(): "numeric(12,2)", "timestamp with time zone", "text[]"
     arrow: pa.DataType
     as_text: bool  # read as ::text and kept as PostgreSQL writes it
+    oid: int = 0  # the column's type (a domain's base type): an array's text is loaded by it
 
     def field(self) -> pa.Field:
         meta = {"pg_type": self.pg_type}
@@ -80,7 +81,8 @@ def table_columns(conn, schema: str, table: str) -> list[ArchivedColumn]:
             " CASE WHEN t.typtype = 'd' THEN b.typelem ELSE t.typelem END,"
             " (SELECT e.typname FROM pg_catalog.pg_type e WHERE e.oid ="
             "   CASE WHEN t.typtype = 'd' THEN b.typelem ELSE t.typelem END),"
-            " CASE WHEN t.typtype = 'd' THEN b.typcategory ELSE t.typcategory END"
+            " CASE WHEN t.typtype = 'd' THEN b.typcategory ELSE t.typcategory END,"
+            " CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END"
             " FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
             " LEFT JOIN pg_catalog.pg_type b ON b.oid = t.typbasetype"
             " WHERE a.attrelid = to_regclass(quote_ident(%s) || '.' || quote_ident(%s))"
@@ -90,14 +92,14 @@ def table_columns(conn, schema: str, table: str) -> list[ArchivedColumn]:
         )
         rows = cur.fetchall()
     found = []
-    for name, display, typmod, base, elem, elem_name, category in rows:
+    for name, display, typmod, base, elem, elem_name, category, oid in rows:
         arrow = None
         if category == "A" and elem:
             inner = _arrow(elem_name, typmod)
             arrow = pa.list_(inner) if inner is not None else None
         else:
             arrow = _arrow(base, typmod)
-        found.append(ArchivedColumn(name, display, arrow or pa.string(), arrow is None))
+        found.append(ArchivedColumn(name, display, arrow or pa.string(), arrow is None, int(oid)))
     return found
 
 

@@ -1,25 +1,30 @@
-"""The archive step of a chunk transaction: the chunk's rows, locked and copied to a verified
-Parquet object before the DELETE that removes exactly those rows.
+"""The archive step of a chunk transaction: the chunk's DELETE returns the rows it removes,
+and they are written to a verified Parquet object before the transaction commits.
 
-    SAVEPOINT → DECLARE a cursor over ``predicate.read_chunk`` (the DELETE's own scope and
-    eligibility, holds and keep rules included, ``FOR UPDATE``) → FETCH batches, each written
-    as a record batch (one batch in memory at a time) → fsync, rename, read back (digest and
-    decoded row count) → RELEASE; the caller then deletes the locked rows by their places
-    (``predicate.delete_rows``) and writes the audit record naming the object.
+    SAVEPOINT (the worker's) → ``COPY (WITH d AS (DELETE … RETURNING …) SELECT … ORDER BY key)
+    TO STDOUT (FORMAT csv)`` — the chunk's own DELETE (``predicate.delete_chunk``: its scope
+    and whole eligibility predicate, holds and keep rules included), one pass over each row →
+    the CSV stream parsed into Arrow columns by pyarrow's C reader, one block (a few MB) at a
+    time, each written as a record batch → fsync, rename, read back (the SHA-256 of the bytes
+    on disk against the one computed while writing, the row count of the footer) → the worker
+    releases the savepoint and writes the audit record naming the object, then COMMIT.
 
 A failure anywhere (the directory read-only or full, a value Parquet cannot hold, a lock
-timeout) rolls back to the savepoint before any DELETE ran: ``ArchiveFailed`` carries the
-error for the worker to record like a failed DELETE. The step takes the connection the chunk
-transaction runs on.
+timeout) leaves the transaction to roll back to the savepoint: the DELETE is undone before
+anything commits. The rows are sorted by the chunk's columns, key and place, so the same rows
+always give the same bytes (a replay writes what a killed attempt wrote).
 """
 
 from __future__ import annotations
 
+import io
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
 from psycopg import sql
 from psycopg.pq import Format
 
@@ -28,12 +33,13 @@ from archive import objects
 from retention import predicate as P
 from retention.spec import PolicySpec, SpecError
 
-BATCH_ROWS = 10_000
-CURSOR = "retention_archive"
+BLOCK_BYTES = 4 << 20  # CSV text parsed (and written as one record batch) at a time
+TENANT = "rr_tenant"  # the row's tenant as text, counted, not archived
+PLACE = "rr_place"  # the row's place (ctid), the last sort key
 
 
 class ArchiveFailed(Exception):
-    """The archive step failed; the transaction is back at its savepoint (nothing deleted)."""
+    """The archive step failed; the caller rolls back to its savepoint (nothing deleted)."""
 
     def __init__(self, error: BaseException) -> None:
         super().__init__(f"archive: {error}")
@@ -44,7 +50,8 @@ class ArchiveFailed(Exception):
 class ArchivedChunk:
     to: str
     objects: list[objects.ArchivedObject] = field(default_factory=list)
-    ctids: list[str] = field(default_factory=list)
+    deleted: int = 0  # rows the DELETE removed (each one in the object)
+    tenant_rows: dict[str | None, int] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -63,23 +70,110 @@ def table_columns(conn, spec: PolicySpec) -> list[C.ArchivedColumn]:
     )
 
 
+@dataclass(frozen=True)
+class _Wire:
+    """How a column travels: the expression the DELETE returns, the Arrow type the CSV reader
+    parses its text into, and how that array becomes the archived one (None: as parsed)."""
+
+    expr: sql.Composable
+    parsed: pa.DataType
+    convert: object = None
+
+
+def _wire(c: C.ArchivedColumn, raw) -> _Wire:
+    ref = sql.SQL("{}.{}").format(P.row_alias(), sql.Identifier(c.name))
+    if c.as_text:
+        return _Wire(sql.SQL("{}::text").format(ref), pa.string())
+    t = c.arrow
+    if pa.types.is_timestamp(t) and t.tz is not None:  # the instant as UTC wall time
+        return _Wire(
+            sql.SQL("{} AT TIME ZONE 'UTC'").format(ref),
+            pa.timestamp("us"),
+            lambda a, t=t: a.cast(t),
+        )
+    if pa.types.is_decimal256(t):  # the CSV reader parses decimal128 only
+        return _Wire(ref, pa.string(), lambda a, t=t: pc.cast(a, t))
+    if pa.types.is_binary(t):
+        return _Wire(
+            sql.SQL("encode({}, 'hex')").format(ref),
+            pa.string(),
+            lambda a: pa.array(
+                [None if v is None else bytes.fromhex(v) for v in a.to_pylist()], pa.binary()
+            ),
+        )
+    if pa.types.is_list(t):  # PostgreSQL's array text, read by psycopg's loader of the type
+        loader = raw.adapters.get_loader(c.oid, Format.TEXT)(c.oid, raw)
+        return _Wire(
+            ref,
+            pa.string(),
+            lambda a, t=t, load=loader.load: pa.array(
+                [None if v is None else load(v.encode()) for v in a.to_pylist()], t
+            ),
+        )
+    return _Wire(ref, t)
+
+
+def copy_statement(
+    spec: PolicySpec,
+    wires: list[_Wire],
+    *,
+    rows: dict,
+    by_tenant: bool,
+    spare: P.Fragment | None,
+) -> P.Fragment:
+    """The chunk's DELETE (``predicate.delete_chunk``, ``spare`` as its extra condition)
+    returning the archived columns (``a0``, ``a1`` …, then ``rr_tenant`` when counted per
+    tenant), sorted, as CSV with every value quoted (an unquoted empty field is NULL)."""
+    delete = P.delete_chunk(spec, **rows, cascade=spare)
+    order = list(dict.fromkeys([*P.chunk_columns(spec, rows.get("columns")), *spec.key_columns]))
+    returning = [
+        sql.SQL("{} AS {}").format(w.expr, sql.Identifier(f"a{i}")) for i, w in enumerate(wires)
+    ]
+    out = [sql.Identifier(f"a{i}") for i in range(len(wires))]
+    if by_tenant and spec.tenant:
+        returning.append(sql.SQL("{} AS {}").format(P.tenant_text(spec), sql.Identifier(TENANT)))
+        out.append(sql.Identifier(TENANT))
+    returning += [
+        sql.SQL("{}.{} AS {}").format(P.row_alias(), sql.Identifier(c), sql.Identifier(f"k{i}"))
+        for i, c in enumerate(order)
+    ]
+    returning.append(sql.SQL("{}.ctid AS {}").format(P.row_alias(), sql.Identifier(PLACE)))
+    keys = [sql.Identifier(f"k{i}") for i in range(len(order))] + [sql.Identifier(PLACE)]
+    return P.Fragment(
+        sql.SQL(
+            "COPY (WITH d AS ({} RETURNING {}) SELECT {} FROM d ORDER BY {})"
+            " TO STDOUT (FORMAT csv, FORCE_QUOTE *)"
+        ).format(
+            delete.sql,
+            sql.SQL(", ").join(returning),
+            sql.SQL(", ").join(out),
+            sql.SQL(", ").join(keys),
+        ),
+        delete.params,
+    )
+
+
 def archive_chunk(
-    conn,
+    cur,
     spec: PolicySpec,
     *,
     run_id: int,
     chunk_id: int,
     attempt: int,
     rows: dict,
+    by_tenant: bool = False,
     cascade: P.Fragment | None = None,
     spare: P.Fragment | None = None,
 ) -> ArchivedChunk:
-    """Lock and archive the rows of one chunk (``rows``: ``predicate.read_chunk``'s scope
-    arguments, as the DELETE gets them) on ``conn``, inside its open transaction.
+    """Delete the rows of one chunk (``rows``: ``predicate.delete_chunk``'s scope arguments)
+    on the psycopg cursor ``cur``, inside its open transaction and the caller's savepoint,
+    writing each to the chunk attempt's Parquet object, verified before this returns.
     ``cascade``: the table's cascade guard — a cascading foreign key that appeared after the
     version was approved, whose child rows would go without a copy: refused. ``spare``: the
-    rows of a table that references itself which a row that stays references (the worker's
-    ``cascades.spare_referenced``), neither archived nor deleted."""
+    rows a row that stays references (the worker's ``cascades.spare_referenced``,
+    ``kept_referenced``), neither archived nor deleted. Raises ``ArchiveFailed`` (the
+    destination, a value Parquet cannot hold) or the COPY's own database error; either way the
+    caller rolls back to its savepoint."""
     if cascade is not None:
         raise ArchiveFailed(
             SpecError(
@@ -87,78 +181,93 @@ def archive_chunk(
                 "would be deleted without a copy; an archiving policy deletes nothing there"
             )
         )
-    cols = table_columns(conn, spec)
-    select = sql.SQL(", ").join(
-        sql.SQL("{}::text" if c.as_text else "{}").format(P.col(c.name)) for c in cols
-    )
-    statement = P.read_chunk(spec, select=select, extra=spare, **rows)
+    raw = cur.connection
+    cols = table_columns(raw, spec)
+    wires = [_wire(c, cur) for c in cols]
+    counted = by_tenant and bool(spec.tenant)
+    statement = copy_statement(spec, wires, rows=rows, by_tenant=by_tenant, spare=spare)
     schema = C.schema_of(cols, {"pg_table": spec.qualified_table})
+    names = [f"a{i}" for i in range(len(wires))] + ([TENANT] if counted else [])
+    parsed = dict(zip(names, [w.parsed for w in wires] + [pa.string()], strict=False))
     done = ArchivedChunk(spec.archive_to or "")
+    tenants: Counter = Counter()
     name = objects.object_name(spec.slug, run_id, chunk_id, attempt)
-    with conn.cursor() as cur:
-        _fast_loaders(cur)
-        cur.execute("SAVEPOINT chunk_archive")
-        try:
-            cur.execute(
-                sql.SQL("DECLARE {} NO SCROLL CURSOR FOR {}")
-                .format(sql.Identifier(CURSOR), statement.sql)
-                .as_string(cur.connection),
-                statement.params,
-            )
-            batches = _batches(cur, cols, schema, done.ctids)
-            first = next(batches, None)
-            if first is not None:
+
+    def batches(blocks: Iterator[bytes]) -> Iterator[pa.RecordBatch]:
+        for block in blocks:
+            table = _parse(block, names, parsed)
+            if counted:
+                for item in pc.value_counts(table.column(TENANT)).to_pylist():
+                    tenants[item["values"]] += item["counts"]
+            arrays = []
+            for i, w in enumerate(wires):
+                column = table.column(i).combine_chunks()
+                arrays.append(w.convert(column) if w.convert else column)
+            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    with cur.copy(statement.sql, statement.params) as copy:
+        blocks = _blocks(copy)
+        first = next(blocks, None)
+        if first is not None:
+            try:
                 done.objects.append(
                     objects.write(
                         spec.archive_dir,
                         name,
                         spec.qualified_table,
                         schema,
-                        _chain(first, batches),
+                        batches(_chain(first, blocks)),
                     )
                 )
-            cur.execute(
-                sql.SQL("CLOSE {}").format(sql.Identifier(CURSOR)).as_string(cur.connection)
+            except (OSError, pa.ArrowException, ValueError) as exc:
+                raise ArchiveFailed(exc) from exc
+    done.deleted = cur.rowcount if cur.rowcount >= 0 else done.rows
+    if done.deleted != done.rows:
+        raise ArchiveFailed(
+            objects.ArchiveError(
+                f"archive object {name} holds {done.rows} rows, the DELETE removed {done.deleted}"
             )
-            cur.execute("RELEASE SAVEPOINT chunk_archive")
-        except Exception as exc:
-            try:
-                cur.execute("ROLLBACK TO SAVEPOINT chunk_archive")
-            except Exception:
-                raise exc from None  # the connection is gone: the transaction with it
-            raise ArchiveFailed(exc) from exc
+        )
+    done.tenant_rows = dict(tenants)
     return done
 
 
-def _fast_loaders(cur) -> None:
-    """psycopg's own (C) loader for ``timestamptz`` on this cursor: the session's loader that
-    converts to the project's zone is a Python one, a tenth of a chunk's time per timestamp
-    column. A timestamp with its zone is the same instant either way (Arrow stores UTC)."""
-    oid = psycopg.adapters.types["timestamptz"].oid
-    cur.cursor.adapters.register_loader(oid, psycopg.adapters.get_loader(oid, Format.TEXT))
+def _blocks(copy) -> Iterator[bytes]:
+    """The COPY's CSV text in blocks of about ``BLOCK_BYTES``, cut between rows (PostgreSQL
+    sends each row of a COPY TO as one message)."""
+    parts: list = []
+    size = 0
+    for row in copy:
+        parts.append(row)
+        size += len(row)
+        if size >= BLOCK_BYTES:
+            yield b"".join(parts)
+            parts, size = [], 0
+    if parts:
+        yield b"".join(parts)
 
 
-def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _chain(first, rest: Iterator) -> Iterator:
     yield first
     yield from rest
 
 
-def _batches(
-    cur, cols: list[C.ArchivedColumn], schema: pa.Schema, ctids: list[str]
-) -> Iterator[pa.RecordBatch]:
-    fetch = (
-        sql.SQL("FETCH FORWARD {} FROM {}")
-        .format(sql.Literal(BATCH_ROWS), sql.Identifier(CURSOR))
-        .as_string(cur.connection)
+_PARSE = pcsv.ParseOptions(newlines_in_values=True)
+
+
+def _parse(block: bytes, names: list[str], types: dict) -> pa.Table:
+    return pcsv.read_csv(
+        io.BytesIO(block),
+        read_options=pcsv.ReadOptions(
+            column_names=names, use_threads=False, block_size=len(block) + 1
+        ),
+        parse_options=_PARSE,
+        convert_options=pcsv.ConvertOptions(
+            column_types=types,
+            null_values=[""],
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+            true_values=["t"],
+            false_values=["f"],
+        ),
     )
-    while True:
-        cur.execute(fetch)
-        rows = cur.fetchall()
-        if not rows:
-            return
-        values = list(zip(*rows, strict=True))
-        ctids.extend(values[0])
-        arrays = [pa.array(values[i + 1], type=c.arrow) for i, c in enumerate(cols)]
-        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
-        if len(rows) < BATCH_ROWS:
-            return

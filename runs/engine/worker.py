@@ -2,8 +2,8 @@
 
     claim (committed on its own) → BEGIN → SET LOCAL timeouts, the fences (shared)
     → admission (kill switch, run state, approved version), ceilings' slots, chunk row lock
-    → [archive: the chunk's rows locked, written and verified (archive.step)]
-    → DELETE (scope + eligibility, holds and keep rules inside), chain lock, chain head
+    → DELETE [archiving: returning its rows into a Parquet object, written and verified
+      (archive.step)] (scope + eligibility, holds and keep rules inside), chain lock, chain head
     → audit row (hash-chained), chunk done, COMMIT
 
 Nothing is acknowledged before COMMIT; a crash anywhere before it leaves the
@@ -400,9 +400,10 @@ def _process_one(run: Run, *, chunk_id: int | None) -> Outcome:
 
 
 class _DeleteFailed(Exception):
-    def __init__(self, error: DatabaseError) -> None:
+    def __init__(self, error: BaseException, *, archive: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
+        self.archive = archive  # the archive object failed, not the DELETE
 
 
 class _CommitFailed(_DeleteFailed):
@@ -514,27 +515,13 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
             kept = cascades.kept_referenced(referenced)
             spare = kept if spare is None else P.Fragment.join([kept, spare], " AND ")
         archived = None
-        if spec.archive_dir:  # the rows locked and copied first; the DELETE takes just those
-            try:
-                archived = archive_step.archive_chunk(
-                    connection, spec, run_id=run.id, chunk_id=chunk_id, attempt=attempts + 1,
-                    rows=rows, cascade=cascade, spare=spare,
-                )  # fmt: skip
-            except archive_step.ArchiveFailed as failed:
-                _record_failure(run, chunk_id, attempts, failed.error)
-                return Outcome(FAILED, chunk_id, reason=str(failed).splitlines()[0])
-            statement = P.delete_rows(spec, archived.ctids, by_tenant=by_tenant)
-            left = P.Fragment(sql.SQL("{}.ctid = ANY(%s::tid[])").format(P.row_alias()),
-                              statement.params[-1:])  # fmt: skip
-        else:
-            condition = cascade
-            if spare is not None:
-                condition = spare if cascade is None else P.Fragment.join([cascade, spare], " AND ")
-            statement = P.delete_chunk(spec, **rows, by_tenant=by_tenant, cascade=condition)
-            left = P.Fragment.join(
-                [P.chunk_rows(spec, **rows), *([condition] if condition is not None else [])],
-                " AND ",
-            )
+        condition = cascade
+        if spare is not None:
+            condition = spare if cascade is None else P.Fragment.join([cascade, spare], " AND ")
+        left = P.Fragment.join(
+            [P.chunk_rows(spec, **rows), *([condition] if condition is not None else [])],
+            " AND ",
+        )
         # a row-level BEFORE DELETE trigger may keep rows the DELETE matched (RETURN NULL):
         # those still matching after it are counted, kept, in the chunk's audit record
         triggered = P.scoped(
@@ -543,33 +530,43 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
                 introspect.before_delete_triggers([introspect.table_oid(spec.schema, spec.table)])
             ),
         )
-        try:
-            deleted, tenant_rows, head, table_rows, kept_by_triggers = _delete(
-                statement,
-                kept=P.Fragment(
-                    sql.SQL("SELECT count(*) FROM {} WHERE {}").format(P.table(spec), left.sql),
-                    left.params,
-                )
-                if triggered
-                else None,
-                by_tenant=by_tenant,
-                counted=graph if cascade is not None else None,
-                lock=P.lock_chunk(spec, **rows) if cascade is not None else None,
-                reach=cascades.lock_reach(graph, P.chunk_rows(spec, **rows))
-                if cascade is not None
-                else (),
+        kept = (
+            P.Fragment(
+                sql.SQL("SELECT count(*) FROM {} WHERE {}").format(P.table(spec), left.sql),
+                left.params,
             )
+            if triggered
+            else None
+        )
+        try:
+            if spec.archive_dir:  # the DELETE returns its rows, archived before the commit
+                archived = _archive_delete(
+                    spec, run_id=run.id, chunk_id=chunk_id, attempt=attempts + 1, rows=rows,
+                    by_tenant=by_tenant, cascade=cascade, spare=spare, kept=kept,
+                )  # fmt: skip
+                deleted, tenant_rows, head, table_rows, kept_by_triggers = archived.result
+            else:
+                statement = P.delete_chunk(spec, **rows, by_tenant=by_tenant, cascade=condition)
+                deleted, tenant_rows, head, table_rows, kept_by_triggers = _delete(
+                    statement,
+                    kept=kept,
+                    by_tenant=by_tenant,
+                    counted=graph if cascade is not None else None,
+                    lock=P.lock_chunk(spec, **rows) if cascade is not None else None,
+                    reach=cascades.lock_reach(graph, P.chunk_rows(spec, **rows))
+                    if cascade is not None
+                    else (),
+                )
         except _DeleteFailed as failed:
             # If the connection itself is gone, recording fails too and the error reaches
             # drain(): the whole transaction is lost, the chunk stays pending and claimed, and
             # the next claim counts this attempt.
             exc = failed.error
             _record_failure(run, chunk_id, attempts, exc)
-            return Outcome(
-                FAILED,
-                chunk_id,
-                reason=str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-            )
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if failed.archive:
+                reason = f"archive: {reason}"
+            return Outcome(FAILED, chunk_id, reason=reason)
 
         record = audit.link(
             {
@@ -590,7 +587,7 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
                 "started_at": started,
                 "outcome": "deleted",
                 "run_key": run.run_key,
-                "archive": archived.record() if archived is not None else None,
+                "archive": archived.chunk.record() if archived is not None else None,
                 "rows_kept_by_triggers": kept_by_triggers,
                 **audit.version_facts(run.policy_version),
             },
@@ -726,6 +723,56 @@ def _delete(
             tenant_rows = {t: n for t, n in counts if t is not None}
             return sum(n for _t, n in counts), tenant_rows, head.fetchone(), table_rows, kept_rows
         return delete.rowcount, None, head.fetchone(), table_rows, kept_rows
+
+
+@dataclass
+class _Archived:
+    chunk: archive_step.ArchivedChunk
+    result: tuple  # as ``_delete`` returns
+
+
+def _archive_delete(
+    spec,
+    *,
+    run_id: int,
+    chunk_id: int,
+    attempt: int,
+    rows: dict,
+    by_tenant: bool,
+    cascade,
+    spare,
+    kept: P.Fragment | None = None,
+) -> _Archived:
+    """An archiving chunk's DELETE (``archive.step``): in a savepoint, the DELETE returns its
+    rows into the chunk attempt's Parquet object, written and read back; then the chain lock
+    and head as ``_delete`` takes them. A failure of the DELETE or of the object (the
+    destination read-only or full, a value Parquet cannot hold) rolls back to the savepoint,
+    nothing deleted, and raises ``_DeleteFailed``. ``kept``: as ``_delete``'s."""
+    with connection.cursor() as cur, connection.cursor() as head, connection.cursor() as left:
+        with one_round_trip():
+            cur.execute("SAVEPOINT chunk_delete")
+            cur.execute("SET CONSTRAINTS ALL IMMEDIATE")  # as ``_delete``
+        try:
+            with connection.wrap_database_errors:
+                chunk = archive_step.archive_chunk(
+                    cur.cursor, spec, run_id=run_id, chunk_id=chunk_id, attempt=attempt,
+                    rows=rows, by_tenant=by_tenant, cascade=cascade, spare=spare,
+                )  # fmt: skip
+        except (DatabaseError, archive_step.ArchiveFailed) as exc:
+            cur.execute("ROLLBACK TO SAVEPOINT chunk_delete")
+            if isinstance(exc, archive_step.ArchiveFailed):
+                raise _DeleteFailed(exc.error, archive=True) from exc
+            raise _DeleteFailed(exc) from exc
+        with one_round_trip():
+            if kept is not None:
+                left.execute(kept.sql.as_string(left.connection), kept.params)
+            cur.execute("RELEASE SAVEPOINT chunk_delete")
+            audit.lock_and_read_head(head)
+        tenant_rows = None
+        if by_tenant:
+            tenant_rows = {t: n for t, n in chunk.tenant_rows.items() if t is not None}
+        kept_rows = int(left.fetchone()[0]) if kept is not None else None
+        return _Archived(chunk, (chunk.deleted, tenant_rows, head.fetchone(), None, kept_rows))
 
 
 def _lock_reach(cur, reach: Sequence[cascades.Lock]) -> None:

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from django.db import connection
 
+from core import locks
 from runs.actions import trigger_run
 from runs.engine import reconciler
 from runs.models import AuditRecord, Run
@@ -17,12 +18,19 @@ from tests.factories import approved_policy
 from tests.runs.conftest import NOW, manage
 from tests.runs.processes import (
     backends_running,
-    backends_waiting_on_delete,
     kill_group,
     pg_connect,
     spawn,
     wait_for,
 )
+
+def backends_waiting_on_lock(conn, pattern: str) -> int:
+    return conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock' AND query ILIKE %s",
+        [pattern],
+    ).fetchone()[0]
+
 
 # the killed chunk is replayed whole (not split), so its replay writes the same rows again
 ENV = {"RETENTION_GUARD": "0", "RETENTION_SPLIT_FLOOR_ROWS": "100000"}
@@ -53,24 +61,26 @@ def test_a_worker_killed_after_writing_its_archive_loses_and_duplicates_no_row(
     run, _ = trigger_run(policy, tick=NOW)
     before = _ids()
     blocker = pg_connect(autocommit=False)
-    # the rows' FOR UPDATE locks pass a SHARE lock; the DELETE after the archive waits on it
-    blocker.execute("LOCK TABLE public.rr_typed IN SHARE MODE")
+    # the audit chain's lock, taken after the archive object is written and before the audit
+    # row: the worker deletes, writes and verifies the object, then waits here
+    blocker.execute("SELECT pg_advisory_xact_lock(%s, 0)", [locks.AUDIT_CHAIN])
     worker = spawn("retention", "drain", run.run_key, "--until-idle", env=ENV)
     observer = pg_connect()
     try:
         wait_for(
             lambda: (
-                backends_waiting_on_delete(observer, "rr_typed")
+                backends_waiting_on_lock(observer, "%pg_advisory_xact_lock%")
                 and list(archive_dir.rglob("*.parquet"))
             ),
-            what="an archive object written and its DELETE waiting on the lock",
+            what="an archive object written and its chunk waiting on the chain lock",
         )
         kill_group(worker, signal.SIGKILL)
     finally:
         blocker.rollback()
         blocker.close()
     wait_for(
-        lambda: not backends_running(observer, "DELETE FROM%rr_typed%"), what="the orphan to end"
+        lambda: not backends_running(observer, "%pg_advisory_xact_lock%"),
+        what="the orphan to end",
     )
     observer.close()
 
