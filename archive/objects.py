@@ -9,6 +9,7 @@ file byte-identical to the one the crash left.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -20,6 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 COMPRESSION = "zstd"
+# no dictionary pages: on rows of mostly distinct values they cost half the write's time and
+# make a larger file than zstd alone (measured, docs/performance.md)
 READ_BLOCK = 1 << 20
 _NAME = re.compile(r"^chunk-(\d+)-attempt-(\d+)\.parquet$")
 
@@ -105,14 +108,21 @@ def write(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     rows = 0
-    with open(tmp, "wb") as raw:
-        sink = _HashingFile(raw)
-        with pq.ParquetWriter(sink, schema, compression=COMPRESSION) as writer:
-            for batch in batches:
-                writer.write_batch(batch)
-                rows += batch.num_rows
-        raw.flush()
-        os.fsync(raw.fileno())
+    try:
+        with open(tmp, "wb") as raw:
+            sink = _HashingFile(raw)
+            with pq.ParquetWriter(
+                sink, schema, compression=COMPRESSION, use_dictionary=False
+            ) as writer:
+                for batch in batches:
+                    writer.write_batch(batch)
+                    rows += batch.num_rows
+            raw.flush()
+            os.fsync(raw.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):  # a partial file helps no one
+            tmp.unlink(missing_ok=True)
+        raise
     written = sink.digest.hexdigest()
     os.replace(tmp, path)
     _sync_dir(path.parent)

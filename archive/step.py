@@ -1,7 +1,7 @@
 """The archive step of a chunk transaction: the chunk's DELETE returns the rows it removes,
 and they are written to a verified Parquet object before the transaction commits.
 
-    SAVEPOINT (the worker's) → ``COPY (WITH d AS (DELETE … RETURNING …) SELECT … ORDER BY key)
+    SAVEPOINT (the worker's) → ``COPY (DELETE … RETURNING …)
     TO STDOUT (FORMAT csv)`` — the chunk's own DELETE (``predicate.delete_chunk``: its scope
     and whole eligibility predicate, holds and keep rules included), one pass over each row →
     the CSV stream parsed into Arrow columns by pyarrow's C reader, one block (a few MB) at a
@@ -11,13 +11,15 @@ and they are written to a verified Parquet object before the transaction commits
 
 A failure anywhere (the directory read-only or full, a value Parquet cannot hold, a lock
 timeout) leaves the transaction to roll back to the savepoint: the DELETE is undone before
-anything commits. The rows are sorted by the chunk's columns, key and place, so the same rows
-always give the same bytes (a replay writes what a killed attempt wrote).
+anything commits. The rows come in the order the DELETE's plan visits them (the key's, or the
+heap's): a replay under the same plan writes the bytes a killed attempt wrote, under its own
+attempt's name either way; the killed attempt's object is an orphan the reconciler removes.
 """
 
 from __future__ import annotations
 
 import io
+import select
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,8 +27,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
-from psycopg import sql
-from psycopg.pq import Format
+from psycopg import ClientCursor, sql
+from psycopg import errors as e
+from psycopg.pq import ExecStatus, Format
 
 from archive import columns as C
 from archive import objects
@@ -35,7 +38,6 @@ from retention.spec import PolicySpec, SpecError
 
 BLOCK_BYTES = 4 << 20  # CSV text parsed (and written as one record batch) at a time
 TENANT = "rr_tenant"  # the row's tenant as text, counted, not archived
-PLACE = "rr_place"  # the row's place (ctid), the last sort key
 
 
 class ArchiveFailed(Exception):
@@ -123,31 +125,17 @@ def copy_statement(
 ) -> P.Fragment:
     """The chunk's DELETE (``predicate.delete_chunk``, ``spare`` as its extra condition)
     returning the archived columns (``a0``, ``a1`` …, then ``rr_tenant`` when counted per
-    tenant), sorted, as CSV with every value quoted (an unquoted empty field is NULL)."""
+    tenant) as CSV with every value quoted (an unquoted empty field is NULL). Not sorted: a
+    sort of the returned rows costs more than the DELETE (measured, docs/performance.md)."""
     delete = P.delete_chunk(spec, **rows, cascade=spare)
-    order = list(dict.fromkeys([*P.chunk_columns(spec, rows.get("columns")), *spec.key_columns]))
     returning = [
         sql.SQL("{} AS {}").format(w.expr, sql.Identifier(f"a{i}")) for i, w in enumerate(wires)
     ]
-    out = [sql.Identifier(f"a{i}") for i in range(len(wires))]
     if by_tenant and spec.tenant:
         returning.append(sql.SQL("{} AS {}").format(P.tenant_text(spec), sql.Identifier(TENANT)))
-        out.append(sql.Identifier(TENANT))
-    returning += [
-        sql.SQL("{}.{} AS {}").format(P.row_alias(), sql.Identifier(c), sql.Identifier(f"k{i}"))
-        for i, c in enumerate(order)
-    ]
-    returning.append(sql.SQL("{}.ctid AS {}").format(P.row_alias(), sql.Identifier(PLACE)))
-    keys = [sql.Identifier(f"k{i}") for i in range(len(order))] + [sql.Identifier(PLACE)]
     return P.Fragment(
-        sql.SQL(
-            "COPY (WITH d AS ({} RETURNING {}) SELECT {} FROM d ORDER BY {})"
-            " TO STDOUT (FORMAT csv, FORCE_QUOTE *)"
-        ).format(
-            delete.sql,
-            sql.SQL(", ").join(returning),
-            sql.SQL(", ").join(out),
-            sql.SQL(", ").join(keys),
+        sql.SQL("COPY ({} RETURNING {}) TO STDOUT (FORMAT csv, FORCE_QUOTE *)").format(
+            delete.sql, sql.SQL(", ").join(returning)
         ),
         delete.params,
     )
@@ -205,8 +193,9 @@ def archive_chunk(
                 arrays.append(w.convert(column) if w.convert else column)
             yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
-    with cur.copy(statement.sql, statement.params) as copy:
-        blocks = _blocks(copy)
+    query = ClientCursor(raw).mogrify(statement.sql, statement.params)
+    with _CopyOut(raw, query) as copy:
+        blocks = copy.blocks()
         first = next(blocks, None)
         if first is not None:
             try:
@@ -221,7 +210,7 @@ def archive_chunk(
                 )
             except (OSError, pa.ArrowException, ValueError) as exc:
                 raise ArchiveFailed(exc) from exc
-    done.deleted = cur.rowcount if cur.rowcount >= 0 else done.rows
+    done.deleted = copy.rowcount
     if done.deleted != done.rows:
         raise ArchiveFailed(
             objects.ArchiveError(
@@ -232,19 +221,88 @@ def archive_chunk(
     return done
 
 
-def _blocks(copy) -> Iterator[bytes]:
-    """The COPY's CSV text in blocks of about ``BLOCK_BYTES``, cut between rows (PostgreSQL
-    sends each row of a COPY TO as one message)."""
-    parts: list = []
-    size = 0
-    for row in copy:
-        parts.append(row)
-        size += len(row)
-        if size >= BLOCK_BYTES:
-            yield b"".join(parts)
-            parts, size = [], 0
-    if parts:
-        yield b"".join(parts)
+class _CopyOut:
+    """``COPY … TO STDOUT`` read straight from libpq (``pgconn.get_copy_data``), a row per
+    call: psycopg's ``Copy`` re-enters its wait loop for every row, which at a few thousand
+    rows a chunk costs more than the DELETE itself. Leaving the block drains what is left of
+    the COPY, so the connection is ready for the caller's ROLLBACK TO SAVEPOINT; a database
+    error is raised as psycopg raises it (``rowcount``: the rows the statement copied)."""
+
+    def __init__(self, conn, query: str) -> None:
+        self.conn, self.pgconn = conn, conn.pgconn
+        self.query = query.encode(conn.info.encoding)
+        self.rowcount = -1
+        self._open = False
+
+    def __enter__(self) -> _CopyOut:
+        self.conn.lock.acquire()
+        try:
+            pgconn = self.pgconn
+            pgconn.send_query(self.query)
+            while pgconn.flush():  # a nonblocking connection: wait until the query is out
+                select.select([], [pgconn.socket], [])
+            result = self._result()
+            if result is None or result.status != ExecStatus.COPY_OUT:
+                self._finish(result)
+                raise e.ProgrammingError("COPY TO STDOUT expected")
+            self._open = True
+        except BaseException:
+            self.conn.lock.release()
+            raise
+        return self
+
+    def blocks(self, size: int = BLOCK_BYTES) -> Iterator[bytes]:
+        """The COPY's text in blocks of about ``size`` bytes, cut between rows (PostgreSQL
+        sends each row of a COPY TO as one message)."""
+        pgconn = self.pgconn
+        get = pgconn.get_copy_data
+        while self._open:
+            parts: list = []
+            held = 0
+            while held < size:
+                nbytes, data = get(1)
+                if nbytes > 0:
+                    parts.append(data)
+                    held += nbytes
+                elif nbytes == 0:  # nothing buffered yet: wait for the server
+                    select.select([pgconn.socket], [], [])
+                    pgconn.consume_input()
+                else:
+                    self._open = False
+                    if nbytes == -2:
+                        raise e.OperationalError(pgconn.get_error_message())
+                    self._finish(self._result())
+                    break
+            if parts:
+                yield b"".join(parts)
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self._open:  # the reader stopped early: the rest of the COPY is read and dropped
+                for _ in self.blocks():
+                    pass
+        finally:
+            self.conn.lock.release()
+
+    def _result(self):
+        pgconn = self.pgconn
+        pgconn.consume_input()
+        while pgconn.is_busy():
+            select.select([pgconn.socket], [], [])
+            pgconn.consume_input()
+        return pgconn.get_result()
+
+    def _finish(self, result) -> None:
+        """The COPY's final result, and the end of the statement's results."""
+        error = None
+        while result is not None:
+            if result.status == ExecStatus.COMMAND_OK:
+                self.rowcount = result.command_tuples or 0
+            elif result.status == ExecStatus.FATAL_ERROR and error is None:
+                error = e.error_from_result(result, encoding=self.conn.info.encoding)
+            result = self._result()
+        if error is not None:
+            raise error
 
 
 def _chain(first, rest: Iterator) -> Iterator:

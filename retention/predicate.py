@@ -1085,57 +1085,6 @@ def lock_chunk(
     )
 
 
-def read_chunk(
-    spec: PolicySpec,
-    *,
-    select: sql.Composable,
-    policy_id: int,
-    cutoff: datetime,
-    tenant: str | None,
-    key_from,
-    key_to,
-    outside: Sequence[Scope] = (),
-    columns=None,
-    extra: Fragment | None = None,
-) -> Fragment:
-    """``SELECT t.ctid, {select} … FOR UPDATE`` of exactly the rows ``delete_chunk`` (same
-    arguments; ``extra`` as its ``cascade``) would delete — its scope and its whole eligibility predicate, holds and keep
-    rules included — in the order of the chunk columns and the key (then the row's place, so
-    the same rows always come in the same order). The archive reads a chunk's rows with it
-    and then deletes just those rows (``delete_rows``)."""
-    scope, cond = _chunk_rows(spec, policy_id, cutoff, tenant, key_from, key_to, outside, columns)
-    if extra is not None:
-        cond = Fragment.join([cond, extra], " AND ")
-    order = list(dict.fromkeys([*chunk_columns(spec, columns), *spec.key_columns]))
-    return Fragment(
-        sql.SQL(
-            "SELECT {}.ctid::text, {} FROM {} WHERE {} AND {} ORDER BY {}, {}.ctid FOR UPDATE"
-        ).format(
-            row_alias(),
-            select,
-            table(spec),
-            scope.sql,
-            cond.sql,
-            sql.SQL(", ").join(col(c) for c in order),
-            row_alias(),
-        ),
-        scope.params + cond.params,
-    )
-
-
-def delete_rows(spec: PolicySpec, ctids: list[str], *, by_tenant: bool = False) -> Fragment:
-    """The DELETE of the rows ``read_chunk`` locked, by their places (``ctid``: a row locked
-    ``FOR UPDATE`` by this transaction cannot move). ``by_tenant``: as ``delete_chunk``."""
-    delete = sql.SQL("DELETE FROM {} WHERE {}.ctid = ANY(%s::tid[])").format(
-        table(spec), row_alias()
-    )
-    if by_tenant and spec.tenant:
-        delete = _per_tenant(spec, delete)
-    # one array literal, '{"(0,1)","(0,2)"}' (a ctid's text has no quote or backslash): one
-    # parameter to send, not one per row
-    return Fragment(delete, ["{" + ",".join(f'"{c}"' for c in ctids) + "}"])
-
-
 def chunk_rows(
     spec: PolicySpec,
     *,

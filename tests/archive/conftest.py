@@ -89,3 +89,23 @@ def read_only(directory):
             yield
         finally:
             directory.chmod(mode)
+
+
+@contextlib.contextmanager
+def full(directory):
+    """``directory`` on a file system with no byte free: a 64 kB tmpfs mounted over it and
+    filled up (root only: mounting needs it)."""
+    if os.geteuid() != 0:
+        pytest.skip("a full file system is mounted by root only (the read-only test runs for all)")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(directory)], check=True)
+    try:
+        fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            with contextlib.suppress(OSError):  # until ENOSPC
+                while os.write(fd, b"\0" * 512):
+                    pass
+        finally:
+            os.close(fd)
+        yield
+    finally:
+        subprocess.run(["umount", str(directory)], check=True)

@@ -13,7 +13,7 @@ from runs.actions import trigger_run
 from runs.engine import planner, worker
 from runs.evidence import audit
 from runs.models import AuditRecord, Chunk, Run
-from tests.archive.conftest import read_only
+from tests.archive.conftest import full, read_only
 from tests.runs.conftest import NOW
 
 COLUMNS = (
@@ -116,6 +116,29 @@ def test_a_read_only_destination_fails_the_chunk_before_any_delete(
     assert "archive destination" in chunk.last_error or "archive" in outcome.reason
     assert not list(archive_dir.rglob("*.parquet"))
     # writable again: the same chunk archives and deletes on its next attempt
+    Chunk.objects.filter(pk=chunk.pk).update(not_before=timezone.now())
+    again = worker.process_one(run, chunk_id=chunk.pk)
+    assert again.kind == worker.DONE and again.rows > 0
+    record = AuditRecord.objects.get(chunk_id=chunk.pk)
+    assert record.archive["objects"][0]["rows"] == record.rows_deleted == again.rows
+
+
+def test_a_full_destination_fails_the_chunk_before_any_delete(typed_policy, archive_dir, no_guard):
+    run, _ = trigger_run(typed_policy, tick=NOW)
+    before = _snapshot()
+    planner.plan(run)
+    with full(archive_dir):
+        outcome = worker.process_one(run)
+        # no object, nor a partial one left behind
+        assert [p.name for p in archive_dir.rglob("*") if p.is_file()] == ["filler"]
+    assert outcome.kind == worker.FAILED
+    assert "No space left on device" in outcome.reason
+    assert _snapshot() == before
+    assert not AuditRecord.objects.exists()
+    chunk = Chunk.objects.get(pk=outcome.chunk_id)
+    assert chunk.state == Chunk.State.PENDING and chunk.attempts == 1
+    assert "No space left on device" in chunk.last_error
+    # room again: the same chunk archives and deletes on its next attempt
     Chunk.objects.filter(pk=chunk.pk).update(not_before=timezone.now())
     again = worker.process_one(run, chunk_id=chunk.pk)
     assert again.kind == worker.DONE and again.rows > 0

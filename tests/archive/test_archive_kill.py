@@ -24,6 +24,7 @@ from tests.runs.processes import (
     wait_for,
 )
 
+
 def backends_waiting_on_lock(conn, pattern: str) -> int:
     return conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
