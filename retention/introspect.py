@@ -574,6 +574,22 @@ def before_delete_triggers(oids) -> list[tuple[str, str]]:
     )
 
 
+def has_before_delete_trigger(schema: str, table: str) -> bool:
+    """Whether ``schema.table`` has an enabled row-level BEFORE DELETE trigger; False when there
+    is no such table (the statement on it then fails with its own SQLSTATE)."""
+    return bool(
+        _fetch(
+            "SELECT 1 FROM pg_catalog.pg_trigger t"
+            " JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = %s AND NOT t.tgisinternal"
+            " AND t.tgenabled <> 'D' AND (t.tgtype & 1) = 1 AND (t.tgtype & 2) = 2"
+            " AND (t.tgtype & 8) = 8 LIMIT 1",
+            [schema, table],
+        )
+    )
+
+
 def trigger_warnings(graph) -> list[str]:
     return [
         f"trigger {trigger} on {name} runs BEFORE DELETE: a row it skips (RETURN NULL) stays; "

@@ -526,9 +526,7 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
         # those still matching after it are counted, kept, in the chunk's audit record
         triggered = P.scoped(
             ("before_delete", spec.schema, spec.table),
-            lambda: bool(
-                introspect.before_delete_triggers([introspect.table_oid(spec.schema, spec.table)])
-            ),
+            lambda: introspect.has_before_delete_trigger(spec.schema, spec.table),
         )
         kept = (
             P.Fragment(

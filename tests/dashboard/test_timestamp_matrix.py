@@ -227,11 +227,16 @@ def test_every_surface_renders_real_dates_for_every_timestamp_type(matrix, clien
     # the JSON API, as a compliance officer's token reads it (a live preview is compliance's):
     # the run, the policy, its preview and version, the holds and the evidence answer, and
     # say times as dates
+    spec = policy.approved_version.spec
+    floor = retention_actions.request_floor(
+        f"{spec['schema']}.{spec['table']}", "1 day", mode="governance", actor=users["compliance"],
+        reason="the matrix reads a floor's times",
+    )  # fmt: skip
     api = _api_reads(
         client_for(None),
         create_token(users["compliance"], name="matrix")[1],
         {"key": run.run_key, "slug": policy.slug, "number": policy.approved_version.number,
-         "hold_id": hold.pk},
+         "hold_id": hold.pk, "floor_id": floor.pk},
     )  # fmt: skip
     for path in ("/api/v1/runs/{key}", "/api/v1/policies/{slug}", "/api/v1/holds",
                  "/api/v1/policies/{slug}/preview", "/api/v1/runs/{key}/manifest.json",

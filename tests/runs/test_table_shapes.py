@@ -116,8 +116,8 @@ CURATED = [
     Shape("composite-tenant-id-key", 68, "integer", composite="tenant"),
     Shape("composite-at-id-key", 69, "text", composite="at", correlated=False),
     Shape("composite-at-id-key-no-tenant", 70, None, composite="at", chunk_size=10),
-    Shape("uuid-v4-key-with-key-range-hold", 71, "integer", key_type="uuid4",
-          holds=(Hold(None, 40, 90, "all"), Hold("7"))),
+    # (a key interval on a uuid key is refused: tests/retention/test_hold_key_intervals.py)
+    Shape("uuid-v4-key-with-tenant-hold", 71, "integer", key_type="uuid4", holds=(Hold("7"),)),
     # keys nobody designed for: equal under a nondeterministic collation, '' and spaces and
     # quotes, bytea, and non-unique keys of the other types
     Shape("text-key-case-insensitive", 72, "integer", key_type="text_ci"),
