@@ -248,13 +248,16 @@ _ADMISSION = sql.SQL(
 )
 
 
-_ADMISSIONS: dict = {}  # per run: the admission statement and its discarded scopes' parameters
+# per (target, run): the admission statement and its discarded scopes' parameters (run ids are
+# each ledger's own)
+_ADMISSIONS: dict = {}
 
 
 def _admission_statement(run: Run) -> tuple[str, tuple]:
     """The admission statement of ``run``'s chunks, composed once per run (compiling the
     discarded scopes' queryset costs more than the statement's round trip)."""
-    found = _ADMISSIONS.get(run.pk)
+    key = (fleet_connections.current(), run.pk)
+    found = _ADMISSIONS.get(key)
     if found is None:
         if len(_ADMISSIONS) >= 64:
             _ADMISSIONS.clear()
@@ -262,7 +265,7 @@ def _admission_statement(run: Run) -> tuple[str, tuple]:
         discarded, params = discarded_scope_rows(run).query.sql_with_params()
         connection.ensure_connection()
         text = _ADMISSION.format(discarded=sql.SQL(discarded)).as_string(connection.connection)
-        found = _ADMISSIONS[run.pk] = (text, params)
+        found = _ADMISSIONS[key] = (text, params)
     return found
 
 

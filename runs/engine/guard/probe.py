@@ -16,6 +16,7 @@ from runs.engine.errors import sqlstate_of
 from runs.engine.guard.common import (
     _rows,
 )
+from targets import connections as fleet_connections
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,11 @@ def _probe_connection() -> psycopg.Connection:
     the server's statement timeout a slow commit."""
     conn = getattr(_probe_session, "conn", None)
     opened = getattr(_probe_session, "opened", 0.0)
-    if conn is not None and time.monotonic() - opened > PROBE_SESSION_MAX_AGE_S:
+    here = fleet_connections.current()
+    if conn is not None and (
+        time.monotonic() - opened > PROBE_SESSION_MAX_AGE_S
+        or getattr(_probe_session, "target", None) != here
+    ):  # a minute old, or opened on another target than the one this thread is on now
         close_probe_connection()
         conn = None
     if conn is None or conn.closed or conn.broken:
@@ -58,6 +63,7 @@ def _probe_connection() -> psycopg.Connection:
         conn.execute(f"SET statement_timeout = {PROBE_TIMEOUT_MS}")
         conn.execute("SET synchronous_commit = on")
         _probe_session.conn, _probe_session.opened = conn, time.monotonic()
+        _probe_session.target = here
     return conn
 
 

@@ -37,6 +37,7 @@ from runs.engine.guard.signals import (
     sample,
 )
 from runs.models import GuardSample
+from targets import connections as fleet_connections
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +58,14 @@ class Verdict:
 ADMIT = Verdict(True)
 
 
+# Each is kept per target (``targets.connections.current``): a target's samples, controller
+# and policy ids live in its own ledger, where another target's may have the same ids.
 _last_verdict: dict = {}  # the verdict for the latest sample, per process
-# the controller's chunk target per policy as this process's last admission read it
-_chunk_ms: dict[int, int] = {}
+# the controller's chunk target per (target, policy) as this process's last admission read it
+_chunk_ms: dict[tuple[str, int], int] = {}
 # policies whose duty cycle the controller had lowered at this process's last admission: their
 # next admission reads the busy seconds in its one statement
-_lowered: dict[int, bool] = {}
+_lowered: dict[tuple[str, int], bool] = {}
 
 
 def forget_readings() -> None:
@@ -296,7 +299,9 @@ def admission(run, spec, *, now=None) -> Verdict:
     kept verdict was made from."""
     if not settings.RETENTION.get("GUARD", True):
         return ADMIT
+    here = fleet_connections.current()
     rest = (
+        here,
         spec.qualified_table,
         tuple(sorted(spec.guard.items())),
         prometheus.source_of(spec),
@@ -305,7 +310,7 @@ def admission(run, spec, *, now=None) -> Verdict:
     )
     kept = next(((k[0], v) for k, v in _last_verdict.items() if k[1:] == rest), None)
     clock = now or timezone.now()
-    paced = (kept is not None and kept[1].paced) or _lowered.get(run.policy_id, False)
+    paced = (kept is not None and kept[1].paced) or _lowered.get((here, run.policy_id), False)
     head_pk, taken_at, busy, knobs = _head(spec, run.policy_id, clock if paced else None)
     fresh_s = admission_fresh_s()
     if (
@@ -346,8 +351,8 @@ def admission(run, spec, *, now=None) -> Verdict:
                 )
         if knobs is not None:
             concurrency, chunk_ms, duty = _clamped(spec, *knobs[:3])
-            _chunk_ms[run.policy_id] = chunk_ms
-            _lowered[run.policy_id] = duty < ceilings_of(spec).duty_cycle
+            _chunk_ms[here, run.policy_id] = chunk_ms
+            _lowered[here, run.policy_id] = duty < ceilings_of(spec).duty_cycle
             verdict = replace(verdict, concurrency=concurrency, duty_cycle=duty)
             if knobs[4] is not None and knobs[4] > clock and knobs[5] == FLOOR:
                 return replace(
@@ -388,7 +393,8 @@ def target_chunk_ms(policy_id: int, spec) -> int:
     setting as this process's last admission read it, else the policy's ``target_chunk_ms``."""
     if not controlled(spec):
         return spec.target_chunk_ms
-    return min(spec.target_chunk_ms, _chunk_ms.get(policy_id, spec.target_chunk_ms))
+    key = (fleet_connections.current(), policy_id)
+    return min(spec.target_chunk_ms, _chunk_ms.get(key, spec.target_chunk_ms))
 
 
 _HEAD = (
