@@ -1,5 +1,6 @@
-"""Sudo mode: the two steps that hand out power — approving a policy version and creating an
-API token — ask for the person's password again unless they gave it in the last few minutes
+"""Sudo mode: the steps that hand out power or take a protection away — approving a policy
+version, approving a legal hold's release and creating an API token — ask for the person's
+password again unless they gave it in the last few minutes
 (``REAUTH_WINDOW_S``, 5 by default). A session taken from someone (a cookie, a session key
 read off a database connection) then cannot approve or mint a lasting credential on its own.
 The password goes through ``authenticate()``, so django-axes counts wrong ones."""

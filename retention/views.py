@@ -196,6 +196,7 @@ def form_editor(version: PolicyVersion | None, data=None, error: str = "") -> di
             if f"keep-{n}-column" not in data:
                 break
             rows.append({k: data.get(f"keep-{n}-{k}", "") for k in ("column", "op", "value")})
+        error, error_row = _keep_error(error, rows)
         return {
             "base": version,
             **{name: data.get(name, "") for name in FORM_FIELDS},
@@ -204,6 +205,7 @@ def form_editor(version: PolicyVersion | None, data=None, error: str = "") -> di
             "operators": KEEP_OPERATORS,
             "error": error,
             "error_field": _error_field(error),
+            "error_row": error_row,
         }
     spec = version.parsed
     rows = [
@@ -229,6 +231,24 @@ def form_editor(version: PolicyVersion | None, data=None, error: str = "") -> di
         "keep": rows,
         "operators": KEEP_OPERATORS,
     }
+
+
+def _keep_error(error: str, rows: list[dict]) -> tuple[str, int | None]:
+    """A refusal about a keep rule as the form's rows are labelled, and that row's index:
+    the policy file counts the rules it holds from 0 (``keep[1]``), while the form counts
+    its rows from 1, empty rows included ("keep rule 3"). (error, None) for any other."""
+    typed = re.match(r"^(?:line \d+: )?keep rule (\d+)\b", error)
+    if typed:
+        return error, int(typed.group(1)) - 1
+    found = re.search(r"\bkeep\[(\d+)\]", error)
+    if found is None:
+        return error, None
+    filled = [n for n, r in enumerate(rows) if any(v.strip() for v in r.values())]
+    index = int(found.group(1))
+    if index >= len(filled):
+        return error, None
+    row = filled[index]
+    return error[: found.start()] + f"keep rule {row + 1}" + error[found.end() :], row
 
 
 def _error_field(error: str) -> str:
@@ -392,12 +412,23 @@ def approvals(request):
         (others if row["hand"] else mine).append(row)
     # a compliance grant that awaits a second superuser: this officer may not decide yet
     not_yet = approver_refusal(request.user)
+    # hold releases requested and not yet decided: a second member of compliance approves
+    # them like a version, so they wait in the same queue
+    releases = list(
+        LegalHold.objects.filter(released_at__isnull=True, release_requested_at__isnull=False)
+        .select_related("policy")
+        .order_by("release_requested_at", "id")
+    )
+    for hold in releases:
+        hold.release_lines = [i.describe() for i in release_impact(hold)]
     return render(
         request,
         "retention/approvals.html",
         {
             "awaiting": mine,
             "own": others,
+            "releases_awaiting": [h for h in releases if not _own_request(request, h)],
+            "releases_own": [h for h in releases if _own_request(request, h)],
             "decider": COMPLIANCE in roles_of(request.user) and not not_yet,
             "not_yet": not_yet,
         },
@@ -632,6 +663,10 @@ def hold_detail(request, hold_id: int):
     )
 
 
+def _own_request(request, hold: LegalHold) -> bool:
+    return hold.release_requested_by == request.user.username
+
+
 # each release step: (action, confirmation page title, its button)
 RELEASE_STEPS = {
     "request": (actions.request_hold_release, "Request the release of hold", "Request release"),
@@ -658,11 +693,14 @@ def _release_step(request, hold_id: int, step: str):
                 "button": button,
                 "impact": [i.describe() for i in release_impact(hold)],
                 "coverage": coverage(hold),
-                "own_request": hold.release_requested_by == request.user.username,
+                "own_request": _own_request(request, hold),
             },
         )
     expected = request.POST.get("expected") or None
     try:
+        if step == "approve" and hold.release_pending and not _own_request(request, hold):
+            # releasing removes a protection: the password again, as for an approval
+            require_recent_password(request, f"the release of hold #{hold.pk}")
         hold = action(
             hold, actor=request.user, reason=request.POST.get("reason", ""), expected=expected
         )

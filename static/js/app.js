@@ -83,3 +83,10 @@ document.addEventListener("beat", markRefreshPaused);
     window.setTimeout(markRefreshPaused, 0);
   });
 });
+
+// A refused form comes back with its error beside the field: the first field marked invalid
+// takes the focus, which brings it (and its error) into view however long the page is.
+document.addEventListener("DOMContentLoaded", function () {
+  const field = document.querySelector('form [aria-invalid="true"]');
+  if (field) field.focus();
+});

@@ -153,3 +153,33 @@ def test_the_name_follows_a_changed_retention_unless_it_was_edited(events_policy
     assert (
         PolicyVersion.objects.get(number=3).parsed.name == "Marketplace events (legal review 2026)"
     )
+
+
+def test_a_keep_rule_the_table_refuses_is_named_as_its_row_is_labelled_and_marked(
+    events_policy, client_for
+):
+    # row 1 left empty: the policy file's second rule (keep[1]) is the form's third row
+    form = _form(**{"keep-0-column": "", "keep-0-op": "", "keep-0-value": ""})
+    form.update({"keep-2-column": "stauts", "keep-2-op": "=", "keep-2-value": '"void"'})
+    page = post(client_for("compliance"), reverse("retention:version_create"), form,
+                page="/policies/events/")  # fmt: skip
+
+    assert page.status_code == 400
+    error = page.context["form"]["error"]
+    assert error.startswith("keep rule 3 column 'stauts' does not exist") and "keep[" not in error
+    assert "did you mean 'status'" in error
+    html = page.content.decode()
+    row = html.split("data-row-error>", 1)[1].split("</tr>", 1)[0]
+    assert row.count('aria-invalid="true"') == 3 and 'name="keep-2-column"' in row
+    assert html.count('aria-invalid="true"') == 3
+    assert 'id="error-keep"' in html
+
+
+def test_a_drafts_page_is_headed_with_the_drafts_own_name(events_policy, client_for):
+    client = client_for("compliance")
+    post(client, reverse("retention:version_create"),
+         _form(name="Marketplace events (legal review 2026)"), page="/policies/events/")  # fmt: skip
+    html = client.get(reverse("retention:version_detail", args=["events", 2])).content.decode()
+    heading = html.split("<h1>", 1)[1].split("</h1>", 1)[0]
+    assert "Marketplace events (legal review 2026)</a> v2" in heading
+    assert "Events older than 20 days" not in heading

@@ -259,10 +259,77 @@ def test_on_the_pages_the_requester_cannot_approve_and_another_officer_can(
     assert "rows become eligible" in confirm.content.decode()
     client.post(
         reverse("retention:hold_release_approve", args=[hold.pk]),
-        {"reason": "confirmed", "expected": hold.decision_token},
+        {"reason": "confirmed", "expected": hold.decision_token, "password": "bob-pw"},
     )
     hold.refresh_from_db()
     assert not hold.active and hold.released_by == "bob"
+
+
+def test_approving_a_release_asks_for_the_password_again_as_approving_a_version_does(
+    hold, alice, bob, client
+):
+    actions.request_hold_release(hold, actor=alice, reason="case settled")
+    hold.refresh_from_db()
+    client.force_login(bob)  # a session alone, as a taken cookie would give
+    url = reverse("retention:hold_release_approve", args=[hold.pk])
+    assert 'data-testid="reauth-password"' in client.get(url).content.decode()
+
+    for form, refusal in (
+        ({}, f"enter your password to confirm the release of hold #{hold.pk}"),
+        ({"password": "guess"}, f"wrong password: the release of hold #{hold.pk} was not done"),
+    ):
+        page = client.post(
+            url, {"reason": "ok", "expected": hold.decision_token, **form}, follow=True
+        )
+        assert refusal in page.content.decode()
+        hold.refresh_from_db()
+        assert hold.active and hold.release_pending
+    assert ("hold.release", "bob") not in {(a, who) for a, who, _ in log(hold)}
+
+    client.post(url, {"reason": "ok", "expected": hold.decision_token, "password": "bob-pw"})
+    hold.refresh_from_db()
+    assert not hold.active and hold.released_by == "bob"
+    # within the window the password is not asked again, for a release or an approval
+    other = actions.place_hold(actor=alice, reason="subpoena 8", policy=hold.policy, tenant="4")
+    actions.request_hold_release(other, actor=alice, reason="settled too")
+    page = client.get(reverse("retention:hold_release_approve", args=[other.pk]))
+    assert 'data-testid="reauth-password"' not in page.content.decode()
+
+
+def test_a_requested_release_waits_in_the_approvals_queue_for_another_officer(
+    hold, alice, bob, client
+):
+    actions.request_hold_release(hold, actor=alice, reason="case settled")
+    approvals = reverse("retention:approvals")
+
+    client.force_login(bob)
+    page = client.get(approvals).content.decode()
+    card = page.split(f'data-release="{hold.pk}"', 1)[1].split("</section>", 1)[0]
+    assert "Hold releases awaiting my decision" in page
+    assert "alice" in card and "case settled" in card and "subpoena 7" in card
+    assert "rows become eligible" in card  # what the release will do, as on its own page
+    assert reverse("retention:hold_release_approve", args=[hold.pk]) in card
+    assert reverse("retention:hold_release_refuse", args=[hold.pk]) in card
+
+    client.force_login(alice)
+    page = client.get(approvals).content.decode()
+    card = page.split(f'data-release="{hold.pk}"', 1)[1].split("</section>", 1)[0]
+    assert "Hold releases I requested, awaiting someone else" in page
+    assert reverse("retention:hold_release_approve", args=[hold.pk]) not in card
+
+    actions.approve_hold_release(hold, actor=bob, reason="confirmed with counsel")
+    client.force_login(bob)
+    assert f'data-release="{hold.pk}"' not in client.get(approvals).content.decode()
+
+
+def test_the_hold_list_requests_a_release_in_one_click(hold, alice, client):
+    client.force_login(alice)
+    page = client.get(reverse("retention:holds")).content.decode()
+    row = page.split(f'data-hold="{hold.pk}"', 1)[1].split("</tr>", 1)[0]
+    link = reverse("retention:hold_release_request", args=[hold.pk])
+    assert f'href="{link}"' in row
+    confirm = client.get(link).content.decode()
+    assert "rows become eligible" in confirm and 'name="reason"' in confirm
 
 
 def test_the_manifest_names_who_requested_and_who_approved_a_release(

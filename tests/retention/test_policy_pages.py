@@ -226,7 +226,10 @@ def test_holds_are_placed_and_released_from_the_holds_page(events_table, alice, 
     assert (
         'data-testid="release-pending"' in client.get(reverse("retention:holds")).content.decode()
     )
-    as_user(bob).post(reverse("retention:hold_release_approve", args=[hold.pk]), {"reason": "ok"})
+    as_user(bob).post(
+        reverse("retention:hold_release_approve", args=[hold.pk]),
+        {"reason": "ok", "password": "bob-pw"},  # the password again, as for an approval
+    )
     hold.refresh_from_db()
     assert hold.released_by == "bob" and hold.release_reason == "ok"
 
