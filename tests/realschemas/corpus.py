@@ -79,6 +79,9 @@ class Case:
     # schema, {SH}: its shadow), before anything is judged; every other row of every table must
     # be unchanged
     changes: tuple[str, ...] = ()
+    # old rows a row that stays references through a key that forbids their deletion (another
+    # table's deferred key, the table's own): each run's verification counts some as kept
+    kept_referenced: bool = False
 
     @property
     def schema(self) -> str:
