@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 
 import pytest
 from django.contrib.auth import base_user, hashers
@@ -59,19 +61,65 @@ def hash_each_test_password_once():
     base_user.make_password = auth_models.make_password = original
 
 
+def create_user(username: str, *roles: str) -> User:
+    """A user holding the given roles, whose password is ``<username>-pw``."""
+    user = User.objects.create_user(username=username, password=f"{username}-pw")
+    for role in roles:
+        assert role in ALL_ROLES, role
+        group, _ = Group.objects.get_or_create(name=role)
+        user.groups.add(group)
+    return user
+
+
 @pytest.fixture
 def make_user(db):
     """``make_user("alice", "compliance")`` — a user holding the given roles."""
+    return create_user
 
-    def make(username: str, *roles: str) -> User:
-        user = User.objects.create_user(username=username, password=f"{username}-pw")
-        for role in roles:
-            assert role in ALL_ROLES, role
-            group, _ = Group.objects.get_or_create(name=role)
-            user.groups.add(group)
-        return user
 
-    return make
+@pytest.fixture(scope="module")
+def build_once(django_db_setup, django_db_blocker):
+    """``build_once(build)`` in a module-scoped fixture: what ``build()`` returns, built once
+    for the module's tests (the role matrices' world: people, policies, runs, tokens).
+
+    The world stays in one transaction around the module's tests, rolled back after the last;
+    each test's own transaction (``db``) is a savepoint inside it, rolled back after the test.
+    So every test starts from the world as built and none sees another's writes. Model
+    instances built here outlive the tests: a test reads them again (``fresh``) before it acts
+    on one. Not for tests that commit (``transactional_db``, other processes reading the
+    world): they see nothing of it."""
+    from django.db import transaction
+
+    outer = None
+
+    def build(make):
+        nonlocal outer
+        assert outer is None, "one world per module"
+        with django_db_blocker.unblock():
+            outer = transaction.atomic()
+            outer._from_testcase = True  # as TestCase's own: a durable block may open inside
+            outer.__enter__()
+            with guard_as_in_a_test():
+                return make()
+
+    yield build
+    if outer is not None:
+        with django_db_blocker.unblock():
+            transaction.set_rollback(True)
+            outer.__exit__(None, None, None)
+
+
+def fresh(value):
+    """``value`` with each model instance in it (itself, a dict's values) read again from the
+    database: what a test acts on is the row as it is now, not as an earlier test left the
+    instance in memory."""
+    from django.db.models import Model
+
+    if isinstance(value, dict):
+        return {key: fresh(item) for key, item in value.items()}
+    if isinstance(value, Model):
+        return type(value)._default_manager.get(pk=value.pk)
+    return value
 
 
 @pytest.fixture(autouse=True)
@@ -147,6 +195,38 @@ def pinned_guard_readings(request, settings, monkeypatch):
     settings.RETENTION = {**settings.RETENTION, "GUARD_PINNED_PROBE_MS": float(PINNED_PROBE_MS)}
 
 
+@contextlib.contextmanager
+def guard_as_in_a_test():
+    """The guard as a test that is not about it has it (``no_probe_session_left``,
+    ``pinned_guard_readings``, ``no_remembered_decisions``), for work done outside any one test:
+    a world ``build_once`` builds."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    from retention import decisions
+    from runs.engine import guard
+
+    retention = {
+        **settings.RETENTION,
+        "GUARD_SAMPLER_THREAD": False,
+        "GUARD_PINNED_PROBE_MS": float(PINNED_PROBE_MS),
+    }
+    env = os.environ.get("RETENTION_GUARD_PINNED_PROBE_MS")
+    os.environ["RETENTION_GUARD_PINNED_PROBE_MS"] = PINNED_PROBE_MS
+    try:
+        with override_settings(RETENTION=retention):
+            yield
+    finally:
+        if env is None:
+            del os.environ["RETENTION_GUARD_PINNED_PROBE_MS"]
+        else:
+            os.environ["RETENTION_GUARD_PINNED_PROBE_MS"] = env
+        guard.stop_sampling_beside()
+        guard.close_probe_connection()
+        guard.forget_readings()
+        decisions.forget()
+
+
 @pytest.fixture(autouse=True)
 def no_remembered_decisions():
     """No test inherits the approvals and hold releases an earlier one saw verify (ids may be
@@ -169,8 +249,6 @@ def token_for_claim(args) -> None:
     """Before a CLI call in a test: act as the user its ``--author``/``--approver``/``--by``
     names (a fresh personal token of theirs in ``RETENTION_TOKEN``), so the flag and the
     credential agree. No such user: no token, and the command is refused for that."""
-    import os
-
     from core.models import ApiToken
 
     args = list(args)

@@ -52,22 +52,21 @@ class Api:
         return self.call("POST", path, body if body is not None else {}, **kw)
 
 
-@pytest.fixture
-def people(make_user):
+def make_people(make_user) -> dict[str, User]:
+    """A person per role, and the superuser ``sue``."""
     people = {role: make_user(name, role) for role, name in ROLE_USERS.items()}
     people["superuser"] = User.objects.create_superuser("sue", password="sue-pw")
     return people
 
 
-@pytest.fixture
-def api(people):
-    return Api({role: create_token(user, name="api tests")[1] for role, user in people.items()})
+def api_tokens(people: dict[str, User]) -> dict[str, str]:
+    """A personal API token's secret per role."""
+    return {role: create_token(user, name="api tests")[1] for role, user in people.items()}
 
 
-@pytest.fixture
-def world(db, make_user, people):
+def make_world(make_user) -> dict:
     """An approved policy ``events`` with a submitted v2 by someone else, an active planned
-    run, an active hold and a requested floor on its table (a dead letter: ``tests.dashboard.conftest.make_dead_letter``)."""
+    run, an active hold and a requested floor on its table."""
     create_events(3000)
     policy = approved_policy(make_user, **events_spec())
     author = User.objects.get(username="author-events")
@@ -80,3 +79,19 @@ def world(db, make_user, people):
                                   reason="LAW-1")  # fmt: skip
     return {"policy": policy, "v2": v2, "run": Run.objects.get(pk=run.pk), "hold": hold,
             "author": author, "floor": floor}  # fmt: skip
+
+
+@pytest.fixture
+def people(make_user):
+    return make_people(make_user)
+
+
+@pytest.fixture
+def api(people):
+    return Api(api_tokens(people))
+
+
+@pytest.fixture
+def world(db, make_user, people):
+    """``make_world`` (a dead letter: ``tests.dashboard.conftest.make_dead_letter``)."""
+    return make_world(make_user)

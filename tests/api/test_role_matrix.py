@@ -16,9 +16,44 @@ from core.models import OperatorAction
 from core.tokens import create_token, revoke_token
 from retention import actions as release
 from runs import actions as run_actions
+from tests.api.conftest import Api, api_tokens, make_people, make_world
+from tests.conftest import create_user, fresh
 from tests.dashboard.conftest import make_dead_letter
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def built(build_once):
+    """The people, their tokens, the world and a dead letter, once for the module
+    (``tests.conftest.build_once``): each test acts on them in a savepoint rolled back after it."""
+
+    def build():
+        people = make_people(create_user)
+        return {
+            "people": people,
+            "tokens": api_tokens(people),
+            "world": make_world(create_user),
+            "letter": make_dead_letter(create_user),
+        }
+
+    return build_once(build)
+
+
+@pytest.fixture
+def people(built, db):
+    return fresh(built["people"])
+
+
+@pytest.fixture
+def api(built, db):
+    return Api(built["tokens"])
+
+
+@pytest.fixture
+def world(built, db):
+    return fresh(built["world"])
+
 
 ALL = frozenset({"viewer", "oncall", "auditor", "compliance", "superuser"})
 C = frozenset({"compliance", "superuser"})
@@ -128,9 +163,9 @@ def test_the_matrix_lists_every_endpoint_the_schema_serves(api):
 @pytest.mark.parametrize(
     "method,template,path,body,allowed", ENDPOINTS, ids=[f"{m} {t}" for m, t, *_ in ENDPOINTS]
 )
-def test_each_role_is_served_or_refused(api, world, people, make_user, method, template, path,
-                                        body, allowed):  # fmt: skip
-    letter = make_dead_letter(make_user) if "{letter}" in path else None
+def test_each_role_is_served_or_refused(api, built, world, people, method, template, path, body,
+                                        allowed):  # fmt: skip
+    letter = built["letter"] if "{letter}" in path else None
     spare = {role: create_token(user, name="spare")[0] for role, user in people.items()}
 
     def url(role: str | None = None) -> str:
