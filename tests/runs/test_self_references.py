@@ -116,3 +116,80 @@ def test_rows_referencing_older_rows_drain_newest_first_and_only_what_a_kept_row
         f"that stays ({cause['constraint']} on public.rr_states (old_state_id): {direct:,} row(s)"
         f" that stay reference {direct:,} directly, e.g. {cause['example']})"
     )
+
+
+def test_a_reference_committed_while_its_chunk_deletes_the_row_costs_one_failed_chunk(
+    states, make_user, no_guard
+):
+    """The application inserts a young state referencing an old one (1203) in a transaction
+    still open while the chunk that deletes 1203 runs: the DELETE waits for it, and once it
+    commits PostgreSQL's check of the key finds the new reference and fails the chunk (23503,
+    23001 for RESTRICT). That one cause costs one failed chunk and no dead letter: the chunk is
+    split once, and its halves, reading the table again, spare 1203 and the states it
+    references (1202, 1201) — no splitting down to single rows. Everything else the rows that
+    stay do not reference goes, and the run is drained."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.runs.processes import pg_connect, wait_for
+    from tests.runs.test_decision_fence import in_thread
+
+    policy = approved_policy(
+        make_user, slug="states", table="public.rr_states", key="state_id",
+        timestamp="last_updated", retention="20 days", schedule="0 3 * * *", timezone="UTC",
+        chunk_size=400, keep=[{"column": "pinned", "op": "=", "value": True}],
+    )  # fmt: skip
+    run, _ = trigger_run(policy, tick=NOW)
+    # 1201..1210 are one run of ten, old, none pinned: without the new reference all go
+    assert count("public.rr_states", "state_id BETWEEN 1201 AND 1210 AND last_updated < %s"
+                 " AND NOT pinned", [run.bound]) == 10  # fmt: skip
+    application, observer = pg_connect(autocommit=False), pg_connect()
+    try:
+        # checked at once, so the insert holds 1203's key-share lock until it commits (a
+        # deferred key's check would take it only at COMMIT)
+        application.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        application.execute(
+            "INSERT INTO public.rr_states (state_id, entity, last_updated, old_state_id)"
+            " VALUES (99999, 1, %s, 1203)",
+            [NOW],
+        )
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            drain = pool.submit(in_thread(lambda: worker.drain(run.pk, budget_s=120)))
+            wait_for(
+                lambda: observer.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND wait_event IN ('tuple', 'transactionid')"
+                ).fetchone()[0],
+                what="the chunk to wait on the application's insert",
+            )
+            application.commit()
+            drain.result(timeout=120)
+    finally:
+        application.close()
+        observer.close()
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    # one failed chunk for the one cause, split once; no dead letter
+    failed = Chunk.objects.filter(run=run, last_sqlstate__startswith="23")
+    sqlstate = "23001" if states == "RESTRICT" else "23503"
+    assert [(c.state, c.last_sqlstate) for c in failed] == [(Chunk.State.SPLIT, sqlstate)]
+    assert Chunk.objects.filter(run=run, state=Chunk.State.SPLIT).count() == 1
+    assert min(Chunk.objects.filter(run=run).values_list("planned_rows", flat=True)) > 1
+    assert not DeadLetter.objects.filter(run=run).exists()
+    # what stays of the old rows: exactly those a row that stays references, the new one too
+    sql("INSERT INTO public.rr_states_shadow SELECT * FROM public.rr_states WHERE state_id = 99999")
+    with connection.cursor() as cur:
+        cur.execute(
+            "WITH RECURSIVE stay AS (SELECT state_id, old_state_id FROM public.rr_states_shadow"
+            " WHERE last_updated >= %s OR pinned UNION SELECT s.state_id, s.old_state_id"
+            " FROM stay JOIN public.rr_states_shadow s ON s.state_id = stay.old_state_id)"
+            " SELECT count(*) FROM stay JOIN public.rr_states_shadow USING (state_id)"
+            " WHERE last_updated < %s AND NOT pinned",
+            [run.bound, run.bound],
+        )
+        held_by_stayers = cur.fetchone()[0]
+    assert count("public.rr_states", "state_id BETWEEN 1201 AND 1210") == 3
+    assert count("public.rr_states", "state_id IN (1201, 1202, 1203)") == 3
+    assert count("public.rr_states", "last_updated < %s AND NOT pinned", [run.bound]) == (
+        held_by_stayers
+    )
+    assert f"{held_by_stayers:,} row(s) kept: referenced by a row that stays" in run.state_reason
