@@ -14,8 +14,9 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from core.tokens import create_token
 from retention import actions as retention_actions
 from retention.models import PolicyVersion
+from tests.conftest import create_user, fresh
 
-from .conftest import make_dead_letter
+from .conftest import ROLE_USERS, make_dead_letter
 
 pytestmark = pytest.mark.django_db
 
@@ -126,24 +127,42 @@ def test_every_url_has_an_entry_in_the_matrix():
     assert not stale, f"these matrix rows name no URL any more: {stale}"
 
 
+@pytest.fixture(scope="module")
+def built(build_once):
+    """A user per role and the world every URL is asked about, once for the module
+    (``tests.conftest.build_once``): each test asks in a savepoint rolled back after it."""
+
+    def build():
+        users = {role: create_user(name, role) for role, name in ROLE_USERS.items()}
+        letter = make_dead_letter(create_user, slug="gone", rows=200)
+        hold = retention_actions.place_hold(
+            actor=users["compliance"], reason="litigation 42", tenant="3"
+        )
+        version = PolicyVersion.objects.get(policy__slug="gone")
+        token, _ = create_token(users["compliance"], name="laptop")
+        world = {
+            "token": token.pk,
+            "run": letter.run_id,
+            "letter": letter.pk,
+            "slug": "gone",
+            "number": version.number,
+            "hold": hold.pk,
+            "doc": "runbook",
+            "target": "default",
+        }
+        return {"users": users, "world": world}
+
+    return build_once(build)
+
+
 @pytest.fixture
-def world(users, make_user):
-    letter = make_dead_letter(make_user, slug="gone", rows=200)
-    hold = retention_actions.place_hold(
-        actor=users["compliance"], reason="litigation 42", tenant="3"
-    )
-    version = PolicyVersion.objects.get(policy__slug="gone")
-    token, _ = create_token(users["compliance"], name="laptop")
-    return {
-        "token": token.pk,
-        "run": letter.run_id,
-        "letter": letter.pk,
-        "slug": "gone",
-        "number": version.number,
-        "hold": hold.pk,
-        "doc": "runbook",
-        "target": "default",
-    }
+def users(built, db):
+    return fresh(built["users"])
+
+
+@pytest.fixture
+def world(built, db):
+    return built["world"]
 
 
 def url_of(name: str, world: dict) -> str:
