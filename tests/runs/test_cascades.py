@@ -423,14 +423,21 @@ def test_a_repost_committed_while_a_chunk_deletes_its_original_is_not_cascaded_a
     assert gone_by_table(run) == {"public.rr_posts": gone}
 
 
-def test_a_line_marked_disputed_while_a_chunk_deletes_its_order_stays_with_its_order(
-    orders, make_user, no_guard
+@pytest.mark.parametrize(
+    "change",
+    ["status = 'disputed'", "updated_at = %s::timestamptz - interval '1 day'"],
+    ids=["disputed", "young"],
+)
+def test_a_line_made_protected_while_a_chunk_deletes_its_order_stays_with_its_order(
+    orders, make_user, no_guard, change
 ):
-    """The application marks a line 'disputed' (kept by the lines' own policy) in a transaction
-    that is still open when the chunk deleting its order judges the order's cascade; it commits
-    while the chunk waits. The chunk locks every row its cascade will reach before it judges
-    them, so it waits for that update and judges the line on its committed value: the line stays,
-    and so does its order; the audit and the checker agree."""
+    """The application marks a line 'disputed' (kept by the lines' own policy), or touches it
+    (younger than the lines' cutoff), in a transaction that is still open when the chunk
+    deleting its order judges the order's cascade; it commits while the chunk waits. The chunk
+    locks every row its cascade will reach before it judges them, so it waits for that update
+    and judges the line on its committed values: the line stays, and so does its order; the
+    audit and the checker agree."""
+    params = [NOW] if "%s" in change else []
     approved_policy(
         make_user, slug="lines", table="public.rr_order_lines", key="id",
         timestamp="updated_at", tenant="tenant_id", retention="10 days", schedule="0 4 * * *",
@@ -446,7 +453,7 @@ def test_a_line_marked_disputed_while_a_chunk_deletes_its_order_stays_with_its_o
     run, _ = trigger_run(orders_policy, tick=NOW)
     application, observer = pg_connect(autocommit=False), pg_connect()
     try:
-        application.execute("UPDATE public.rr_order_lines SET status = 'disputed' WHERE id = 21")
+        application.execute(f"UPDATE public.rr_order_lines SET {change} WHERE id = 21", params)
         with ThreadPoolExecutor(max_workers=1) as pool:
             drain = pool.submit(in_thread(lambda: worker.drain(run.pk, budget_s=120)))
             wait_for(
@@ -463,7 +470,7 @@ def test_a_line_marked_disputed_while_a_chunk_deletes_its_order_stays_with_its_o
         observer.close()
     run.refresh_from_db()
     assert run.state == Run.State.DRAINED, run.state_reason
-    assert count("public.rr_order_lines", "id = 21 AND status = 'disputed'") == 1
+    assert count("public.rr_order_lines", f"id = 21 AND {change}", params) == 1
     assert count("public.rr_orders", "id = 2") == 1
     orders_gone = count("public.rr_orders_shadow") - count("public.rr_orders")
     lines_gone = count("public.rr_order_lines_shadow") - count("public.rr_order_lines")
@@ -472,7 +479,7 @@ def test_a_line_marked_disputed_while_a_chunk_deletes_its_order_stays_with_its_o
         "public.rr_orders": orders_gone,
         "public.rr_order_lines": lines_gone,
     }
-    # the checker judges the lines by their values now (the shadow still says 'closed')
-    sql("UPDATE public.rr_order_lines_shadow SET status = 'disputed' WHERE id = 21")
+    # the checker judges the lines by their values now (the shadow still has the old ones)
+    sql(f"UPDATE public.rr_order_lines_shadow SET {change} WHERE id = 21", params)
     cascaded = {"public.rr_order_lines": ("public", "rr_order_lines_shadow")}
     assert check_run(run, shadow=("public", "rr_orders_shadow"), cascaded=cascaded) == []
