@@ -53,14 +53,19 @@ def _create_events(cur) -> None:
     )
 
 
-@pytest.fixture
-def events_table(db):
+def create_events_table() -> str:
     """``public.t_events``: 2000 rows, one an hour back from now, tenants 1-5,
     status cycling open/legal/closed/NULL; index (tenant_id, id)."""
     with connection.cursor() as cur:
         cur.execute("DROP TABLE IF EXISTS public.t_events CASCADE")
         _create_events(cur)
-    yield "public.t_events"
+    return "public.t_events"
+
+
+@pytest.fixture
+def events_table(db):
+    """``create_events_table``, dropped after the test."""
+    yield create_events_table()
     with connection.cursor() as cur:
         cur.execute("DROP TABLE IF EXISTS public.t_events CASCADE")
 

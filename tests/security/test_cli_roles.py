@@ -29,13 +29,11 @@ from runs import actions as run_actions
 from runs.actions import trigger_run
 from runs.management.commands.retention import Command
 from runs.models import Run
+from tests.conftest import create_user, fresh
 from tests.dashboard.conftest import make_dead_letter
 from tests.factories import approved_policy, events_spec
-from tests.retention import conftest as retention_fixtures
-from tests.retention.conftest import policy_toml
+from tests.retention.conftest import create_events_table, policy_toml
 from tests.runs.conftest import NOW, create_events
-
-events_table = retention_fixtures.events_table  # the fixture, shared with tests/retention
 
 ROLES = ("compliance", "oncall", "auditor", "viewer", "superuser")
 USERS = {
@@ -311,16 +309,28 @@ def test_every_state_changing_command_has_a_row():
     assert not stale, f"these rows name no command any more: {stale}"
 
 
+@pytest.fixture(scope="module")
+def built(build_once):
+    """The tables, the approved policy ``events`` and a person per role, once for the module
+    (``tests.conftest.build_once``): each command runs in a savepoint rolled back after it."""
+
+    def build():
+        create_events_table()  # what ``policy apply`` files name
+        create_events(600)
+        approved_policy(create_user, **events_spec())
+        people = {role: create_user(USERS[role], role) for role in ROLES if role != "superuser"}
+        root = create_user(USERS["superuser"])
+        root.is_superuser = True
+        root.save()
+        people["superuser"] = root
+        return people
+
+    return build_once(build)
+
+
 @pytest.fixture
-def world(make_user, tmp_path, events_table):
-    create_events(600)
-    approved_policy(make_user, **events_spec())
-    people = {role: make_user(USERS[role], role) for role in ROLES if role != "superuser"}
-    root = make_user(USERS["superuser"])
-    root.is_superuser = True
-    root.save()
-    people["superuser"] = root
-    return World(make_user, tmp_path, people)
+def world(built, make_user, tmp_path):
+    return World(make_user, tmp_path, fresh(built))
 
 
 def snapshot() -> tuple:
