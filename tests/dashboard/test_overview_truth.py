@@ -45,3 +45,32 @@ def test_a_card_says_stopped_by_the_kill_switch(client_for, run, users):
     set_kill_switch(True, actor=users["oncall"], reason="INC-4")
     html = card(client_for("viewer"))
     assert 'data-testid="policy-state">stopped by the kill switch<' in html
+
+
+def test_the_guard_badge_is_calm_once_the_controllers_last_step_is_old(client_for, run):
+    from datetime import timedelta
+
+    from runs.engine import guard
+    from runs.models import GuardControl, GuardSample
+
+    GuardSample.objects.create(
+        taken_at=timezone.now(),
+        values={"lock_waits": 0, "connections_free": 100},
+        tables={"public.rr_events": {"probe_ms": 1.0, "in_flight": True, "dead_tuple_ratio": 0.0}},
+    )
+    control = GuardControl.objects.create(
+        policy_id=run.policy_id, concurrency=1, chunk_ms=50, duty_cycle=0.1,
+        stepped_at=timezone.now(), probe_p99_ms=10.0, baseline_ms=2.0, inflation=5.0,
+        budget=1.5, limit_ms=3.0, action=guard.FLOOR, reason="over the budget at its minimum",
+    )  # fmt: skip
+    state = guard.current_state(run.policy)
+    assert state["level"] == "throttled" and state["latency"]["over"]
+    assert 'data-testid="guard-latency">probe p99 10 ms, limit 3 ms' in card(client_for("viewer"))
+
+    # the run drained an hour ago: its last step judged a foreground no run loads now
+    GuardControl.objects.filter(pk=control.pk).update(
+        stepped_at=timezone.now() - timedelta(hours=1)
+    )
+    state = guard.current_state(run.policy)
+    assert (state["level"], state["latency"]) == ("ok", None), state["reasons"]
+    assert 'data-testid="guard-latency"' not in card(client_for("viewer"))

@@ -244,6 +244,7 @@ def current_state(policy, *, version=UNREAD, latest=UNREAD, control=UNREAD, prob
     signals = dict(verdict.signals)
     control = control_summary(policy, version.parsed, row=control)
     latency = None
+    judged = dict(signals)  # what the badge is judged on: the sample's, a recent step's
     if control is not None:
         signals.update(control_signals(control))
         period_s = settings.RETENTION["GUARD_CONTROL_PERIOD_MS"] / 1000
@@ -254,6 +255,9 @@ def current_state(policy, *, version=UNREAD, latest=UNREAD, control=UNREAD, prob
             and control["p99_ms"] > control["limit_ms"]
         )
         if recent:
+            # a step older than three periods measured a foreground no run loads now (the
+            # run drained): its figures stay in the table but no longer throttle the badge
+            judged.update(control_signals(control))
             latency = {
                 "p99_ms": control["p99_ms"],
                 "limit_ms": control["limit_ms"],
@@ -266,8 +270,8 @@ def current_state(policy, *, version=UNREAD, latest=UNREAD, control=UNREAD, prob
             if level == "ok":
                 level = "throttled"
     if level == "ok":
-        # the badge never says "ok" while a signal it shows is over its threshold
-        over_signals = _over_thresholds(signals)
+        # the badge never says "ok" while a current signal is over its threshold
+        over_signals = _over_thresholds(judged)
         if over_signals:
             level = "throttled"
             reasons.extend(over_signals)
