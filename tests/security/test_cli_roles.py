@@ -28,7 +28,7 @@ from retention.spec import PolicySpec
 from runs import actions as run_actions
 from runs.actions import trigger_run
 from runs.management.commands.retention import Command
-from runs.models import Run
+from runs.models import DeadLetter, Run
 from tests.conftest import create_user, fresh
 from tests.dashboard.conftest import make_dead_letter
 from tests.factories import approved_policy, events_spec
@@ -55,6 +55,8 @@ class World:
     make_user: object
     tmp_path: object
     people: dict
+    letter: DeadLetter  # a dead letter of a run whose table is gone
+    archived_run_key: str  # a drained run whose policy archived its rows
 
     @property
     def policy(self) -> Policy:
@@ -151,19 +153,17 @@ def kill_switch_on(world: World) -> list[str]:
     return ["off", "--reason", "over"]
 
 
-def drained_archive_run(world: World) -> list[str]:
-    """A drained run whose policy archives its rows before deleting them: what a restore asks
-    to put back."""
+def drained_archive_run(make_user, directory) -> str:
+    """A drained run whose policy archives its rows (under ``directory``) before deleting them:
+    what a restore asks to put back."""
     from runs.engine import worker
     from tests.archive.conftest import create_typed, typed_spec
 
-    directory = world.tmp_path / "archive"
-    directory.mkdir(exist_ok=True)
     create_typed()
-    policy = approved_policy(world.make_user, **typed_spec(directory))
+    policy = approved_policy(make_user, **typed_spec(directory))
     run, _ = trigger_run(policy, tick=NOW)
     worker.drain(run.pk, budget_s=120)
-    return [run.run_key, "--tenant", "2", "--reason", "deleted by mistake"]
+    return run.run_key
 
 
 def second_target(world: World) -> list[str]:
@@ -226,22 +226,14 @@ MATRIX = {
     "resume": (lambda w: [paused_run(w).run_key, "--reason", "x"], ONCALL, "run.resume"),
     "cancel": (lambda w: [w.active_run().run_key, "--reason", "x"], ONCALL, "run.cancel"),
     "confirm": (lambda w: [held_run(w).run_key, "--reason", "x"], ONCALL, "run.confirm"),
-    "replay": (
-        lambda w: [str(make_dead_letter(w.make_user).pk), "--reason", "x"],
-        ONCALL,
-        "dead_letter.replay",
+    "replay": (lambda w: [str(w.letter.pk), "--reason", "x"], ONCALL, "dead_letter.replay"),
+    "discard": (lambda w: [str(w.letter.pk), "--reason", "x"], ONCALL, "dead_letter.discard"),
+    "retry": (lambda w: [w.letter.run.run_key, "--reason", "fixed"], ONCALL, "run.retry"),
+    "restore": (
+        lambda w: [w.archived_run_key, "--tenant", "2", "--reason", "deleted by mistake"],
+        COMPLIANCE,
+        "restore.request",
     ),
-    "discard": (
-        lambda w: [str(make_dead_letter(w.make_user).pk), "--reason", "x"],
-        ONCALL,
-        "dead_letter.discard",
-    ),
-    "retry": (
-        lambda w: [make_dead_letter(w.make_user).run.run_key, "--reason", "fixed"],
-        ONCALL,
-        "run.retry",
-    ),
-    "restore": (drained_archive_run, COMPLIANCE, "restore.request"),
     "target add": (second_target, ONCALL, "target.add"),
     "target remove": (registered_target, ONCALL, "target.remove"),
     "kill-switch on": (lambda w: ["--reason", "incident"], ONCALL, "kill_switch.on"),
@@ -310,9 +302,11 @@ def test_every_state_changing_command_has_a_row():
 
 
 @pytest.fixture(scope="module")
-def built(build_once):
-    """The tables, the approved policy ``events`` and a person per role, once for the module
-    (``tests.conftest.build_once``): each command runs in a savepoint rolled back after it."""
+def built(build_once, tmp_path_factory):
+    """The tables, the approved policy ``events``, a person per role, a dead letter and a
+    drained archiving run, once for the module (``tests.conftest.build_once``): each command
+    runs in a savepoint rolled back after it."""
+    directory = tmp_path_factory.mktemp("archive")
 
     def build():
         create_events_table()  # what ``policy apply`` files name
@@ -323,14 +317,18 @@ def built(build_once):
         root.is_superuser = True
         root.save()
         people["superuser"] = root
-        return people
+        return {
+            "people": people,
+            "letter": make_dead_letter(create_user),
+            "archived_run_key": drained_archive_run(create_user, directory),
+        }
 
     return build_once(build)
 
 
 @pytest.fixture
 def world(built, make_user, tmp_path):
-    return World(make_user, tmp_path, fresh(built))
+    return World(make_user, tmp_path, **fresh(built))
 
 
 def snapshot() -> tuple:
