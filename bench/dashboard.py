@@ -6,6 +6,8 @@
                                                         [--explain] [--vacuum]
                                                         [--drain-rows 20000000] [--no-drain]
                                                         [--drain-pace ROWS_PER_S]
+    RETENTION_DEMO=1 .venv/bin/python bench/dashboard.py --fleet 8 [--fleet-rows 1000000]
+                                                        [--requests 50]
 
 Builds a throwaway database (``bench_dashboard``, dropped at the end unless --keep) with
 set-based SQL: one active run of ``--chunks`` chunks (half done), earlier drained runs
@@ -19,6 +21,15 @@ policy approved and triggered like any other, and two ``retention drain`` worker
 deleting it while the pages are requested. The table says how many rows the workers deleted
 during each page's requests, so a page measured after the run drained shows it (the
 default 20M rows keep two unpaced workers deleting through every page on a 2-core machine).
+
+``--fleet N``: instead, the fleet's pages with N targets (databases on an embedded server of
+the bench's own, ``.pgdata-fleet/bench``, each with the ledger) and one policy over all of them
+(``targets = ["group:fleet"]``): N - 2 targets drained before the measurements, two drained by
+two ``retention drain`` worker processes while the overview, the overview of that policy, the
+policy's page, the targets page and a target's page are timed. Then a further target of the
+group whose server does not answer (a socket that accepts and never replies, as a hung server
+or a dropped network path does): the first request of each page after it joined, whether the
+page names it unreachable, and the p95 with it in place.
 
 Prints tables; asserts nothing. Targets: page p95 <= 150 ms, CSV >= 100k rows/s, flat RSS.
 """
@@ -447,6 +458,251 @@ def measure_draining(client: Client, idle_run, rows: int, n: int, pace: int = 0)
         print(f"  throttled {n:,} time(s) (chunks left with this reason): {reason[:150]}")
 
 
+FLEET_PAGES = (
+    ("overview (full page)", "/", {}),
+    ("overview (HTMX fragment)", "/", {"HTTP_HX_REQUEST": "true"}),
+    ("overview ?policy=fleet", "/?policy=fleet", {}),
+    ("policy page", "/policies/fleet/", {}),
+    ("targets page", "/runs/targets/", {}),
+    ("a draining target's page", "/runs/targets/t0/", {}),
+)
+
+
+def _silent_server():
+    """A TCP port that accepts connections and never answers: a server that does not answer
+    (hung, or behind a path that drops its replies). Returns (port, closer)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])  # kept open, never read, never answered
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+
+    def close() -> None:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        listener.close()
+
+    return listener.getsockname()[1], close
+
+
+def measure_fleet(n_targets: int, rows: int, n: int) -> None:
+    """The fleet's pages with ``n_targets`` targets, two of them draining, then with a target
+    that does not answer (module docstring)."""
+    from django.contrib.auth.models import Group, User
+    from django.core.management import call_command
+
+    from retention import actions
+    from retention.spec import PolicySpec
+    from runs.models import AuditRecord, Run
+    from targets import connections as C
+    from targets.models import Target
+    from tests.fleet import servers
+    from tests.fleet.conftest import migrate_url
+
+    def cli(*args: str) -> str:
+        from io import StringIO
+
+        out = StringIO()
+        call_command("retention", *args, stdout=out, stderr=StringIO())
+        return out.getvalue()
+
+    compliance = Group.objects.get_or_create(name="compliance")[0]
+    oncall = Group.objects.get_or_create(name="oncall")[0]
+    author = User.objects.create_user("bench-author", password="x")
+    approver = User.objects.create_user("bench-approver", password="x")
+    operator = User.objects.create_user("bench-oncall", password="x")
+    for user, group in ((author, compliance), (approver, compliance), (operator, oncall)):
+        user.groups.add(group)
+    admin = User.objects.create_superuser("bench-admin", password="x")
+    from core.tokens import create_token
+
+    os.environ["RETENTION_TOKEN"] = create_token(operator, name="bench")[1]
+
+    t0 = time.perf_counter()
+    server = servers.embedded("bench")
+    template = server.ledger_template(migrate_url)
+    made = []
+    draining = ("t0", "t1")
+    for i in range(n_targets):
+        name = f"t{i}"
+        database = server.create_database(template=template)
+        made.append(database)
+        os.environ[f"BENCH_PAGES_{i}"] = server.admin_url(database)
+        Target.objects.create(name=name, dsn_env=f"BENCH_PAGES_{i}", group="fleet")
+        with C.on(name), connection.cursor() as cur:
+            cur.execute(
+                """CREATE TABLE public.bench_drain (id bigint PRIMARY KEY, tenant_id int NOT NULL,
+                   occurred_at timestamptz NOT NULL, status text)"""
+            )
+            size = rows if name in draining else 20_000
+            cur.execute(
+                """INSERT INTO public.bench_drain SELECT g, g %% 13,
+                   now() - make_interval(days => 40) + make_interval(secs => g * (11.0 * 86400 / %s)),
+                   CASE WHEN g %% 17 = 0 THEN 'disputed' ELSE 'closed' END
+                   FROM generate_series(1, %s) g""",
+                [size, size],
+            )
+            cur.execute("CREATE INDEX ON public.bench_drain (occurred_at)")
+            cur.execute("VACUUM (ANALYZE) public.bench_drain")
+    C.close_all()
+    spec = PolicySpec.parse(
+        dict(
+            slug="fleet", name="Fleet bench", table="public.bench_drain", key="id",
+            timestamp="occurred_at", tenant="tenant_id", retention="30 days",
+            schedule="0 3 * * *", timezone="UTC", chunk_size=2000, chunking="key",
+            keep=[{"column": "status", "op": "=", "value": "disputed"}],
+            limits={"policy_workers": 2}, targets=["group:fleet"],
+        )
+    )  # fmt: skip
+    version = actions.apply_spec(spec, author=author)
+    version = actions.submit_version(version, actor=author, reason="bench")
+    actions.approve_version(version, actor=approver, reason="bench")
+    keys = cli("trigger", "fleet", "--period", time.strftime("%Y-%m-%d")).split()
+    for key in keys:
+        if key.split(":")[0] not in draining:
+            cli("drain", key, "--until-idle")
+    print(
+        f"» {n_targets} targets ({', '.join(draining)}: {rows:,} rows each, the others 20,000,"
+        f" drained), {len(keys)} runs, in {time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
+
+    from bench.common import server_url, with_database
+
+    url = with_database(server_url(), connection.settings_dict["NAME"])
+    env = dict(os.environ, DATABASE_URL=url, RETENTION_DEMO="1", LOG_LEVEL="WARNING")
+    env["RETENTION_GUARD"] = "0"  # the drains go on whatever the busy machine does to a probe
+    env.pop("TEST_DATABASE_NAME", None)
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "manage.py"),
+                "retention",
+                "drain",
+                key,
+                "--budget",
+                "600",
+                "--workers",
+                "1",
+                "--until-idle",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        for key in keys
+        if key.split(":")[0] in draining
+    ]
+
+    def deleted() -> int:
+        total = 0
+        for name in draining:
+            with C.on(name):
+                total += sum(AuditRecord.objects.values_list("rows_deleted", flat=True))
+        return total
+
+    client = Client()
+    client.force_login(admin)
+    try:
+        deadline = time.monotonic() + 180
+        while deleted() == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        results = []
+        for name, path, headers in FLEET_PAGES:
+            before, t = deleted(), time.perf_counter()
+            r = timed_gets(client, path, n, **headers)
+            r["deleted"] = deleted() - before
+            r["rate"] = r["deleted"] / (time.perf_counter() - t)
+            results.append((name, r))
+        load_1 = os.getloadavg()[0]
+
+        # a target of the group whose server does not answer
+        port, close_silent = _silent_server()
+        os.environ["BENCH_PAGES_SILENT"] = f"postgresql://postgres@127.0.0.1:{port}/ledger"
+        Target.objects.create(name="silent", dsn_env="BENCH_PAGES_SILENT", group="fleet")
+        first = []
+        for name, path, headers in FLEET_PAGES:
+            t = time.perf_counter()
+            response = client.get(path, **headers)
+            ms = (time.perf_counter() - t) * 1000
+            body = response.content.decode()
+            first.append((name, ms, response.status_code, "silent" in body, "unreachable" in body))
+        silent = Target.objects.get(name="silent")
+        with_silent = []
+        for name, path, headers in FLEET_PAGES:
+            before, t = deleted(), time.perf_counter()
+            r = timed_gets(client, path, n, **headers)
+            r["deleted"] = deleted() - before
+            r["rate"] = r["deleted"] / (time.perf_counter() - t)
+            with_silent.append((name, r))
+        close_silent()
+        states = {}
+        for name in draining:
+            with C.on(name):
+                states[name] = Run.objects.get().state
+    finally:
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            w.wait(timeout=60)
+        C.close_all()
+        for database in made:
+            server.drop_database(database)
+
+    print()
+    print(
+        f"{'fleet page, ' + str(n_targets) + ' targets, 2 draining':40} {'p50 ms':>9} "
+        f"{'p95 ms':>9} {'max ms':>9} {'rows deleted meanwhile':>23} {'rows/s':>9}"
+        "   target p95 <= 150 ms"
+    )
+    for name, r in results:
+        print(
+            f"{name:40} {r['p50']:9.1f} {r['p95']:9.1f} {r['max']:9.1f} {r['deleted']:23,} "
+            f"{r['rate']:9,.0f}"
+        )
+    print(f"» load average (1 min) after these: {load_1:.2f}")
+    print()
+    print(
+        "a target that does not answer joins the group: each page's first request, and whether "
+        "it names the target and says unreachable"
+    )
+    print(f"{'page':40} {'first ms':>9} {'status':>7} {'names it':>9} {'unreachable':>12}")
+    for name, ms, status, named, unreachable in first:
+        print(f"{name:40} {ms:9.1f} {status:7} {named!s:>9} {unreachable!s:>12}")
+    print(
+        f"» the registry notes it: unreachable since {silent.unreachable_since}, "
+        f"{silent.unreachable_reason!r}"
+    )
+    print()
+    print(
+        f"{'with it in place':40} {'p50 ms':>9} {'p95 ms':>9} {'max ms':>9} "
+        f"{'rows deleted meanwhile':>23} {'rows/s':>9}"
+    )
+    for name, r in with_silent:
+        print(
+            f"{name:40} {r['p50']:9.1f} {r['p95']:9.1f} {r['max']:9.1f} {r['deleted']:23,} "
+            f"{r['rate']:9,.0f}"
+        )
+    print(f"» the draining runs after the measurements: {states}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--chunks", type=int, default=100_000)
@@ -464,6 +720,15 @@ def main() -> None:
     parser.add_argument("--drain-rows", type=int, default=20_000_000)
     parser.add_argument("--no-drain", action="store_true", help="measure idle runs only")
     parser.add_argument(
+        "--fleet",
+        type=int,
+        default=0,
+        help="measure the fleet's pages with this many targets, two of them draining",
+    )
+    parser.add_argument(
+        "--fleet-rows", type=int, default=1_000_000, help="rows of each draining target"
+    )
+    parser.add_argument(
         "--drain-pace",
         type=int,
         default=0,
@@ -475,6 +740,13 @@ def main() -> None:
     old_name = connection.settings_dict["NAME"]
     print("» creating the throwaway database bench_dashboard", flush=True)
     connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
+    if args.fleet:
+        try:
+            measure_fleet(args.fleet, args.fleet_rows, args.requests)
+        finally:
+            if not args.keep:
+                connection.creation.destroy_test_db(old_name, verbosity=0)
+        return
     try:
         t0 = time.perf_counter()
         world = build(args.chunks, args.audit, args.vacuum)

@@ -133,9 +133,10 @@ def first_line(exc: BaseException, entry: dict | None = None) -> str:
 # -- being on a target ----------------------------------------------------------------------
 
 
-def _wrapper(name: str) -> DatabaseWrapper:
-    dsn_env, dsn_file, _group = reference_of(name)
-    dsn = dsn_from(dsn_env, dsn_file, name=name)
+def _wrapper(name: str, dsn: str | None = None) -> DatabaseWrapper:
+    if dsn is None:
+        dsn_env, dsn_file, _group = reference_of(name)
+        dsn = dsn_from(dsn_env, dsn_file, name=name)
     known = _local.wrappers.get(name)
     if known is not None and known[0] == dsn:
         return known[1]
@@ -147,15 +148,17 @@ def _wrapper(name: str) -> DatabaseWrapper:
 
 
 @contextlib.contextmanager
-def on(name: str) -> Iterator[None]:
-    """Run the block with Django's default connection being target ``name``'s (this thread)."""
+def on(name: str, *, dsn: str | None = None) -> Iterator[None]:
+    """Run the block with Django's default connection being target ``name``'s (this thread).
+    ``dsn``: its connection string, already read from its reference (``dsn_from``) by the
+    caller, so that this thread need not read the registry."""
     if name == current():
         yield
         return
     if name == DEFAULT:
         wrapper = control_connection()
     else:
-        wrapper = _wrapper(name)
+        wrapper = _wrapper(name, dsn)
     if not _local.stack:
         _local.control = connections[DEFAULT_DB_ALIAS]
     previous = connections[DEFAULT_DB_ALIAS]

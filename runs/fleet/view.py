@@ -2,15 +2,24 @@
 there, read from that target's ledger (the record; the control database keeps no copy); per
 policy, on how many of its targets it converged and which lag, and why.
 
-A page never waits on a target noted unreachable (its tile says so, from the registry row); a
-target not noted is read with a short statement timeout, and one that fails is noted and shown
-unreachable."""
+A page never waits on a target noted unreachable (its tile says so, from the registry row); the
+targets not noted are read at once, each by a thread of a small pool (``_READERS``) with a
+short statement timeout, and the page waits for them at most ``PAGE_WAIT_S`` in all: a target
+that has not answered by then (a hung server, a path that drops its packets: the connection
+itself waits up to its connect timeout, and a statement timeout is the server's, which a hung
+server never applies) is shown as not answering while its read goes on in the background; one
+that fails is noted on the registry and shown unreachable. One read per target at a time: a
+page that finds the previous read of a target still waiting does not start another."""
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, InterfaceError, connection, connections, transaction
 from django.utils import timezone
 
 from retention.models import Policy
@@ -20,6 +29,11 @@ from targets import connections as C
 from targets.models import DEFAULT, Target
 
 READ_TIMEOUT_MS = 500
+PAGE_WAIT_S = 1.0  # the longest a page waits for the targets' ledgers, all of them together
+_READERS = ThreadPoolExecutor(max_workers=16, thread_name_prefix="fleet-read")
+# per target, its read in progress: (future, when it began, the policies it asked for)
+_reading: dict[str, tuple[Future, float, set[int]]] = {}
+_reading_lock = threading.Lock()
 CONVERGED = (Run.State.DRAINED, Run.State.COUNTED)
 
 
@@ -48,31 +62,85 @@ def _latest_runs(policy_ids: list[int]) -> dict[int, dict]:
         return {row[0]: dict(zip(cols, row, strict=True)) for row in cur.fetchall()}
 
 
+def _read_target(name: str, dsn: str, policy_ids: list[int]) -> dict[int, dict]:
+    """In a reader thread: each policy's latest run on ``name``; a target that fails is noted
+    on the registry here (the page may have stopped waiting for it)."""
+    for attempt in (1, 2):
+        try:
+            with C.on(name, dsn=dsn):
+                return _latest_runs(policy_ids)
+        except (DatabaseError, InterfaceError, C.TargetError) as exc:
+            C.close_all()  # this thread's connections to targets, opened anew next time
+            if attempt == 1 and not isinstance(exc, C.TargetError):
+                continue  # the session this thread kept may be the one that was lost
+            try:
+                C.note_reachable(name, exc)
+            finally:
+                connections.close_all()  # this thread's connection to the control database
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _start_read(name: str, dsn: str, policy_ids: list[int]) -> tuple[Future, float]:
+    """The read of ``name`` in progress and when it began: the one still running if it asks
+    for these policies or has waited longer than a page would (a target that does not answer
+    keeps one reader, not one per page), else one started now."""
+    with _reading_lock:
+        running = _reading.get(name)
+        if running is not None and not running[0].done():
+            future, started, asked = running
+            if set(policy_ids) <= asked or time.monotonic() - started > PAGE_WAIT_S:
+                return future, started
+        future = _READERS.submit(_read_target, name, dsn, policy_ids)
+        _reading[name] = (future, time.monotonic(), set(policy_ids))
+        return future, _reading[name][1]
+
+
 def tiles(names: list[str], policy_ids: list[int]) -> dict[str, Tile]:
     registry = {t.name: t for t in Target.objects.filter(name__in=names)}
     out: dict[str, Tile] = {}
+    reads: dict[str, tuple[Future, float, list[int]]] = {}
     for name in names:
         row = registry.get(name)
-        tile = Tile(name)
+        tile = out[name] = Tile(name)
         if row is not None:
             tile.group, tile.reference = row.group, row.reference
             if row.unreachable_since is not None:
                 tile.reachable, tile.reason = False, row.unreachable_reason
                 tile.since = row.unreachable_since
-                out[name] = tile
                 continue
         elif name != DEFAULT:
             tile.reachable, tile.reason = False, "not registered"
-            out[name] = tile
+            continue
+        if name == DEFAULT:
+            try:
+                tile.latest = _latest_runs(policy_ids)
+            except DatabaseError as exc:  # the control database itself: the tile says so
+                tile.reachable, tile.reason, tile.since = False, C.first_line(exc), timezone.now()
             continue
         try:
-            with C.on(name):
-                tile.latest = _latest_runs(policy_ids)
-        except (DatabaseError, C.TargetError) as exc:  # the tile says so, the page goes on
-            C.close_all()
+            dsn = C.dsn_from(row.dsn_env, row.dsn_file, name=name)
+        except C.TargetError as exc:
             C.note_reachable(name, exc)
             tile.reachable, tile.reason, tile.since = False, C.first_line(exc), timezone.now()
-        out[name] = tile
+            continue
+        future, started = _start_read(name, dsn, policy_ids)
+        reads[name] = (future, started, policy_ids)
+    deadline = time.monotonic() + PAGE_WAIT_S
+    for name, (future, started, wanted) in reads.items():
+        tile = out[name]
+        try:
+            latest = future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:  # the tile says so, the page goes on; the read goes on
+            waited = time.monotonic() - started
+            tile.reachable, tile.since = False, timezone.now()
+            tile.reason = f"does not answer (its ledger's read has waited {waited:.1f} s)"
+            continue
+        except (DatabaseError, InterfaceError, C.TargetError) as exc:  # noted by the read
+            tile.reachable, tile.reason, tile.since = False, C.first_line(exc), timezone.now()
+            continue
+        # a read a previous page started may have asked for other policies
+        tile.latest = {pid: latest[pid] for pid in wanted if pid in latest}
     return out
 
 

@@ -77,6 +77,51 @@ def test_a_target_noted_unreachable_is_not_waited_on(two_of_three, users):
     assert "unreachable" in target and "Not read: the target does not answer." in target
 
 
+@pytest.fixture
+def silent_target(two_of_three, monkeypatch):
+    """A fourth target of the group whose server does not answer: a socket that accepts the
+    connection and never replies (a hung server, a path that drops its replies), its connect
+    timeout ten minutes long."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    monkeypatch.setenv(
+        "FLEET_TEST_SILENT", f"postgresql://postgres@127.0.0.1:{port}/ledger?connect_timeout=600"
+    )
+    Target.objects.create(name="silent", dsn_env="FLEET_TEST_SILENT", group="shards")
+    yield
+    from runs.fleet import view
+
+    listener.close()  # the connection it queued is reset: its read fails and ends
+    reading = view._reading.get("silent")
+    if reading is not None:
+        with pytest.raises(Exception):  # noqa: B017, PT011 - whichever way libpq words it
+            reading[0].result(timeout=120)
+
+
+def test_a_target_that_does_not_answer_is_not_waited_for(two_of_three, silent_target, users):
+    # its read would wait ten minutes for the server; the pages answer without it, naming it
+    client = Client()
+    client.force_login(users["viewer"])
+    for _ in range(2):  # the second page finds the first page's read still waiting
+        page = client.get("/").content.decode()
+        assert "converged on 2 of 4 targets" in page
+        assert (
+            "silent</a> — unreachable: does not answer (its ledger&#x27;s read has waited" in page
+        )
+    tiles = client.get("/runs/targets/").content.decode()
+    assert 'data-target="silent"' in tiles and "does not answer" in tiles
+    target = client.get("/runs/targets/silent/").content.decode()
+    assert "Not read: the target does not answer." in target
+    from runs.fleet import view
+
+    # one read of it at a time, however many pages asked
+    assert not view._reading["silent"][0].done()
+
+
 def test_no_password_of_a_connection_string_shows_anywhere(two_of_three, users, caplog):
     caplog.set_level(logging.DEBUG)
     client = Client()
