@@ -7,7 +7,7 @@
                                                         [--drain-rows 20000000] [--no-drain]
                                                         [--drain-pace ROWS_PER_S]
     RETENTION_DEMO=1 .venv/bin/python bench/dashboard.py --fleet 8 [--fleet-rows 1000000]
-                                                        [--requests 50]
+                                                        [--fleet-pace 3000] [--requests 50]
 
 Builds a throwaway database (``bench_dashboard``, dropped at the end unless --keep) with
 set-based SQL: one active run of ``--chunks`` chunks (half done), earlier drained runs
@@ -24,8 +24,8 @@ default 20M rows keep two unpaced workers deleting through every page on a 2-cor
 
 ``--fleet N``: instead, the fleet's pages with N targets (databases on an embedded server of
 the bench's own, ``.pgdata-fleet/bench``, each with the ledger) and one policy over all of them
-(``targets = ["group:fleet"]``): N - 2 targets drained before the measurements, two drained by
-two ``retention drain`` worker processes while the overview, the overview of that policy, the
+(``targets = ["group:fleet"]``, paced by ``--fleet-pace``): N - 2 targets drained before the
+measurements, two drained by two ``retention drain`` worker processes while the overview, the overview of that policy, the
 policy's page, the targets page and a target's page are timed. Then a further target of the
 group whose server does not answer (a socket that accepts and never replies, as a hung server
 or a dropped network path does): the first request of each page after it joined, whether the
@@ -501,7 +501,7 @@ def _silent_server():
     return listener.getsockname()[1], close
 
 
-def measure_fleet(n_targets: int, rows: int, n: int) -> None:
+def measure_fleet(n_targets: int, rows: int, n: int, pace: int) -> None:
     """The fleet's pages with ``n_targets`` targets, two of them draining, then with a target
     that does not answer (module docstring)."""
     from django.contrib.auth.models import Group, User
@@ -567,7 +567,7 @@ def measure_fleet(n_targets: int, rows: int, n: int) -> None:
             timestamp="occurred_at", tenant="tenant_id", retention="30 days",
             schedule="0 3 * * *", timezone="UTC", chunk_size=2000, chunking="key",
             keep=[{"column": "status", "op": "=", "value": "disputed"}],
-            limits={"policy_workers": 2}, targets=["group:fleet"],
+            limits={"policy_workers": 2}, targets=["group:fleet"], pace_rows_per_s=pace,
         )
     )  # fmt: skip
     version = actions.apply_spec(spec, author=author)
@@ -644,7 +644,6 @@ def measure_fleet(n_targets: int, rows: int, n: int) -> None:
             ms = (time.perf_counter() - t) * 1000
             body = response.content.decode()
             first.append((name, ms, response.status_code, "silent" in body, "unreachable" in body))
-        silent = Target.objects.get(name="silent")
         with_silent = []
         for name, path, headers in FLEET_PAGES:
             before, t = deleted(), time.perf_counter()
@@ -652,6 +651,7 @@ def measure_fleet(n_targets: int, rows: int, n: int) -> None:
             r["deleted"] = deleted() - before
             r["rate"] = r["deleted"] / (time.perf_counter() - t)
             with_silent.append((name, r))
+        silent = Target.objects.get(name="silent")
         close_silent()
         states = {}
         for name in draining:
@@ -729,6 +729,12 @@ def main() -> None:
         "--fleet-rows", type=int, default=1_000_000, help="rows of each draining target"
     )
     parser.add_argument(
+        "--fleet-pace",
+        type=int,
+        default=3000,
+        help="the fleet policy's pace_rows_per_s, so that the two drains last every page",
+    )
+    parser.add_argument(
         "--drain-pace",
         type=int,
         default=0,
@@ -742,7 +748,7 @@ def main() -> None:
     connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
     if args.fleet:
         try:
-            measure_fleet(args.fleet, args.fleet_rows, args.requests)
+            measure_fleet(args.fleet, args.fleet_rows, args.requests, args.fleet_pace)
         finally:
             if not args.keep:
                 connection.creation.destroy_test_db(old_name, verbosity=0)

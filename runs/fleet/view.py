@@ -9,7 +9,9 @@ that has not answered by then (a hung server, a path that drops its packets: the
 itself waits up to its connect timeout, and a statement timeout is the server's, which a hung
 server never applies) is shown as not answering while its read goes on in the background; one
 that fails is noted on the registry and shown unreachable. One read per target at a time: a
-page that finds the previous read of a target still waiting does not start another."""
+page that finds the read of a target an earlier page stopped waiting for still waiting does
+not start another, nor wait for it: only the first page after a target stops answering waits,
+at most ``PAGE_WAIT_S``."""
 
 from __future__ import annotations
 
@@ -129,8 +131,11 @@ def tiles(names: list[str], policy_ids: list[int]) -> dict[str, Tile]:
     deadline = time.monotonic() + PAGE_WAIT_S
     for name, (future, started, wanted) in reads.items():
         tile = out[name]
+        # a read an earlier page already stopped waiting for is not waited for again
+        given_up = time.monotonic() - started > PAGE_WAIT_S
+        wait = 0.0 if given_up else max(0.0, deadline - time.monotonic())
         try:
-            latest = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            latest = future.result(timeout=wait)
         except FutureTimeout:  # the tile says so, the page goes on; the read goes on
             waited = time.monotonic() - started
             tile.reachable, tile.since = False, timezone.now()
