@@ -1,6 +1,7 @@
 """axe-core (the engine, run in headless Chromium on each page) reports no violation on the
-pages an operator, an auditor and compliance visit, the 403 page included; no page logs a
-script error. The page loads are counted in the test's output."""
+pages an operator, an auditor and compliance visit, the 403 page and the API's reference
+(Swagger UI, with an operation open) included; no page logs a script error. The page loads
+are counted in the test's output."""
 
 from __future__ import annotations
 
@@ -38,8 +39,7 @@ def pages(run_id: int, hold_id: int) -> list[tuple[str, str]]:
         ("viewer", "/docs/runbook/"),
         ("viewer", "/tokens/"),
         ("viewer", "/runs/audit/"),  # a 403: the error page
-        # not /api/v1/docs: Swagger UI's own markup and styles (nested controls in each
-        # operation's summary, its heading levels and contrast, no lang or main landmark)
+        # /api/v1/docs: test_the_api_reference_has_no_violation_closed_or_open
     ]
 
 
@@ -73,3 +73,16 @@ def test_axe_finds_no_violation_on_any_page(login, live_server, active_run, user
     # the browser logs the 403 page's own status; nothing else may be logged
     logged = {r: [m for m in e if "status of 403" not in m] for r, e in errors.items()}
     assert {role: e for role, e in logged.items() if e} == {}
+
+
+def test_the_api_reference_has_no_violation_closed_or_open(login, live_server):  # noqa: F811
+    page = login("viewer")
+    errors = watch_console(page)
+    page.goto(f"{live_server.url}/api/v1/docs")
+    page.wait_for_selector("h3.opblock-tag")  # Swagger UI has rendered the schema
+    assert page.locator("html").get_attribute("lang") == "en"
+    assert violations(page) == []
+    page.locator(".opblock-summary-control").first.click()  # one operation open
+    page.wait_for_selector(".opblock-body .opblock-title")
+    assert violations(page) == []
+    assert errors == []
