@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from core.filters import QueryFilters, as_id
 from core.models import OperatorAction
 from core.roles import AUDITOR, COMPLIANCE, ONCALL, ROLE_DESCRIPTIONS, require_role, roles_of
-from retention.models import Policy, PolicyVersion
+from retention.models import KillSwitch, Policy, PolicyVersion
 from retention.schedule_math import tick_for_period
 from runs import actions
 from runs.evidence import anchors, exports
@@ -118,6 +118,8 @@ def run_list(request):
         "runs/run_list.html",
         {
             "runs": [(run, progress[run.pk]) for run in shown],
+            # an active run the kill switch stops is not shown as simply "active"
+            "kill_switch_on": KillSwitch.is_on(),
             "policies": Policy.objects.values_list("slug", flat=True),
             "states": Run.State.choices,
             "policy_filter": policy,

@@ -45,6 +45,10 @@ def test_a_card_says_stopped_by_the_kill_switch(client_for, run, users):
     set_kill_switch(True, actor=users["oncall"], reason="INC-4")
     html = card(client_for("viewer"))
     assert 'data-testid="policy-state">stopped by the kill switch<' in html
+    # the run, on its page and in the list of runs, is not simply "active" either
+    said = 'data-testid="run-state">Active · stopped by the kill switch<'
+    for url in (f"/runs/{run.pk}/", "/runs/"):
+        assert said in client_for("viewer").get(url).content.decode(), url
 
 
 def test_the_guard_badge_is_calm_once_the_controllers_last_step_is_old(client_for, run):
