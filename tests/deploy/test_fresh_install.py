@@ -2,7 +2,8 @@
 with DEBUG off and a real SECRET_KEY, each process connects with a login of its own (web,
 worker, operator; the owner only migrates and grants), the first compliance officers come
 from `retention role grant` by the superuser, gunicorn serves the dashboard, a cleanup
-qcluster drains a run, and every command works with its production login (docs/deploy.md)."""
+qcluster drains a run, and every command works with its production login (docs/deploy.md).
+The same deployment on the machine's PostgreSQL 15: test_fresh_install_on_postgresql_15.py."""
 
 from __future__ import annotations
 
@@ -55,16 +56,3 @@ def test_a_new_database_needs_only_migrate_then_every_command_and_page_works(db,
     for label in ("pause", "resume", "cancel", "confirm", "replay", "discard"):
         code, line = commands[label]
         assert code == 1 and line.startswith("CommandError:"), (label, commands[label])
-
-
-def test_the_same_deployment_on_the_machines_postgresql_15(tmp_path):
-    import psycopg
-
-    admin = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}
-    try:
-        with psycopg.connect(**admin, dbname="postgres", connect_timeout=3) as conn:
-            version = conn.info.server_version
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL at 127.0.0.1:5432 ({exc})")
-    assert version // 10000 == 15, version
-    assert_deployed(deploy_and_operate(admin, tmp_path, every_command=False))
