@@ -15,10 +15,37 @@ from hypothesis import strategies as st
 
 from retention.models import LegalHold
 from runs.models import Run
+from tests.api.conftest import Api, api_tokens, make_people, make_world
+from tests.conftest import create_user, fresh
 
 from .test_role_matrix import ENDPOINTS
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def built(build_once):
+    """The people, their tokens and the world, once for the module
+    (``tests.conftest.build_once``): each test, and each endpoint's hypothesis examples, act on
+    them in a savepoint rolled back after the test. The world costs more than an endpoint's
+    dozen requests: built per test, it was most of this file's time."""
+
+    def build():
+        people = make_people(create_user)
+        return {"tokens": api_tokens(people), "world": make_world(create_user)}
+
+    return build_once(build)
+
+
+@pytest.fixture
+def api(built, db):
+    return Api(built["tokens"])
+
+
+@pytest.fixture
+def world(built, db):
+    return fresh(built["world"])
+
 
 BIG = 2**63  # one past bigint
 
