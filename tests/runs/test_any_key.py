@@ -170,3 +170,12 @@ def test_engine_sessions_pin_the_settings_that_shape_a_key_bound_text():
         fresh.close()
         with connection.cursor() as cur:
             cur.execute(f'ALTER DATABASE "{name}" RESET ALL')
+
+
+def test_the_products_sessions_do_not_compile_statements_just_in_time(db):
+    """A verification's correlated subplan can estimate past jit_above_cost on a small table:
+    compiling then took most of its time (config/settings.py), so the product's sessions run
+    without JIT whatever the server's default."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT current_setting('jit')")
+        assert cur.fetchone()[0] == "off"
