@@ -772,6 +772,11 @@ def main() -> None:
     parser.add_argument(
         "--report", type=Path, help="only redraw tables and chart from a results JSON"
     )
+    parser.add_argument(
+        "--out",
+        help="name of the results files (bench/results/OUT.json and .md) instead of the mode's;"
+        " refused if they exist already",
+    )
     args = parser.parse_args()
     if args.shapes:
         args.mode = "matrix"
@@ -783,9 +788,13 @@ def main() -> None:
             svg.write_text(report.svg_chart(data))
             print(f"chart: {svg}, {report.to_png(svg)}")
         return
+    if args.out and any((RESULTS / f"{args.out}{ext}").exists() for ext in (".json", ".md")):
+        parser.error(f"bench/results/{args.out}.json or .md exists already")
     data = Bench(args).main()
     RESULTS.mkdir(exist_ok=True)
-    if args.mode == "matrix":
+    if args.out:
+        name = args.out
+    elif args.mode == "matrix":
         sizes = args.sizes or ",".join(MODES["matrix"]["sizes"])
         name = f"matrix-{sizes.replace(',', '-')}" + (
             "-partial" if args.only or args.shapes not in (None, "all") else ""
