@@ -35,10 +35,12 @@ def pages(run_id: int, hold_id: int) -> list[tuple[str, str]]:
         ("compliance", "/policies/events/v1/preview/"),
         ("compliance", "/policies/drafts/new/"),
         ("oncall", "/runs/targets/"),
+        ("oncall", "/runs/targets/default/"),
         ("auditor", "/runs/audit/"),
         ("viewer", "/docs/runbook/"),
         ("viewer", "/tokens/"),
         ("viewer", "/runs/audit/"),  # a 403: the error page
+        ("viewer", "/runs/999999999/"),  # a 404: the error page
         # /api/v1/docs: test_the_api_reference_has_no_violation_closed_or_open
     ]
 
@@ -51,7 +53,7 @@ def violations(page) -> list[str]:
     ]
 
 
-def test_axe_finds_no_violation_on_any_page(login, live_server, active_run, users):  # noqa: F811
+def test_axe_finds_no_violation_on_any_page(browser, login, live_server, active_run, users):  # noqa: F811
     hold = place_hold(policy=active_run.policy, tenant="3", actor=users["compliance"],
                       reason="case 12")  # fmt: skip
     seen: dict[str, list[str]] = {}
@@ -68,10 +70,21 @@ def test_axe_finds_no_violation_on_any_page(login, live_server, active_run, user
         found = violations(page)
         if found:
             seen[f"{role} {path}"] = found
+    # the sign-in page, signed out
+    signed_out = browser.new_context().new_page()
+    errors[None] = watch_console(signed_out)
+    signed_out.goto(f"{live_server.url}/login/")
+    signed_out.wait_for_load_state("networkidle")
+    visited += 1
+    if found := violations(signed_out):
+        seen["signed out /login/"] = found
     print(f"axe-core: {visited} page loads checked")
     assert seen == {}, "\n".join(f"{k}: {v}" for k, v in seen.items())
-    # the browser logs the 403 page's own status; nothing else may be logged
-    logged = {r: [m for m in e if "status of 403" not in m] for r, e in errors.items()}
+    # the browser logs the 403 and 404 pages' own statuses; nothing else may be logged
+    logged = {
+        r: [m for m in e if "status of 403" not in m and "status of 404" not in m]
+        for r, e in errors.items()
+    }
     assert {role: e for role, e in logged.items() if e} == {}
 
 
