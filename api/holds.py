@@ -11,7 +11,7 @@ from retention import cli as policy_cli
 from retention.models import LegalHold
 
 from . import commands, schemas
-from .auth import Token
+from .auth import Token, password_again
 from .errors import not_found
 from .fences import etag_of, if_match, tag
 from .schemas import ERRORS
@@ -68,26 +68,41 @@ def show(request, response: HttpResponse, hold_id: int):
     return hold_out(hold)
 
 
-def _release_step(name: str, handler, text: str):
-    @router.post(f"/holds/{{hold_id}}/{name}", response={200: schemas.Done, **ERRORS},
-                 auth=Token(COMPLIANCE), operation_id=f"hold_{name.replace('-', '_')}",
-                 summary=text)  # fmt: skip
-    def endpoint(request, hold_id: int, body: schemas.Reason):
+def _release_step(name: str, handler, text: str, *, sudo: bool = False):
+    """One step of the two-person release; ``sudo``: the approver's password with the request,
+    as for a version's approval (a token alone cannot release what a hold protects)."""
+
+    def decide(request, hold_id: int, reason: str):
         hold_or_404(hold_id)
-        output = commands.run(
-            handler, hold_id=hold_id, reason=body.reason, expected=if_match(request)
-        )
+        output = commands.run(handler, hold_id=hold_id, reason=reason, expected=if_match(request))
         return {"output": output, "etag": etag_of(hold_or_404(hold_id))}
+
+    route = dict(response={200: schemas.Done, **ERRORS}, auth=Token(COMPLIANCE),
+                 operation_id=f"hold_{name.replace('-', '_')}", summary=text)  # fmt: skip
+    if sudo:
+
+        @router.post(f"/holds/{{hold_id}}/{name}", **route)
+        def endpoint(request, hold_id: int, body: schemas.Approval):
+            hold_or_404(hold_id)
+            password_again(request, body.password, f"the release of hold #{hold_id}")
+            return decide(request, hold_id, body.reason)
+
+    else:
+
+        @router.post(f"/holds/{{hold_id}}/{name}", **route)
+        def endpoint(request, hold_id: int, body: schemas.Reason):
+            return decide(request, hold_id, body.reason)
 
     endpoint.__doc__ = (
         f"{text} (``retention hold {name}``). ``If-Match``: the hold's ETag the decision was "
         "made on; 412 ``stale_state`` when it moved on."
+        + (" With the approver's password (sudo)." if sudo else "")
     )
 
 
 _release_step("release", policy_cli.hold_release, "Request a hold's release")
 _release_step("approve-release", policy_cli.hold_approve_release,
-              "Approve a release another member of compliance requested")  # fmt: skip
+              "Approve a release another member of compliance requested", sudo=True)  # fmt: skip
 _release_step("withdraw-release", policy_cli.hold_withdraw_release,
               "Withdraw your own release request")  # fmt: skip
 _release_step("refuse-release", policy_cli.hold_refuse_release,

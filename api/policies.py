@@ -3,7 +3,6 @@ directory's worth: plan and apply), approve, reject, enable, disable, pause, res
 
 from __future__ import annotations
 
-from django.contrib.auth import authenticate
 from django.http import HttpResponse
 from ninja import Query, Router
 
@@ -13,7 +12,7 @@ from retention.diff import spec_diff
 from retention.models import Policy, PolicyVersion
 
 from . import commands, schemas
-from .auth import Token, caller
+from .auth import Token, password_again
 from .errors import ApiError, not_found
 from .fences import etag_of, if_match, tag
 from .schemas import ERRORS as ERRORS_DOC
@@ -196,17 +195,6 @@ def _fence_version(request, version: PolicyVersion) -> None:
         )  # fmt: skip
 
 
-def _password_again(request, password: str, doing: str) -> None:
-    """Sudo over the API: the approver's password with the request (django-axes counts a
-    wrong one), so a token taken from someone cannot approve on its own."""
-    user = caller(request).user
-    if not password:
-        raise ApiError(403, "password_required", f"send your password to confirm {doing}")
-    again = authenticate(request, username=user.get_username(), password=password)
-    if again is None or again.pk != user.pk:
-        raise ApiError(403, "password_required", f"wrong password: {doing} was not done")
-
-
 @router.post("/policies/{slug}/versions/{number}/approve",
              response={200: schemas.Done, **ERRORS_DOC}, auth=Token(COMPLIANCE))  # fmt: skip
 def approve(request, slug: str, number: int, body: schemas.Approval):
@@ -214,7 +202,7 @@ def approve(request, slug: str, number: int, body: schemas.Approval):
     approver's password (sudo). ``If-Match``: the version's ETag the approver reviewed."""
     version = version_or_404(slug, number)
     _fence_version(request, version)
-    _password_again(request, body.password, f"the approval of {version}")
+    password_again(request, body.password, f"the approval of {version}")
     output = commands.run(policy_cli.policy_approve, slug=slug, number=number,
                           reason=body.reason)  # fmt: skip
     version.refresh_from_db()

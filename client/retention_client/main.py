@@ -227,10 +227,14 @@ def register(sub) -> None:  # noqa: PLR0915 - one grammar, as manage.py retentio
     p.add_argument("--key-to", type=int, metavar="N")
     for name in ("release", "approve-release", "withdraw-release", "refuse-release"):
         p = add(hs, name, lambda api, o, name=name: api.post(
-            f"/holds/{o.hold_id}/{name}", {"reason": o.reason}))  # fmt: skip
+            f"/holds/{o.hold_id}/{name}", {"reason": o.reason} if name != "approve-release"
+            else {"reason": o.reason, "password": _password(o, "the release")}))  # fmt: skip
         p.add_argument("hold_id", type=int, metavar="ID")
         p.add_argument("--by", help=CLAIM)
         reason(p)
+        if name == "approve-release":
+            p.add_argument("--password-stdin", action="store_true",
+                           help="read your password from standard input")  # fmt: skip
     p = add(hs, "list", lambda api, o: api.get("/holds", all=o.all))
     p.add_argument("--all", action="store_true")
 

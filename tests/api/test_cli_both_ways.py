@@ -274,11 +274,13 @@ def test_the_other_deciding_commands_print_the_same_both_ways(server, setting, m
     connection.close()  # the commands' own processes write from here on
     compared = []
 
-    def twins(role: str, make_args, targets, mask: str, stdin=(None, None)) -> str:
+    def twins(role: str, make_args, targets, mask: str, stdin=(None, None), client=()) -> str:
         """``make_args(target)`` with the database on the first target, as a client on the
-        second; the outputs equal once ``mask`` hides what names the target."""
+        second (with ``client``'s arguments too); the outputs equal once ``mask`` hides what
+        names the target."""
         a = with_database(make_args(targets[0]), token=tokens[role], stdin=stdin[0])
-        b = with_api(make_args(targets[1]), url=server, token=tokens[role], stdin=stdin[1])
+        b = with_api((*make_args(targets[1]), *client), url=server, token=tokens[role],
+                     stdin=stdin[1])  # fmt: skip
         seen = [(r.returncode, *(re.sub(mask, "…", t) for t in output(r))) for r in (a, b)]
         assert seen[0] == seen[1], (make_args(targets[0]), seen)
         assert a.returncode == 0, a.stderr
@@ -292,9 +294,11 @@ def test_the_other_deciding_commands_print_the_same_both_ways(server, setting, m
     twins("compliance", lambda h: ("hold", "refuse-release", h, "--reason", "not yet"),
           holds, hold_id)  # fmt: skip
     twins("author", lambda h: ("hold", "release", h, "--reason", "settled now"), holds, hold_id)
+    # (the client asks for the approver's password, as the page does)
     assert "released" in twins(  # the two commands run seconds apart: "(in 5h 37m)" may tick
         "compliance", lambda h: ("hold", "approve-release", h, "--reason", "agreed"),
-        holds, hold_id + r"|\(in [^)]+\)",
+        holds, hold_id + r"|\(in [^)]+\)", stdin=(None, "carla-pw\n"),
+        client=("--password-stdin",),
     )  # fmt: skip
     letter = r"#\d+"
     assert "replayed" in twins("oncall", lambda d: ("replay", d, "--reason", "table back"),

@@ -124,15 +124,23 @@ def test_a_hold_release_takes_two_people_over_the_api(api, world, people):
     assert status == 200, data
 
     status, error = api.post(
-        f"/holds/{hold.pk}/approve-release", {"reason": "closed"}, as_="compliance"
-    )
+        f"/holds/{hold.pk}/approve-release", {"reason": "closed", "password": "carla-pw"},
+        as_="compliance",
+    )  # fmt: skip
 
     assert (status, error["code"]) == (403, "four_eyes")
     hold.refresh_from_db()
     assert hold.released_at is None
+    # a token alone does not release: the approver's password again, as for an approval
+    for password in ("", "wrong"):
+        status, error = api.post(f"/holds/{hold.pk}/approve-release",
+                                 {"reason": "closed", "password": password}, as_="superuser")  # fmt: skip
+        assert (status, error["code"]) == (403, "password_required"), error
+    assert LegalHold.objects.get(pk=hold.pk).released_at is None
     status, data = api.post(
-        f"/holds/{hold.pk}/approve-release", {"reason": "closed"}, as_="superuser"
-    )
+        f"/holds/{hold.pk}/approve-release", {"reason": "closed", "password": "sue-pw"},
+        as_="superuser",
+    )  # fmt: skip
     assert status == 200, data
     assert LegalHold.objects.get(pk=hold.pk).released_by == "sue"
 

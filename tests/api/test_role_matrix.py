@@ -97,7 +97,8 @@ ENDPOINTS = [
     ("POST", "/holds", "/holds", lambda r: {**R, "policy": "events", "tenant": ["2"]}, C),
     ("GET", "/holds/{hold_id}", "/holds/{hold}", None, ALL),
     ("POST", "/holds/{hold_id}/release", "/holds/{hold}/release", lambda r: R, C),
-    ("POST", "/holds/{hold_id}/approve-release", "/holds/{hold}/approve-release", lambda r: R, C),
+    ("POST", "/holds/{hold_id}/approve-release", "/holds/{hold}/approve-release",
+     lambda r: {**R, "password": PASSWORDS[r]}, C),
     ("POST", "/holds/{hold_id}/withdraw-release", "/holds/{hold}/withdraw-release", lambda r: R,
      C),
     ("POST", "/holds/{hold_id}/refuse-release", "/holds/{hold}/refuse-release", lambda r: R, C),
@@ -247,7 +248,8 @@ FENCED = [
     ("/runs/{run}", "/runs/{run}/cancel", R, "oncall", _move_run),
     ("/runs/{run}", "/runs/{run}/confirm", R, "oncall", _move_run),
     ("/holds/{hold}", "/holds/{hold}/release", R, "compliance", _move_hold),
-    ("/holds/{hold}", "/holds/{hold}/approve-release", R, "compliance", _move_hold),
+    ("/holds/{hold}", "/holds/{hold}/approve-release", {**R, "password": "carla-pw"},
+     "compliance", _move_hold),
     ("/holds/{hold}", "/holds/{hold}/withdraw-release", R, "compliance", _move_hold),
     ("/holds/{hold}", "/holds/{hold}/refuse-release", R, "compliance", _move_hold),
     ("/kill-switch", "/kill-switch", {"state": "on", **R}, "oncall", _move_switch),
@@ -288,7 +290,7 @@ def test_a_decision_on_a_state_that_moved_on_is_refused_and_changes_nothing(
 FOUR_EYES = [
     ("/policies/events/versions/2/approve", {**R, "password": "author-events-pw"}),
     ("/policies/events/versions/2/reject", R),
-    ("/holds/{hold}/approve-release", R),
+    ("/holds/{hold}/approve-release", {**R, "password": "author-events-pw"}),
     ("/holds/{hold}/refuse-release", R),
     ("/floors/{floor}/approve", R),
 ]
