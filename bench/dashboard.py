@@ -29,7 +29,9 @@ measurements, two drained by two ``retention drain`` worker processes while the 
 policy's page, the targets page and a target's page are timed. Then a further target of the
 group whose server does not answer (a socket that accepts and never replies, as a hung server
 or a dropped network path does): the first request of each page after it joined, whether the
-page names it unreachable, and the p95 with it in place.
+page names it unreachable, and the p95 with it in place. The fleet's share of the overview is
+timed apart (``runs.fleet.view.fleet_of`` alone); with ``--explain``, the overview's
+control-database queries too.
 
 Prints tables; asserts nothing. Targets: page p95 <= 150 ms, CSV >= 100k rows/s, flat RSS.
 """
@@ -501,7 +503,30 @@ def _silent_server():
     return listener.getsockname()[1], close
 
 
-def measure_fleet(n_targets: int, rows: int, n: int, pace: int) -> None:
+def fleet_read_times(n: int) -> dict:
+    """The fleet's share of the overview: ``runs.fleet.view.fleet_of`` alone (the registry,
+    every target's ledger read at once, the convergence), as the overview calls it."""
+    from retention.models import Policy
+    from runs.fleet import view as fleet_view
+    from targets import connections as C
+
+    policies = list(Policy.objects.filter(slug="fleet"))
+    targets = {p.id: C.resolve(p.approved_version.parsed.targets) for p in policies}
+    fleet_view.fleet_of(policies, targets)
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fleet_view.fleet_of(policies, targets)
+        times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    return {
+        "p50": statistics.median(times),
+        "p95": times[max(0, round(0.95 * len(times)) - 1)],
+        "max": times[-1],
+    }
+
+
+def measure_fleet(n_targets: int, rows: int, n: int, pace: int, explain_pages: bool) -> None:
     """The fleet's pages with ``n_targets`` targets, two of them draining, then with a target
     that does not answer (module docstring)."""
     from django.contrib.auth.models import Group, User
@@ -632,6 +657,9 @@ def measure_fleet(n_targets: int, rows: int, n: int, pace: int) -> None:
             r["rate"] = r["deleted"] / (time.perf_counter() - t)
             results.append((name, r))
         load_1 = os.getloadavg()[0]
+        reads = fleet_read_times(n)
+        if explain_pages:
+            explain(client, "/")
 
         # a target of the group whose server does not answer
         port, close_silent = _silent_server()
@@ -677,6 +705,10 @@ def measure_fleet(n_targets: int, rows: int, n: int, pace: int) -> None:
             f"{name:40} {r['p50']:9.1f} {r['p95']:9.1f} {r['max']:9.1f} {r['deleted']:23,} "
             f"{r['rate']:9,.0f}"
         )
+    print(
+        f"{'of which the fleet (fleet_of alone)':40} {reads['p50']:9.1f} {reads['p95']:9.1f} "
+        f"{reads['max']:9.1f}"
+    )
     print(f"» load average (1 min) after these: {load_1:.2f}")
     print()
     print(
@@ -748,7 +780,7 @@ def main() -> None:
     connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
     if args.fleet:
         try:
-            measure_fleet(args.fleet, args.fleet_rows, args.requests, args.fleet_pace)
+            measure_fleet(args.fleet, args.fleet_rows, args.requests, args.fleet_pace, args.explain)
         finally:
             if not args.keep:
                 connection.creation.destroy_test_db(old_name, verbosity=0)
