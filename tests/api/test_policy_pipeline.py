@@ -20,6 +20,7 @@ from retention import actions  # noqa: E402
 from retention.models import PolicyVersion  # noqa: E402
 from retention.spec import load_toml  # noqa: E402
 from tests.dashboard.test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from tests.dashboard.test_browser_axe import violations  # noqa: E402
 from tests.runs.conftest import create_events  # noqa: E402
 
 from .live import gunicorn, with_api  # noqa: E402
@@ -107,6 +108,7 @@ def test_plan_apply_approve_in_the_browser_plan_again(server, browser, make_user
     page.click("button[type=submit]")
     expect(page.locator(".who")).to_contain_text("cora")
     page.goto(f"{server}/policies/uploads/v1/")
+    assert violations(page) == []  # axe-core, as on every page (test_browser_axe.py)
     page.locator('form[action$="/approve/"] input[name=reason]').fill("PR #42 reviewed")
     page.locator('form[action$="/approve/"] input[name=password]').fill("cora-pw")
     page.locator('form[action$="/approve/"] button').click()

@@ -12,6 +12,7 @@ from playwright.sync_api import expect
 from runs.actions import trigger_run
 from runs.engine import worker
 from tests.dashboard.test_browser import browser, login, shoot  # noqa: F401 - fixtures
+from tests.dashboard.test_browser_axe import violations
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW
 from tests.runs.test_partitions import MONTHS, create_partitioned
@@ -50,6 +51,7 @@ def test_the_preview_shows_each_partition_and_the_run_page_what_was_dropped(
     expect(table.locator("tr", has_text="rr_parts_2026_08")).to_contain_text("straddles")
     table.scroll_into_view_if_needed()
     shoot(page, "preview-partitions")
+    assert violations(page) == []  # axe-core, as on every page (test_browser_axe.py)
 
     run, _ = trigger_run(parts_policy, tick=NOW)
     worker.drain(run.pk, budget_s=120)
@@ -57,3 +59,4 @@ def test_the_preview_shows_each_partition_and_the_run_page_what_was_dropped(
     actions = page.locator('[data-testid="partition-actions"]')
     expect(actions.locator('[data-partition="public.rr_parts_2026_01"]')).to_contain_text("dropped")
     expect(actions.locator('[data-partition="public.rr_parts_2026_01"]')).to_contain_text("md5:")
+    assert violations(page) == []
