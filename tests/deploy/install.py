@@ -293,50 +293,57 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
         web, worker, env = env_of["web"], env_of["worker"], env_of["operator"]
         manage(env, "check", "--deploy", "--fail-level", "WARNING")
         step("check --deploy")
-        manage(
-            dict(web, DJANGO_SUPERUSER_PASSWORD="root-password-1234"),
-            "createsuperuser", "--no-input", "--username", "root", "--email", "root@example.com",
-        )  # fmt: skip
+        # people and roles: superusers, on the web host, with the web login. The CLI acts as a
+        # person: their personal token, obtained with their password (minted on the web host:
+        # the operator login writes nothing). Commands that decide run there too, where the
+        # decision-signing key is.
+        root, second = "root-password-1234", "second-password-1234"
 
-        def token_of(user: str, password: str, login: dict = web) -> dict:
-            """The CLI acts as a person: their personal token, obtained with their password
-            (minted on the web host, with the web login: the operator login writes nothing).
-            Commands that decide run there too, where the decision-signing key is."""
-            secret = manage(
-                web, "retention", "token", "create", "--username", user, "--password-stdin",
-                stdin=f"{password}\n",
-            ).stdout.strip()  # fmt: skip
-            return dict(login, RETENTION_TOKEN=secret)
+        def token(user: str, password: str) -> tuple:
+            return (f"token {user}", ["retention", "token", "create", "--username", user,
+                                      "--password-stdin"], {}, f"{password}\n")  # fmt: skip
 
-        # people and roles: a superuser, on the web host
-        as_root = token_of("root", "root-password-1234", web)
+        def as_(user: str) -> dict:
+            return {"RETENTION_TOKEN": f"{{output:token {user}}}"}
+
+        steps = [
+            ("superuser root", ["createsuperuser", "--no-input", "--username", "root", "--email",
+                                "root@example.com"], {"DJANGO_SUPERUSER_PASSWORD": root}, None),
+            token("root", root),
+        ]  # fmt: skip
         # (the new person's password, then root's own, asked again: a token alone adds no one)
-        for user in ("alice", "carol", "oscar"):
-            manage(
-                as_root, "retention", "user", "add", user, "--by", "root", "--password-stdin",
-                stdin=f"{user}-password-1234\nroot-password-1234\n",
-            )  # fmt: skip
+        steps += [
+            (f"user add {user}", ["retention", "user", "add", user, "--by", "root",
+                                  "--password-stdin"], as_("root"),
+             f"{user}-password-1234\n{root}\n")
+            for user in ("alice", "carol", "oscar")
+        ]  # fmt: skip
         # compliance makes an approver once a second superuser confirms the grant
-        manage(
-            dict(web, DJANGO_SUPERUSER_PASSWORD="second-password-1234"),
-            "createsuperuser", "--no-input", "--username", "second", "--email", "s@example.com",
-        )  # fmt: skip
-        as_second = token_of("second", "second-password-1234", web)
-        for user in ("alice", "carol"):
-            for who, login, password in (
-                ("root", as_root, "root-password-1234"),
-                ("second", as_second, "second-password-1234"),
-            ):
-                manage(login, "retention", "role", "grant", user, "compliance", "--by", who,
-                       "--reason", "first compliance officers", "--password-stdin",
-                       stdin=f"{password}\n")  # fmt: skip
-        as_alice, as_carol = (
-            token_of("alice", "alice-password-1234"),
-            token_of("carol", "carol-password-1234"),
+        steps += [
+            ("superuser second", ["createsuperuser", "--no-input", "--username", "second",
+                                  "--email", "s@example.com"],
+             {"DJANGO_SUPERUSER_PASSWORD": second}, None),
+            token("second", second),
+        ]  # fmt: skip
+        steps += [
+            (f"grant {user} by {who}", ["retention", "role", "grant", user, "compliance", "--by",
+                                        who, "--reason", "first compliance officers",
+                                        "--password-stdin"], as_(who), f"{password}\n")
+            for user in ("alice", "carol")
+            for who, password in (("root", root), ("second", second))
+        ]  # fmt: skip
+        steps += [
+            token("alice", "alice-password-1234"),
+            token("carol", "carol-password-1234"),
+            ("grant oscar", ["retention", "role", "grant", "oscar", "oncall", "--by", "root",
+                             "--password-stdin"], as_("root"), f"{root}\n"),
+            token("oscar", "oscar-password-1234"),
+        ]  # fmt: skip
+        done = in_one_process(web, steps)
+        as_root, as_alice, as_carol, as_oscar = (
+            dict(web, RETENTION_TOKEN=done[f"token {user}"][1].strip())
+            for user in ("root", "alice", "carol", "oscar")
         )
-        manage(as_root, "retention", "role", "grant", "oscar", "oncall", "--by", "root",
-               "--password-stdin", stdin="root-password-1234\n")  # fmt: skip
-        as_oscar = token_of("oscar", "oscar-password-1234")
         seen["roles"] = manage(env, "retention", "role", "list").stdout
         step("superuser, users, roles")
 
@@ -489,6 +496,46 @@ def every_other_command(env_of: dict, run_key: str, tmp_path: Path, tokens: dict
     ):
         results.update(_run_commands(env_of[kind], group, tokens, again))
     return results
+
+
+def in_one_process(env: dict, steps: list[tuple]) -> dict:
+    """Commands one after another in one process with the environment ``env``, each as
+    ``manage.py …`` would run it: ``(label, args, additions to the environment, stdin)``. An
+    addition written ``{output:LABEL}`` is what an earlier command printed (a token it
+    created). Each must succeed; label → (0, stdout, stderr). One process saves a Python and
+    Django start-up per command: a new installation's people and roles are a dozen commands."""
+    script = (
+        "import io, json, os, sys, django; django.setup()\n"
+        "from django.core.management import call_command\n"
+        "out = {}\n"
+        "for label, args, extra, stdin in json.loads(sys.stdin.read()):\n"
+        "    before = {key: os.environ.get(key) for key in extra}\n"
+        "    for key, value in extra.items():\n"
+        "        if value.startswith('{output:'):\n"
+        "            value = out[value[len('{output:'):-1]][1].strip()\n"
+        "        os.environ[key] = value\n"
+        "    sys.stdin = io.StringIO(stdin or '')\n"
+        "    stdout, stderr = io.StringIO(), io.StringIO()\n"
+        "    call_command(*args, stdout=stdout, stderr=stderr)\n"
+        "    out[label] = [0, stdout.getvalue(), stderr.getvalue()]\n"
+        "    for key, value in before.items():\n"
+        "        os.environ.pop(key) if value is None else os.environ.update({key: value})\n"
+        "print('RESULTS' + json.dumps(out))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=dict(env, DJANGO_SETTINGS_MODULE="config.settings"),
+        input=json.dumps(steps),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and "Traceback" not in result.stderr, (
+        result.stdout[-3000:],
+        result.stderr[-3000:],
+    )
+    return {k: tuple(v) for k, v in json.loads(result.stdout.split("RESULTS", 1)[1]).items()}
 
 
 def _run_commands(env: dict, commands: dict, tokens: dict, stdin: dict | None = None) -> dict:
