@@ -24,7 +24,7 @@ from psycopg import sql
 
 from archive import objects
 from core import locks, timeouts
-from retention import cascades, introspect
+from retention import cascades, decisions, introspect
 from retention import predicate as P
 from retention.models import KillSwitch, LegalHold, Policy
 from retention.schedule_math import latest_tick
@@ -220,7 +220,9 @@ def missed_ranges(run: Run, spec, *, types: dict, cascade=None) -> tuple | None:
     - chunks are per tenant (one walk per tenant: their union is not one range);
     - a chunk of the pass is not done (dead-lettered, cancelled: their rows are counted);
     - a legal hold applied to the policy at any time since the run was created (a row it
-      deferred becomes eligible again on its release, and the figures name the holds);
+      deferred becomes eligible again on its release, and the figures name the holds) — or
+      was released so shortly before that a worker's list of releases may still have held it
+      in force, or by a row no signature vouches for;
     - a planned column can be NULL (those rows are counted and reported), or the table's
       cascades are guarded (rows the guard defers are counted);
     - the run has handled partitions (``runs.engine.partitions``)."""
@@ -244,8 +246,14 @@ def _chunks_can_tell(run: Run, spec, *, types: dict, cascade) -> bool:
     known_not_null = {name for name, t in types.items() if t.not_null}
     if any(c not in known_not_null for c in P.required_columns(spec)):
         return False
+    # a hold the run's chunks may have honoured: in force, released since the run was made or
+    # in the window before it a worker's list of verified releases may lag by
+    # (``decisions.RELEASES_TTL_S``), or released by a row no signature vouches for
+    lagging = run.created_at - timedelta(seconds=decisions.RELEASES_TTL_S)
     holds = LegalHold.objects.filter(Q(policy__isnull=True) | Q(policy_id=run.policy_id)).filter(
-        Q(released_at__isnull=True) | Q(released_at__gte=run.created_at)
+        Q(released_at__isnull=True)
+        | Q(released_at__gte=lagging)
+        | ~Q(pk__in=decisions.verified_release_ids())
     )
     return not (holds.exists() or PartitionAction.objects.filter(run=run).exists())
 

@@ -176,3 +176,36 @@ def test_rows_a_before_delete_trigger_keeps_are_never_called_drained(make_user, 
         with connection.cursor() as cur:
             cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
             cur.execute("DROP FUNCTION IF EXISTS public.rr_keep_pinned()")
+
+
+def test_a_run_made_just_after_a_release_never_calls_the_rows_its_workers_still_held_drained(
+    db, make_user, no_guard
+):
+    """A worker process reads the verified releases again every ``RELEASES_TTL_S`` seconds: one
+    whose list is older than a release keeps the hold in force a little longer, and its chunks
+    skip the hold's rows. A run made in that window must not take its done chunks for proof
+    that their ranges are empty: its verification reads the rows and names what it finds."""
+    import time
+
+    from retention import decisions
+    from runs.engine import worker
+    from runs.evidence.invariants import check_run
+    from runs.models import Run
+    from tests.runs.conftest import create_events
+
+    create_events(3000)
+    policy = approved_policy(make_user, **events_spec(chunking="key"))
+    hold = actions.place_hold(
+        actor=make_user("keeper", "compliance"), reason="litigation", policy=policy, tenant="3"
+    )
+    actions.request_hold_release(hold, actor=make_user("asker", "compliance"), reason="settled")
+    actions.approve_hold_release(hold, actor=make_user("judge", "compliance"), reason="settled")
+    # this process's list was read before the release, in another process's stead
+    decisions._releases = (time.monotonic(), [])
+    run, _ = trigger_run(policy, tick=NOW)
+    worker.drain(run.pk, budget_s=120)
+    decisions.forget()
+    worker.drain(run.pk, budget_s=120)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED
+    assert check_run(run, shadow=("public", "rr_events_shadow")) == []
