@@ -71,6 +71,28 @@ def wait_for(predicate, *, timeout: float = 60, interval: float = 0.1, what: str
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def drain_past_an_open_write(application: psycopg.Connection, run_id: int) -> None:
+    """Drain run ``run_id`` in a thread while ``application`` holds an uncommitted write the
+    run's chunk will wait on; once a chunk waits on it (a row or transaction lock), commit the
+    write and let the drain finish."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from runs.engine import worker
+    from tests.runs.test_decision_fence import in_thread
+
+    with pg_connect() as observer, ThreadPoolExecutor(max_workers=1) as pool:
+        drain = pool.submit(in_thread(lambda: worker.drain(run_id, budget_s=120)))
+        wait_for(
+            lambda: observer.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND wait_event IN ('tuple', 'transactionid')"
+            ).fetchone()[0],
+            what="the chunk to wait on the application's write",
+        )
+        application.commit()
+        drain.result(timeout=120)
+
+
 def backends_waiting_on_delete(conn: psycopg.Connection, table: str) -> int:
     row = conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"

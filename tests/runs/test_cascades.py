@@ -27,7 +27,7 @@ from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, DeadLetter, Run
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW, count
-from tests.runs.processes import pg_connect, wait_for
+from tests.runs.processes import drain_past_an_open_write, pg_connect, wait_for
 from tests.runs.test_decision_fence import advisory_waiters, in_thread
 from tests.security.test_audit_append_only import behind_the_trigger
 
@@ -395,27 +395,16 @@ def test_a_repost_committed_while_a_chunk_deletes_its_original_is_not_cascaded_a
     )  # fmt: skip
     assert count("public.rr_posts", "repost_of = 950") == 0  # an expired original, no repost
     run, _ = trigger_run(policy, tick=NOW)
-    application, observer = pg_connect(autocommit=False), pg_connect()
+    application = pg_connect(autocommit=False)
     try:
         application.execute(
             "INSERT INTO public.rr_posts (id, tenant_id, created_at, repost_of)"
             " VALUES (99999, 1, %s, 950)",
             [NOW],
         )
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            drain = pool.submit(in_thread(lambda: worker.drain(run.pk, budget_s=120)))
-            wait_for(
-                lambda: observer.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND wait_event_type = 'Lock' AND wait_event IN ('tuple', 'transactionid')"
-                ).fetchone()[0],
-                what="the chunk to wait on the application's insert",
-            )
-            application.commit()
-            drain.result(timeout=120)
+        drain_past_an_open_write(application, run.pk)
     finally:
         application.close()
-        observer.close()
     run.refresh_from_db()
     assert run.state == Run.State.DRAINED, run.state_reason
     assert count("public.rr_posts", "id IN (950, 99999)") == 2

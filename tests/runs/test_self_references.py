@@ -128,10 +128,7 @@ def test_a_reference_committed_while_its_chunk_deletes_the_row_costs_one_failed_
     split once, and its halves, reading the table again, spare 1203 and the states it
     references (1202, 1201) — no splitting down to single rows. Everything else the rows that
     stay do not reference goes, and the run is drained."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tests.runs.processes import pg_connect, wait_for
-    from tests.runs.test_decision_fence import in_thread
+    from tests.runs.processes import drain_past_an_open_write, pg_connect
 
     policy = approved_policy(
         make_user, slug="states", table="public.rr_states", key="state_id",
@@ -142,7 +139,7 @@ def test_a_reference_committed_while_its_chunk_deletes_the_row_costs_one_failed_
     # 1201..1210 are one run of ten, old, none pinned: without the new reference all go
     assert count("public.rr_states", "state_id BETWEEN 1201 AND 1210 AND last_updated < %s"
                  " AND NOT pinned", [run.bound]) == 10  # fmt: skip
-    application, observer = pg_connect(autocommit=False), pg_connect()
+    application = pg_connect(autocommit=False)
     try:
         # checked at once, so the insert holds 1203's key-share lock until it commits (a
         # deferred key's check would take it only at COMMIT)
@@ -152,20 +149,9 @@ def test_a_reference_committed_while_its_chunk_deletes_the_row_costs_one_failed_
             " VALUES (99999, 1, %s, 1203)",
             [NOW],
         )
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            drain = pool.submit(in_thread(lambda: worker.drain(run.pk, budget_s=120)))
-            wait_for(
-                lambda: observer.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND wait_event_type = 'Lock' AND wait_event IN ('tuple', 'transactionid')"
-                ).fetchone()[0],
-                what="the chunk to wait on the application's insert",
-            )
-            application.commit()
-            drain.result(timeout=120)
+        drain_past_an_open_write(application, run.pk)
     finally:
         application.close()
-        observer.close()
     run.refresh_from_db()
     assert run.state == Run.State.DRAINED, run.state_reason
     # one failed chunk for the one cause, split once; no dead letter
