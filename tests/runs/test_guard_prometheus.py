@@ -145,7 +145,11 @@ def test_a_prometheus_query_over_its_threshold_throttles_and_releases_admission(
     assert guard.evaluate(spec, guard.latest_sample()).admit
     again = worker.process_one(Run.objects.get(pk=run.pk))
     assert again.kind in (worker.DONE, worker.NO_WORK), again.reason  # throttled chunk backs off
-    assert guard.current_state(policy)["level"] == "ok"
+    # the query no longer throttles: its reading is under its threshold and no reason names it
+    # (the badge as a whole also reads the host's signals, which a busy machine may move)
+    state = guard.current_state(policy)
+    assert state["signals"]["prometheus"]["value"] == 0.2
+    assert not [r for r in state["reasons"] if r.startswith("prometheus")], state["reasons"]
 
 
 def test_an_unreachable_prometheus_counts_as_pressure_after_its_grace_period(
