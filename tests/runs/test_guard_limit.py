@@ -148,7 +148,13 @@ def test_a_limit_every_setting_holds_takes_the_knobs_from_the_floor_to_the_polic
             assert step.limit_ms == 5000.0 and "(fg_p99_ms)" in step.reason
         else:
             assert step.limit_ms >= 5000.0 and "max(100 × idle, idle + 5000 ms)" in step.reason
-    assert {s.action for s in steps} <= {guard.START, guard.INCREASE, guard.HOLD}
+    # never a decrease for the latency, which every period kept; the only decrease there can
+    # be is the back-off before a write-back, on the host's WAL fsync and I/O signals, which a
+    # busy machine moves and this test does not
+    for step in steps:
+        if step.action == guard.DECREASE:
+            assert "backing off before the write-back" in step.reason, history(policy)
+    assert {s.action for s in steps} <= {guard.START, guard.INCREASE, guard.HOLD, guard.DECREASE}
     # from the floor to the policy's own setting: the additive increase, period by period
     assert sum(s.action == guard.INCREASE for s in steps) >= 2
     # the pages' figures are the controller's: the measured p99 beside its limit in ms
