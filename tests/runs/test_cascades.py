@@ -440,23 +440,12 @@ def test_a_line_made_protected_while_a_chunk_deletes_its_order_stays_with_its_or
     # order 2 is expired and every line of it may go: without the update, it goes with them
     assert count("public.rr_order_lines", "order_id = 2 AND status = 'closed'") == 3
     run, _ = trigger_run(orders_policy, tick=NOW)
-    application, observer = pg_connect(autocommit=False), pg_connect()
+    application = pg_connect(autocommit=False)
     try:
         application.execute(f"UPDATE public.rr_order_lines SET {change} WHERE id = 21", params)
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            drain = pool.submit(in_thread(lambda: worker.drain(run.pk, budget_s=120)))
-            wait_for(
-                lambda: observer.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND wait_event_type = 'Lock' AND wait_event IN ('tuple', 'transactionid')"
-                ).fetchone()[0],
-                what="the chunk to wait on the application's update",
-            )
-            application.commit()
-            drain.result(timeout=120)
+        drain_past_an_open_write(application, run.pk)
     finally:
         application.close()
-        observer.close()
     run.refresh_from_db()
     assert run.state == Run.State.DRAINED, run.state_reason
     assert count("public.rr_order_lines", f"id = 21 AND {change}", params) == 1
