@@ -128,15 +128,10 @@ def test_a_self_referencing_cascade_spares_held_and_young_reposts_and_the_audit_
     assert "Index Cond: (repost_of = t.id)" in delete, delete
 
 
-@pytest.fixture
-def orders(transactional_db):
+def create_orders() -> None:
     """``public.rr_orders`` (1,000 over 40 days) and ``public.rr_order_lines`` (three per
-    order, ``ON DELETE CASCADE``), the lines the target of a policy of their own: 10 days'
-    retention on their own timestamp, a hold on tenant 9, and lines marked 'disputed' kept."""
-    sql(
-        "DROP TABLE IF EXISTS public.rr_order_lines, public.rr_orders,"
-        " public.rr_order_lines_shadow, public.rr_orders_shadow"
-    )
+    order, ``ON DELETE CASCADE``), with shadow copies: see ``orders``."""
+    drop_orders()
     sql(
         "CREATE TABLE public.rr_orders (id bigint PRIMARY KEY, tenant_id int NOT NULL,"
         " placed_at timestamptz NOT NULL)"
@@ -170,11 +165,23 @@ def orders(transactional_db):
     sql("CREATE TABLE public.rr_order_lines_shadow AS SELECT * FROM public.rr_order_lines")
     sql("ANALYZE public.rr_orders")
     sql("ANALYZE public.rr_order_lines")
-    yield
+
+
+def drop_orders() -> None:
     sql(
         "DROP TABLE IF EXISTS public.rr_order_lines, public.rr_orders,"
         " public.rr_order_lines_shadow, public.rr_orders_shadow"
     )
+
+
+@pytest.fixture
+def orders(transactional_db):
+    """``public.rr_orders`` (1,000 over 40 days) and ``public.rr_order_lines`` (three per
+    order, ``ON DELETE CASCADE``), the lines the target of a policy of their own: 10 days'
+    retention on their own timestamp, a hold on tenant 9, and lines marked 'disputed' kept."""
+    create_orders()
+    yield
+    drop_orders()
 
 
 def test_a_cascade_into_another_policys_table_respects_its_holds_keep_rules_and_cutoff(
