@@ -1,6 +1,8 @@
 """``retention grants apply|check|sql``: the database logins of a deployment and exactly what
 each may do (``database.grants``). Run with the owner's login, like ``migrate``; they act as
-the system, not as a person."""
+the system, not as a person. ``--target-db NAME`` applies to a target's ledger instead (with
+that target's owner login in its variable or file, like ``retention target migrate``); ``check``
+checks the control database and every registered target."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from django.db import connection
 from psycopg import sql
 
 from database import grants
+from targets import connections as C
+from targets.models import DEFAULT
 
 KINDS = tuple(grants.LOGINS)
 
@@ -20,14 +24,33 @@ def _logins(options) -> dict[str, str]:
     return logins
 
 
+def _target_db(options) -> str:
+    """The target ``--target-db`` names ('default': the control database), registered."""
+    name = options.get("target_db") or DEFAULT
+    if name != DEFAULT and name not in C.all_names():
+        raise CommandError(f"--target-db {name}: no such target (retention target list)")
+    return name
+
+
 def apply(command, options) -> None:
     logins = _logins(options)
+    name = _target_db(options)
+    declared = grants.LOGINS if name == DEFAULT else grants.TARGET_LOGINS
+    tables = options["target"] or []
+    if name != DEFAULT:  # the tables of the policies that delete from it, read now
+        tables = sorted(set(tables) | set(grants.policy_targets(name)))
     try:
-        done, owed = grants.apply(logins, options["target"] or [])
+        with C.on(name):
+            done, owed = grants.apply(logins, tables, declared)
     except grants.GrantError as exc:
+        raise CommandError(f"target {name}: {exc}" if name != DEFAULT else str(exc)) from None
+    except C.TargetError as exc:
         raise CommandError(str(exc)) from None
+    finally:
+        C.close_all()
+    where = f" in target {name}'s ledger" if name != DEFAULT else ""
     for kind, role in logins.items():
-        command.stdout.write(f"{role}: granted what the {kind} login needs")
+        command.stdout.write(f"{role}: granted what the {kind} login needs{where}")
     for line in owed:
         command.stdout.write(line)
     command.stdout.write(
@@ -36,21 +59,47 @@ def apply(command, options) -> None:
 
 
 def check(command, options) -> None:
+    """The control database and every registered target (or only ``--target-db``): each
+    problem line names its target."""
     logins = _logins(options)
-    targets = sorted(set(options["target"] or []) | set(grants.policy_targets()))
+    if options.get("target_db"):
+        names = [_target_db(options)]
+    else:
+        names = C.all_names()
     failed = False
-    for kind, role in logins.items():
+    for name in names:
+        declared = grants.LOGINS if name == DEFAULT else grants.TARGET_LOGINS
+        tables = sorted(set(options["target"] or []) | set(grants.policy_targets(name)))
+        where = "" if name == DEFAULT else f"target {name}: "
         try:
-            problems = grants.check(kind, role, targets if grants.LOGINS[kind].targets else [])
+            with C.on(name):
+                for kind, role in logins.items():
+                    if kind not in declared:
+                        continue  # on a target: the worker and monitor logins only
+                    problems = grants.check(
+                        kind, role, tables if declared[kind].targets else [], declared
+                    )
+                    if problems:
+                        failed = True
+                        command.stdout.write(f"{where}{role} ({kind}): {len(problems)} problem(s)")
+                        for line in problems:
+                            command.stdout.write(f"  {where}{line}")
+                    else:
+                        command.stdout.write(f"{where}{role} ({kind}): exactly what it needs")
         except grants.GrantError as exc:
-            raise CommandError(str(exc)) from None
-        if problems:
+            if name == DEFAULT:
+                raise CommandError(str(exc)) from None
             failed = True
-            command.stdout.write(f"{role} ({kind}): {len(problems)} problem(s)")
-            for line in problems:
-                command.stdout.write(f"  {line}")
-        else:
-            command.stdout.write(f"{role} ({kind}): exactly what it needs")
+            command.stdout.write(f"{where}not checked: {exc}")
+        except C.TargetError as exc:
+            failed = True
+            command.stdout.write(f"{where}not checked: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a target that does not answer, one line
+            failed = True
+            command.stdout.write(f"{where}not checked: {C.first_line(exc)}")
+        finally:
+            if name != DEFAULT:
+                C.close_all()
     if failed:
         raise CommandError("some logins hold more or less than they need (above)")
 
@@ -113,6 +162,12 @@ def register(areas) -> None:
             parser.add_argument(f"--{kind}", metavar="ROLE", help=grants.LOGINS[kind].purpose)
         parser.add_argument(
             "--target", action="append", metavar="SCHEMA.TABLE", help="a table policies delete from"
+        )
+        parser.add_argument(
+            "--target-db",
+            metavar="NAME",
+            help="a registered target's ledger instead of the control database (apply: with "
+            "its owner login in its variable or file; check: only that target)",
         )
         return parser
 

@@ -177,6 +177,45 @@ LOGINS: dict[str, Login] = {
 }
 
 
+# In a target's ledger (``retention target migrate``): the worker syncs the mirror of the
+# control database's decisions there before its chunks (``runs.fleet.mirror``) — policies,
+# versions, holds, the kill switch, the signatures that vouch for them, the users the versions
+# name (without passwords) and their seals, and the generation it synced to — and works the
+# ledger as on the control database; the queue, schedules and the cluster's cache stay on the
+# control database. Writing the kill switch's mirror makes it a login that may decide *there*
+# (``rr_may_decide``): on a target the decisions that count are the control database's,
+# brought through the gate and checked by their signatures (docs/fleet.md).
+MIRROR = (
+    "retention.Policy",
+    "retention.PolicyVersion",
+    "retention.LegalHold",
+    "retention.KillSwitch",
+    "core.AccountSeal",
+    "auth.User",
+    "targets.Generation",
+)
+CONTROL_ONLY = ("django_q.OrmQ", "django_q.Schedule", "core_cluster_cache", "targets.Target")
+
+TARGET_LOGINS: dict[str, Login] = {
+    "worker": Login(
+        purpose="the cleanup clusters and `retention drain`, on a target's ledger",
+        tables={
+            **{k: v for k, v in LOGINS["worker"].tables.items() if k not in CONTROL_ONLY},
+            **dict.fromkeys(MIRROR, RIU),
+            "signatures.Signature": RI,
+        },
+        functions=LOGINS["worker"].functions,
+        targets=LOGINS["worker"].targets,
+    ),
+    # the checkpoint job reads a target's chains; their anchors are stored in the control
+    # database, out of the target's logins' reach
+    "monitor": Login(
+        purpose="the checkpoint job, reading a target's chains",
+        tables={k: v for k, v in LOGINS["monitor"].tables.items() if k != "runs.Checkpoint"},
+    ),
+}
+
+
 class GrantError(Exception):
     """A login, target or privilege that cannot be granted as asked."""
 
@@ -236,9 +275,16 @@ def _resolve_target(cursor, target: str) -> tuple[str, str]:
     return row[0], row[1]
 
 
-def statements(kind: str, role: sql.Composable, targets: list[tuple[str, str]], database: str):
-    """The statements that give ``role`` exactly what login ``kind`` needs."""
-    login = LOGINS[kind]
+def statements(
+    kind: str,
+    role: sql.Composable,
+    targets: list[tuple[str, str]],
+    database: str,
+    declared: dict[str, Login] = LOGINS,
+):
+    """The statements that give ``role`` exactly what login ``kind`` needs (``declared``:
+    ``TARGET_LOGINS`` in a target's ledger)."""
+    login = declared[kind]
     product = sql.Identifier(schema())
     out = [
         sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), role),
@@ -288,8 +334,11 @@ def statements(kind: str, role: sql.Composable, targets: list[tuple[str, str]], 
     return out
 
 
-def apply(logins: dict[str, str], targets: list[str]) -> tuple[list[str], list[str]]:
-    """Give each login (kind -> role name) exactly what its kind needs, in one transaction.
+def apply(
+    logins: dict[str, str], targets: list[str], declared: dict[str, Login] = LOGINS
+) -> tuple[list[str], list[str]]:
+    """Give each login (kind -> role name) exactly what its kind needs, in one transaction, in
+    the database in place (``declared``: ``TARGET_LOGINS`` in a target's ledger).
     With a worker login, a partitioned target also gets its partition function, created as
     the target's owner when this login may act as that role. Returns the statements run, as
     text, and one line for each partitioned target whose owner must create it instead."""
@@ -300,8 +349,13 @@ def apply(logins: dict[str, str], targets: list[str]) -> tuple[list[str], list[s
             cursor.execute("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", [role])
             if cursor.fetchone() is None:
                 raise GrantError(f"--{kind} {role}: no such role (CREATE ROLE {role} LOGIN …)")
+            if kind not in declared:
+                raise GrantError(
+                    f"--{kind}: on a target's ledger only the "
+                    f"{' and '.join(declared)} logins are declared"
+                )
             for statement in statements(
-                kind, sql.Identifier(role), resolved, connection.settings_dict["NAME"]
+                kind, sql.Identifier(role), resolved, connection.settings_dict["NAME"], declared
             ):
                 text = statement.as_string(cursor.connection)
                 cursor.execute(text)
@@ -392,23 +446,33 @@ def _partition_function(cursor, target_schema: str, table: str, worker: str, owe
     return texts
 
 
-def policy_targets() -> list[str]:
-    """``schema.table`` of every policy's approved or submitted version."""
+def policy_targets(database: str = "default") -> list[str]:
+    """``schema.table`` of every policy's approved or submitted version that deletes from the
+    target ``database`` (its ``targets``, groups read now; absent: the control database).
+    Read on the control database."""
     tables = set()
     PolicyVersion = apps.get_model("retention", "PolicyVersion")
+    Target = apps.get_model("targets", "Target")
+    groups = dict(Target.objects.values_list("name", "group"))
     for spec in PolicyVersion.objects.filter(state__in=["approved", "submitted"]).values_list(
         "spec", flat=True
     ):
-        tables.add(f"{spec.get('schema', 'public')}.{spec['table']}")
+        named = spec.get("targets") or ["default"]
+        group = groups.get(database)
+        if database in named or (group and f"group:{group}" in named):
+            tables.add(f"{spec.get('schema', 'public')}.{spec['table']}")
     return sorted(tables)
 
 
-def check(kind: str, role: str, targets: list[str]) -> list[str]:
+def check(
+    kind: str, role: str, targets: list[str], declared: dict[str, Login] = LOGINS
+) -> list[str]:
     """Every privilege ``role`` holds beyond what login ``kind`` needs, and everything it needs
-    and lacks, one line each (empty: exactly right). Privileges every role has through
-    PUBLIC's defaults (CONNECT and TEMPORARY on the database, EXECUTE on ordinary functions)
-    are not the login's own and are not listed."""
-    login = LOGINS[kind]
+    and lacks, one line each (empty: exactly right), in the database in place (``declared``:
+    ``TARGET_LOGINS`` in a target's ledger). Privileges every role has through PUBLIC's
+    defaults (CONNECT and TEMPORARY on the database, EXECUTE on ordinary functions) are not
+    the login's own and are not listed."""
+    login = declared[kind]
     problems: list[str] = []
     with connection.cursor() as cursor:
         cursor.execute(
