@@ -123,7 +123,7 @@ def status(request, response: HttpResponse, key: str, as_json: bool = Query(Fals
         raise ApiError(409, "target_unreachable", reason)
     with fleet_connections.on(name):  # the run's own target: its ledger is the record
         run = run_or_404(key)
-        data = {**run_status(run), "target": name}
+        data = fleet_runs.noted(name, {**run_status(run), "target": name})
         tag(response, etag_of(run))
         out = run_out(run)
     output = commands.run(lambda cmd, o: run_cli.write_status(cmd, data, as_json=as_json))

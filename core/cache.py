@@ -19,7 +19,7 @@ from datetime import UTC, date, datetime
 
 from django.core.cache.backends.base import DEFAULT_TIMEOUT
 from django.core.cache.backends.db import BaseDatabaseCache
-from django.db import connections, router
+from django.db import DatabaseError, connections, router
 from psycopg import sql
 
 log = logging.getLogger(__name__)
@@ -66,16 +66,28 @@ def loads(text: str):
     return json.loads(text, object_hook=_decode)
 
 
+def _sqlstate(exc: BaseException) -> str | None:
+    return getattr(exc, "sqlstate", None) or getattr(exc.__cause__, "sqlstate", None)
+
+
 class JSONDatabaseCache(BaseDatabaseCache):
     _writes = 0
 
     def _run(self, statement: str, params: list, *, write: bool) -> tuple[int, list]:
         alias = (router.db_for_write if write else router.db_for_read)(self.cache_model_class)
         query = sql.SQL(statement).format(table=sql.Identifier(self._table))
-        with connections[alias].cursor() as cur:
-            cur.execute(query.as_string(cur.connection), params)
-            rows = cur.fetchall() if cur.description else []
-            return cur.rowcount, rows
+        try:
+            with connections[alias].cursor() as cur:
+                cur.execute(query.as_string(cur.connection), params)
+                rows = cur.fetchall() if cur.description else []
+                return cur.rowcount, rows
+        except DatabaseError as exc:
+            if not write or _sqlstate(exc) != "25006" or connections[alias].in_atomic_block:
+                raise
+            # a database that accepts no writes now (a target after a fail-over to a replica):
+            # the value is only not remembered; whoever asked for it still gets it
+            log.info("cache not written: the database is read-only")
+            return 0, []
 
     def _expiry(self, timeout) -> datetime:
         at = self.get_backend_timeout(timeout)

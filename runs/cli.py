@@ -114,7 +114,7 @@ def status(cmd, o):
         return
     with fleet_connections.on(name):
         data = run_status(_run(o["run_key"]))
-    write_status(cmd, {**data, "target": name}, as_json=o["json"])
+    write_status(cmd, fleet_runs.noted(name, {**data, "target": name}), as_json=o["json"])
 
 
 def write_status(cmd, data: dict, *, as_json: bool) -> None:

@@ -249,5 +249,14 @@ def note_reachable(name: str, error: BaseException | None) -> None:
             cur.execute(
                 "UPDATE targets_target SET unreachable_since = coalesce(unreachable_since, now()),"
                 " unreachable_reason = %s WHERE name = %s",
-                [first_line(error), name],
+                [why_unusable(error), name],
             )
+
+
+def why_unusable(error: BaseException) -> str:
+    """One line for a target that cannot be used: its error's first line, said to be a
+    read-only database (SQLSTATE 25006) where it is one."""
+    codes = {getattr(e, "sqlstate", None) for e in (error, error.__cause__)}
+    if "25006" in codes:
+        return f"read-only (a replica after a fail-over?): {first_line(error)}"
+    return first_line(error)

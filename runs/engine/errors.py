@@ -28,8 +28,10 @@ _TRANSIENT_CODES = {
     "53100": "disk full",
     "53200": "out of memory",
     "58000": "system error",
+    "25006": "database is read-only",
 }
 _TRANSIENT_CLASSES = {"08": "connection failure"}
+READ_ONLY = "25006"  # read_only_sql_transaction: see connection_lost
 # Never retried: a person must look.
 _PERMANENT_CODES = {
     "42P01": "undefined table",
@@ -84,6 +86,18 @@ def classify(exc: BaseException) -> Classified:
             return Classified(TRANSIENT, "", "connection lost")
         return Classified(PERMANENT, "", type(exc).__name__)
     return Classified(TRANSIENT, code, f"database error {code}")
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """The database itself cannot be used, whatever the chunk or the run: the connection
+    failed (no SQLSTATE from the server, or class 08), or the database no longer accepts
+    writes (25006: a replica after a fail-over, or ``default_transaction_read_only``). The
+    work stops where it stands, nothing is recorded against the run, and it resumes when the
+    database is usable again."""
+    cls = classify(exc)
+    return (
+        cls.label == "connection lost" or cls.sqlstate.startswith("08") or cls.sqlstate == READ_ONLY
+    )
 
 
 def backoff(attempts: int, *, base: float = 1.0, cap: float = 300.0) -> float:

@@ -31,7 +31,7 @@ from retention.models import PolicyVersion
 from retention.spec import SpecError
 from runs import actions
 from runs.engine import guard, planner
-from runs.engine.errors import PERMANENT, backoff, classify, dead_letter
+from runs.engine.errors import PERMANENT, backoff, classify, connection_lost, dead_letter
 from runs.evidence import audit
 from runs.models import Chunk, DeadLetter, PartitionAction, PlannerCursor, Run, discarded_scopes
 
@@ -60,11 +60,6 @@ def statement_ms(spec) -> int:
     transaction's census): the policy's, or half of what a chunk may take inside the task
     timeout when that is longer — a census reads the whole partition once."""
     return max(spec.statement_timeout_ms, timeouts.chunk_limit_ms() // 2)
-
-
-def _connection_lost(exc: BaseException) -> bool:
-    cls = classify(exc)
-    return cls.label == "connection lost" or cls.sqlstate.startswith("08")
 
 
 OWNER, FUNCTION = "owner", "function"
@@ -170,7 +165,7 @@ def settle(run: Run, *, deadline: float | None = None) -> str:
     try:
         tree = RP.read_tree(spec)
     except (SpecError, DatabaseError) as exc:
-        if isinstance(exc, DatabaseError) and _connection_lost(exc):
+        if isinstance(exc, DatabaseError) and connection_lost(exc):
             raise
         # validation accepted the table, the catalog changed since (or cannot be read by
         # this role): nothing is taken whole, the chunks decide row by row
@@ -219,7 +214,7 @@ def settle(run: Run, *, deadline: float | None = None) -> str:
                 return outcome
         return SETTLED
     except DatabaseError as exc:
-        if _connection_lost(exc):
+        if connection_lost(exc):
             raise
         detaching = PartitionAction.objects.filter(
             run=run, state=PartitionAction.State.DETACHING
@@ -298,7 +293,7 @@ def _settle_intent(run: Run, spec, tree: RP.Tree, action: PartitionAction) -> st
     try:
         return _finish(run, spec, tree, action)
     except DatabaseError as exc:
-        if _connection_lost(exc):
+        if connection_lost(exc):
             raise
         return _intent_failed(run, spec, tree, action, exc)
 
@@ -551,7 +546,7 @@ def drop_kept_detached(policy, now) -> list[str]:
             with transaction.atomic():
                 out.append(_drop_detached(action, spec, now))
         except DatabaseError as exc:
-            if _connection_lost(exc):
+            if connection_lost(exc):
                 raise
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             log.warning("detached %s.%s not dropped yet: %s", action.schema, action.name, first)
@@ -645,7 +640,7 @@ def settle_left_behind(policy) -> list[str]:
             with transaction.atomic():
                 out.append(_put_back(action, spec))
         except DatabaseError as exc:
-            if _connection_lost(exc):
+            if connection_lost(exc):
                 raise
             out.append(_left_detached(action, exc))
     version = policy.approved_version

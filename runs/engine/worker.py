@@ -43,7 +43,15 @@ from retention.models import PolicyVersion
 from retention.spec import SpecError
 from runs import actions
 from runs.engine import breaker, guard, partitions, planner, reconciler, stopping
-from runs.engine.errors import PERMANENT, backoff, classify, dead_letter, sqlstate_of
+from runs.engine.errors import (
+    PERMANENT,
+    READ_ONLY,
+    backoff,
+    classify,
+    connection_lost,
+    dead_letter,
+    sqlstate_of,
+)
 from runs.evidence import audit
 from runs.fleet import mirror
 from runs.models import (
@@ -597,7 +605,7 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
         try:
             _finish(record, chunk_id, attempts + 1, commit=own)
         except DatabaseError as exc:
-            if not own or _connection_lost(exc):
+            if not own or connection_lost(exc):
                 raise
             raise _CommitFailed(exc) from exc
         seconds = time.monotonic() - t0
@@ -619,7 +627,7 @@ def _count_chunk(
             cur.execute(statement.sql.as_string(cur.connection), statement.params)
             found = cur.fetchall()
     except DatabaseError as exc:
-        if _connection_lost(exc):
+        if connection_lost(exc):
             raise
         _record_failure(run, claim.chunk_id, claim.attempts, exc)
         return Outcome(FAILED, claim.chunk_id, reason=str(exc).splitlines()[0] if str(exc) else "")
@@ -999,12 +1007,6 @@ def _median_key(chunk: Chunk, lo: tuple, hi: tuple | None) -> tuple | None:
     return tuple(row) if row else None
 
 
-def _connection_lost(exc: BaseException) -> bool:
-    """The connection itself failed (no SQLSTATE from the server, or class 08)."""
-    cls = classify(exc)
-    return cls.label == "connection lost" or cls.sqlstate.startswith("08")
-
-
 def _planning_failed(run: Run, exc: BaseException) -> str:
     """A permanent error while planning (a column renamed, a value the ledger cannot hold, …):
     the run needs attention, with a dead letter that says what failed and where planning stood.
@@ -1380,7 +1382,7 @@ def drain(
                             looked_above = True
                             early = read_above_beside(run)
                     except DatabaseError as exc:
-                        if _connection_lost(exc):
+                        if connection_lost(exc):
                             raise
                         planning_failures += 1
                         if classify(exc).kind == PERMANENT:
@@ -1402,6 +1404,10 @@ def drain(
                 continue  # the planner's next step (its deadline or another's cursors ended it)
             outcome = process_one(run)
         except DatabaseError as exc:
+            if sqlstate_of(exc) == READ_ONLY:
+                # a database that accepts no writes (a replica after a fail-over): nothing here
+                # can go on until it does; the caller says so (a target: its runs' attention)
+                raise
             # The connection failed (killed backend, server restart) between or inside chunk
             # transactions: whatever was not committed is still pending. Reconnect and go on.
             log.warning("lost the database connection: %s", exc)

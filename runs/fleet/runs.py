@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.db import DatabaseError
+
 from core.oplog import ActionError
 from core.roles import roles_of
 from retention.models import Policy
 from runs import actions
+from runs.engine.errors import connection_lost
 from runs.fleet import mirror
 from runs.models import Run
 from targets import connections as C
@@ -76,10 +79,18 @@ def trigger_everywhere(
         if name == DEFAULT:
             run, created = actions.trigger_run(policy, tick=tick, source=source, actor=actor)
         else:
-            mirror.sync(name)
-            with C.on(name):
-                here = Policy.objects.get(pk=policy.pk)
-                run, created = actions.trigger_run(here, tick=tick, source=source, actor=actor)
+            try:
+                mirror.sync(name)
+                with C.on(name):
+                    here = Policy.objects.get(pk=policy.pk)
+                    run, created = actions.trigger_run(here, tick=tick, source=source, actor=actor)
+            except DatabaseError as exc:
+                if not connection_lost(exc):
+                    raise
+                C.close_all()
+                C.note_reachable(name, exc)
+                out.append((name, None, f"target {name} is unreachable: {C.why_unusable(exc)}"))
+                continue
             C.note_reachable(name, None)
         out.append((name, run, "created" if created else "existing"))
     return out
@@ -116,6 +127,20 @@ def unreachable_status(name: str, key: str) -> dict:
             f"target {name} is unreachable{' since ' + since if since else ''}: {why}; the run"
             " resumes where it stopped when it answers again"
         ),
+    }
+
+
+def noted(name: str, data: dict) -> dict:
+    """A run's status as its ledger says it, unless its target was last noted unusable — it
+    answers reads but accepts no writes (a replica after a fail-over), so its active run cannot
+    record that it is stuck: then ``attention``, naming the target and why."""
+    why = attention_reason(name) if data.get("state") == Run.State.ACTIVE else ""
+    if not why:
+        return data
+    return {
+        **data,
+        "state": Run.State.ATTENTION.value,
+        "state_reason": f"{why}; the run resumes where it stopped when it accepts writes again",
     }
 
 
