@@ -7,11 +7,15 @@ import json
 import tempfile
 from pathlib import Path
 
+from django.utils import timezone
 from ninja import Router
 
 from core.roles import AUDITOR, COMPLIANCE
+from retention.models import Policy
+from retention.schedule_math import tick_for_period
 from runs import cli as run_cli
 from runs.evidence import anchors, exports
+from runs.evidence import fleet as fleet_evidence
 
 from . import commands, schemas
 from .auth import Token
@@ -56,3 +60,20 @@ def export(request):
         raise ApiError(404 if unknown_run else 400, "not_found" if unknown_run else "invalid",
                        "; ".join(filters.errors))  # fmt: skip
     return exports.csv_response(filters)
+
+
+@router.get("/policies/{slug}/manifest.json", auth=Token(*EVIDENCE),
+            response={200: dict, **ERRORS})  # fmt: skip
+def period_manifest(request, slug: str, period: str = ""):
+    """The evidence manifest of a policy's period over every target (``retention evidence
+    --policy SLUG --period P``): per target its runs, rows deleted, chain heads and latest
+    signed checkpoint, or that it is unreachable. ``period``: ``YYYY-MM-DD`` or
+    ``YYYY-MM-DDTHH:MM`` in the policy's timezone (empty: the latest)."""
+    policy = Policy.objects.filter(slug=slug).first()
+    if policy is None:
+        raise not_found(f"no policy {slug!r}")
+    try:
+        tick = tick_for_period(policy, period or None, timezone.now())
+    except (ValueError, OverflowError) as exc:
+        raise ApiError(400, "invalid", f"period: {exc}") from None
+    return fleet_evidence.manifest_response(policy, tick)

@@ -164,6 +164,8 @@ LOGINS: dict[str, Login] = {
         purpose="the checkpoint job: reads the chains, stores signed checkpoints",
         tables={
             "runs.Checkpoint": RI,
+            # the registered targets, whose chains it signs too (names and references only)
+            "targets.Target": R,
             "runs.AuditRecord": R,
             "runs.Chunk": R,
             "runs.Run": R,
@@ -211,7 +213,11 @@ TARGET_LOGINS: dict[str, Login] = {
     # database, out of the target's logins' reach
     "monitor": Login(
         purpose="the checkpoint job, reading a target's chains",
-        tables={k: v for k, v in LOGINS["monitor"].tables.items() if k != "runs.Checkpoint"},
+        tables={
+            k: v
+            for k, v in LOGINS["monitor"].tables.items()
+            if k not in ("runs.Checkpoint", *CONTROL_ONLY)
+        },
     ),
 }
 

@@ -40,6 +40,7 @@ from runs.engine.schedules import ensure_system_schedules
 from runs.engine.worker import drain as drain_run
 from runs.evidence import anchors as evidence
 from runs.evidence import archives, exports
+from runs.evidence import fleet as fleet_evidence
 from runs.evidence.archives import archived_rows
 from runs.evidence.audit import verify_chain
 from runs.fleet import drain as fleet_drain
@@ -416,8 +417,33 @@ def kill_switch(cmd, o):
 
 def evidence_files(cmd, o):
     """``retention evidence RUN --csv FILE --manifest FILE``: the run's audit CSV and its
-    manifest, as the run page and the API give them, written to files (auditor, compliance)."""
+    manifest, as the run page and the API give them, written to files (auditor, compliance).
+    ``retention evidence --policy SLUG [--period P] --manifest FILE``: the manifest of a
+    policy's period over every target (``runs.evidence.fleet``)."""
     check_role(_actor(o), AUDITOR, COMPLIANCE)
+    if o.get("policy"):
+        if o.get("run_key") or o.get("csv") or not o.get("manifest"):
+            raise CommandError(
+                "a period's evidence: --policy SLUG [--period P] --manifest FILE (no run key; "
+                "the audit CSV is each run's: retention evidence RUN --csv FILE)"
+            )
+        policy = _policy(o["policy"])
+        tick = _parse_period(policy, o.get("period"))
+        document = fleet_evidence.period_manifest(policy, tick)
+        Path(o["manifest"]).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        totals = document["totals"]
+        unreachable = totals["unreachable"]
+        cmd.stdout.write(
+            f"{o['manifest']}: the evidence manifest of {policy.slug} for {tick.isoformat()} "
+            f"over {totals['targets']} target(s): {totals['runs']} run(s), "
+            f"{totals['rows_deleted']:,} row(s) deleted"
+            + (f"; unreachable: {', '.join(unreachable)}" if unreachable else "")
+        )
+        return
+    if not o.get("run_key"):
+        raise CommandError("name a run (RUN) or a policy's period (--policy SLUG --period P)")
+    if o.get("period"):
+        raise CommandError("--period goes with --policy SLUG")
     run = _run(o["run_key"])
     if not o.get("csv") and not o.get("manifest"):
         raise CommandError("name --csv FILE, --manifest FILE or both")
@@ -509,24 +535,33 @@ def restore(cmd, o):
 
 def _verify_targets(cmd) -> list[str]:
     """Every other target's audit chain (and the operator log its engine wrote there), each
-    verified on its own database; a target that does not answer is a problem, named."""
+    verified on its own database and against its latest checkpoint (stored in the control
+    database, read here first); a target that does not answer is a problem, named."""
     problems: list[str] = []
     for name in fleet_connections.all_names():
         if name == fleet_connections.DEFAULT:
             continue
+        checkpoint = evidence.latest_checkpoint(name)
         try:
             with fleet_connections.on(name):
                 report, log = verify_chain(), verify_operator_log()
+                anchored = evidence.check_stored(checkpoint) if checkpoint else []
         except Exception as exc:  # noqa: BLE001 - any failure to read a chain is reported
             problems.append(f"target {name}: not verified: {fleet_connections.first_line(exc)}")
             continue
         finally:
             fleet_connections.close_all()
-        problems.extend(f"target {name}: {p}" for p in [*report.problems, *log.problems])
-        if not report.problems and not log.problems:
+        found = [*report.problems, *log.problems, *anchored]
+        problems.extend(f"target {name}: {p}" for p in found)
+        if not found:
+            anchor = (
+                f"; holds checkpoint #{checkpoint.pk} (audit record {checkpoint.audit_seq})"
+                if checkpoint
+                else "; no signed checkpoint of it yet"
+            )
             cmd.stdout.write(
                 f"target {name}: audit chain intact: {report.records} record(s), head "
-                f"{report.head}; operator log intact: {log.records} action(s)"
+                f"{report.head}; operator log intact: {log.records} action(s){anchor}"
             )
     return problems
 
@@ -569,13 +604,29 @@ def audit_verify(cmd, o):
 
 
 def audit_checkpoint(cmd, o):
-    """The checkpoint job: sign both chains' heads, store the anchor (every run manifest
-    carries the latest), and print or write it for an auditor to keep."""
+    """The checkpoint job: sign both chains' heads of the control database and of every
+    target, store the anchors (in the control database: every manifest carries the latest),
+    and print or write them for an auditor to keep. A target that does not answer is named
+    and makes the job fail, after the others are signed."""
     try:
         checkpoint = evidence.take_checkpoint()
     except evidence.NoEvidenceKey as exc:
         raise CommandError(str(exc)) from None
-    text = json.dumps(evidence.document(checkpoint), indent=1) + "\n"
+    taken, missed = [checkpoint], []
+    for name in fleet_connections.all_names():
+        if name == fleet_connections.DEFAULT:
+            continue
+        try:
+            taken.append(evidence.take_target_checkpoint(name))
+        except Exception as exc:  # noqa: BLE001 - a target that does not answer, one line
+            missed.append(f"target {name}: not checkpointed: {fleet_connections.first_line(exc)}")
+        finally:
+            fleet_connections.close_all()
+    documents = [evidence.document(c) for c in taken]
+    if len(documents) == 1 and not missed:
+        text = json.dumps(documents[0], indent=1) + "\n"
+    else:  # a fleet: the control database's anchor first, then each target's
+        text = json.dumps({"anchors": documents}, indent=1) + "\n"
     cmd.stderr.write(
         f"public key (RETENTION_EVIDENCE_PUBLIC_KEY of the web and worker hosts): "
         f"{evidence.public_key_hex()}"
@@ -586,8 +637,19 @@ def audit_checkpoint(cmd, o):
             f"checkpoint #{checkpoint.pk} written to {o['out']}: audit record "
             f"{checkpoint.audit_seq}, operator action {checkpoint.operator_seq}"
         )
+        for c in taken[1:]:
+            cmd.stdout.write(
+                f"checkpoint #{c.pk} of target {c.target}: audit record {c.audit_seq}, "
+                f"operator action {c.operator_seq}"
+            )
     else:
         cmd.stdout.write(text, ending="")
+    if missed:
+        for line in missed:
+            cmd.stderr.write(line)
+        raise CommandError(
+            f"{len(missed)} target(s) not checkpointed (above); the others are signed and stored"
+        )
 
 
 def explain(cmd, o):
@@ -674,8 +736,17 @@ def register(areas) -> None:
     p.add_argument("--reason", required=True)
     p.add_argument("--by", help="optional check: refused unless RETENTION_TOKEN is this user's")
 
-    p = add("evidence", evidence_files, "write a run's audit CSV and evidence manifest to files")
-    p.add_argument("run_key", metavar="RUN")
+    p = add(
+        "evidence",
+        evidence_files,
+        "write a run's audit CSV and evidence manifest to files, or a policy's period's "
+        "manifest over every target (--policy SLUG --period P --manifest FILE)",
+    )
+    p.add_argument("run_key", metavar="RUN", nargs="?")
+    p.add_argument("--policy", metavar="SLUG", help="a policy's period over every target")
+    p.add_argument(
+        "--period", help="with --policy: YYYY-MM-DD or YYYY-MM-DDTHH:MM (default: latest)"
+    )
     p.add_argument("--csv", metavar="FILE")
     p.add_argument("--manifest", metavar="FILE")
 

@@ -463,7 +463,8 @@ class Checkpoint(models.Model):
     document (``runs.evidence.anchors.document``); the database cannot make one, and a row
     whose signature does not verify is never served (``anchors.latest_checkpoint``).
     Written once, after the WAL holds every record it anchors (``anchors.take_checkpoint``);
-    append-only like the chains."""
+    append-only like the chains. A target's checkpoints (``target``) are stored in the control
+    database (``anchors.take_target_checkpoint``)."""
 
     at = models.DateTimeField()
     audit_seq = models.BigIntegerField()
@@ -472,6 +473,9 @@ class Checkpoint(models.Model):
     operator_hash = models.CharField(max_length=64, blank=True)
     signature = models.CharField(max_length=200, db_column="hmac")
     host = models.CharField(max_length=200, help_text="where the checkpoint job ran")
+    # '': this database's own chains; a target's name: that target's chains, anchored here in
+    # the control database, out of the reach of the target's logins (its name is signed too)
+    target = models.CharField(max_length=63, blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["-id"]

@@ -14,6 +14,7 @@ urlpatterns = [
     path("<int:run_id>/confirm/", views.run_action, {"action": "confirm"}, name="confirm"),
     path("<int:run_id>/retry/", views.run_action, {"action": "retry"}, name="retry"),
     path("<int:run_id>/manifest.json", views.run_manifest, name="manifest"),
+    path("periods/<slug:slug>/manifest.json", views.period_manifest, name="period_manifest"),
     path("dead-letters/", views.dead_letters, name="dead_letters"),
     path("dead-letters/bulk/", views.dead_letters_bulk, name="dead_letters_bulk"),
     path(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import json
 import os
 import sys
 from pathlib import Path
@@ -73,7 +74,30 @@ def policy_pull(api: Api, o):
 
 
 def evidence(api: Api, o):
-    """The run's audit CSV and manifest written here, with the lines the server prints."""
+    """The run's audit CSV and manifest written here, with the lines the server prints; or a
+    policy's period's manifest over every target (``--policy SLUG --period P``)."""
+    if o.policy:
+        if o.run_key or o.csv or not o.manifest:
+            raise Failed(
+                "a period's evidence: --policy SLUG [--period P] --manifest FILE (no run key; "
+                "the audit CSV is each run's: retention evidence RUN --csv FILE)"
+            )
+        data = api.raw(f"/policies/{o.policy}/manifest.json", period=o.period or None)
+        _write(o.manifest, data)
+        document = json.loads(data)
+        totals = document["totals"]
+        unreachable = totals["unreachable"]
+        line = (
+            f"{o.manifest}: the evidence manifest of {o.policy} for {document['period']['tick']} "
+            f"over {totals['targets']} target(s): {totals['runs']} run(s), "
+            f"{totals['rows_deleted']:,} row(s) deleted"
+            + (f"; unreachable: {', '.join(unreachable)}" if unreachable else "")
+        )
+        return {"output": {"stdout": line + "\n"}}
+    if not o.run_key:
+        raise Failed("name a run (RUN) or a policy's period (--policy SLUG --period P)")
+    if o.period:
+        raise Failed("--period goes with --policy SLUG")
     if not o.csv and not o.manifest:
         raise Failed("name --csv FILE, --manifest FILE or both")
     key = api.get(f"/runs/{o.run_key}")["run"]["run_key"]
@@ -324,8 +348,14 @@ def register(sub) -> None:  # noqa: PLR0915 - one grammar, as manage.py retentio
     p.add_argument("state", choices=["on", "off"])
     reason(p)
     p.add_argument("--by", help=CLAIM)
-    p = add(sub, "evidence", evidence, "write a run's audit CSV and evidence manifest to files")
-    p.add_argument("run_key", metavar="RUN")
+    p = add(sub, "evidence", evidence, "write a run's audit CSV and evidence manifest to files, "
+            "or a policy's period's manifest over every target (--policy SLUG --period P "
+            "--manifest FILE)")  # fmt: skip
+    p.add_argument("run_key", metavar="RUN", nargs="?")
+    p.add_argument("--policy", metavar="SLUG", help="a policy's period over every target")
+    p.add_argument(
+        "--period", help="with --policy: YYYY-MM-DD or YYYY-MM-DDTHH:MM (default: latest)"
+    )
     p.add_argument("--csv", metavar="FILE")
     p.add_argument("--manifest", metavar="FILE")
     p = add(sub, "check", check, "check a run's invariants")

@@ -157,6 +157,7 @@ GRANT SELECT, INSERT ON TABLE "retention_runner"."runs_checkpoint" TO :"monitor"
 GRANT SELECT ON TABLE "retention_runner"."runs_chunk" TO :"monitor";
 GRANT SELECT ON TABLE "retention_runner"."runs_run" TO :"monitor";
 GRANT SELECT ON TABLE "retention_runner"."signatures_signature" TO :"monitor";
+GRANT SELECT ON TABLE "retention_runner"."targets_target" TO :"monitor";
 
 -- a partitioned target: the partition function, owned by the table's owner, through
 -- which the workers detach, attach and drop its partitions (database/grants.py). The

@@ -20,6 +20,13 @@ link was recomputed) and a chain cut below its head. An anchor covers only recor
 commit is on disk: the checkpoint commits synchronously in the transaction that read the
 heads, so a crash of PostgreSQL cannot take back a record an anchor vouches for (chunk
 transactions commit asynchronously: a lost one is redone, with a new record).
+
+A target's chains (docs/fleet.md) are anchored the same way, by the same job and key: it reads
+their heads on the target, waits until the target's WAL is on disk past them
+(``pg_current_wal_flush_lsn``), signs them with the target's name and stores the anchor in the
+*control* database (``take_target_checkpoint``), where none of the target's logins can remove
+or replace it. ``audit verify`` checks every target's chain against its latest one
+(``check_stored``), and a period's manifest carries each target's.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import hmac
 import json
 import logging
 import socket
+import time
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -42,12 +50,15 @@ from core.models import OperatorAction
 from core.oplog import verify_operator_log
 from runs.evidence.audit import walk_records
 from runs.models import AuditRecord, Checkpoint
+from targets import connections as C
 
 FORMAT = "retention-runner chain anchor"
 MAX_PROOF_PROBLEMS = 20
 SIGNED = "ed25519:"  # a stored signature's prefix; without it, an earlier release's HMAC
 # newest stored checkpoints looked at for one that verifies
 MAX_CHECKPOINTS_SCANNED = 100
+# how long a target's checkpoint waits for the target's WAL to reach disk past the heads it read
+FLUSH_WAIT_S = 10.0
 log = logging.getLogger(__name__)
 
 
@@ -133,12 +144,15 @@ def signature_problem(found: dict) -> str | None:
 
 
 def _body(checkpoint: Checkpoint) -> dict:
-    return {
+    body = {
         "anchor": FORMAT,
         "at": checkpoint.at.isoformat(),
         "audit": {"seq": checkpoint.audit_seq, "hash": checkpoint.audit_hash or None},
         "operator": {"seq": checkpoint.operator_seq, "hash": checkpoint.operator_hash or None},
     }
+    if checkpoint.target:  # signed with the chains it names: never passed off as another's
+        body["target"] = checkpoint.target
+    return body
 
 
 def document(checkpoint: Checkpoint) -> dict:
@@ -175,10 +189,58 @@ def take_checkpoint() -> Checkpoint:
     return checkpoint
 
 
-def latest_checkpoint() -> Checkpoint | None:
-    """The newest stored checkpoint whose signature verifies (``signature_problem``); one
-    that does not — a row written without the key — is skipped, never served as signed."""
-    for checkpoint in Checkpoint.objects.order_by("-id")[:MAX_CHECKPOINTS_SCANNED]:
+def _flushed_past_now() -> None:
+    """Wait until the WAL of the database in place is on disk past every commit made before
+    this call (its insert position now): a chunk's commit there may be asynchronous. Raises
+    ``RuntimeError`` after ``FLUSH_WAIT_S``."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_current_wal_insert_lsn()")
+        (lsn,) = cur.fetchone()
+        deadline = time.monotonic() + FLUSH_WAIT_S
+        while True:
+            cur.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", [lsn])
+            if cur.fetchone()[0]:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"its WAL did not reach disk past {lsn} in {FLUSH_WAIT_S:g} s")
+            time.sleep(0.05)
+
+
+def take_target_checkpoint(name: str) -> Checkpoint:
+    """Read target ``name``'s chains' heads (on the target), wait until its WAL is on disk past
+    them, sign them with its name and store the checkpoint in the control database (called
+    there). ``NoEvidenceKey`` without the key; the target's own errors as they come (a target
+    that does not answer), and then nothing is stored."""
+    if _key() is None:
+        raise NoEvidenceKey("RETENTION_EVIDENCE_KEY is not set: a checkpoint must be signed")
+    with C.on(name):
+        with transaction.atomic():
+            audit, operator = _head(AuditRecord), _head(OperatorAction)
+        _flushed_past_now()
+    checkpoint = Checkpoint(
+        at=timezone.now(),
+        audit_seq=audit["seq"],
+        audit_hash=audit["hash"] or "",
+        operator_seq=operator["seq"],
+        operator_hash=operator["hash"] or "",
+        host=socket.gethostname()[:200],
+        target=name,
+    )
+    checkpoint.signature = _sign(_body(checkpoint))
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("SET LOCAL synchronous_commit = on")
+        checkpoint.save()
+    return checkpoint
+
+
+def latest_checkpoint(target: str = "") -> Checkpoint | None:
+    """The newest stored checkpoint of ``target``'s chains ('': this database's own) whose
+    signature verifies (``signature_problem``); one that does not — a row written without
+    the key — is skipped, never served as signed. Read in the database in place (a target's
+    are in the control database)."""
+    stored = Checkpoint.objects.filter(target=target).order_by("-id")
+    for checkpoint in stored[:MAX_CHECKPOINTS_SCANNED]:
         problem = signature_problem(document(checkpoint))
         if problem is None:
             return checkpoint
@@ -192,16 +254,29 @@ def unverified_checkpoints() -> list[str]:
     if _public_key() is None:
         return []
     return [
-        f"checkpoint #{checkpoint.pk} of {checkpoint.at:%Y-%m-%d %H:%M}: {problem} — stored "
+        f"checkpoint #{checkpoint.pk}{f' (target {checkpoint.target})' if checkpoint.target else ''}"
+        f" of {checkpoint.at:%Y-%m-%d %H:%M}: {problem} — stored "
         "without the checkpoint job's key, never served"
         for checkpoint in Checkpoint.objects.order_by("id")
         if (problem := signature_problem(document(checkpoint))) is not None
     ]
 
 
-def status(checkpoint: Checkpoint | None) -> str:
+def status(checkpoint: Checkpoint | None, target: str = "") -> str:
     """One sentence on what anchors the evidence now (the run page's and the manifest's)."""
-    if checkpoint is None and Checkpoint.objects.exists():
+    if target and checkpoint is None:
+        return (
+            f"No signed checkpoint of target {target} yet: the checkpoint job (`retention "
+            "audit checkpoint`, with RETENTION_EVIDENCE_KEY) signs every target's chains."
+        )
+    if target:
+        return (
+            f"Anchored by signed checkpoint #{checkpoint.pk} of {checkpoint.at:%Y-%m-%d %H:%M} "
+            f"UTC of target {target} (audit record {checkpoint.audit_seq}, operator action "
+            f"{checkpoint.operator_seq}), stored in the control database; records after it "
+            "are shown linked to it, not signed."
+        )
+    if checkpoint is None and Checkpoint.objects.filter(target=target).exists():
         return (
             "No verified checkpoint: the stored checkpoints' signatures do not verify here "
             "(RETENTION_EVIDENCE_PUBLIC_KEY unset, or rows not written by the checkpoint job; "
@@ -262,31 +337,38 @@ def extension(checkpoint: Checkpoint) -> dict:
     }
 
 
-def _load(path: str) -> dict:
-    """The anchor in a checkpoint file, or in a run manifest's ``anchor``."""
+def _load(path: str) -> list[dict]:
+    """The anchors a file holds: a checkpoint file (one anchor, or ``anchors``: the control
+    database's and every target's, as ``audit checkpoint`` writes them for a fleet), a run
+    manifest's ``anchor``, or a period manifest's (``control`` and each of ``targets``)."""
     try:
         document = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable JSON file ({exc.__class__.__name__})") from None
-    if isinstance(document, dict) and "anchor" in document and document["anchor"] is None:
-        raise ValueError(f"{path}: holds no signed checkpoint (none existed when it was generated)")
-    found = document.get("anchor") if isinstance(document, dict) else None
-    if isinstance(found, dict):
-        document = found
-    if not isinstance(document, dict) or document.get("anchor") != FORMAT:
+    if not isinstance(document, dict):
         raise ValueError(f"{path}: holds no chain anchor")
-    return document
+    if document.get("anchor") == FORMAT:
+        return [document]
+    if "anchors" in document:
+        found = document["anchors"]
+    elif "targets" in document and "control" in document:  # a period's manifest
+        entries = [document["control"], *document["targets"]]
+        found = [e.get("anchor") for e in entries if isinstance(e, dict)]
+    elif "anchor" in document:  # a run manifest
+        found = [document["anchor"]]
+    else:
+        raise ValueError(f"{path}: holds no chain anchor")
+    anchors = [a for a in found or [] if a is not None]
+    if not anchors:
+        raise ValueError(f"{path}: holds no signed checkpoint (none existed when it was generated)")
+    if not all(isinstance(a, dict) and a.get("anchor") == FORMAT for a in anchors):
+        raise ValueError(f"{path}: holds no chain anchor")
+    return anchors
 
 
-def check(path: str) -> list[str]:
-    """What the live chains contradict in the anchor at ``path`` ([] when it holds)."""
-    try:
-        found = _load(path)
-    except ValueError as exc:
-        return [str(exc)]
-    problem = signature_problem(found)
-    if problem is not None:
-        return [f"{path}: {problem}"]
+def _contradictions(found: dict, source: str) -> list[str]:
+    """What the chains of the database in place contradict in the anchor ``found`` (its
+    signature already checked); ``source`` names where the anchor came from."""
     problems = []
     for name, model, noun in (
         ("audit", AuditRecord, "audit record"),
@@ -300,14 +382,53 @@ def check(path: str) -> list[str]:
         if head["seq"] < seq:
             label = "the audit chain" if name == "audit" else "the operator log"
             problems.append(
-                f"{label} ends at record {head['seq']} but {path} anchors record {seq}: "
+                f"{label} ends at record {head['seq']} but {source} anchors record {seq}: "
                 "records were removed"
             )
             continue
         actual = model.objects.filter(chain_seq=seq).values_list("hash", flat=True).first()
         if actual != want.get("hash"):
             problems.append(
-                f"{noun} {seq} differs from the anchor in {path}: the chain was rewritten "
+                f"{noun} {seq} differs from the anchor in {source}: the chain was rewritten "
                 "at or before it"
             )
     return problems
+
+
+def check(path: str) -> list[str]:
+    """What the live chains contradict in the anchors in the file at ``path`` ([] when they
+    hold): the control database's against its chains, a target's (``target``) against that
+    target's, each problem naming the target. Called on the control database."""
+    try:
+        found = _load(path)
+    except ValueError as exc:
+        return [str(exc)]
+    problems = []
+    for anchor in found:
+        target = anchor.get("target") or ""
+        where = f"target {target}: " if target else ""
+        problem = signature_problem(anchor)
+        if problem is not None:
+            problems.append(f"{where}{path}: {problem}")
+            continue
+        if not target:
+            problems.extend(_contradictions(anchor, path))
+            continue
+        if target not in C.all_names():
+            problems.append(f"{path}: anchors target {target}, which is not registered")
+            continue
+        try:
+            with C.on(target):
+                problems.extend(where + p for p in _contradictions(anchor, path))
+        except Exception as exc:  # noqa: BLE001 - a target that does not answer, one line
+            problems.append(f"{where}not checked against {path}: {C.first_line(exc)}")
+        finally:
+            C.close_all()
+    return problems
+
+
+def check_stored(checkpoint: Checkpoint) -> list[str]:
+    """What the chains of the database in place (the checkpoint's target's) contradict in a
+    stored checkpoint, read from the control database before."""
+    source = f"checkpoint #{checkpoint.pk} of {checkpoint.at:%Y-%m-%d %H:%M}"
+    return _contradictions(document(checkpoint), source)

@@ -31,6 +31,7 @@ from retention.models import KillSwitch, Policy, PolicyVersion
 from retention.schedule_math import tick_for_period
 from runs import actions
 from runs.evidence import anchors, exports
+from runs.evidence import fleet as fleet_evidence
 from runs.fleet import view as fleet_view
 from runs.models import DeadLetter, Run
 from runs.pages.contexts import overview_context, run_page_context
@@ -324,6 +325,25 @@ def audit(request):
 @require_role(AUDITOR, COMPLIANCE)
 def audit_export(request):
     return exports.csv_response(exports.AuditFilters.from_query(request.GET))
+
+
+@require_GET
+@require_role(AUDITOR, COMPLIANCE)
+def period_manifest(request, slug: str):
+    """The evidence manifest of a policy's period (``?period=``; the latest without) over every
+    target (``runs.evidence.fleet``), as the API and ``retention evidence --policy`` give it."""
+    policy = get_object_or_404(Policy, slug=slug)
+    read = QueryFilters(request.GET)
+    text = read.text("period")
+    try:
+        tick = None if read.errors else tick_for_period(policy, text or None, timezone.now())
+    except (ValueError, OverflowError) as exc:
+        read.errors.append(f"period: {exc}")
+    if read.errors:
+        return HttpResponse(
+            "; ".join(read.errors), status=400, content_type="text/plain; charset=utf-8"
+        )
+    return fleet_evidence.manifest_response(policy, tick)
 
 
 @require_GET

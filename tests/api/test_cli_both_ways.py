@@ -199,10 +199,16 @@ def test_every_command_prints_the_same_both_ways(server, setting):
     assert both("oncall", "cancel", run, "--reason", "again").returncode == 1
     both("viewer", "status", run)
     both("viewer", "status", run, "--json")
+    # a policy's period over every target (here the control database alone), as a file
+    period = str(Path(setting["dir"]) / "period.manifest.json")
+    day = NOW.date().isoformat()
+    made = both("auditor", "evidence", "--policy", "events", "--period", day, "--manifest", period)
+    assert f"{period}: the evidence manifest of events for " in made.stdout
+    assert "over 1 target(s): 1 run(s)" in made.stdout
 
     rows = OperatorAction.objects.filter(action="run.pause")
     assert sorted(r.details.get("via") for r in rows) == ["api", "cli"]
-    assert len(compared) == 34
+    assert len(compared) == 35
 
 
 def test_the_client_refuses_what_needs_the_database_and_plain_http_elsewhere(server, setting):

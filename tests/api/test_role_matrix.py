@@ -122,6 +122,7 @@ ENDPOINTS = [
     ("POST", "/dead-letters/discard", "/dead-letters/discard", lambda r: {**R, "ids": []}, O),
     ("POST", "/runs/{key}/check", "/runs/{run}/check", lambda r: {}, A),
     ("GET", "/runs/{key}/manifest.json", "/runs/{run}/manifest.json", None, A),
+    ("GET", "/policies/{slug}/manifest.json", "/policies/events/manifest.json", None, A),
     ("GET", "/dead-letters", "/dead-letters", None, ALL),
     ("POST", "/dead-letters/{letter_id}/replay", "/dead-letters/{letter}/replay", lambda r: R, O),
     ("POST", "/dead-letters/{letter_id}/discard", "/dead-letters/{letter}/discard", lambda r: R,

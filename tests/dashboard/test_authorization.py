@@ -62,6 +62,7 @@ MATRIX = {
     "runs:retry": ("POST", {"run_id": "run"}, ONCALL_POST),
     "runs:confirm": ("POST", {"run_id": "run"}, ONCALL_POST),
     "runs:manifest": ("GET", {"run_id": "run"}, EVIDENCE),
+    "runs:period_manifest": ("GET", {"slug": "slug"}, EVIDENCE),
     "runs:dead_letters": ("GET", {}, READ),
     "runs:replay": ("POST", {"letter_id": "letter"}, ONCALL_POST),
     "runs:dead_letters_bulk": ("POST", {}, ONCALL_POST),
