@@ -9,7 +9,6 @@ Python beforehand.
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
 import uuid
@@ -666,7 +665,26 @@ def array_literal(values: Sequence[str | None]) -> str:
     return "{" + ",".join(items) + "}"
 
 
-@functools.lru_cache(maxsize=64)
+# (what, id of a version's overrides tuple) -> (that tuple, what was derived from it)
+_BY_OVERRIDES: dict[tuple[str, int], tuple[tuple, object]] = {}
+
+
+def _per_overrides(overrides: tuple, derive):
+    """``derive(overrides)``, kept per overrides tuple *object*: a version's parsed spec keeps
+    one for the life of the process, so every chunk of its runs finds it by identity instead of
+    hashing (and comparing) its thousands of tenants, as a cache keyed by value would on every
+    statement. The entry holds the tuple itself, so its id is not reused while it is kept."""
+    key = (derive.__name__, id(overrides))
+    found = _BY_OVERRIDES.get(key)
+    if found is not None and found[0] is overrides:
+        return found[1]
+    if len(_BY_OVERRIDES) >= _MAX_CACHED:
+        _BY_OVERRIDES.clear()
+    value = derive(overrides)
+    _BY_OVERRIDES[key] = (overrides, value)
+    return value
+
+
 def _override_arrays(overrides: tuple) -> tuple[str, str, tuple[str, ...]]:
     """The overrides as two parallel array texts — tenants, and the number (from 1) of each
     one's period among the distinct periods — and those periods. Kept per version: a run's
@@ -681,7 +699,6 @@ def _override_arrays(overrides: tuple) -> tuple[str, str, tuple[str, ...]]:
     return array_literal(tenants), "{" + ",".join(numbers) + "}", periods
 
 
-@functools.lru_cache(maxsize=64)
 def _override_tenants(overrides: tuple) -> str:
     return array_literal([v for o in overrides for v in o.tenants])
 
@@ -690,7 +707,7 @@ def override_anti_join(spec: PolicySpec, cutoff: datetime, types: dict) -> Fragm
     """No override of the row's tenant keeps it: ``NOT EXISTS`` over the tenant array, each
     tenant's bound picked from the few distinct periods' bounds (NULL: forever)."""
     o = sql.Identifier("o")
-    tenants, numbers, periods = _override_arrays(spec.overrides)
+    tenants, numbers, periods = _per_overrides(spec.overrides, _override_arrays)
     kind = _bound_type(spec, types)
     bounds = [spec.period_cutoff(cutoff, p) for p in periods]
     return Fragment(
@@ -717,7 +734,6 @@ def override_anti_join(spec: PolicySpec, cutoff: datetime, types: dict) -> Fragm
 MAX_PERIOD_TESTS = 8
 
 
-@functools.lru_cache(maxsize=64)
 def _tenants_by_period(overrides: tuple) -> tuple[tuple[str, str], ...]:
     """``(period, array text of its tenants)`` per distinct override period."""
     by: dict[str, list[str]] = {}
@@ -763,7 +779,7 @@ def override_tests(
     """No override of the row's tenant keeps it: per distinct period, the tenant is not in
     that period's tenants, or the row is older than its cutoff (``"forever"``: not in them)."""
     parts = []
-    for period, array_text in _tenants_by_period(spec.overrides):
+    for period, array_text in _per_overrides(spec.overrides, _tenants_by_period):
         listed = tenant_in(spec, array_text, types, tenant=tenant)
         bound = spec.period_cutoff(cutoff, period)
         if bound is None:
@@ -833,7 +849,8 @@ def within_periods(
             )
         ]
         if spec.overrides:
-            default.append(tenant_in(spec, _override_tenants(spec.overrides), types, tenant=tenant))
+            everyone = _per_overrides(spec.overrides, _override_tenants)
+            default.append(tenant_in(spec, everyone, types, tenant=tenant))
         if spec.classes:
             rule = KeepRule(
                 spec.classes[0].column, "in", None, tuple(c.value for c in spec.classes)

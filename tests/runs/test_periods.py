@@ -327,3 +327,32 @@ def test_many_distinct_override_periods_decide_each_row_alike(db, distinct):
     )
     counted = dict(_sql(text.as_string(connection.connection), where.params))
     assert counted == {t: 100 - int(p.split()[0]) for t, p in periods.items()}
+
+
+def test_versions_built_in_turn_each_decide_by_their_own_overrides(db):
+    """A version's override arrays are derived once per parsed version and found again by
+    identity, not by value: statements of versions built in turn, and of a version parsed anew
+    with the same overrides as one already built, each keep exactly their own tenants."""
+    _tenant_table()
+
+    def parsed(kept: str) -> PolicySpec:
+        return PolicySpec.parse(
+            _spec(tenant="tenant", override=[{"tenant": kept, "retention": "forever"}])
+        )
+
+    def eligible_tenants(spec: PolicySpec) -> set:
+        where = P.eligible(spec, policy_id=0, cutoff=spec.cutoff_for(NOW), include_holds=False)
+        text = P.sql.SQL("SELECT DISTINCT t.tenant FROM {} WHERE {}").format(
+            P.table(spec), where.sql
+        )
+        return {t for (t,) in _sql(text.as_string(connection.connection), where.params)}
+
+    versions = {kept: parsed(kept) for kept in "abc"}
+    for _ in range(2):
+        for kept, spec in versions.items():
+            assert eligible_tenants(spec) == set("abcd") - {kept}
+    again = parsed("b")
+    assert again.overrides is not versions["b"].overrides
+    assert eligible_tenants(again) == set("acd")
+    del versions
+    assert eligible_tenants(parsed("d")) == set("abc")
