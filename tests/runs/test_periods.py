@@ -356,3 +356,63 @@ def test_versions_built_in_turn_each_decide_by_their_own_overrides(db):
     assert eligible_tenants(again) == set("acd")
     del versions
     assert eligible_tenants(parsed("d")) == set("abc")
+
+
+def _planning_blocks(spec: PolicySpec, fragment) -> int:
+    text = P.sql.SQL("EXPLAIN (BUFFERS, FORMAT JSON) SELECT 1 FROM {} WHERE {}").format(
+        P.table(spec), fragment.sql
+    )
+    ((plan,),) = _sql(text.as_string(connection.connection), fragment.params)
+    planning = plan[0]["Planning"]
+    return planning["Shared Hit Blocks"] + planning["Shared Read Blocks"]
+
+
+@pytest.mark.parametrize("entry", ["override", "class"])
+def test_a_period_older_than_every_row_is_planned_without_reading_the_deleted_rows(
+    transactional_db, entry
+):
+    """A period's cutoff older than every row the statistics saw is not estimated: planning a
+    chunk does not walk the timestamp index's end through the rows the chunk before it deleted
+    (dead until a vacuum), as the planner does for the actual oldest row of such a bound."""
+    _sql("DROP TABLE IF EXISTS public.rr_periods")
+    _sql(
+        "CREATE TABLE public.rr_periods (id bigint PRIMARY KEY, tenant text NOT NULL,"
+        " occurred_at timestamptz NOT NULL, state text) WITH (autovacuum_enabled = false)"
+    )
+    _sql(
+        "INSERT INTO public.rr_periods SELECT g, 't' || g %% 50, %s::timestamptz"
+        " - make_interval(secs => 40 * 86400.0 * (1 - g / 20000.0)), 'done'"
+        " FROM generate_series(1, 20000) AS g",
+        [NOW],
+    )
+    _sql("CREATE INDEX ON public.rr_periods (occurred_at)")
+    _sql("ANALYZE public.rr_periods")
+    extra = (
+        {"override": [{"tenant": ["t1", "t2"], "retention": "7 years"}]}
+        if entry == "override"
+        else {"class": [{"column": "state", "value": "done", "retention": "7 years"}]}
+    )
+    spec = PolicySpec.parse(_spec(tenant="tenant", **extra))
+    where = P.within_periods(spec, spec.cutoff_for(NOW))
+    _planning_blocks(spec, where)  # the catalog's rows, read once
+    # the oldest rows, deleted (and committed) as a run's first chunks delete them: dead
+    # until a vacuum
+    _sql("DELETE FROM public.rr_periods WHERE id <= 8000")
+    planned = _planning_blocks(spec, where)
+    # the same bound as the planner estimates it: it reads the index's end (and, when no
+    # older snapshot still needs them, walks the deleted rows there: 80 blocks here)
+    bare = P.Fragment(P.sql.SQL("t.occurred_at < %s::timestamptz"), [NOW - 7 * 365 * DAY])
+    assert planned < _planning_blocks(spec, bare)
+    # and the statement decides each row as before: t1's and t2's rows (a class: every row,
+    # all "done") are kept for years; the others' older than the default go
+    where = P.eligible(spec, policy_id=0, cutoff=spec.cutoff_for(NOW))
+    count = P.count_where(spec, where)
+    ((eligible,),) = _sql(count.sql.as_string(connection.connection), count.params)
+    kept = {"override": "tenant NOT IN ('t1', 't2')", "class": "FALSE"}[entry]
+    ((expected,),) = _sql(
+        f"SELECT count(*) FROM public.rr_periods WHERE occurred_at < %s AND {kept}",
+        [NOW - 20 * DAY],
+    )
+    assert eligible == expected
+    assert (expected > 0) == (entry == "override")
+    _sql("DROP TABLE public.rr_periods")
