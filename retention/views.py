@@ -138,6 +138,10 @@ def _policy_page(request, policy: Policy, *, form: dict | None = None, status: i
                 Q(policy=policy) | Q(policy__isnull=True), released_at__isnull=True
             ),
             "draft_toml": base.parsed.to_toml() if base else "",
+            # a policy over other targets: its targets' runs load after the page (runs' fragment)
+            "fleet_targets": list(approved.parsed.targets)
+            if approved and tuple(approved.parsed.targets) != ("default",)
+            else [],  # fmt: skip
             # each approved version's stage and its runs (runs registers the report)
             "rollout": signals.rollout_report(policy),
             "form": form or form_editor(base),

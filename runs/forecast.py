@@ -26,6 +26,7 @@ from runs.engine import guard
 from runs.engine.schedules import schedule_name
 from runs.models import AuditRecord, Chunk, Run
 from runs.progress import progress_for, stopped_by
+from targets.models import DEFAULT
 
 RATE_WINDOW = timedelta(minutes=10)
 
@@ -147,6 +148,10 @@ def _measure(policy) -> dict:
     out["version"] = version.pk
     spec = version.parsed
     out["rollout"] = spec.rollout
+    if DEFAULT not in spec.targets:
+        # its table lives in other databases: the control database's table of that name, if
+        # any, is not it (and its audit rows are in the targets' ledgers)
+        return out
     cutoff_now = spec.cutoff_for(now)  # wall-clock days, like a run's
     # what a run of this version started now deletes: a slice version's bound (bounds_now)
     where = P.eligible(spec, policy_id=policy.id, cutoff=bounds_now(spec, now)[1])
@@ -191,8 +196,8 @@ def _table_backlog(policy, measured: dict, *, fresh: bool = False) -> int | None
     counted = None if fresh else measured.get("table_backlog") or cache.get(key)
     if counted is None:
         version = policy.approved_version
-        if version is None:
-            return None
+        if version is None or DEFAULT not in version.parsed.targets:
+            return None  # no version, or its table is in other databases (``_measure``)
         spec = version.parsed
         where = P.eligible(spec, policy_id=policy.id, cutoff=bounds_now(spec, timezone.now())[1])
         counted = {"rows": _one(P.count_where(spec, where, limit=10_000_000), timeout_ms=5000)}

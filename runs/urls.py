@@ -34,5 +34,6 @@ urlpatterns = [
     path("audit/export.csv", views.audit_export, name="audit_export"),
     path("activity/", views.activity, name="activity"),
     path("targets/", views.targets, name="targets"),
+    path("fleet/<slug:slug>/", views.policy_fleet, name="policy_fleet"),
     path("targets/<str:name>/", views.target, name="target"),
 ]

@@ -273,6 +273,24 @@ def overview_context(request) -> dict:
     }
 
 
+def policy_fleet_context(policy: Policy) -> dict:
+    """A policy's targets as its page shows them: the overview's fleet reading
+    (``runs.fleet.view.fleet_of``, never waiting on a target) for this one policy. ``fleet``
+    is None for a policy without an approved version or over the control database only."""
+    version = (
+        PolicyVersion.objects.filter(policy=policy, state=PolicyVersion.State.APPROVED)
+        .order_by("-number")
+        .first()
+    )
+    names = fleet_connections.resolve(version.parsed.targets) if version else []
+    fleet = fleet_view.fleet_of([policy], {policy.id: names}) if version else {}
+    return {
+        "policy": policy,
+        "fleet": fleet.get(policy.id),
+        "targets": list(version.parsed.targets) if version else [],
+    }
+
+
 def backlog_slo(max_backlog_age: str | None, window: dict) -> dict | None:
     """The policy's backlog SLO against how long its oldest eligible row is overdue
     (None when the approved version sets no SLO)."""

@@ -363,14 +363,15 @@ class LedgerCollector:
 
 
 def fleet_families(policies, readings) -> list[GaugeMetricFamily]:
-    """The fleet, labelled by ``target`` (runs.fleet.view: each target's ledger, never waiting
-    on one noted unreachable): whether each target answers, and per policy over other targets
-    the state of its latest run on each."""
+    """The fleet, labelled by ``target`` (runs.fleet.view: each target's ledger, waiting at
+    most ``PAGE_WAIT_S`` in all for the readings this scrape started, never on one noted
+    unreachable): whether each target answers, and per policy over other targets the state of
+    its latest run on each. A target still being read has no sample in this scrape."""
     targets = {
         pid: fleet_connections.resolve(version.parsed.targets)
         for pid, version in readings.approved.items()
     }
-    fleet = fleet_view.fleet_of(policies, targets)
+    fleet = fleet_view.fleet_of(policies, targets, wait_s=fleet_view.PAGE_WAIT_S)
     up = GaugeMetricFamily(
         "retention_target_up", "1 when the target answered its last reading", labels=["target"]
     )
@@ -383,6 +384,8 @@ def fleet_families(policies, readings) -> list[GaugeMetricFamily]:
     seen: dict[str, bool] = {}
     for pid, row in fleet.items():
         for t in row["targets"]:
+            if t["reading"]:
+                continue
             seen[t["target"]] = t["reachable"]
             converged.add_metric([by_id[pid], t["target"]], 0 if t["why"] else 1)
     for name, reachable in sorted(seen.items()):

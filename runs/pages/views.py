@@ -34,7 +34,7 @@ from runs.evidence import anchors, exports
 from runs.evidence import fleet as fleet_evidence
 from runs.fleet import view as fleet_view
 from runs.models import DeadLetter, Run
-from runs.pages.contexts import overview_context, run_page_context
+from runs.pages.contexts import overview_context, policy_fleet_context, run_page_context
 from runs.pages.metrics import render_metrics
 from runs.progress import progress_for
 from targets.models import Target
@@ -84,6 +84,15 @@ def _perform(request, func, target, *, label: str) -> None:
 @require_role()
 def targets(request):
     return render(request, "runs/targets.html", fleet_view.targets_page())
+
+
+@require_GET
+@require_role()
+def policy_fleet(request, slug: str):
+    """A policy's targets, each with its latest run there (the fragment the policy's page
+    loads after itself, the same one the overview shows in the policy's card)."""
+    policy = get_object_or_404(Policy, slug=slug)
+    return render(request, "runs/_policy_fleet.html", policy_fleet_context(policy))
 
 
 @require_GET

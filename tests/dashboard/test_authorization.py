@@ -74,6 +74,7 @@ MATRIX = {
     "runs:activity": ("GET", {}, READ),
     "runs:targets": ("GET", {}, READ),
     "runs:target": ("GET", {"name": "target"}, READ),
+    "runs:policy_fleet": ("GET", {"slug": "slug"}, READ),
     "retention:policy_list": ("GET", {}, READ),
     "retention:approvals": ("GET", {}, READ),
     "retention:policy_detail": ("GET", {"slug": "slug"}, READ),

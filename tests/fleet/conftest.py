@@ -91,6 +91,33 @@ def fleet(fleet_databases, monkeypatch, transactional_db):
     mirror.forget()
 
 
+@pytest.fixture(autouse=True)
+def fresh_readings():
+    """Each test's pages start from no reading of any target (runs.fleet.view keeps the last
+    reading of each target in the process, by name, and the tests reuse the names)."""
+    from runs.fleet import view
+
+    view.forget()
+    yield
+    view.forget()
+
+
+def read_page(client, url: str, *, within_s: float = 60.0, **headers) -> str:
+    """``url``'s content once no target on it is still being read: the pages never wait for a
+    target's ledger, they say "reading…" (``data-reading``) and are asked again, as the
+    browser's fragment does a second later."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while True:
+        response = client.get(url, **headers)
+        assert response.status_code == 200, (url, response.status_code)
+        page = response.content.decode()
+        if "data-reading" not in page or time.monotonic() > deadline:
+            return page
+        time.sleep(0.2)
+
+
 SECRET = "s3cret-fleet-pw"
 
 

@@ -15,7 +15,7 @@ from django.test import Client
 from demo.marketplace import DemoParams, ensure_marketplace
 from targets import connections as C
 from targets.models import Target
-from tests.fleet.conftest import run_cli
+from tests.fleet.conftest import read_page, run_cli
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,7 +52,7 @@ def test_the_demo_gets_a_second_target(fleet_databases, monkeypatch, no_guard, a
         assert json.loads(run_cli("status", key, "--json"))["state"] == "drained"
         client = Client()
         client.force_login(User.objects.get(username="victor"))
-        page = client.get("/").content.decode()
+        page = read_page(client, "/")
         assert "converged on 1 of 1 targets" in page
     finally:
         with connection.cursor() as cur:

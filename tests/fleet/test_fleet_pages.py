@@ -1,11 +1,13 @@
-"""The fleet on the dashboard: the overview's convergence line names the laggard (also in
-headless Chromium); the target pages; a target noted unreachable is not waited on; and no
-connection string's password shows anywhere — pages, API answers, logs, the control database."""
+"""The fleet on the dashboard: the overview's convergence line names the laggard and a policy's
+page lists its targets with their runs (also in headless Chromium); the target pages; no page
+waits on a target, whether noted unreachable or silent; and no connection string's password
+shows anywhere — pages, API answers, logs, the control database."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 from django.db import connection
@@ -17,7 +19,7 @@ from targets import connections as C
 from targets.models import Target
 from tests.dashboard.test_browser import browser, login  # noqa: F401 - fixtures
 from tests.factories import approved_policy, events_spec
-from tests.fleet.conftest import SECRET, run_cli, with_password
+from tests.fleet.conftest import SECRET, read_page, run_cli, with_password
 from tests.runs.conftest import NOW, create_events
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,7 +49,7 @@ def two_of_three(fleet, make_user, act_as, no_guard, monkeypatch):
 def test_the_overview_names_the_laggard_and_the_target_pages_answer(two_of_three, users):
     client = Client()
     client.force_login(users["viewer"])
-    page = client.get("/").content.decode()
+    page = read_page(client, "/")
     assert "converged on 2 of 3 targets" in page
     assert 'lagging: <a href="/runs/targets/shard3/">shard3</a> — active' in page
 
@@ -56,10 +58,11 @@ def test_the_overview_names_the_laggard_and_the_target_pages_answer(two_of_three
     assert 'retention_target_converged{policy="events",target="shard1"} 1.0' in metrics
     assert 'retention_target_converged{policy="events",target="shard3"} 0.0' in metrics
 
-    targets = client.get("/runs/targets/").content.decode()
+    targets = read_page(client, "/runs/targets/")
     for name in ("default", "shard1", "shard2", "shard3"):
         assert f'data-target="{name}"' in targets
-    shard1 = client.get("/runs/targets/shard1/").content.decode()
+    assert targets.count('<span class="badge ok">answers</span>') == 4
+    shard1 = read_page(client, "/runs/targets/shard1/")
     assert two_of_three[0] in shard1 and "Drained" in shard1
     assert client.get("/runs/targets/nowhere/").status_code == 404
 
@@ -70,56 +73,131 @@ def test_a_target_noted_unreachable_is_not_waited_on(two_of_three, users):
     )
     client = Client()
     client.force_login(users["viewer"])
-    page = client.get("/").content.decode()
+    page = read_page(client, "/")
     assert "converged on 1 of 3 targets" in page
     assert "shard2</a> — unreachable: connection refused" in page
     target = client.get("/runs/targets/shard2/").content.decode()
     assert "unreachable" in target and "Not read: the target does not answer." in target
 
 
+def test_the_policy_page_lists_each_target_with_its_run(two_of_three, users):
+    client = Client()
+    client.force_login(users["viewer"])
+    page = client.get("/policies/events/").content.decode()
+    # the page itself reads no ledger: its targets load after it, from the fleet's fragment
+    assert 'hx-get="/runs/fleet/events/" hx-trigger="load"' in page
+    assert "Reading the targets…" in page and two_of_three[0] not in page
+
+    fleet = read_page(client, "/runs/fleet/events/", HTTP_HX_REQUEST="true")
+    assert "converged on 2 of 3 targets" in fleet
+    assert 'lagging: <a href="/runs/targets/shard3/">shard3</a> — active' in fleet
+    states = dict(re.findall(r'data-target="(\w+)" data-state="(\w+)"', fleet))
+    assert states == {"shard1": "drained", "shard2": "drained", "shard3": "active"}
+    for key in two_of_three:
+        assert key in fleet
+    # a drained target's progress, from its ledger (runs.progress)
+    drained = re.search(r'data-target="shard1".*?</li>', fleet).group(0)
+    assert "100% ·" in drained and "rows deleted" in drained
+    # the same piece the overview shows in the policy's card
+    overview = read_page(client, "/?policy=events")
+    assert re.findall(r'data-target="(\w+)" data-state="(\w+)"', overview) == list(states.items())
+
+
+def test_a_fleet_policy_s_backlog_is_not_read_from_a_table_of_its_name_on_the_control_database(
+    two_of_three, users
+):
+    create_events(300, days=40)  # the control database's own public.rr_events: not the policy's
+    client = Client()
+    client.force_login(users["viewer"])
+    page = read_page(client, "/?policy=events")
+    assert "converged on 2 of 3 targets" in page
+    backlog = re.search(r'data-testid="backlog-age">(.*?)</dd>', page).group(1)
+    assert backlog == "none", backlog
+
+
+def test_a_policy_over_the_control_database_only_has_no_targets_section(fleet, make_user, users):
+    create_events(10, days=40)
+    approved_policy(make_user, **events_spec())
+    client = Client()
+    client.force_login(users["viewer"])
+    assert 'id="targets"' not in client.get("/policies/events/").content.decode()
+    fleet_part = client.get("/runs/fleet/events/").content.decode()
+    assert "Runs on the control database only" in fleet_part
+    assert client.get("/runs/fleet/nowhere/").status_code == 404
+
+
 @pytest.fixture
 def silent_target(two_of_three, monkeypatch):
-    """A fourth target of the group whose server does not answer: a socket that accepts the
+    """A fourth target of the group whose server does not answer: a socket that accepts each
     connection and never replies (a hung server, a path that drops its replies), its connect
-    timeout ten minutes long."""
+    timeout ten minutes long. Yields the connections accepted so far (a list)."""
     import socket
+    import threading
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
+    listener.settimeout(0.1)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])  # held open, never answered
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
     port = listener.getsockname()[1]
     monkeypatch.setenv(
         "FLEET_TEST_SILENT", f"postgresql://postgres@127.0.0.1:{port}/ledger?connect_timeout=600"
     )
     Target.objects.create(name="silent", dsn_env="FLEET_TEST_SILENT", group="shards")
-    yield
+    yield accepted
     from runs.fleet import view
 
-    listener.close()  # the connection it queued is reset: its read fails and ends
-    reading = view._reading.get("silent")
-    if reading is not None:
+    reads = [read for (name, _), read in view._reads.items() if name == "silent"]
+    stop.set()
+    thread.join()
+    for conn in accepted:
+        conn.close()  # its reads fail and end
+    listener.close()
+    for read in reads:
         with pytest.raises(Exception):  # noqa: B017, PT011 - whichever way libpq words it
-            reading[0].result(timeout=120)
+            read.future.result(timeout=120)
 
 
 def test_a_target_that_does_not_answer_is_not_waited_for(two_of_three, silent_target, users):
-    # its read would wait ten minutes for the server; the pages answer without it, naming it
+    # its read would wait ten minutes for the server: every page answers without it
     client = Client()
     client.force_login(users["viewer"])
-    for _ in range(2):  # the second page finds the first page's read still waiting
-        page = client.get("/").content.decode()
-        assert "converged on 2 of 4 targets" in page
-        assert (
-            "silent</a> — unreachable: does not answer (its ledger&#x27;s read has waited" in page
-        )
+    first = client.get("/").content.decode()
+    assert "converged on 0 of 4 targets" in first  # nothing read yet, nothing waited for
+    assert 'data-target="silent" data-state="reading"' in first
+    assert 'data-target="shard1" data-state="reading"' in first
+    # a second later the others are read and it is named: it does not answer
+    page = read_page(client, "/")
+    assert "converged on 2 of 4 targets" in page
+    assert "silent</a> — unreachable: does not answer (its ledger&#x27;s read has waited" in page
+    for _ in range(3):
+        assert "does not answer" in client.get("/", HTTP_HX_REQUEST="true").content.decode()
+    fleet = client.get("/runs/fleet/events/").content.decode()
+    assert 'data-target="silent" data-state="unreachable"' in fleet
     tiles = client.get("/runs/targets/").content.decode()
     assert 'data-target="silent"' in tiles and "does not answer" in tiles
+    # one connection attempt for every page that asked about its runs, not one per page
+    assert len(silent_target) == 1
+
     target = client.get("/runs/targets/silent/").content.decode()
+    assert "reading its ledger…" in target  # its page's own read: started, not waited for
+    target = read_page(client, "/runs/targets/silent/")
     assert "Not read: the target does not answer." in target
+    assert len(silent_target) == 2  # and one more for its page's read, however often asked
     from runs.fleet import view
 
-    # one read of it at a time, however many pages asked
-    assert not view._reading["silent"][0].done()
+    assert all(not read.future.done() for (n, _), read in view._reads.items() if n == "silent")
 
 
 def test_no_password_of_a_connection_string_shows_anywhere(two_of_three, users, caplog):
@@ -128,7 +206,9 @@ def test_no_password_of_a_connection_string_shows_anywhere(two_of_three, users, 
     client.force_login(users["auditor"])
     seen = []
     for url in ("/", "/runs/targets/", "/runs/targets/shard1/", "/runs/targets/shard3/",
-                "/runs/", "/runs/activity/", "/metrics"):  # fmt: skip
+                "/runs/fleet/events/", "/policies/events/"):  # fmt: skip
+        seen.append(read_page(client, url))
+    for url in ("/runs/", "/runs/activity/", "/metrics"):
         response = client.get(url)
         assert response.status_code in (200, 403), url
         seen.append(response.content.decode())
@@ -179,3 +259,21 @@ def test_the_fleet_overview_in_a_browser_names_the_laggard(
     expect(page.locator("h1")).to_have_text("Target shard3")
     expect(page.locator('[data-testid="target-runs"]')).to_contain_text(two_of_three[2])
     assert SECRET not in page.content()
+
+    # the policy's page: its targets load after it, each with its latest run there
+    page.goto(f"{live_server.url}/policies/events/")
+    fleet = page.locator('[data-testid="fleet"]')
+    expect(fleet.locator('[data-testid="fleet-converged"]')).to_have_text(
+        "converged on 2 of 3 targets", timeout=30_000
+    )
+    for name, state in (("shard1", "drained"), ("shard2", "drained"), ("shard3", "active")):
+        tile = fleet.locator(f'li[data-target="{name}"]')
+        expect(tile).to_have_attribute("data-state", state)
+        expect(tile.locator(".badge")).to_have_text(state)
+    expect(fleet.locator('li[data-target="shard1"]')).to_contain_text("100%")
+    expect(fleet.locator('[data-testid="laggard"]')).to_contain_text("shard3")
+    fleet.locator('li[data-target="shard2"] a').click()
+    expect(page.locator("h1")).to_have_text("Target shard2")
+    expect(page.locator('[data-testid="target-runs"]')).to_contain_text(
+        two_of_three[1], timeout=30_000
+    )
