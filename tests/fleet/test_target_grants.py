@@ -13,13 +13,14 @@ import subprocess
 import sys
 import uuid
 
+import psycopg
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from retention import actions as policy_actions
 from runs.evidence.audit import verify_chain
-from runs.models import AuditRecord, Run
+from runs.models import AuditRecord, Checkpoint, Run
 from targets import connections as C
 from tests.factories import approved_policy, events_spec
 from tests.fleet.conftest import run_cli
@@ -125,3 +126,38 @@ def test_a_target_worker_login_drains_with_what_grants_apply_gives_it_and_check_
     for other in ("shard1", "shard3"):  # the login exists on no other server
         assert f"  target {other}: no such role {role}" in out, out
     assert f"  no such role {role}" in out  # the control database
+
+
+def test_the_checkpoint_job_signs_a_target_with_the_monitor_login_grants_apply_gives_it(
+    target_worker,
+):
+    """The target's monitor login reads its chains' heads and its WAL position, nothing more;
+    the anchor is stored in the control database."""
+    target, role = target_worker
+    out = run_cli("grants", "apply", "--target-db", target.name, "--monitor", role)
+    assert f"{role}: granted what the monitor login needs in target {target.name}'s ledger" in out
+    ok, out = _check("--target-db", target.name, "--monitor", role)
+    assert ok and f"target {target.name}: {role} (monitor): exactly what it needs" in out, out
+
+    env = {
+        **os.environ,
+        **worker_env(),
+        "RETENTION_EVIDENCE_KEY": "evidence-key-kept-off-the-database-host-0123456789",
+        target.env: _as_login(target.url, role),
+    }
+    done = subprocess.run(
+        [sys.executable, "manage.py", "retention", "audit", "checkpoint"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    # the other targets' variables point at their servers' superuser: signed too; this one
+    # with the monitor login alone
+    assert done.returncode == 0, done.stderr[-3000:]
+    signed = json.loads(done.stdout)["anchors"]
+    assert target.name in [a.get("target") for a in signed]
+    assert Checkpoint.objects.filter(target=target.name).count() == 1
+    # and it may write nothing there
+    with psycopg.connect(_as_login(target.url, role), autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("INSERT INTO retention_runner.runs_checkpoint (at, audit_seq, audit_hash,"
+                         " operator_seq, operator_hash, hmac, host) VALUES"
+                         " (now(), 0, '', 0, '', 'x', 'monitor')")  # fmt: skip
