@@ -1,5 +1,6 @@
-"""Putting archived rows back: the rows of one archive object that match a restore's scope and
-whose key is not in the table again are inserted, in the caller's transaction.
+"""Putting archived rows back: the rows of one archive object (a Parquet file, or a chunk's rows
+in an archive table of another database) that match a restore's scope and whose key is not in
+the table again are inserted, in the caller's transaction.
 
     CREATE TEMP TABLE (LIKE the table) → COPY the object's record batches into it (one batch in
     memory at a time; PostgreSQL parses each value in the column's own type, a text-kept one
@@ -14,6 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from psycopg import sql
 
+from archive import step, tables
 from retention import predicate as P
 from retention.catalog import column_types
 from retention.spec import PolicySpec
@@ -36,6 +38,43 @@ def restore_object(
     whose key is not present again; the number inserted."""
     parquet = pq.ParquetFile(path)
     names = parquet.schema_arrow.names
+
+    def fill(cur, temp, cols) -> None:
+        with cur.cursor.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(temp, cols)) as copy:
+            for batch in parquet.iter_batches(batch_size=BATCH_ROWS):
+                for row in zip(*(c.to_pylist() for c in batch.columns), strict=True):
+                    copy.write_row(row)
+
+    return _restore(conn, spec, names, fill, tenant, time_from, time_to)
+
+
+def restore_from_table(
+    conn,
+    spec: PolicySpec,
+    scope: P.Fragment,
+    *,
+    tenant: str | None = None,
+    time_from: datetime | None = None,
+    time_to: datetime | None = None,
+) -> int:
+    """As ``restore_object``, the rows being those of the archive's table in another database
+    (``spec.archive_table``) within ``scope`` (``archive.tables.chunk_scope``), streamed from
+    there in PostgreSQL's text COPY format."""
+    names = [c.name for c in step.table_columns(conn.connection, spec)]
+    source = tables.destination(spec.archive_table)
+
+    def fill(cur, temp, cols) -> None:
+        with cur.cursor.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(temp, cols)) as copy:
+            tables.copy_rows(source, spec.archive_table, names, scope, copy.write)
+
+    with conn.cursor() as cur:
+        cur.execute(tables.TEXT_SETTINGS)
+    return _restore(conn, spec, names, fill, tenant, time_from, time_to)
+
+
+def _restore(conn, spec: PolicySpec, names, fill, tenant, time_from, time_to) -> int:
+    """CREATE TEMP TABLE (LIKE the table) → ``fill(cursor, temp, columns)`` → INSERT … SELECT
+    the rows in scope WHERE NOT EXISTS the same key; the rows inserted."""
     target = sql.SQL("{}.{}").format(sql.Identifier(spec.schema), sql.Identifier(spec.table))
     temp = sql.Identifier(TEMP)
     cols = sql.SQL(", ").join(sql.Identifier(n) for n in names)
@@ -47,10 +86,7 @@ def restore_object(
             .format(temp, target)
             .as_string(raw)
         )
-        with cur.cursor.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(temp, cols)) as copy:
-            for batch in parquet.iter_batches(batch_size=BATCH_ROWS):
-                for row in zip(*(c.to_pylist() for c in batch.columns), strict=True):
-                    copy.write_row(row)
+        fill(cur, temp, cols)
         where, params = _scope(spec, tenant, time_from, time_to)
         key = sql.SQL(", ").join(
             sql.SQL("r.{}").format(sql.Identifier(k)) for k in spec.key_columns

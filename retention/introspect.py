@@ -23,7 +23,7 @@ from psycopg import sql
 
 from core import timeouts
 from database.schema import product_table_names
-from retention import cascades, holds, partitions, predicate
+from retention import archive_tables, cascades, holds, partitions, predicate
 from retention.spec import PolicySpec, SpecError, did_you_mean
 
 KEY_TYPES = ("int2", "int4", "int8")
@@ -475,11 +475,15 @@ def archive_destination_problem(directory: str) -> str | None:
 
 
 def _check_archive(spec: PolicySpec, where: str, graph, tree) -> None:
-    """An archiving policy: a writable directory; no cascade (its child rows would go without
+    """An archiving policy: a writable directory, or a table in a registered database that
+    fits the table's rows (``archive_tables``); no cascade (its child rows would go without
     a copy); no partition dropped whole (its rows would go without a copy)."""
-    problem = archive_destination_problem(spec.archive_dir)
-    if problem:
-        raise SpecError(problem)
+    if spec.archive_dir:
+        problem = archive_destination_problem(spec.archive_dir)
+        if problem:
+            raise SpecError(problem)
+    else:
+        archive_tables.check_destination(spec)
     reached = sorted({e.child_name for edges in graph.edges.values() for e in edges})
     if reached:
         raise SpecError(
@@ -746,7 +750,7 @@ def validate(spec: PolicySpec) -> Validation:
         result.warnings.append(
             f"partition_action = {spec.partition_action!r} has no effect: {where} is not partitioned"
         )
-    if spec.archive_dir:
+    if spec.archive_to:
         _check_archive(spec, where, graph, tree)
     reached = {fk.table for fk in result.foreign_keys if fk.acknowledged}
     reached |= {e.child_name for edges in graph.edges.values() for e in edges}

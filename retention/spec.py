@@ -683,10 +683,11 @@ FIELDS: tuple[Field, ...] = (
           "a slice run deletes only rows older than its cutoff minus this (the slice bound)",
           shown_default="none", omitted_at_default=True),
     Field("archive.to", "archive_to", "special", None,
-          '`"file:///ABSOLUTE/DIR"`',
+          '`"file:///ABSOLUTE/DIR"` or `"target:NAME/schema.table"`',
           "archive before deleting: each chunk's rows are written to a Parquet file under this "
-          "directory (a writable directory on the workers' hosts), read back and verified "
-          "before its DELETE commits (see \"Archiving before deleting\" below)",
+          "directory (a writable directory on the workers' hosts), or inserted into that table "
+          "of the registered target NAME, read back and verified before its DELETE commits "
+          "(see \"Archiving before deleting\" below)",
           shown_default="no archive", omitted_at_default=True),
     Field("archive.restore_days", "archive_restore_days", "special", None, "1 – 36500",
           "how long after a run its archived rows may be restored (`retention restore`); only "
@@ -834,7 +835,10 @@ def archive_path(url: str) -> str:
     """The absolute directory of an ``[archive] to`` URL (``file:///srv/archive/events``)."""
     prefix = "file://"
     if not isinstance(url, str) or not url.startswith(prefix):
-        raise SpecError(f'archive.to must be a URL like "file:///srv/archive/events", got {url!r}')
+        raise SpecError(
+            'archive.to must be a URL like "file:///srv/archive/events" or'
+            f' "target:NAME/schema.table", got {url!r}'
+        )
     path = url[len(prefix) :]
     if not path.startswith("/") or "\\" in path:
         raise SpecError(
@@ -846,17 +850,63 @@ def archive_path(url: str) -> str:
     return path.rstrip("/") or "/"
 
 
+ARCHIVE_TARGET_PREFIX = "target:"
+_ARCHIVE_TARGET = re.compile(
+    r"^target:(?P<target>[a-z][a-z0-9_-]{0,62})/(?:(?P<schema>[^./\s\"]{1,63})\.)?"
+    r"(?P<table>[^./\s\"]{1,63})$"
+)
+
+
+@dataclass(frozen=True)
+class ArchiveTable:
+    """An ``[archive] to = "target:NAME/schema.table"``: a table in another registered
+    database that a chunk's rows are inserted into before its DELETE commits."""
+
+    target: str
+    schema: str
+    table: str
+
+    @property
+    def url(self) -> str:
+        return f"{ARCHIVE_TARGET_PREFIX}{self.target}/{self.schema}.{self.table}"
+
+    @property
+    def qualified_table(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+
+def archive_table(url: str) -> ArchiveTable:
+    """The destination table of a ``target:NAME/schema.table`` URL (schema ``public`` when
+    only the table is named); SpecError with one line otherwise."""
+    match = _ARCHIVE_TARGET.match(url) if isinstance(url, str) else None
+    if match is None:
+        raise SpecError(
+            'archive.to must be "target:NAME/schema.table" (a registered target, a table there)'
+            f", got {url!r}"
+        )
+    return ArchiveTable(match["target"], match["schema"] or "public", match["table"])
+
+
+def _archive_url(to) -> str:
+    """An ``[archive] to`` in its stored form: ``file:///DIR`` or ``target:NAME/schema.table``."""
+    if isinstance(to, str) and to.startswith(ARCHIVE_TARGET_PREFIX):
+        return archive_table(to).url
+    return "file://" + archive_path(to)
+
+
 def _archive(section: dict) -> dict:
     """The ``[archive]`` keys: a destination URL and a restore window only with it."""
     out: dict = {}
     to = section.get("to")
     if to is not None:
-        archive_path(to)
-        out["archive_to"] = "file://" + archive_path(to)
+        out["archive_to"] = _archive_url(to)
     days = section.get("restore_days")
     if days is not None:
         if to is None:
-            raise SpecError('archive.restore_days applies only with archive.to = "file:///DIR"')
+            raise SpecError(
+                'archive.restore_days applies only with archive.to = "file:///DIR" or'
+                ' "target:NAME/schema.table"'
+            )
         out["archive_restore_days"] = _int(days, "archive.restore_days", 1, 36500)
     return out
 
@@ -1206,8 +1256,19 @@ class PolicySpec:
 
     @property
     def archive_dir(self) -> str | None:
-        """The archive's directory (an absolute path), or None when the policy does not archive."""
-        return archive_path(self.archive_to) if self.archive_to else None
+        """The archive's directory (an absolute path), or None when the policy does not archive
+        to files."""
+        if not self.archive_to or self.archive_to.startswith(ARCHIVE_TARGET_PREFIX):
+            return None
+        return archive_path(self.archive_to)
+
+    @property
+    def archive_table(self) -> ArchiveTable | None:
+        """The archive's table in another registered database, or None when the policy does
+        not archive to a database."""
+        if not self.archive_to or not self.archive_to.startswith(ARCHIVE_TARGET_PREFIX):
+            return None
+        return archive_table(self.archive_to)
 
     @property
     def restore_days(self) -> int:

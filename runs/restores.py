@@ -165,6 +165,20 @@ def carry_out(request: RestoreRequest) -> int:
 
 
 def _restore_one(request: RestoreRequest, run: Run, spec, item: dict) -> int:
+    scope = dict(
+        tenant=request.tenant or None, time_from=request.time_from, time_to=request.time_to
+    )
+    if archives.in_table(item):  # a chunk's rows in an archive table of another database
+        problem = archives.table_object_problem(run, spec, item)
+        if problem:
+            raise ActionError(f"{problem}; nothing restored from it")
+        started = timezone.now()
+        with transaction.atomic():
+            inserted = archive_restore.restore_from_table(
+                connection, spec, archives.table_object_scope(run, spec, item), **scope
+            )
+            _record_restore(request, run, spec, item, inserted, started)
+        return inserted
     path = archives.object_path(item["to"], item["name"])
     if objects.file_sha256(path) != item["sha256"]:
         raise ActionError(
@@ -173,41 +187,39 @@ def _restore_one(request: RestoreRequest, run: Run, spec, item: dict) -> int:
         )
     started = timezone.now()
     with transaction.atomic():
-        inserted = archive_restore.restore_object(
-            connection,
-            spec,
-            path,
-            tenant=request.tenant or None,
-            time_from=request.time_from,
-            time_to=request.time_to,
-        )
-        audit.append(
-            chunk_id=None,
-            run_id=run.pk,
-            policy_version_id=run.policy_version_id,
-            policy_slug=spec.slug,
-            table_name=item["table"],
-            cutoff=run.bound,
-            tenant=request.tenant,
-            key_from=None,
-            key_to=None,
-            attempt=1,
-            worker_host=socket.gethostname(),
-            worker_pid=os.getpid(),
-            rows_deleted=0,
-            started_at=started,
-            outcome="restored",
-            run_key=run.run_key,
-            archive={
-                "to": item["to"],
-                "restore": request.pk,
-                "requested_by": request.requested_by,
-                "approved_by": request.approved_by,
-                "objects": [{**_object(item), "rows_restored": inserted}],
-            },
-            **audit.version_facts(run.policy_version),
-        )
+        inserted = archive_restore.restore_object(connection, spec, path, **scope)
+        _record_restore(request, run, spec, item, inserted, started)
     return inserted
+
+
+def _record_restore(request: RestoreRequest, run: Run, spec, item: dict, inserted: int, started):
+    """The restore's audit record of one object, in the caller's transaction."""
+    audit.append(
+        chunk_id=None,
+        run_id=run.pk,
+        policy_version_id=run.policy_version_id,
+        policy_slug=spec.slug,
+        table_name=item["table"],
+        cutoff=run.bound,
+        tenant=request.tenant,
+        key_from=None,
+        key_to=None,
+        attempt=1,
+        worker_host=socket.gethostname(),
+        worker_pid=os.getpid(),
+        rows_deleted=0,
+        started_at=started,
+        outcome="restored",
+        run_key=run.run_key,
+        archive={
+            "to": item["to"],
+            "restore": request.pk,
+            "requested_by": request.requested_by,
+            "approved_by": request.approved_by,
+            "objects": [{**_object(item), "rows_restored": inserted}],
+        },
+        **audit.version_facts(run.policy_version),
+    )
 
 
 def _object(item: dict) -> dict:

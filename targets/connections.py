@@ -42,6 +42,7 @@ class _Local(threading.local):
         self.stack: list[str] = []  # the targets entered in this thread, innermost last
         self.control = None  # this thread's control wrapper while a target's is in place
         self.wrappers: dict[str, tuple[str, DatabaseWrapper]] = {}  # name -> (dsn, wrapper)
+        self.separate: dict[str, tuple[str, DatabaseWrapper]] = {}  # the same, ``separate``'s
 
 
 _local = _Local()
@@ -173,6 +174,27 @@ def on(name: str, *, dsn: str | None = None) -> Iterator[None]:
             _local.control = None
 
 
+def separate(name: str) -> DatabaseWrapper:
+    """This thread's own connection to target ``name`` (``default``: the control database),
+    apart from the one ``on`` puts in place: its transactions commit or roll back on their own,
+    whatever a chunk's transaction on the same database does (an archive's table is written
+    and committed there before the chunk's DELETE commits). Closed by ``close_all``."""
+    if name == DEFAULT:
+        dsn, settings = "", copy.deepcopy(connections.settings[DEFAULT_DB_ALIAS])
+    else:
+        dsn_env, dsn_file, _group = reference_of(name)
+        dsn = dsn_from(dsn_env, dsn_file, name=name)
+        settings = None
+    known = _local.separate.get(name)
+    if known is not None and known[0] == dsn:
+        return known[1]
+    if known is not None:
+        known[1].close()
+    wrapper = DatabaseWrapper(settings or settings_for(name, dsn), alias=f"separate:{name}")
+    _local.separate[name] = (dsn, wrapper)
+    return wrapper
+
+
 def carry(func: Callable) -> Callable:
     """``func`` to run in another thread on the target in place here."""
     name = current()
@@ -190,10 +212,11 @@ def carry(func: Callable) -> Callable:
 
 def close_all() -> None:
     """Close this thread's connections to targets."""
-    for _dsn, wrapper in _local.wrappers.values():
+    for _dsn, wrapper in [*_local.wrappers.values(), *_local.separate.values()]:
         with contextlib.suppress(Exception):
             wrapper.close()
     _local.wrappers.clear()
+    _local.separate.clear()
 
 
 def has_ledger() -> bool:

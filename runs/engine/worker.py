@@ -35,6 +35,7 @@ from django.utils import timezone
 from psycopg import sql
 
 from archive import step as archive_step
+from archive import tables as archive_tables
 from core import locks, timeouts
 from core.pipeline import one_round_trip
 from retention import cascades, decisions, introspect
@@ -548,7 +549,7 @@ def _chunk_transaction(run: Run, spec, claim: Claim, verdict) -> Outcome:
             else None
         )
         try:
-            if spec.archive_dir:  # the DELETE returns its rows, archived before the commit
+            if spec.archive_to:  # the DELETE returns its rows, archived before the commit
                 archived = _archive_delete(
                     spec, run_id=run.id, chunk_id=chunk_id, attempt=attempts + 1, rows=rows,
                     by_tenant=by_tenant, cascade=cascade, spare=spare, kept=kept,
@@ -763,10 +764,16 @@ def _archive_delete(
             cur.execute("SET CONSTRAINTS ALL IMMEDIATE")  # as ``_delete``
         try:
             with connection.wrap_database_errors:
-                chunk = archive_step.archive_chunk(
-                    cur.cursor, spec, run_id=run_id, chunk_id=chunk_id, attempt=attempt,
-                    rows=rows, by_tenant=by_tenant, cascade=cascade, spare=spare,
-                )  # fmt: skip
+                if spec.archive_table is not None:  # a table in a registered database
+                    chunk = archive_tables.archive_chunk(
+                        cur.cursor, spec, run_id=run_id, chunk_id=chunk_id, rows=rows,
+                        by_tenant=by_tenant, cascade=cascade, spare=spare,
+                    )  # fmt: skip
+                else:
+                    chunk = archive_step.archive_chunk(
+                        cur.cursor, spec, run_id=run_id, chunk_id=chunk_id, attempt=attempt,
+                        rows=rows, by_tenant=by_tenant, cascade=cascade, spare=spare,
+                    )  # fmt: skip
         except (DatabaseError, archive_step.ArchiveFailed) as exc:
             cur.execute("ROLLBACK TO SAVEPOINT chunk_delete")
             if isinstance(exc, archive_step.ArchiveFailed):

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from django.db import connection
 
-from archive import objects
-from retention.spec import archive_path
-from runs.models import AuditRecord
+from archive import objects, tables
+from retention import predicate as P
+from retention.spec import ARCHIVE_TARGET_PREFIX, archive_path, archive_table
+from runs.models import AuditRecord, Chunk, Run
 
 # The objects of one record's ``archive``, as SQL over runs_auditrecord ``a`` (the CSV's).
 OBJECT_NAMES_SQL = (
@@ -55,25 +56,75 @@ def object_path(to: str, name: str) -> Path:
     return Path(archive_path(to)) / name
 
 
+def in_table(item: dict) -> bool:
+    """Whether an archive object is a chunk's rows in an archive table of another database
+    (``[archive] to = "target:NAME/schema.table"``), not a file."""
+    return (item.get("to") or "").startswith(ARCHIVE_TARGET_PREFIX)
+
+
+def table_object_scope(run: Run, spec, item: dict) -> P.Fragment:
+    """Where an archive table holds a chunk's rows: the chunk's tenant and key interval, older
+    than its run's cutoff (``archive.tables.chunk_scope``)."""
+    chunk = Chunk.objects.get(pk=item["chunk"])
+    lo, hi = chunk.bounds()
+    return tables.chunk_scope(
+        spec,
+        tenant=chunk.tenant if run.per_tenant(spec) else None,
+        lo=lo,
+        hi=hi,
+        columns=run.bound_columns(spec),
+        cutoff=run.bound,
+    )
+
+
+def table_object_problem(run: Run, spec, item: dict) -> str | None:
+    """Why an archive table no longer holds a chunk's rows as its audit record says, or None.
+    The table holds every row archived from the chunk's scope — by this run and by any other
+    that archived from the same interval: fewer rows than the record's is a loss; exactly as
+    many must hash to the record's SHA-256; more are checked by count only."""
+    where = f"archive object {item['name']}"
+    dest = archive_table(item["to"])
+    try:
+        rows, digest = tables.read_back(spec, dest, table_object_scope(run, spec, item))
+    except Exception as exc:  # an unreachable destination is a finding, not a crash
+        return f"{where}: cannot read {dest.url} ({str(exc).strip().splitlines()[0]})"
+    if rows < item["rows"]:
+        return f"{where}: {dest.url} holds {rows} rows of the chunk's scope, the chain says {item['rows']}"
+    if rows == item["rows"] and digest != item["sha256"]:
+        return f"{where}: its rows in {dest.url} hash to {digest}, the chain says {item['sha256']}"
+    return None
+
+
 def all_objects(batch: int = 1000) -> Iterator[tuple[int, dict, str]]:
-    """(chain_seq, object, destination) of every archive object the chain names, in order."""
+    """(chain_seq, object, destination) of every archive object the chain names, in order
+    (each object with its record's ``run`` and ``chunk``)."""
     records = (
         AuditRecord.objects.filter(archive__isnull=False, outcome="deleted")
         .order_by("chain_seq")
-        .values_list("chain_seq", "archive")
+        .values_list("chain_seq", "archive", "run_id", "chunk_id")
     )
-    for seq, archive in records.iterator(chunk_size=batch):
+    for seq, archive, run_id, chunk_id in records.iterator(chunk_size=batch):
         for o in archive.get("objects", []):
-            yield seq, o, archive.get("to") or ""
+            yield seq, {**o, "run": run_id, "chunk": chunk_id}, archive.get("to") or ""
 
 
 def verify_objects() -> tuple[int, list[str]]:
     """Re-read every archive object the chain names: it must exist, its bytes must hash to
-    the SHA-256 its record holds, and decoding it must give the record's row count. Returns
+    the SHA-256 its record holds, and decoding it must give the record's row count; a chunk's
+    rows in an archive table must be there (``table_object_problem``). Returns
     (objects checked, problems: one line each)."""
     checked, problems = 0, []
+    runs: dict[int, Run] = {}
     for seq, o, to in all_objects():
         checked += 1
+        if in_table({"to": to}):
+            if o["run"] not in runs:
+                runs[o["run"]] = Run.objects.select_related("policy_version").get(pk=o["run"])
+            run = runs[o["run"]]
+            problem = table_object_problem(run, run.policy_version.parsed, {**o, "to": to})
+            if problem:
+                problems.append(f"{problem} (record {seq})")
+            continue
         path = object_path(to, o["name"])
         where = f"archive object {o['name']} (record {seq})"
         if not path.is_file():
