@@ -96,6 +96,13 @@ def _target_entry(name: str, policy_id: int, tick: datetime) -> dict:
         with C.on(name), transaction.atomic():
             with connection.cursor() as cur:  # one snapshot: runs, heads and the proof agree
                 cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            if not C.has_ledger():
+                return {
+                    "target": name,
+                    "reachable": False,
+                    "problem": f"target {name} has no ledger (retention target migrate {name})",
+                    **anchor,
+                }
             runs = _runs_here(policy_id, tick)
             heads = {"audit": _head(AuditRecord), "operator": _head(OperatorAction)}
             extension = anchors.extension(checkpoint) if checkpoint else None

@@ -168,3 +168,31 @@ def test_a_rewrite_of_one_targets_chain_is_caught_naming_that_target(drained, tm
     assert later["target"] == "shard2"
     assert not later["anchor_extension"]["audit"]["ok"]
     assert "audit record" in later["anchor_extension"]["audit"]["problems"][0]
+
+
+def test_a_target_without_the_ledger_is_named_in_the_manifest_not_left_out(
+    fleet, make_user, act_as, monkeypatch, tmp_path
+):
+    from targets.models import Target
+
+    bare = fleet[0].server
+    database = bare.create_database()
+    try:
+        with C.on("shard1"):  # the version is validated on its first target
+            create_events(50, days=40)
+        approved_policy(make_user, **events_spec(targets=["group:shards"]))
+        # a member that joins the group later, its ledger not installed
+        monkeypatch.setenv("FLEET_TEST_BARE", bare.admin_url(database))
+        Target.objects.create(name="bare", dsn_env="FLEET_TEST_BARE", group="shards")
+        act_as(make_user("audrey", "auditor"))
+        document = manifest(tmp_path / "period.manifest.json")
+    finally:
+        C.close_all()
+        bare.drop_database(database)
+    names = [e["target"] for e in document["targets"]]
+    assert names == ["bare", "shard1", "shard2", "shard3"]
+    entry = document["targets"][0]
+    assert not entry["reachable"]
+    assert entry["problem"] == "target bare has no ledger (retention target migrate bare)"
+    assert document["totals"]["unreachable"] == ["bare"]
+    assert all(e["reachable"] and e["runs"] == [] for e in document["targets"][1:])
