@@ -57,7 +57,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` and the project
 
 from bench.soak_common import log  # noqa: E402
 from bench.soak_driver import Driver  # noqa: E402
-from bench.soak_faults import Faults  # noqa: E402
+from bench.soak_faults import ALL_KINDS, Faults  # noqa: E402
 from bench.soak_report import Report  # noqa: E402
 
 
@@ -84,6 +84,11 @@ def parse_args(argv=None):
     p.add_argument("--epoch-seconds", type=float, default=300)
     p.add_argument("--restart-every", type=float, default=420)
     p.add_argument("--converge-seconds", type=float, default=120)
+    p.add_argument(
+        "--until-covered", default="", metavar="KIND,...",
+        help="short mode: after --seconds, go on injecting (up to twice as long again) until "
+        "each of these faults was injected and a mid-soak invariant check passed",
+    )  # fmt: skip
     p.add_argument("--keep", action="store_true", help="keep the data directory afterwards")
     p.add_argument(
         "--partitioned", action="store_true",
@@ -92,6 +97,14 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.minutes:
         args.seconds = args.minutes * 60
+    args.until_covered = [kind for kind in args.until_covered.split(",") if kind]
+    unknown = sorted(set(args.until_covered) - set(ALL_KINDS))
+    if unknown:
+        p.error(
+            f"--until-covered: no such fault {', '.join(unknown)} (faults: {', '.join(ALL_KINDS)})"
+        )
+    if args.until_covered and args.minutes:
+        p.error("--until-covered is for the short mode (--seconds)")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 30)
     made = args.pgdata is None

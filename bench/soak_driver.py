@@ -458,10 +458,29 @@ class Driver:
             f.checked = True
 
     # -- the loop -----------------------------------------------------------------------------
+    def uncovered(self, ep: Epoch, checks_before: int) -> list[str]:
+        """What ``--until-covered`` still waits for in this epoch: fault kinds not injected
+        yet, and a mid-soak invariant check when none has passed."""
+        injected = {f.kind for f in self.faults if f.epoch == ep.n}
+        missing = [kind for kind in self.args.until_covered if kind not in injected]
+        if self.args.until_covered and self.checks_passed == checks_before:
+            missing.append("a mid-soak invariant check")
+        return missing
+
     def drive(self, ep: Epoch, until: float, restart_at: float | None) -> None:
         kinds, weights = zip(*FAULTS.items(), strict=True)
         since_check = 0
-        while time.monotonic() < until:
+        checks_before = self.checks_passed
+        # --until-covered: the phase goes on past ``until`` (at most twice as long again) until
+        # every fault the caller asks about happened, instead of hoping a long phase has them
+        cap = until + 2 * (until - time.monotonic())
+        extended = False
+        while time.monotonic() < until or (
+            self.uncovered(ep, checks_before) and time.monotonic() < cap
+        ):
+            if time.monotonic() >= until and not extended:
+                extended = True
+                log(f"fault phase extended for {', '.join(self.uncovered(ep, checks_before))}")
             self.supervise()
             self.db(self.run_pending)
             self.db(self.operate)
@@ -542,7 +561,8 @@ class Driver:
         long_mode = total > 400
         epoch_s = self.args.epoch_seconds if long_mode else total
         restart_every = self.args.restart_every if long_mode else None
-        next_restart = t_start + (restart_every or total * 0.45)
+        # short mode: the restart falls 45% into the fault phase, whatever the set-up took
+        next_restart = t_start + restart_every if long_mode else time.monotonic() + total * 0.45
         end = time.monotonic() + total
         n = 0
         try:
