@@ -109,8 +109,14 @@ def check(request, key: str, expect_drained: bool | None = None):
 @router.get("/runs/{path:key}/manifest.json", auth=Token(AUDITOR, COMPLIANCE),
             response={200: dict, **ERRORS})  # fmt: skip
 def manifest(request, key: str):
-    """The run's evidence manifest (as the run page's download)."""
-    return exports.manifest_response(run_or_404(key))
+    """The run's evidence manifest (as the run page's download), read on the run's target."""
+    name, found = fleet_runs.find(key)
+    if name == fleet_connections.DEFAULT:
+        return exports.manifest_response(run_or_404(key))
+    if found is None:
+        reason = fleet_runs.unreachable_status(name, key)["state_reason"]
+        raise ApiError(409, "target_unreachable", reason)
+    return exports.manifest_response(found, target=name)
 
 
 # after every /runs/KEY/… route: a run key contains slashes (``events/2026-11-30T03:00``)

@@ -444,9 +444,13 @@ def evidence_files(cmd, o):
         raise CommandError("name a run (RUN) or a policy's period (--policy SLUG --period P)")
     if o.get("period"):
         raise CommandError("--period goes with --policy SLUG")
-    run = _run(o["run_key"])
     if not o.get("csv") and not o.get("manifest"):
         raise CommandError("name --csv FILE, --manifest FILE or both")
+    target = fleet_runs.target_of_key(o["run_key"])
+    if target != fleet_connections.DEFAULT and fleet_connections.valid_name(target):
+        _target_run_manifest(cmd, o, target)
+        return
+    run = _run(o["run_key"])
     if o.get("csv"):
         data = b"".join(exports.csv_rows(exports.AuditFilters(run=run.run_key)))
         Path(o["csv"]).write_bytes(data)
@@ -454,6 +458,24 @@ def evidence_files(cmd, o):
     if o.get("manifest"):
         Path(o["manifest"]).write_text("".join(exports.manifest_json(run)), encoding="utf-8")
         cmd.stdout.write(evidence_line(o["manifest"], run.run_key))
+
+
+def _target_run_manifest(cmd, o, target: str) -> None:
+    """A target's run: its manifest, read on its ledger (its audit CSV is not served yet: its
+    period's manifest and the manifest cover it)."""
+    if o.get("csv"):
+        raise CommandError(
+            f"the audit CSV of a run on target {target} is not served yet: write its manifest "
+            "(--manifest FILE) or its period's (--policy SLUG --period P --manifest FILE)"
+        )
+    name, run = fleet_runs.find(o["run_key"])
+    if run is None and name != fleet_connections.DEFAULT:
+        raise CommandError(fleet_runs.unreachable_status(name, o["run_key"])["state_reason"])
+    if run is None:
+        raise CommandError(f"no run with key {o['run_key']!r}")
+    text = "".join(exports.manifest_on(name, run))
+    Path(o["manifest"]).write_text(text, encoding="utf-8")
+    cmd.stdout.write(evidence_line(o["manifest"], run.run_key))
 
 
 def evidence_line(path: str, run_key: str, *, csv_lines: int | None = None) -> str:

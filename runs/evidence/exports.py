@@ -53,6 +53,8 @@ from runs.evidence import anchors as evidence
 from runs.evidence import archives, audit
 from runs.models import AuditRecord, Chunk, Run, show_bound
 from runs.progress import progress_for
+from targets import connections as C
+from targets.models import DEFAULT
 
 User = get_user_model()
 BATCH = 5000
@@ -682,7 +684,10 @@ def manifest_header(run: Run) -> dict:
         # the version's periods with the cutoff each had in this run's DELETEs (per tenant of
         # an override, per class), and every retention floor of the table
         "periods": periods_of(version.parsed, run.bound),
-        "floors": [floor_shown(f) for f in floors_of(version.parsed.schema, version.parsed.table)],
+        # the floors and holds are the control database's decisions, wherever the run is
+        "floors": _on_control(
+            lambda: [floor_shown(f) for f in floors_of(version.parsed.schema, version.parsed.table)]
+        ),
         "totals": {
             "chunks": dict(progress.chunks),
             # keys in the chunks' ranges when planned: what they could delete at most
@@ -746,7 +751,7 @@ def manifest_header(run: Run) -> dict:
             "run_records": rehash_run_records(run),
             **chain_ranges(run, span),
         },
-        "holds": applied_holds(run),
+        "holds": _on_control(lambda: applied_holds(run)),
         "operator_actions": run_actions(run),
         **anchor_evidence(),
     }
@@ -768,16 +773,25 @@ def counted_totals(run: Run) -> dict:
     }
 
 
+def _on_control(read):
+    """``read()`` on the control database, whichever target's ledger is in place."""
+    with C.on(DEFAULT):
+        return read()
+
+
 def anchor_evidence() -> dict:
-    """The latest signed checkpoint (taken by the checkpoint job; nothing is signed here),
+    """The latest signed checkpoint (taken by the checkpoint job; nothing is signed here) of
+    the chains of the database in place — a target's is stored in the control database —
     the proof that both chains extend it up to their current heads, and one sentence on
     what that means — or that no checkpoint exists yet. Keep the file: `retention audit
     verify --against` it shows a later rewrite at or before the checkpoint's heads."""
-    checkpoint = evidence.latest_checkpoint()
+    name = C.current()
+    stored_as = "" if name == DEFAULT else name
+    checkpoint = _on_control(lambda: evidence.latest_checkpoint(stored_as))
     return {
         "anchor": evidence.document(checkpoint) if checkpoint else None,
         "anchor_extension": evidence.extension(checkpoint) if checkpoint else None,
-        "anchor_status": evidence.status(checkpoint),
+        "anchor_status": _on_control(lambda: evidence.status(checkpoint, target=stored_as)),
     }
 
 
@@ -854,8 +868,19 @@ def manifest_json(run: Run) -> Iterator[str]:
     yield "".join(batch)
 
 
-def manifest_response(run: Run) -> StreamingHttpResponse:
-    response = StreamingHttpResponse(manifest_json(run), content_type="application/json")
+def manifest_on(target: str, run: Run) -> Iterator[str]:
+    """``manifest_json`` of a run found on ``target``'s ledger, read there (the anchor, holds
+    and floors from the control database)."""
+    with C.on(target):
+        try:
+            yield from manifest_json(run)
+        finally:
+            if target != DEFAULT:
+                C.close_all()
+
+
+def manifest_response(run: Run, target: str = DEFAULT) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(manifest_on(target, run), content_type="application/json")
     name = file_stem(run.run_key)
     response["Content-Disposition"] = f'attachment; filename="{name}.manifest.json"'
     response["Cache-Control"] = "no-store"

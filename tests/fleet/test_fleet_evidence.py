@@ -15,6 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
+from core.tokens import create_token
 from runs.models import AuditRecord, Checkpoint
 from targets import connections as C
 from tests.factories import approved_policy, events_spec
@@ -114,7 +115,25 @@ def test_a_periods_manifest_lists_every_targets_head_and_anchor_and_verifies(
     assert client.get("/runs/periods/events/manifest.json?period=2026-13-01").status_code == 400
     (tmp_path / "page.manifest.json").write_bytes(page.content)
 
-    out, problems = verify(tmp_path / "period.manifest.json", tmp_path / "checkpoint.json")
+    # one target's run: its own manifest, read on its ledger, carrying that target's anchor
+    run_cli("evidence", drained[1], "--manifest", str(tmp_path / "run.manifest.json"))
+    one = json.loads((tmp_path / "run.manifest.json").read_text())
+    assert one["run"]["run_key"] == drained[1]
+    assert one["totals"]["rows_deleted"] == document["targets"][1]["rows_deleted"]
+    assert one["anchor"] == document["targets"][1]["anchor"]
+    assert one["anchor_extension"]["audit"]["ok"] and len(one["chunks"]) > 0
+    _, token = create_token(User.objects.get(username="audrey"), name="evidence")
+    answer = Client().get(
+        f"/api/v1/runs/{drained[1]}/manifest.json", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
+    assert answer.status_code == 200
+    assert json.loads(b"".join(answer.streaming_content))["anchor"] == one["anchor"]
+
+    out, problems = verify(
+        tmp_path / "period.manifest.json",
+        tmp_path / "checkpoint.json",
+        tmp_path / "run.manifest.json",
+    )
     assert problems == ""
     for name in ("shard1", "shard2", "shard3"):
         assert f"target {name}: audit chain intact" in out and "holds checkpoint #" in out
@@ -139,7 +158,7 @@ def test_a_periods_manifest_lists_every_targets_head_and_anchor_and_verifies(
 
     # no password of a connection string in the manifests, the anchors or the messages
     texts = [p.read_text() for p in tmp_path.iterdir()] + [out.getvalue(), err.getvalue()]
-    assert len(texts) == 6 and all(SECRET not in text for text in texts)
+    assert len(texts) == 7 and all(SECRET not in text for text in texts)
 
 
 def test_a_rewrite_of_one_targets_chain_is_caught_naming_that_target(drained, tmp_path):
