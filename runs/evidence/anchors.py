@@ -66,6 +66,10 @@ class NoEvidenceKey(ValueError):
     """A checkpoint must be signed, and this process has no ``RETENTION_EVIDENCE_KEY``."""
 
 
+class ChainContradicted(RuntimeError):
+    """A target's chains no longer hold what its last checkpoint anchored."""
+
+
 def _key() -> bytes | None:
     return getattr(settings, "RETENTION_EVIDENCE_KEY", None) or None
 
@@ -209,13 +213,24 @@ def _flushed_past_now() -> None:
 def take_target_checkpoint(name: str) -> Checkpoint:
     """Read target ``name``'s chains' heads (on the target), wait until its WAL is on disk past
     them, sign them with its name and store the checkpoint in the control database (called
-    there). ``NoEvidenceKey`` without the key; the target's own errors as they come (a target
-    that does not answer), and then nothing is stored."""
+    there). ``NoEvidenceKey`` without the key; ``ChainContradicted`` when the target's chains
+    no longer hold what its previous checkpoint anchored (a rewrite: the job never signs it);
+    the target's own errors as they come (a target that does not answer). Nothing is stored
+    then."""
     if _key() is None:
         raise NoEvidenceKey("RETENTION_EVIDENCE_KEY is not set: a checkpoint must be signed")
+    previous = latest_checkpoint(name)
     with C.on(name):
         with transaction.atomic():
             audit, operator = _head(AuditRecord), _head(OperatorAction)
+            # never sign a chain that contradicts the target's last anchor: its heads would
+            # bless a rewrite the last anchor still shows (and `audit verify` reads the latest)
+            contradicted = check_stored(previous) if previous else []
+        if contradicted:
+            raise ChainContradicted(
+                f"its chains contradict checkpoint #{previous.pk}, so it is not signed: "
+                + "; ".join(contradicted)
+            )
         _flushed_past_now()
     checkpoint = Checkpoint(
         at=timezone.now(),

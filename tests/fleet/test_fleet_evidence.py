@@ -182,6 +182,15 @@ def test_a_rewrite_of_one_targets_chain_is_caught_naming_that_target(drained, tm
     assert "target shard1: audit chain intact" in out
     _, problems = verify(kept)
     assert f"target shard2: audit record {head} differs from the anchor in {kept}" in problems
+    # the checkpoint job does not sign the rewritten chain (its anchor would bless it): the
+    # anchor from before the rewrite stays the latest
+    err = StringIO()
+    with pytest.raises(CommandError, match=r"1 target\(s\) not checkpointed"):
+        call_command("retention", "audit", "checkpoint", stdout=StringIO(), stderr=err)
+    assert "target shard2: not checkpointed: its chains contradict checkpoint #" in err.getvalue()
+    assert Checkpoint.objects.filter(target="shard2").count() == 1
+    assert Checkpoint.objects.filter(target="shard1").count() == 2
+    assert "target shard2: audit record" in verify()[1]
     # a manifest made after the rewrite carries the anchor from before it: its proof fails
     later = manifest(tmp_path / "later.manifest.json")["targets"][1]
     assert later["target"] == "shard2"
