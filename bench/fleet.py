@@ -15,8 +15,11 @@ drain --until-idle --workers 2`` in this process. N = 1 is the baseline: one tar
 same total size.
 
 The table: rows deleted per second over the whole drain and against the baseline; the control
-database's transactions (``pg_stat_database.xact_commit + xact_rollback``) during the drain, per
-second and per chunk. Prints tables; asserts nothing.
+database's transactions (``pg_stat_database.xact_commit + xact_rollback``, read once every
+session of the drain has ended: ``tests.fleet.control_load``) and the statements this process
+sent it (every thread's control connection) during the drain, per second and per chunk.
+``--window S`` sets the gate's window (``RETENTION_GATE_WINDOW_S``; 0: one control transaction
+per chunk). Prints tables; asserts nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 from io import StringIO
 from pathlib import Path
@@ -41,17 +45,31 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, connections  # noqa: E402
+from django.db.backends.signals import connection_created  # noqa: E402
 
 PERIOD = "2026-11-30"
 
 
-def control_transactions() -> int:
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname ="
-            " current_database()"
-        )
-        return cur.fetchone()[0]
+class ControlStatements:
+    """The statements every thread of this process sends the control database (its Django
+    connections named ``default``; a target's are named ``target:NAME``)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.lock = threading.Lock()
+        connection_created.connect(self.watch, weak=False)
+
+    def watch(self, sender, connection, **kwargs) -> None:
+        if connection.alias == "default" and self.tally not in connection.execute_wrappers:
+            connection.execute_wrappers.append(self.tally)
+
+    def tally(self, execute, sql, params, many, context):
+        with self.lock:
+            self.count += 1
+        return execute(sql, params, many, context)
+
+
+STATEMENTS: ControlStatements | None = None
 
 
 def cli(*args: str) -> str:
@@ -60,7 +78,7 @@ def cli(*args: str) -> str:
     return out.getvalue()
 
 
-def one_round(n: int, rows: int, chunk_size: int, server, template: str, people) -> dict:
+def one_round(n: int, rows: int, chunk_size: int, server, template: str, people, counter) -> dict:
     """N targets of ``rows // n`` rows each, one policy over them, drained by 2 workers."""
     from retention import actions
     from retention.models import Policy, PolicyVersion
@@ -94,10 +112,16 @@ def one_round(n: int, rows: int, chunk_size: int, server, template: str, people)
     actions.approve_version(version, actor=people["approver"], reason="bench")
     os.environ["RETENTION_TOKEN"] = people["token"]
     keys = cli("trigger", slug, "--period", PERIOD).split()
-    before, t0 = control_transactions(), time.monotonic()
+    C.close_all()
+    connections.close_all()
+    before = counter.read()
+    sent, t0 = STATEMENTS.count, time.monotonic()
     cli("drain", "--until-idle", "--workers", "2")
     seconds = time.monotonic() - t0
-    control = control_transactions() - before
+    sent = STATEMENTS.count - sent
+    C.close_all()
+    connections.close_all()  # the drain's sessions end: their counts are in
+    control = counter.read() - before
     deleted = chunks = 0
     for i in range(n):
         with C.on(f"b{i}"):
@@ -108,7 +132,7 @@ def one_round(n: int, rows: int, chunk_size: int, server, template: str, people)
     for database in made:
         server.drop_database(database)
     return {"targets": n, "runs": len(keys), "rows": deleted, "chunks": chunks,
-            "seconds": seconds, "control": control}  # fmt: skip
+            "seconds": seconds, "control": control, "statements": sent}  # fmt: skip
 
 
 def main() -> None:
@@ -117,14 +141,20 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=120_000)
     parser.add_argument("--chunk-size", type=int, default=2000)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--window", type=float, default=None, help="the gate's window, seconds")
     args = parser.parse_args()
     settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+    if args.window is not None:
+        settings.RETENTION["GATE_WINDOW_S"] = args.window
+    global STATEMENTS
+    STATEMENTS = ControlStatements()
 
     from django.contrib.auth.models import Group, User
 
     from core.tokens import create_token
     from tests.fleet import servers
     from tests.fleet.conftest import migrate_url
+    from tests.fleet.control_load import ControlTransactions
 
     old_name = connection.settings_dict["NAME"]
     connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
@@ -138,9 +168,11 @@ def main() -> None:
     server = servers.embedded("bench")
     template = server.ledger_template(migrate_url)
     results = []
+    counter = ControlTransactions()
     for n in [1, *(int(x) for x in args.targets.split(","))]:
-        results.append(one_round(n, args.rows, args.chunk_size, server, template, people))
+        results.append(one_round(n, args.rows, args.chunk_size, server, template, people, counter))
         report(results, args)
+    counter.close()
     if not args.keep:
         bench_name = connection.settings_dict["NAME"]
         connections.close_all()
@@ -151,16 +183,25 @@ def main() -> None:
 
 def report(results: list[dict], args) -> None:
     base = results[0]["rows"] / results[0]["seconds"]
-    print(f"\n{args.rows:,} rows in all, chunks of {args.chunk_size}, 2 workers (one process)\n")
+    window = settings.RETENTION["GATE_WINDOW_S"]
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(
+        f"\n{args.rows:,} rows in all, chunks of {args.chunk_size}, 2 workers (one process),"
+        f" gate window {window:g} s, load average {load}\n"
+    )
     print("| targets | runs | rows deleted | chunks | seconds | rows/s | × one target |"
-          " control tx | control tx/s | control tx per chunk |")  # fmt: skip
-    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+          " control tx | control tx/s | control tx per chunk | control statements |"
+          " statements/s | statements per chunk |")  # fmt: skip
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for r in results:
         rate = r["rows"] / r["seconds"]
+        chunks = max(1, r["chunks"])
         print(
             f"| {r['targets']} | {r['runs']} | {r['rows']:,} | {r['chunks']:,} | "
             f"{r['seconds']:.1f} | {rate:,.0f} | {rate / base:.2f} | {r['control']:,} | "
-            f"{r['control'] / r['seconds']:,.0f} | {r['control'] / max(1, r['chunks']):.1f} |",
+            f"{r['control'] / r['seconds']:,.0f} | {r['control'] / chunks:.2f} | "
+            f"{r['statements']:,} | {r['statements'] / r['seconds']:,.0f} | "
+            f"{r['statements'] / chunks:.2f} |",
             flush=True,
         )
 

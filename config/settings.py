@@ -81,9 +81,19 @@ def _static_knobs(raw: str) -> tuple[int, int, float] | None:
     return int(concurrency), int(chunk_ms), duty / 100
 
 
+def _gate_window() -> float:
+    value = env_float("RETENTION_GATE_WINDOW_S", 1.0)
+    if not 0 <= value <= 60:
+        raise ConfigError(f"RETENTION_GATE_WINDOW_S must be between 0 and 60, got {value}")
+    return value
+
+
 RETENTION = {
     "GLOBAL_CEILING": env_int("RETENTION_GLOBAL_CEILING", 4, minimum=1, maximum=256),
     "LEASE_BUDGET_S": env_int("RETENTION_LEASE_BUDGET_S", 20, minimum=1, maximum=50),
+    # on a target, one control-database transaction gates a lease's consecutive chunks for at
+    # most this long (runs.fleet.mirror.gate): a decision waits at most this plus one chunk
+    "GATE_WINDOW_S": _gate_window(),
     "PLANNER_WINDOW": env_int("RETENTION_PLANNER_WINDOW", 32, minimum=2, maximum=10_000),
     # the run's last eligible key: the largest among this many newest eligible rows, read along
     # the timestamp's index (0: exact, a backward read of the key's index past the young rows)

@@ -31,6 +31,9 @@ FINISHER = (
 POLICY_FENCE = (
     0x52520030  # per-policy fence (approval, pause, cancel): decisions exclusive, chunks shared
 )
+MIRROR = (
+    0x52520031  # per target (``int4(name)``), on the control database: one mirror sync at a time
+)
 
 
 def int4(text: str) -> int:

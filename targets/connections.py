@@ -196,11 +196,15 @@ def separate(name: str) -> DatabaseWrapper:
 
 
 def carry(func: Callable) -> Callable:
-    """``func`` to run in another thread on the target in place here."""
+    """``func`` to run in another thread on the target in place here, with the connection
+    string this thread read: the other thread neither reads the registry nor opens a control
+    connection for it."""
     name = current()
+    known = _local.wrappers.get(name)
+    dsn = known[0] if name != DEFAULT and known is not None else None
 
     def run(*args, **kwargs):
-        with on(name):
+        with on(name, dsn=dsn):
             try:
                 return func(*args, **kwargs)
             finally:

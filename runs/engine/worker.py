@@ -1080,6 +1080,7 @@ def _pace(run: Run, outcome: Outcome, deadline: float) -> None:
         per_worker = spec.pace_rows_per_s / policy_ceiling(run, spec)
         wait = max(wait, outcome.rows / per_worker - outcome.seconds)
     if wait > 0:
+        mirror.pause(wait)  # a decision waits for this pause only within the gate's window
         guard.sample_beside(wait + guard.SAMPLER_LINGER_S)  # its sampler goes on meanwhile
         stopping.sleep(min(wait, max(0.0, deadline - time.monotonic())))
 
@@ -1270,7 +1271,23 @@ def drain(
     Returns counters; ``continue`` says work remains. When nothing is admissible right now
     (chunks backing off, throttled by the guard, ceilings full) a lease waits within its
     budget; with ``until_idle`` it returns at once (``stopped`` = "idle: <why>") and the caller
-    decides when to come back. With a lease (slot, generation) it stops when superseded."""
+    decides when to come back. With a lease (slot, generation) it stops when superseded.
+    On a target, consecutive chunks share one gate window on the control database
+    (``mirror.lease``); the window ends before anything else the lease waits on or plans."""
+    with mirror.lease():
+        return _drain(
+            run_id, slot=slot, generation=generation, budget_s=budget_s, until_idle=until_idle
+        )
+
+
+def _drain(
+    run_id: int,
+    *,
+    slot: int | None,
+    generation: int | None,
+    budget_s: float | None,
+    until_idle: bool,
+) -> dict:
     budget = budget_s if budget_s is not None else settings.RETENTION["LEASE_BUDGET_S"]
     deadline = time.monotonic() + budget
     stats = {
@@ -1331,6 +1348,7 @@ def drain(
                     return stats
                 last_beat = time.monotonic()
             if not settled:
+                mirror.release()
                 outcome = (
                     partitions.settle(run, deadline=deadline)
                     if partitions.needs_settling(run)
@@ -1364,6 +1382,7 @@ def drain(
                 whole = bool(newest_first(run.policy_version.parsed))
             if whole and not run.planner_done and planner_busy:
                 # newest first: no chunk is claimed before the last one is planned
+                mirror.release()
                 planner.wait_for_window(
                     run, min(PLANNING_WAIT_S, max(0.001, deadline - time.monotonic()))
                 )
@@ -1381,6 +1400,7 @@ def drain(
                     ahead = WHOLE_PASS
                 if pending <= ahead // 2:
                     pending = None  # the next claim counts them again
+                    mirror.release()  # a decision does not wait for the planner
                     try:
                         planned = planner.plan(run, window=ahead, deadline=deadline)
                         planner_busy = planned.busy
@@ -1418,6 +1438,7 @@ def drain(
             # The connection failed (killed backend, server restart) between or inside chunk
             # transactions: whatever was not committed is still pending. Reconnect and go on.
             log.warning("lost the database connection: %s", exc)
+            mirror.release()
             connection.close()
             stats["failed"] += 1
             stopping.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
@@ -1428,6 +1449,8 @@ def drain(
             pending = outcome.pending - (outcome.kind == DONE)  # the claimed chunk is done
         if outcome.kind != NO_WORK:
             reclaims = 0
+        if outcome.kind != DONE:
+            mirror.release()  # the window spans consecutive chunks only
         if outcome.kind == DONE:
             stats["chunks"] += 1
             stats["rows"] += outcome.rows
