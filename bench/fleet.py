@@ -4,6 +4,7 @@ total size, and the control database's own load while they drain.
 
     RETENTION_DEMO=1 .venv/bin/python bench/fleet.py [--targets 2,4,8] [--rows 120000]
                                                     [--chunk-size 2000] [--keep]
+                                                    [--window S] [--planned]
 
 Builds a throwaway control database (``bench_fleet``) on the project's embedded server and
 one target database per target on an embedded server of the bench's own (``.pgdata-fleet/
@@ -19,7 +20,9 @@ database's transactions (``pg_stat_database.xact_commit + xact_rollback``, read 
 session of the drain has ended: ``tests.fleet.control_load``) and the statements this process
 sent it (every thread's control connection) during the drain, per second and per chunk.
 ``--window S`` sets the gate's window (``RETENTION_GATE_WINDOW_S``; 0: one control transaction
-per chunk). Prints tables; asserts nothing.
+per chunk); ``--planned`` plans every run whole before the drain, so that the chunks are
+``--chunk-size`` keys each (none adapts) and their number is the same from run to run. Prints
+tables; asserts nothing.
 """
 
 from __future__ import annotations
@@ -78,7 +81,9 @@ def cli(*args: str) -> str:
     return out.getvalue()
 
 
-def one_round(n: int, rows: int, chunk_size: int, server, template: str, people, counter) -> dict:
+def one_round(
+    n: int, rows: int, chunk_size: int, server, template: str, people, counter, *, planned: bool
+) -> dict:
     """N targets of ``rows // n`` rows each, one policy over them, drained by 2 workers."""
     from retention import actions
     from retention.models import Policy, PolicyVersion
@@ -112,6 +117,16 @@ def one_round(n: int, rows: int, chunk_size: int, server, template: str, people,
     actions.approve_version(version, actor=people["approver"], reason="bench")
     os.environ["RETENTION_TOKEN"] = people["token"]
     keys = cli("trigger", slug, "--period", PERIOD).split()
+    if planned:  # every chunk planned before the drain, at the policy's size
+        from runs.engine import planner
+        from runs.models import Run
+
+        for i in range(n):
+            with C.on(f"b{i}"):
+                for run in Run.objects.filter(state=Run.State.ACTIVE):
+                    while not run.planner_done:
+                        planner.plan(run, window=1_000_000)
+                        run.refresh_from_db()
     C.close_all()
     connections.close_all()
     before = counter.read()
@@ -142,6 +157,11 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=2000)
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--window", type=float, default=None, help="the gate's window, seconds")
+    parser.add_argument(
+        "--planned",
+        action="store_true",
+        help="plan every run whole before the drain (chunks of --chunk-size, none adapts)",
+    )
     args = parser.parse_args()
     settings.RETENTION = {**settings.RETENTION, "GUARD": False}
     if args.window is not None:
@@ -170,7 +190,18 @@ def main() -> None:
     results = []
     counter = ControlTransactions()
     for n in [1, *(int(x) for x in args.targets.split(","))]:
-        results.append(one_round(n, args.rows, args.chunk_size, server, template, people, counter))
+        results.append(
+            one_round(
+                n,
+                args.rows,
+                args.chunk_size,
+                server,
+                template,
+                people,
+                counter,
+                planned=args.planned,
+            )  # fmt: skip
+        )
         report(results, args)
     counter.close()
     if not args.keep:
@@ -187,7 +218,8 @@ def report(results: list[dict], args) -> None:
     load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
         f"\n{args.rows:,} rows in all, chunks of {args.chunk_size}, 2 workers (one process),"
-        f" gate window {window:g} s, load average {load}\n"
+        f" gate window {window:g} s{', planned whole before the drain' if args.planned else ''},"
+        f" load average {load}\n"
     )
     print("| targets | runs | rows deleted | chunks | seconds | rows/s | × one target |"
           " control tx | control tx/s | control tx per chunk | control statements |"
