@@ -179,13 +179,17 @@ def separate(name: str) -> DatabaseWrapper:
     apart from the one ``on`` puts in place: its transactions commit or roll back on their own,
     whatever a chunk's transaction on the same database does (an archive's table is written
     and committed there before the chunk's DELETE commits). Closed by ``close_all``."""
+    known = _local.separate.get(name)
+    if known is not None and known[1].connection is not None and not known[1].connection.closed:
+        # connected: its string was read when it connected (a chunk archiving into a table of
+        # a target costs the control database no registry read)
+        return known[1]
     if name == DEFAULT:
         dsn, settings = "", copy.deepcopy(connections.settings[DEFAULT_DB_ALIAS])
     else:
         dsn_env, dsn_file, _group = reference_of(name)
         dsn = dsn_from(dsn_env, dsn_file, name=name)
         settings = None
-    known = _local.separate.get(name)
     if known is not None and known[0] == dsn:
         return known[1]
     if known is not None:
