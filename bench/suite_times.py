@@ -2,15 +2,19 @@
 
     python3 dev.py test --junitxml=artifacts/suite.xml
     .venv/bin/python bench/suite_times.py artifacts/suite.xml [--files 25]
+    .venv/bin/python bench/suite_times.py artifacts/suite.xml --write-durations tests/durations.json
 
 Times are the tests' own (setup, call and teardown as pytest reports them), summed per folder
 and per file; with several test processes the wall time is shorter than the sum. The table
-goes into bench/suite_times.md so that the next slow test is visible.
+goes into bench/suite_times.md so that the next slow test is visible. ``--write-durations``
+writes the per-file seconds that test processes use to take the longest files first
+(tests/file_order.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
@@ -36,8 +40,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report")
     parser.add_argument("--files", type=int, default=25)
+    parser.add_argument("--write-durations", metavar="JSON", help="per-file seconds, to this file")
     args = parser.parse_args()
     per_folder, per_file, counts = times(args.report)
+    if args.write_durations:
+        table = {name: round(seconds, 1) for name, seconds in sorted(per_file.items())}
+        with open(args.write_durations, "w") as out:
+            out.write(json.dumps(table, indent=1) + "\n")
     total = sum(per_folder.values())
     print("| folder | tests | seconds | share |\n|---|--:|--:|--:|")
     for folder, seconds in sorted(per_folder.items(), key=lambda kv: -kv[1]):

@@ -284,3 +284,13 @@ def no_guard(settings):
     """The admission guard off, for tests about something else: their drains must finish
     whatever a busy machine does to the guard's probe (the guard's own tests leave it on)."""
     settings.RETENTION = {**settings.RETENTION, "GUARD": False}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` takes the longest files first (tests/file_order.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.file_order import LongestFileFirst
+
+    return LongestFileFirst(config, log)
