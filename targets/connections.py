@@ -218,6 +218,13 @@ def carry(func: Callable) -> Callable:
     return run
 
 
+def has_session(name: str) -> bool:
+    """Whether this thread holds an open session to target ``name`` (one a failure may have
+    found lost, where a second attempt opens a new one)."""
+    known = _local.wrappers.get(name)
+    return known is not None and known[1].connection is not None
+
+
 def close_all() -> None:
     """Close this thread's connections to targets."""
     for _dsn, wrapper in [*_local.wrappers.values(), *_local.separate.values()]:

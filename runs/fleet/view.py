@@ -152,14 +152,16 @@ def _read_target(name: str, what: str, dsn: str, asked: frozenset[int], started:
     taken_at, epoch = timezone.now(), _epoch[0]
     try:
         for attempt in (1, 2):
+            kept = C.has_session(name)
             try:
                 with C.on(name, dsn=dsn):
                     found = READS[what](sorted(asked))
                 break
             except (DatabaseError, InterfaceError, C.TargetError) as exc:
                 C.close_all()  # this thread's connections to targets, opened anew next time
-                if attempt == 1 and not isinstance(exc, C.TargetError):
+                if attempt == 1 and kept and not isinstance(exc, C.TargetError):
                     continue  # the session this thread kept may be the one that was lost
+                # a new connection that failed: a second would wait its connect timeout again
                 C.note_reachable(name, exc)
                 raise
         with _lock:

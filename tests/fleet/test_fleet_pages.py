@@ -200,6 +200,54 @@ def test_a_target_that_does_not_answer_is_not_waited_for(two_of_three, silent_ta
     assert all(not read.future.done() for (n, _), read in view._reads.items() if n == "silent")
 
 
+def test_a_target_whose_server_hangs_up_is_noted_after_one_attempt(
+    two_of_three, users, monkeypatch
+):
+    """A server that closes every connection at once: its one read fails, the registry notes
+    it, and no page connects to it again (a new connection that failed is not tried twice)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.1)
+    accepted = [0]
+    stop = threading.Event()
+
+    def hang_up() -> None:
+        while not stop.is_set():
+            try:
+                listener.accept()[0].close()
+            except OSError:
+                continue
+            accepted[0] += 1
+
+    thread = threading.Thread(target=hang_up, daemon=True)
+    thread.start()
+    port = listener.getsockname()[1]
+    monkeypatch.setenv(
+        "FLEET_TEST_CLOSING",
+        f"postgresql://postgres@127.0.0.1:{port}/ledger?sslmode=disable&gssencmode=disable",
+    )
+    Target.objects.create(name="closing", dsn_env="FLEET_TEST_CLOSING", group="shards")
+    try:
+        client = Client()
+        client.force_login(users["viewer"])
+        page = read_page(client, "/")
+        assert 'data-target="closing" data-state="unreachable"' in page
+        for _ in range(3):
+            client.get("/")
+            client.get("/runs/targets/")
+        closing = Target.objects.get(name="closing")
+        assert closing.unreachable_since is not None and closing.unreachable_reason
+        assert accepted[0] == 1
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
 def test_no_password_of_a_connection_string_shows_anywhere(two_of_three, users, caplog):
     caplog.set_level(logging.DEBUG)
     client = Client()
