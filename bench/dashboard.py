@@ -25,13 +25,17 @@ default 20M rows keep two unpaced workers deleting through every page on a 2-cor
 ``--fleet N``: instead, the fleet's pages with N targets (databases on an embedded server of
 the bench's own, ``.pgdata-fleet/bench``, each with the ledger) and one policy over all of them
 (``targets = ["group:fleet"]``, paced by ``--fleet-pace``): N - 2 targets drained before the
-measurements, two drained by two ``retention drain`` worker processes while the overview, the overview of that policy, the
-policy's page, the targets page and a target's page are timed. Then a further target of the
-group whose server does not answer (a socket that accepts and never replies, as a hung server
-or a dropped network path does): the first request of each page after it joined, whether the
-page names it unreachable, and the p95 with it in place. The fleet's share of the overview is
-timed apart (``runs.fleet.view.fleet_of`` alone); with ``--explain``, the overview's
-control-database queries too.
+measurements, two drained by two ``retention drain`` worker processes while the overview, the
+overview of that policy, the policy's page, its targets' fragment, the targets page and a
+target's page are timed. Then a further target of the group whose server does not answer (a
+socket that accepts and never replies, as a hung server or a dropped network path does):
+each page's first request after it joined and again a second later, what the page says of
+it, the connection attempts it received, and the p95 with it in place. The fleet's share of
+the overview is timed apart (``runs.fleet.view.fleet_of`` alone: the pages show each
+target's last reading, taken in the background) and so is one ledger's background read;
+with ``--explain``, the overview's control-database queries and a profile of its own time.
+Each page's row has its wall-clock ms, the request thread's own CPU ms (the web process's
+work, without the waits of a busy machine) and its control-database statements.
 
 Prints tables; asserts nothing. Targets: page p95 <= 150 ms, CSV >= 100k rows/s, flat RSS.
 """
@@ -305,18 +309,34 @@ def pages(run_id: int, drain_run_id: int | None = None) -> list[tuple[str, str, 
 
 
 def timed_gets(client: Client, url: str, n: int, **headers) -> dict:
+    """``n`` requests of ``url``: wall-clock ms (p50, p95, max), the request thread's own CPU ms
+    (p50, p95: what the page costs the web process, without the time it waited for a core on
+    a busy machine or for the database) and the queries of one request."""
     client.get(url, **headers)  # warm caches and connections
-    times = []
+    statements = [0]
+
+    def count(execute, sql, params, many, context):
+        statements[0] += 1
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        client.get(url, **headers)
+    times, cpu = [], []
     for _ in range(n):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         response = client.get(url, **headers)
         times.append((time.perf_counter() - start) * 1000)
+        cpu.append((time.thread_time() - start_cpu) * 1000)
         assert response.status_code == 200, (url, response.status_code)
     times.sort()
+    cpu.sort()
     return {
         "p50": statistics.median(times),
         "p95": times[max(0, round(0.95 * len(times)) - 1)],
         "max": times[-1],
+        "cpu_p50": statistics.median(cpu),
+        "cpu_p95": cpu[max(0, round(0.95 * len(cpu)) - 1)],
+        "queries": statements[0],
     }
 
 
@@ -336,14 +356,21 @@ def explain(client: Client, url: str, top: int = 6) -> None:
 
     with CaptureQueriesContext(connection) as captured:
         client.get(url)
-    timed = []
+    from django.db import DatabaseError, transaction
+
+    timed, failed = [], []
     with connection.cursor() as cur:
         for q in captured.captured_queries:
             sql = q["sql"]
             if not sql.lstrip().upper().startswith(("SELECT", "WITH")):
                 continue
-            cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql)
-            plan = cur.fetchone()[0][0]
+            try:
+                with transaction.atomic():
+                    cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql)
+                    plan = cur.fetchone()[0][0]
+            except DatabaseError as exc:  # one the page ran and the database refused
+                failed.append((str(exc).splitlines()[0], sql))
+                continue
             timed.append((plan["Execution Time"], sql, plan["Plan"]))
     timed.sort(key=lambda t: -t[0])
     total = sum(t[0] for t in timed)
@@ -352,6 +379,32 @@ def explain(client: Client, url: str, top: int = 6) -> None:
         kinds = _plan_nodes(node)
         print(f"  {ms:8.1f} ms  {' > '.join(kinds[:5])}")
         print(f"             {' '.join(sql.split())[:160]}")
+    for error, sql in failed:
+        print(f"  refused: {error}")
+        print(f"             {' '.join(sql.split())[:160]}")
+
+
+def profile(client: Client, url: str, n: int, top: int = 14) -> None:
+    """Where a page's own time goes: cProfile over ``n`` requests, the functions of the
+    product (and Django's template rendering) with the most cumulative time."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(n):
+        client.get(url)
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    rows = []
+    for (path, line, func), (_cc, calls, _tt, cum, _callers) in stats.stats.items():
+        here = str(ROOT) in path and "/.venv/" not in path
+        if here or func in ("render", "_render") and "django/template" in path:
+            rows.append((cum, calls, f"{Path(path).name}:{line} {func}"))
+    rows.sort(reverse=True)
+    print(f"\n{url}: cumulative ms per request (cProfile, {n} requests), the heaviest:")
+    for cum, calls, where in rows[:top]:
+        print(f"  {cum * 1000 / n:8.1f} ms  {calls / n:6.1f} calls  {where}")
 
 
 def stream(client: Client, url: str) -> dict:
@@ -465,6 +518,7 @@ FLEET_PAGES = (
     ("overview (HTMX fragment)", "/", {"HTTP_HX_REQUEST": "true"}),
     ("overview ?policy=fleet", "/?policy=fleet", {}),
     ("policy page", "/policies/fleet/", {}),
+    ("the policy's targets (its fragment)", "/runs/fleet/fleet/", {"HTTP_HX_REQUEST": "true"}),
     ("targets page", "/runs/targets/", {}),
     ("a draining target's page", "/runs/targets/t0/", {}),
 )
@@ -500,12 +554,48 @@ def _silent_server():
             conn.close()
         listener.close()
 
-    return listener.getsockname()[1], close
+    return listener.getsockname()[1], close, held
+
+
+def _settled(client: Client, within_s: float = 60.0) -> None:
+    """Until no page of the fleet says "reading…": the pages never wait for a ledger, they
+    show each target's last reading (runs.fleet.view), taken in the background."""
+    deadline = time.monotonic() + within_s
+    for _name, path, headers in FLEET_PAGES:
+        while "data-reading" in client.get(path, **headers).content.decode():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+
+
+def ledger_read_times(names: list[str], n: int) -> dict:
+    """One target's ledger read as the background readers read it (each policy's latest run
+    and its progress), on each of ``names`` in turn: no page waits for these."""
+    from retention.models import Policy
+    from runs.fleet import view as fleet_view
+    from targets import connections as C
+
+    ids = list(Policy.objects.filter(slug="fleet").values_list("id", flat=True))
+    times = []
+    for _ in range(max(1, n // len(names))):
+        for name in names:
+            with C.on(name):
+                start = time.perf_counter()
+                fleet_view.READS[fleet_view.LATEST](ids)
+                times.append((time.perf_counter() - start) * 1000)
+    C.close_all()
+    times.sort()
+    return {
+        "p50": statistics.median(times),
+        "p95": times[max(0, round(0.95 * len(times)) - 1)],
+        "max": times[-1],
+    }
 
 
 def fleet_read_times(n: int) -> dict:
     """The fleet's share of the overview: ``runs.fleet.view.fleet_of`` alone (the registry,
-    every target's ledger read at once, the convergence), as the overview calls it."""
+    every target's last reading, the convergence; a read started in the background when a
+    reading is older than ``FRESH_S``), as the overview calls it."""
     from retention.models import Policy
     from runs.fleet import view as fleet_view
     from targets import connections as C
@@ -645,11 +735,15 @@ def measure_fleet(n_targets: int, rows: int, n: int, pace: int, explain_pages: b
 
     client = Client()
     client.force_login(admin)
+    from runs.fleet import view as fleet_view
+
     try:
         deadline = time.monotonic() + 180
         while deleted() == 0 and time.monotonic() < deadline:
             time.sleep(0.2)
+        _settled(client)
         results = []
+        load_before = os.getloadavg()[0]
         for name, path, headers in FLEET_PAGES:
             before, t = deleted(), time.perf_counter()
             r = timed_gets(client, path, n, **headers)
@@ -658,20 +752,38 @@ def measure_fleet(n_targets: int, rows: int, n: int, pace: int, explain_pages: b
             results.append((name, r))
         load_1 = os.getloadavg()[0]
         reads = fleet_read_times(n)
+        ledger = ledger_read_times([f"t{i}" for i in range(n_targets)], n)
         if explain_pages:
             explain(client, "/")
+            profile(client, "/", n)
 
         # a target of the group whose server does not answer
-        port, close_silent = _silent_server()
+        port, close_silent, attempts = _silent_server()
         os.environ["BENCH_PAGES_SILENT"] = f"postgresql://postgres@127.0.0.1:{port}/ledger"
         Target.objects.create(name="silent", dsn_env="BENCH_PAGES_SILENT", group="fleet")
         first = []
-        for name, path, headers in FLEET_PAGES:
-            t = time.perf_counter()
-            response = client.get(path, **headers)
-            ms = (time.perf_counter() - t) * 1000
-            body = response.content.decode()
-            first.append((name, ms, response.status_code, "silent" in body, "unreachable" in body))
+        for round_ in ("first", "after"):
+            if round_ == "after":  # its read has now waited longer than a reading may take
+                time.sleep(fleet_view.SILENT_S + 0.2)
+            for name, path, headers in FLEET_PAGES:
+                t = time.perf_counter()
+                response = client.get(path, **headers)
+                ms = (time.perf_counter() - t) * 1000
+                body = response.content.decode()
+                silent_tile = body[body.find('data-target="silent"') :][:600]
+                said = (
+                    "does not answer"
+                    if "does not answer" in silent_tile
+                    else "reading…"
+                    if "reading" in silent_tile
+                    else "unreachable"
+                    if "unreachable" in silent_tile
+                    else "—"
+                    if 'data-target="silent"' not in body
+                    else "?"
+                )
+                first.append((round_, name, ms, response.status_code, said))
+        attempts_then = len(attempts)
         with_silent = []
         for name, path, headers in FLEET_PAGES:
             before, t = deleted(), time.perf_counter()
@@ -679,6 +791,7 @@ def measure_fleet(n_targets: int, rows: int, n: int, pace: int, explain_pages: b
             r["deleted"] = deleted() - before
             r["rate"] = r["deleted"] / (time.perf_counter() - t)
             with_silent.append((name, r))
+        attempts_after = len(attempts)
         silent = Target.objects.get(name="silent")
         close_silent()
         states = {}
@@ -694,44 +807,47 @@ def measure_fleet(n_targets: int, rows: int, n: int, pace: int, explain_pages: b
         for database in made:
             server.drop_database(database)
 
-    print()
-    print(
-        f"{'fleet page, ' + str(n_targets) + ' targets, 2 draining':40} {'p50 ms':>9} "
-        f"{'p95 ms':>9} {'max ms':>9} {'rows deleted meanwhile':>23} {'rows/s':>9}"
-        "   target p95 <= 150 ms"
-    )
-    for name, r in results:
+    def table(title: str, rows) -> None:
         print(
-            f"{name:40} {r['p50']:9.1f} {r['p95']:9.1f} {r['max']:9.1f} {r['deleted']:23,} "
-            f"{r['rate']:9,.0f}"
+            f"{title:40} {'p50 ms':>9} {'p95 ms':>9} {'max ms':>9} {'CPU p50':>8} {'CPU p95':>8} "
+            f"{'queries':>8} {'rows deleted meanwhile':>23} {'rows/s':>9}"
         )
+        for name, r in rows:
+            print(
+                f"{name:40} {r['p50']:9.1f} {r['p95']:9.1f} {r['max']:9.1f} {r['cpu_p50']:8.1f} "
+                f"{r['cpu_p95']:8.1f} {r['queries']:8} {r['deleted']:23,} {r['rate']:9,.0f}"
+            )
+
+    print()
+    table(f"fleet page, {n_targets} targets, 2 draining", results)
     print(
         f"{'of which the fleet (fleet_of alone)':40} {reads['p50']:9.1f} {reads['p95']:9.1f} "
         f"{reads['max']:9.1f}"
     )
-    print(f"» load average (1 min) after these: {load_1:.2f}")
+    print(
+        f"{'one ledger read (background, no page)':40} {ledger['p50']:9.1f} "
+        f"{ledger['p95']:9.1f} {ledger['max']:9.1f}"
+    )
+    print(
+        "» ms: wall clock in the web process (Django's test client: no network, no server queue);"
+        " CPU: the request thread's own CPU time"
+    )
+    print(f"» load average (1 min) before these: {load_before:.2f}, after: {load_1:.2f}")
     print()
     print(
-        "a target that does not answer joins the group: each page's first request, and whether "
-        "it names the target and says unreachable"
+        "a target that does not answer joins the group: each page's first request, and again "
+        f"{fleet_view.SILENT_S + 0.2:.1f} s later; what the page says of it"
     )
-    print(f"{'page':40} {'first ms':>9} {'status':>7} {'names it':>9} {'unreachable':>12}")
-    for name, ms, status, named, unreachable in first:
-        print(f"{name:40} {ms:9.1f} {status:7} {named!s:>9} {unreachable!s:>12}")
+    print(f"{'page':40} {'round':>6} {'ms':>9} {'status':>7}  says")
+    for round_, name, ms, status, said in first:
+        print(f"{name:40} {round_:>6} {ms:9.1f} {status:7}  {said}")
     print(
-        f"» the registry notes it: unreachable since {silent.unreachable_since}, "
-        f"{silent.unreachable_reason!r}"
+        f"» connection attempts to it: {attempts_then} after those requests, {attempts_after} "
+        f"after {len(FLEET_PAGES) * (n + 2)} more; the registry notes it: unreachable since "
+        f"{silent.unreachable_since}, {silent.unreachable_reason!r}"
     )
     print()
-    print(
-        f"{'with it in place':40} {'p50 ms':>9} {'p95 ms':>9} {'max ms':>9} "
-        f"{'rows deleted meanwhile':>23} {'rows/s':>9}"
-    )
-    for name, r in with_silent:
-        print(
-            f"{name:40} {r['p50']:9.1f} {r['p95']:9.1f} {r['max']:9.1f} {r['deleted']:23,} "
-            f"{r['rate']:9,.0f}"
-        )
+    table("with it in place", with_silent)
     print(f"» the draining runs after the measurements: {states}")
 
 
