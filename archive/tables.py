@@ -4,15 +4,16 @@ the chunk's DELETE returns the rows it removes, and they are inserted into that 
 committed there, verified, before the chunk's transaction commits.
 
     source, in the worker's SAVEPOINT:  COPY (DELETE … RETURNING the columns) TO STDOUT
-        │ PostgreSQL's own text of each value, streamed block by block (flat memory)
+        │ PostgreSQL's own text of each value, streamed block by block (flat memory), each
+        │ row's SHA-256 taken on the way (``RowDigest``)
     destination, a transaction of its own (synchronous commit):
-        COPY a temporary table FROM STDIN
-        → INSERT INTO the table SELECT … ON CONFLICT (key) DO NOTHING
-        → read back: the rows of the table equal, column by column as text, to the chunk's
-          rows, joined on the key — their count and the SHA-256 of their text in key order
+        COPY a temporary table FROM STDIN — it must count the rows the DELETE removed
+        → INSERT INTO the table SELECT … ON CONFLICT (key) DO NOTHING; when a key was there
+          already (a replay), the row there must equal the chunk's, column by column as text
+        → read back: every row of the chunk is in the table under its key (their count)
         → COMMIT
     then the worker releases the savepoint and writes the audit record naming the table,
-    the rows and the digest, then COMMIT.
+    the rows and their digest, then COMMIT.
 
 A worker killed between the destination's commit and the source's leaves the rows in both:
 the replay deletes the same rows again and inserts none twice (the key's conflict), and the
@@ -25,6 +26,7 @@ returned, so not archived.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 
 from django.db import connection
 from psycopg import ClientCursor, sql
@@ -42,8 +44,39 @@ TENANT = archive_step.TENANT
 TEXT_SETTINGS = (
     "SELECT set_config('DateStyle', 'ISO, YMD', true),"
     " set_config('IntervalStyle', 'postgres', true),"
-    " set_config('extra_float_digits', '3', true), set_config('bytea_output', 'hex', true)"
+    " set_config('extra_float_digits', '3', true), set_config('bytea_output', 'hex', true),"
+    " set_config('TimeZone', 'UTC', true)"
 )
+
+
+class RowDigest:
+    """The digest of a chunk's rows in an archive table, fed PostgreSQL's text COPY stream of
+    them (under ``TEXT_SETTINGS``) block by block: the SHA-256 of the rows' own SHA-256s in
+    byte order — so it does not depend on the order the rows come in, and the same rows read
+    from either database, in any order, give the same digest. ``extra``: trailing columns of
+    the stream that are not archived (the tenant counted per chunk), left out."""
+
+    def __init__(self, extra: int = 0) -> None:
+        self.extra, self.tail, self.hashes = extra, b"", []
+
+    def update(self, block) -> None:
+        lines = (self.tail + bytes(block)).split(b"\n")  # a value's newline is escaped: \\n
+        self.tail = lines.pop()
+        if self.extra:
+            lines = [line.rsplit(b"\t", self.extra)[0] for line in lines]
+        self.hashes.extend(hashlib.sha256(line).digest() for line in lines)
+
+    @property
+    def rows(self) -> int:
+        return len(self.hashes)
+
+    def hexdigest(self) -> str:
+        if self.tail:
+            raise objects.ArchiveError("the rows' COPY stream ended inside a row")
+        digest = hashlib.sha256()
+        for row in sorted(self.hashes):
+            digest.update(row)
+        return digest.hexdigest()
 
 
 def object_name(dest: ArchiveTable, run_id: int, chunk_id: int) -> str:
@@ -113,12 +146,18 @@ def archive_chunk(
     extra = sql.SQL(", NULL::text AS {}").format(sql.Identifier(TENANT)) if counted else sql.SQL("")
     copied = [*names, TENANT] if counted else names
     done = archive_step.ArchivedChunk(dest.url)
+    digest = RowDigest(extra=1 if counted else 0)
     source_error = None
     try:
         with target.cursor() as dcur:
             dcur.execute("BEGIN")
             dcur.execute(
                 TEXT_SETTINGS + ", set_config('synchronous_commit', 'on', true),"
+                # the chunk's rows are found by the key's index, one by one: the temporary
+                # table has no statistics, and a hash join read the whole archive table for
+                # each chunk (measured, docs/performance.md)
+                " set_config('enable_hashjoin', 'off', true),"
+                " set_config('enable_mergejoin', 'off', true),"
                 " set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
                 [str(spec.statement_timeout_ms or 0), str(spec.lock_timeout_ms or 0)],
             )
@@ -138,35 +177,55 @@ def archive_chunk(
                     raise
                 try:
                     for block in _source(blocks.blocks()):
+                        digest.update(block)
                         into.write(bytes(block))
                 finally:
                     out.__exit__(None, None, None)
+            received = dcur.rowcount
             done.deleted = out.rowcount
+            if received != done.deleted or digest.rows != done.deleted:
+                raise objects.ArchiveError(
+                    f"{dest.url} received {received} rows, the DELETE removed {done.deleted}"
+                )
             dcur.execute(
                 sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) DO NOTHING").format(
                     table, _columns(names), _columns(names), temp, _columns(list(spec.key_columns))
                 )
             )
+            inserted = dcur.rowcount
             same_key = sql.SQL(" AND ").join(
                 sql.SQL("d.{0} = r.{0}").format(sql.Identifier(k)) for k in spec.key_columns
             )
+            if inserted < received:  # keys already there (a replay): their rows must be these
+                dcur.execute(
+                    sql.SQL(
+                        "SELECT count(*) FROM {temp} r JOIN {table} d ON {same}"
+                        " WHERE ROW({d})::text IS DISTINCT FROM ROW({r})::text"
+                    ).format(
+                        temp=temp,
+                        table=table,
+                        same=same_key,
+                        d=_columns(names, "d"),
+                        r=_columns(names, "r"),
+                    )
+                )
+                differing = dcur.fetchone()[0]
+                if differing:
+                    raise objects.ArchiveError(
+                        f"{differing} of the chunk's {received} rows have a row with the same key"
+                        f" and other values in {dest.url}; nothing deleted"
+                    )
+            # read back: every row of the chunk is in the table under its key
             dcur.execute(
                 sql.SQL(
-                    "SELECT (SELECT count(*) FROM {temp}), count(*),"
-                    " encode(sha256(convert_to(coalesce(string_agg(ROW({d})::text, E'\\n'"
-                    " ORDER BY {key}), ''), 'UTF8')), 'hex')"
-                    " FROM {temp} r JOIN {table} d ON {same}"
-                    " WHERE ROW({d})::text = ROW({r})::text"
-                ).format(
-                    temp=temp,
-                    table=table,
-                    d=_columns(names, "d"),
-                    r=_columns(names, "r"),
-                    key=_columns(list(spec.key_columns), "d"),
-                    same=same_key,
-                )
+                    "SELECT count(*) FROM {} r WHERE EXISTS (SELECT 1 FROM {} d WHERE {})"
+                ).format(temp, table, same_key)
             )
-            received, matched, digest = dcur.fetchone()
+            found = dcur.fetchone()[0]
+            if found != received:
+                raise objects.ArchiveError(
+                    f"{dest.url} holds {found} of the chunk's {received} rows after the insert"
+                )
             if counted:
                 dcur.execute(
                     sql.SQL("SELECT {0}, count(*) FROM {1} GROUP BY {0}").format(
@@ -174,15 +233,6 @@ def archive_chunk(
                     )
                 )
                 done.tenant_rows = {t: int(n) for t, n in dcur.fetchall()}
-            if received != done.deleted:
-                raise objects.ArchiveError(
-                    f"{dest.url} received {received} rows, the DELETE removed {done.deleted}"
-                )
-            if matched != received:
-                raise objects.ArchiveError(
-                    f"{received - matched} of the chunk's {received} rows have a row with the"
-                    f" same key and other values in {dest.url}; nothing deleted"
-                )
             dcur.execute("COMMIT")
     except BaseException as exc:
         with contextlib.suppress(Exception):
@@ -197,7 +247,7 @@ def archive_chunk(
     if done.deleted:
         done.objects.append(
             objects.ArchivedObject(
-                object_name(dest, run_id, chunk_id), spec.qualified_table, int(matched), digest
+                object_name(dest, run_id, chunk_id), spec.qualified_table, found, digest.hexdigest()
             )
         )
     return done
@@ -231,33 +281,12 @@ def _select(dest: ArchiveTable, names: list[str], scope: P.Fragment):
 
 
 def read_back(spec: PolicySpec, dest: ArchiveTable, scope: P.Fragment) -> tuple[int, str]:
-    """(rows, SHA-256) of the archive table's rows in ``scope``, as the archive step digests a
-    chunk's rows: their text in key order."""
+    """(rows, digest) of the archive table's rows in ``scope``, read from there as the archive
+    step digests a chunk's rows (``RowDigest``)."""
     names = [c.name for c in archive_step.table_columns(_source_connection(), spec)]
-    target = destination(dest)
-    key = _columns(list(spec.key_columns), "t")
-    with target.cursor() as dcur:
-        dcur.execute("BEGIN READ ONLY")
-        try:
-            dcur.execute(TEXT_SETTINGS)
-            dcur.execute(
-                sql.SQL(
-                    "SELECT count(*), encode(sha256(convert_to(coalesce(string_agg("
-                    "ROW({})::text, E'\\n' ORDER BY {}), ''), 'UTF8')), 'hex') FROM {}.{} AS t"
-                    " WHERE {}"
-                ).format(
-                    _columns(names, "t"),
-                    key,
-                    sql.Identifier(dest.schema),
-                    sql.Identifier(dest.table),
-                    scope.sql,
-                ),
-                scope.params,
-            )
-            rows, digest = dcur.fetchone()
-        finally:
-            dcur.execute("ROLLBACK")
-    return int(rows), digest
+    digest = RowDigest()
+    copy_rows(destination(dest), dest, names, scope, digest.update)
+    return digest.rows, digest.hexdigest()
 
 
 def copy_rows(target, dest: ArchiveTable, names: list[str], scope: P.Fragment, write) -> None:

@@ -32,7 +32,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from bench.common import ROOT, cpu_mark, cpu_spent, peak_rss_kb
+from psycopg import sql
+
+from bench.common import ROOT, SCHEMA, cpu_mark, cpu_spent, peak_rss_kb
 
 
 def _django() -> None:
@@ -118,6 +120,13 @@ def _approve(spec: dict):
     if spec.get("archive_dir"):  # archive, then delete (docs/policies.md)
         Path(spec["archive_dir"]).mkdir(parents=True, exist_ok=True)
         fields["archive"] = {"to": f"file://{spec['archive_dir']}"}
+    if spec.get("archive_table"):  # archive to a table of the control database (docs/policies.md)
+        from django.db import connection  # Django is set up by now (``_django``)
+
+        with connection.cursor() as cur:
+            for statement in _archive_table_ddl(spec["table"]):
+                cur.execute(statement)
+        fields["archive"] = {"to": f"target:default/{ARCHIVE_SCHEMA}.{spec['table']}"}
     author, approver = _user("bench-author"), _user("bench-approver")
     version = actions.apply_spec(PolicySpec.parse(fields), author=author)
     if version.state == PolicyVersion.State.DRAFT:
@@ -125,6 +134,32 @@ def _approve(spec: dict):
     if version.state == PolicyVersion.State.SUBMITTED:
         actions.approve_version(version, actor=approver, reason="benchmark")
     return Policy.objects.get(slug=spec["slug"])
+
+
+ARCHIVE_SCHEMA = "bench_archive"
+
+
+def _archive_table_ddl(table: str) -> list[str]:
+    """An empty archive table of ``bench.<table>``'s columns, types and unique indexes."""
+    names = dict(
+        s=sql.Identifier(ARCHIVE_SCHEMA), t=sql.Identifier(table), b=sql.Identifier(SCHEMA)
+    )
+    return [
+        sql.SQL(text).format(**names).as_string(None)
+        for text in (
+            "CREATE SCHEMA IF NOT EXISTS {s}",
+            "DROP TABLE IF EXISTS {s}.{t}",
+            "CREATE TABLE {s}.{t} (LIKE {b}.{t} INCLUDING INDEXES)",
+        )
+    ]
+
+
+def drop_archive_table(conn, table: str) -> None:
+    conn.execute(
+        sql.SQL("DROP TABLE IF EXISTS {}.{}").format(
+            sql.Identifier(ARCHIVE_SCHEMA), sql.Identifier(table)
+        )
+    )
 
 
 def explain(spec: dict) -> dict:

@@ -29,8 +29,9 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
+from psycopg import sql
 
-from bench import dataset, report
+from bench import dataset, product, report
 from bench.common import (
     BENCH_DB,
     ROOT,
@@ -79,6 +80,8 @@ CONTENDERS: dict[str, dict] = {
                    "label": "product, 1 worker, guard off, archive then delete"},
     "archive-2w": {"kind": "product", "workers": 2, "guard": False, "archive": True,
                    "label": "product, 2 workers, guard off, archive then delete"},
+    "archive-table-1w": {"kind": "product", "workers": 1, "guard": False, "archive_table": True,
+                         "label": "product, 1 worker, guard off, archive to a table then delete"},
     "product-2w-tenant": {
         "kind": "product", "workers": 2, "guard": False, "tenant": True,
         "label": "product, 2 workers, guard off, per-tenant chunks",
@@ -284,6 +287,7 @@ class Bench:
                 "cascade_ack": [f"{SCHEMA}.{table}_items"] if shape.cascade else [],
                 "tick": self.tick.isoformat(), "cutoff": self.cutoff.isoformat(),
                 "archive_dir": str(self.archive_dir(tag)) if spec.get("archive") else None,
+                "archive_table": bool(spec.get("archive_table")),
             }  # fmt: skip
             proc = self.spawn(
                 "bench.product", "setup", json.dumps(setup_spec), env=env, tag=tag + "-setup"
@@ -405,6 +409,14 @@ class Bench:
             result["archive_files"] = len(files)
             self.log(f"{tag}: archive {len(files)} files, {result['archive_bytes']:,} bytes")
             shutil.rmtree(self.archive_dir_of(tag), ignore_errors=True)
+        if spec.get("archive_table"):  # the archive table's rows, then the table (disk is shared)
+            result["archive_rows"] = self.conn.execute(
+                sql.SQL("SELECT count(*) FROM {}.{}").format(
+                    sql.Identifier(product.ARCHIVE_SCHEMA), sql.Identifier(table)
+                )
+            ).fetchone()[0]
+            self.log(f"{tag}: archive table {result['archive_rows']:,} rows")
+            product.drop_archive_table(self.conn, table)
         if remaining and not capped:
             self.log(f"{tag}: WARNING {remaining} eligible rows left")
         dataset.drop_copy(self.conn, table)

@@ -99,8 +99,8 @@ def check_destination(spec: PolicySpec) -> None:
         with raw.cursor() as cur:
             _check_table(cur, spec, dest, ours)
     finally:
-        with contextlib.suppress(Exception):
-            raw.rollback()
+        with contextlib.suppress(Exception):  # validation keeps no connection open
+            wrapper.close()
 
 
 def _check_table(cur, spec: PolicySpec, dest: ArchiveTable, ours: list[Column]) -> None:
