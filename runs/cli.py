@@ -146,7 +146,12 @@ def drain(cmd, o):
         try:
             with timeouts.engine_session():
                 results[i] = fleet_drain.drain_everywhere(
-                    names, lambda: _drain_here(o, Run, drain_run), worker=i
+                    names,
+                    lambda: _drain_round(o),
+                    wait_while_active,
+                    worker=i,
+                    until_idle=o["until_idle"],
+                    idle_s=IDLE_RETRY_S,
                 )
         except BaseException as exc:  # noqa: BLE001 - reported by the command below
             results[i] = exc
@@ -260,29 +265,19 @@ def _wait_for_finisher(ids, seconds: float) -> bool:
     return False
 
 
-def _drain_here(o, Run, drain_run) -> dict:
-    run_keys = [o["run_key"]] if o.get("run_key") else None
-    total = {"chunks": 0, "rows": 0, "failed": 0}
-    while True:
-        runs = Run.objects.filter(state=Run.State.ACTIVE)
-        if run_keys:
-            runs = runs.filter(run_key__in=run_keys)
-        ids = list(runs.values_list("id", flat=True))
-        if not ids:
-            break
-        progressed = False
-        for run_id in ids:
-            stats = drain_run(run_id, budget_s=o["budget"], until_idle=True)
-            for k in total:
-                total[k] += stats[k]
-            progressed |= bool(stats["chunks"])
-        if not o["until_idle"]:
-            break
-        if not progressed:
-            # nothing admissible: wait for these runs, but no longer than they stay active
-            # (another worker may end them); the next round looks again at every active run,
-            # a waiting run admitted meanwhile included — until none is left
-            wait_while_active(ids, IDLE_RETRY_S)
+def _drain_round(o) -> dict:
+    """One round on the database in place: each active run (of ``RUN_KEY``, when named)
+    drained until nothing of it is admissible now or its ``--budget`` is spent. Its counters,
+    and ``active``: the ids of the runs it found active."""
+    runs = Run.objects.filter(state=Run.State.ACTIVE)
+    if o.get("run_key"):
+        runs = runs.filter(run_key=o["run_key"])
+    ids = list(runs.values_list("id", flat=True))
+    total = {"chunks": 0, "rows": 0, "failed": 0, "active": ids}
+    for run_id in ids:
+        stats = drain_run(run_id, budget_s=o["budget"], until_idle=True)
+        for k in ("chunks", "rows", "failed"):
+            total[k] += stats[k]
     return total
 
 
