@@ -30,12 +30,10 @@ from runs.actions import (
     discard_dead_letter,
     replay_dead_letter,
     set_kill_switch,
-    trigger_run,
 )
 from runs.engine.explain import chunking as explain_chunking
 from runs.engine.explain import cutoff as explain_cutoff
 from runs.engine.explain import explain as explain_policy
-from runs.engine.reconciler import reconcile as run_reconciler
 from runs.engine.schedules import ensure_system_schedules
 from runs.engine.worker import drain as drain_run
 from runs.evidence import anchors as evidence
@@ -45,6 +43,7 @@ from runs.evidence.archives import archived_rows
 from runs.evidence.audit import verify_chain
 from runs.fleet import drain as fleet_drain
 from runs.fleet import runs as fleet_runs
+from runs.fleet.reconcile import reconcile_everywhere
 from runs.models import DeadLetter, RestoreRequest, Run
 from runs.progress import progress_for
 from runs.status import run_status
@@ -480,24 +479,31 @@ def evidence_line(path: str, run_key: str, *, csv_lines: int | None = None) -> s
 
 
 def reconcile(cmd, o):
+    """One pass over the control database and then each target's ledger."""
     with timeouts.engine_session():
-        report = run_reconciler()
+        report = reconcile_everywhere()
     cmd.stdout.write(json.dumps(report, default=str))
 
 
 def startup(cmd, o):
-    """Arm the schedules, and start a run now for each policy that has none (demo start-up)."""
+    """Arm the schedules, and start a run now for each policy on each of its targets where it
+    has none (demo start-up); a target that does not answer or refuses is named, the others
+    start."""
     ensure_system_schedules()
     for policy in Policy.objects.filter(enabled=True):
-        if policy.approved_version is None or Run.objects.filter(policy=policy).exists():
+        if policy.approved_version is None:
             continue
         try:
-            run, _ = trigger_run(
-                policy, tick=latest_tick(policy, timezone.now()), source="manual", actor="startup"
-            )
-            cmd.stdout.write(f"started {run.run_key} ({run.state})")
+            made = fleet_runs.start_where_none(policy, tick=latest_tick(policy, timezone.now()))
         except ActionError as exc:
             cmd.stdout.write(f"{policy.slug}: {exc}")
+            continue
+        for name, run, note in made:
+            if run is not None:
+                cmd.stdout.write(f"started {run.run_key} ({run.state})")
+            elif note != "has runs":
+                where = "" if name == fleet_connections.DEFAULT else f" on {name}"
+                cmd.stdout.write(f"{policy.slug}{where}: {note}")
 
 
 def _instant(text: str | None, what: str):

@@ -14,10 +14,9 @@ from core import timeouts
 from retention.models import Policy
 from runs.actions import ActionError
 from runs.engine import dispatch, maintenance, schedules, worker
-from runs.engine.reconciler import catch_up
-from runs.engine.reconciler import reconcile as run_reconciler
 from runs.engine.worker import dead_letter
 from runs.fleet import runs as fleet_runs
+from runs.fleet.reconcile import reconcile_everywhere
 from runs.models import Run
 from targets import connections as fleet_connections
 
@@ -78,15 +77,22 @@ def trigger_scheduled(policy_id=None, tick=None, **_ignored) -> str:
 def _late_firing(policy, tick_at: datetime, now: datetime) -> str:
     """A firing long after its tick (the cluster was down) follows the policy's catch-up rule,
     exactly as the reconciler would: ``none`` runs nothing, ``latest`` one run for the newest
-    missed tick with the older ones recorded on it — never a run for the oldest one as well."""
+    missed tick with the older ones recorded on it — never a run for the oldest one as well —
+    on every target of the policy."""
     version = policy.approved_version
     late = f"fired {int((now - tick_at).total_seconds())} s after its tick {tick_at.isoformat()}"
     if version is None or version.parsed.catch_up == "none":
         return f"{late}: skipped (catch_up = none)"
-    run = catch_up(policy, now)
-    if run is None:
-        return f"{late}: nothing to catch up"
-    return f"{late}: caught up with run {run.run_key} ({len(run.skipped_ticks)} skipped)"
+    made = fleet_runs.catch_up_everywhere(policy, now)
+    if not any(run for _name, run, _note in made):
+        notes = [f"{name}: {note}" for name, run, note in made if note != "nothing to catch up"]
+        return f"{late}: nothing to catch up" + (f" ({'; '.join(notes)})" if notes else "")
+    return f"{late}: " + "; ".join(
+        f"caught up with run {run.run_key} ({len(run.skipped_ticks)} skipped)"
+        if run
+        else f"{name}: {note}"
+        for name, run, note in made
+    )
 
 
 def _now():
@@ -142,7 +148,8 @@ def drain_lease(run_id=None, slot=None, generation=None, *extra) -> dict | str:
 
 @engine_task
 def reconcile() -> dict:
-    report = run_reconciler()
+    """One reconciler pass over the control database and then each target's ledger."""
+    report = reconcile_everywhere()
     return {k: v for k, v in report.items() if v}
 
 

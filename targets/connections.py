@@ -265,6 +265,13 @@ def resolve(names) -> list[str]:
     return out
 
 
+def targets_of(policy) -> list[str]:
+    """The targets ``policy``'s approved version names, resolved now (``["default"]`` without
+    one, or when it names none)."""
+    version = policy.approved_version
+    return resolve(version.parsed.targets if version is not None else (DEFAULT,))
+
+
 def all_names() -> list[str]:
     with control_connection().cursor() as cur:
         cur.execute("SELECT name FROM targets_target ORDER BY name")

@@ -5,6 +5,11 @@ one, creates one catch-up run for missed schedule windows, finishes runs
 (verification before ``drained``; then the dead tuples the run left and the policy's
 ``vacuum``, ``runs.engine.maintenance``), drops detached partition tables whose
 ``detached_keep`` has passed, and keeps the app's own tables bounded.
+
+A pass works on the database in place: the control database, or a target's ledger inside
+``targets.connections.on`` (``runs.fleet.reconcile`` runs one pass per target). On a target
+it does all of the above for that target's runs; the policies' schedules and the archive's
+orphan files are the control database's pass's alone.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from runs.actions import (
     expire_confirm_holds,
     run_key_for,
     start_waiting_runs,
+    supersede_open_runs,
     trigger_run,
 )
 from runs.engine import dispatch, stopping
@@ -56,6 +62,7 @@ from runs.models import (
     discarded_scopes,
     show_bound,
 )
+from targets import connections as C
 
 log = logging.getLogger(__name__)
 
@@ -673,11 +680,21 @@ def prune_own_tables(now) -> dict:
 def _policies_to_reconcile() -> list[Policy]:
     """Every enabled policy, and every other policy that still has an open run; in a fresh
     random order each pass, so a policy that uses up the pass's time never starves the same
-    others twice."""
+    others twice. On a target, of the enabled policies only those that name it (the control
+    database's pass arms every policy's schedule)."""
     has_open = Run.objects.filter(policy=OuterRef("pk"), state__in=Run.OPEN)
     policies = list(Policy.objects.filter(Q(enabled=True) | Exists(has_open)))
+    if C.current() != C.DEFAULT:
+        open_here = set(Run.objects.filter(state__in=Run.OPEN).values_list("policy_id", flat=True))
+        policies = [p for p in policies if p.pk in open_here or runs_here(p)]
     random.shuffle(policies)
     return policies
+
+
+def runs_here(policy: Policy) -> bool:
+    """Whether the policy's periods run in the database in place (it is one of the policy's
+    targets): only there does a pass make its catch-up run or re-run a superseded period."""
+    return C.current() in C.targets_of(policy)
 
 
 @dataclass
@@ -715,13 +732,24 @@ def reconcile_policy(
         if not budget.fits():
             raise _Deferred
 
-    if policy.enabled and sync_policy_schedule(policy, now=now):
+    on_control = C.current() == C.DEFAULT
+    if on_control and policy.enabled and sync_policy_schedule(policy, now=now):
         report["rearmed"].append(policy.slug)
     expiry_s = settings.RETENTION.get("CONFIRM_EXPIRY_S", 86_400)
     for expired in expire_confirm_holds(policy, now, expiry_s=expiry_s):
         report["expired"].append(expired.run_key)
+    if not on_control and policy.enabled:
+        # a version approved on the control database ended that database's open runs of older
+        # versions in its own transaction; here the mirror now says so, and the pass ends them
+        version = policy.approved_version
+        if version is not None:
+            for ended in supersede_open_runs(
+                policy, keep_version_id=version.pk, actor="reconciler",
+                reason=f"v{version.number} was approved; runs of older versions can never run again",
+            ):  # fmt: skip
+                report["superseded"].append(ended.run_key)
     caught_up = rerun = None
-    if policy.enabled:
+    if policy.enabled and runs_here(policy):
         step()
         with transaction.atomic():
             caught_up = catch_up(policy, now)
@@ -755,8 +783,11 @@ def reconcile_policy(
         # detached partition tables whose detached_keep has passed (docs/engine.md, "Partitions")
         step()
         report["detached"] += drop_kept_detached(policy, now)
-    # archive objects of attempts that did not commit (docs/engine.md, "Archiving")
-    report["archive_orphans"] += remove_archive_orphans(policy)
+    # archive objects of attempts that did not commit (docs/engine.md, "Archiving"); an
+    # object's name does not say which database's run and chunk it is of, so only the
+    # control database's pass judges them (docs/fleet.md, "Not yet")
+    if on_control:
+        report["archive_orphans"] += remove_archive_orphans(policy)
 
 
 def remove_archive_orphans(policy: Policy) -> list[str]:
@@ -792,8 +823,16 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def reconcile(now=None) -> dict:
-    """One reconciler pass; returns what it did.
+def pass_budget() -> PassBudget:
+    """A whole pass's budget: half the task timeout (``timeouts.reconciler_budget``)."""
+    pass_s, statement_ms = timeouts.reconciler_budget()
+    return PassBudget(time.monotonic() + pass_s, statement_ms / 1000)
+
+
+def reconcile(now=None, *, budget: PassBudget | None = None, kill: bool | None = None) -> dict:
+    """One reconciler pass over the database in place; returns what it did. ``budget``: the
+    time left of a pass that goes on to other databases (``runs.fleet.reconcile``); ``kill``:
+    the kill switch as the control database says it (default: read here).
 
     Each policy is reconciled in its own transaction under its own advisory lock (a policy
     another pass is still working on is skipped), with every statement bounded by a timeout
@@ -807,11 +846,12 @@ def reconcile(now=None) -> dict:
     report = {
         "republished": 0, "caught_up": [], "finished": [], "started": 0, "rearmed": [],
         "expired": [], "failed": [], "busy": [], "deferred": [], "pruned": {}, "detached": [],
-        "vacuum": [], "rerun": [], "partitions": [], "archive_orphans": [], "stopped": False,
+        "vacuum": [], "rerun": [], "superseded": [], "partitions": [], "archive_orphans": [],
+        "stopped": False,
     }  # fmt: skip
-    pass_s, statement_ms = timeouts.reconciler_budget()
-    budget = PassBudget(time.monotonic() + pass_s, statement_ms / 1000)
-    kill = KillSwitch.is_on()
+    statement_ms = timeouts.reconciler_budget()[1]
+    budget = budget or pass_budget()
+    kill = KillSwitch.is_on() if kill is None else kill
     stale_s = settings.RETENTION["LEASE_STALE_S"] or settings.RETENTION["LEASE_BUDGET_S"] * 3 + 30
     for policy in _policies_to_reconcile():
         if budget.stopping():

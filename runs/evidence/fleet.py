@@ -27,7 +27,6 @@ from core.models import OperatorAction
 from retention.models import Policy
 from runs.evidence import anchors
 from runs.evidence.exports import anchor_evidence, file_stem, rehash_run_records
-from runs.fleet import runs as fleet_runs
 from runs.models import AuditRecord, Run
 from runs.progress import BrokerBacklog, progress_for
 from targets import connections as C
@@ -139,7 +138,7 @@ def period_manifest(policy: Policy, tick: datetime) -> dict:
     """The manifest of ``policy``'s period ``tick`` over every target of its approved version
     (read on the control database, which it must be called on)."""
     version = policy.approved_version
-    names = fleet_runs.targets_of(policy)
+    names = C.targets_of(policy)
     entries = []
     for name in names:
         try:

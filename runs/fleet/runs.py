@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError, transaction
 
 from core.oplog import ActionError
 from core.roles import roles_of
 from retention.models import Policy
 from runs import actions
+from runs.engine import reconciler
 from runs.engine.errors import connection_lost
 from runs.fleet import mirror
 from runs.models import Run
@@ -28,12 +29,6 @@ def target_of_key(key: str) -> str:
     if sep and C.valid_name(head) and "/" not in head and head != DEFAULT:
         return head
     return DEFAULT
-
-
-def targets_of(policy: Policy) -> list[str]:
-    version = policy.approved_version
-    names = version.parsed.targets if version is not None else (DEFAULT,)
-    return C.resolve(names)
 
 
 def ledger_problem(name: str) -> str:
@@ -61,38 +56,94 @@ def trigger_everywhere(
     """The period's run on every target of the policy: [(target, run, note)] — run None and a
     note for a target that does not answer now. A target without the ledger refuses the whole
     trigger (one line; nothing is created anywhere)."""
-    names = targets_of(policy)
+
+    def make(here: Policy) -> tuple[Run | None, str]:
+        run, created = actions.trigger_run(here, tick=tick, source=source, actor=actor)
+        return run, "created" if created else "existing"
+
+    return on_each_target(policy, make, actor=actor, whole=True)
+
+
+def catch_up_everywhere(policy: Policy, now: datetime) -> list[tuple[str, Run | None, str]]:
+    """The reconciler's catch-up (``reconciler.catch_up``: one run for the newest missed tick,
+    the older ones recorded on it) on every target of the policy, each judged by its own
+    ledger's runs: [(target, run, note)], run None where nothing was missed or the target
+    does not answer (the note says which)."""
+
+    def make(here: Policy) -> tuple[Run | None, str]:
+        run = reconciler.catch_up(here, now)
+        return run, "caught up" if run is not None else "nothing to catch up"
+
+    return on_each_target(policy, make, actor="reconciler")
+
+
+def start_where_none(policy: Policy, *, tick: datetime, actor="startup"):
+    """``retention startup``: a run for ``tick`` on every target of the policy where the policy
+    has no run yet; [(target, run, note)], run None where it has one ("has runs") or the
+    target does not answer."""
+
+    def make(here: Policy) -> tuple[Run | None, str]:
+        if Run.objects.filter(policy=here).exists():
+            return None, "has runs"
+        run, _created = actions.trigger_run(here, tick=tick, source="manual", actor=actor)
+        return run, "started"
+
+    return on_each_target(policy, make, actor=actor)
+
+
+def on_each_target(
+    policy: Policy, make, *, actor, whole: bool = False
+) -> list[tuple[str, Run | None, str]]:
+    """``make(policy)`` — which returns (run or None, note) — on each target of the policy, with
+    the policy as that target's mirror holds it (synced first), inside a transaction of the
+    target's. A target that does not answer or accept writes (a replica after a fail-over) is
+    noted on its registry row and named, and the others go on. With ``whole`` a target without
+    the ledger refuses all of it (``ActionError``), and any other error on one target stops the
+    rest; otherwise each target is on its own: one that lacks the ledger, refuses
+    (``ActionError``) or fails gets a note and the others go on."""
+    names = C.targets_of(policy)
     if names == [DEFAULT]:
-        run, created = actions.trigger_run(policy, tick=tick, source=source, actor=actor)
-        return [(DEFAULT, run, "created" if created else "existing")]
+        return [(DEFAULT, *make(policy))]
     if not isinstance(actor, str):
         roles_of(actor)  # read on the control database, remembered on the person
     problems = {name: ledger_problem(name) for name in names}
     missing = [p for p in problems.values() if "has no ledger" in p or "no target" in p]
-    if missing:
+    if whole and missing:
         raise ActionError(missing[0])
     out: list[tuple[str, Run | None, str]] = []
     for name in names:
         if problems[name]:
             out.append((name, None, problems[name]))
             continue
-        if name == DEFAULT:
-            run, created = actions.trigger_run(policy, tick=tick, source=source, actor=actor)
-        else:
-            try:
-                mirror.sync(name)
-                with C.on(name):
-                    here = Policy.objects.get(pk=policy.pk)
-                    run, created = actions.trigger_run(here, tick=tick, source=source, actor=actor)
-            except DatabaseError as exc:
-                if not connection_lost(exc):
-                    raise
-                C.close_all()
+        try:
+            if name == DEFAULT:
+                with transaction.atomic():
+                    out.append((name, *make(policy)))
+                continue
+            mirror.sync(name)
+            with C.on(name), transaction.atomic():
+                out.append((name, *make(Policy.objects.get(pk=policy.pk))))
+        except ActionError as exc:
+            if whole:
+                raise
+            out.append((name, None, str(exc)))
+            continue
+        except (DatabaseError, InterfaceError) as exc:
+            if name == DEFAULT:
+                raise
+            # a target that stopped answering or accepting writes (a replica after a
+            # fail-over): noted, and the others get their runs
+            lost = isinstance(exc, InterfaceError) or connection_lost(exc)
+            if whole and not lost:
+                raise
+            C.close_all()
+            if lost:
                 C.note_reachable(name, exc)
                 out.append((name, None, f"target {name} is unreachable: {C.why_unusable(exc)}"))
-                continue
-            C.note_reachable(name, None)
-        out.append((name, run, "created" if created else "existing"))
+            else:
+                out.append((name, None, f"target {name}: {C.first_line(exc)}"))
+            continue
+        C.note_reachable(name, None)
     return out
 
 
