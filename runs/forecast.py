@@ -151,6 +151,7 @@ def _measure(policy) -> dict:
     if DEFAULT not in spec.targets:
         # its table lives in other databases: the control database's table of that name, if
         # any, is not it (and its audit rows are in the targets' ledgers)
+        out["elsewhere"] = True
         return out
     cutoff_now = spec.cutoff_for(now)  # wall-clock days, like a run's
     # what a run of this version started now deletes: a slice version's bound (bounds_now)
@@ -192,6 +193,8 @@ def _table_backlog(policy, measured: dict, *, fresh: bool = False) -> int | None
     5 s), cached like the measurement (``measured["table_backlog"]`` when the caller read the
     cache for it). A whole-table count: read only where no open run knows its backlog, so a
     page never counts a table that a run is draining."""
+    if measured.get("elsewhere"):
+        return None  # its table is in other databases (``_measure``): nothing to read here
     key = _cache_key(policy, BACKLOG)
     counted = None if fresh else measured.get("table_backlog") or cache.get(key)
     if counted is None:
