@@ -300,8 +300,10 @@ def note_reachable(name: str, error: BaseException | None) -> None:
 
 def why_unusable(error: BaseException) -> str:
     """One line for a target that cannot be used: its error's first line, said to be a
-    read-only database (SQLSTATE 25006) where it is one."""
+    read-only database (SQLSTATE 25006) or a missing grant (42501) where it is one."""
     codes = {getattr(e, "sqlstate", None) for e in (error, error.__cause__)}
     if "25006" in codes:
         return f"read-only (a replica after a fail-over?): {first_line(error)}"
+    if "42501" in codes:
+        return f"the login lacks a grant (`retention grants check`): {first_line(error)}"
     return first_line(error)

@@ -161,3 +161,44 @@ def test_the_checkpoint_job_signs_a_target_with_the_monitor_login_grants_apply_g
             conn.execute("INSERT INTO retention_runner.runs_checkpoint (at, audit_seq, audit_hash,"
                          " operator_seq, operator_hash, hmac, host) VALUES"
                          " (now(), 0, '', 0, '', 'x', 'monitor')")  # fmt: skip
+
+
+def test_a_grant_missing_on_a_target_stops_its_drain_and_its_run_says_so(
+    target_worker, make_user, act_as, no_guard
+):
+    """The worker login cannot bring a new hold into the target's mirror (its INSERT there
+    taken away): the drain stops at once instead of retrying for ever, nothing is deleted
+    without the hold, and the run needs attention naming the target and the grant."""
+    target, role = target_worker
+    with C.on(target.name):
+        create_events(600, days=40)
+    policy = approved_policy(make_user, **events_spec(targets=[target.name], chunking="key"))
+    run_cli("grants", "apply", "--target-db", target.name, "--worker", role)
+    with target.connect() as conn:
+        conn.execute(f'REVOKE INSERT ON retention_runner.retention_legalhold FROM "{role}"')
+    act_as(make_user("olga", "oncall"))
+    (key,) = run_cli("trigger", "events", "--period", NOW.date().isoformat()).split()
+    policy_actions.place_hold(
+        actor=make_user("hilde", "compliance"), reason="litigation", policy=policy, tenant="3"
+    )
+    with C.on(target.name):
+        rows_before = target.scalar("SELECT count(*) FROM public.rr_events")
+    env = {
+        **os.environ,
+        **worker_env(),
+        "RETENTION_GUARD": "0",
+        target.env: _as_login(target.url, role),
+    }
+    # no --budget: a drain that retried this for ever would never return
+    done = subprocess.run(
+        [sys.executable, "manage.py", "retention", "drain", "--until-idle"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert f"{target.name}" in done.stdout + done.stderr, (done.stdout, done.stderr[-2000:])
+    assert target.scalar("SELECT count(*) FROM public.rr_events") == rows_before
+    status = json.loads(run_cli("status", key, "--json"))
+    assert status["state"] == "attention", status
+    assert status["state_reason"].startswith(
+        f"target {target.name} is unreachable: the login lacks a grant (`retention grants check`):"
+        " permission denied"
+    ), status
