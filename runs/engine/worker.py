@@ -1431,13 +1431,12 @@ def _drain(
                 continue  # the planner's next step (its deadline or another's cursors ended it)
             outcome = process_one(run)
         except DatabaseError as exc:
-            if sqlstate_of(exc) == READ_ONLY or (
-                sqlstate_of(exc) and classify(exc).kind == PERMANENT
-            ):
-                # a database that accepts no writes (a replica after a fail-over), or an error
-                # outside any chunk's own handling that no retry mends (a grant the login lacks
-                # on the ledger or the mirror): nothing here can go on until a person acts; the
-                # caller says so (a target: its runs' attention, naming it and the error)
+            if sqlstate_of(exc) == READ_ONLY or sqlstate_of(exc)[:2] == "42":
+                # a database that accepts no writes (a replica after a fail-over), or an access
+                # rule outside any chunk's own handling that no retry mends (a grant the login
+                # lacks on the ledger or the mirror, a ledger table gone): nothing here can go
+                # on until a person acts; the caller says so (a target: its runs' attention,
+                # naming it and the error)
                 raise
             # The connection failed (killed backend, server restart) between or inside chunk
             # transactions: whatever was not committed is still pending. Reconnect and go on.
