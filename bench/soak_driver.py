@@ -561,8 +561,10 @@ class Driver:
         long_mode = total > 400
         epoch_s = self.args.epoch_seconds if long_mode else total
         restart_every = self.args.restart_every if long_mode else None
-        # short mode: the restart falls 45% into the fault phase, whatever the set-up took
-        next_restart = t_start + restart_every if long_mode else time.monotonic() + total * 0.45
+        next_restart = t_start + (restart_every or total * 0.45)
+        if self.args.until_covered:
+            # the restart falls 45% into the (short) fault phase, whatever the set-up took
+            next_restart = time.monotonic() + total * 0.45
         end = time.monotonic() + total
         n = 0
         try:
