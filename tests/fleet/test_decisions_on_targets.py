@@ -217,9 +217,10 @@ def test_the_control_database_commits_per_lease_not_per_chunk(fleet, make_user, 
     """The same rows drained in 20 and in 80 chunks by a worker process cost the control
     database the same transactions, within a constant: the gate's fences and generation are
     taken once per window, and nothing else the drain does on a target goes to the control
-    database per chunk. The window is set longer than the drains here, so that the count is
-    the lease's alone whatever the machine's speed (with the default second, a lease's count
-    grows with its seconds, never with its chunks)."""
+    database per chunk. The window and a run's budget per round are set longer than the drains
+    here, so that the count is the lease's alone whatever the machine's speed (with the default
+    second, a lease's count grows with its seconds, never with its chunks; each round of the
+    drain over the targets reads each target's connection string)."""
     a, b = fleet[0], fleet[1]
     for target in (a, b):
         with C.on(target.name):
@@ -233,7 +234,7 @@ def test_the_control_database_commits_per_lease_not_per_chunk(fleet, make_user, 
             C.close_all()
             connections.close_all()  # this process's sessions: their counts are in, or none
             before = counter.read()
-            _finish(_drain_process("--workers", "1", window_s=60))
+            _finish(_drain_process("--workers", "1", "--budget", "600", window_s=60))
             costs[slug] = counter.read() - before
             with C.on(target.name):
                 assert Run.objects.get().state == Run.State.DRAINED
