@@ -90,6 +90,6 @@ def test_no_unit_loads_the_owners_login_and_only_the_checkpoint_job_holds_the_ev
 def test_the_shipped_grants_are_what_the_grants_command_runs(db):
     """deploy/sql/grants.sql is `retention grants sql`'s output: the file a DBA may run with
     psql and the statements `retention grants apply` runs never drift apart."""
-    from database.cli import render_sql
+    from targets.grants_cli import render_sql
 
     assert (ROOT / "deploy" / "sql" / "grants.sql").read_text() == render_sql()

@@ -1,6 +1,6 @@
 """``python manage.py retention AREA ...`` — operations without a browser.
 
-Areas are registered by the apps: ``core.cli`` (user, role, token), ``database.cli``
+Areas are registered by the apps: ``core.cli`` (user, role, token), ``targets.grants_cli``
 (grants), ``retention.cli`` (policy, hold) and ``runs.cli`` (trigger, status, drain, pause, ...). The command lives in
 ``runs``, the top layer, because it composes all three. Every failure is one line.
 """
@@ -12,11 +12,11 @@ from django.core.management.base import BaseCommand, CommandError
 
 from core import cli as people_cli
 from core.cli_identity import cli_command
-from database import cli as database_cli
 from retention import cli as policy_cli
 from runs import cli as run_cli
 from runs.evidence import cli_check
 from targets import cli as targets_cli
+from targets import grants_cli
 
 
 class Command(BaseCommand):
@@ -29,7 +29,7 @@ class Command(BaseCommand):
         run_cli.register(areas)
         cli_check.register(areas)
         people_cli.register(areas)
-        database_cli.register(areas)
+        grants_cli.register(areas)
         targets_cli.register(areas)
 
     def handle(self, *args, **options):
