@@ -5,6 +5,11 @@ count of their footer with the rows written (``audit verify --archives`` decodes
 file byte-identical to the one the crash left.
 
     <dir>/<policy slug>/run-<run id>/chunk-<chunk id>-attempt-<n>.parquet
+    <dir>/<policy slug>/target-<name>/run-<run id>/chunk-<chunk id>-attempt-<n>.parquet
+
+The second form for a run on a target other than the control database: each ledger numbers
+its runs and chunks from 1, so the target's name keeps one database's objects from ever
+replacing another's.
 """
 
 from __future__ import annotations
@@ -42,9 +47,16 @@ class ArchivedObject:
         return {"name": self.name, "table": self.table, "rows": self.rows, "sha256": self.sha256}
 
 
-def object_name(slug: str, run_id: int, chunk_id: int, attempt: int) -> str:
-    """Where a chunk attempt's rows go, from its run, chunk and attempt only."""
-    return f"{slug}/run-{run_id}/chunk-{chunk_id}-attempt-{attempt}.parquet"
+def policy_prefix(slug: str, target: str = "default") -> str:
+    """The directory, under the archive's, of a policy's objects from one database's runs."""
+    return slug if target == "default" else f"{slug}/target-{target}"
+
+
+def object_name(
+    slug: str, run_id: int, chunk_id: int, attempt: int, target: str = "default"
+) -> str:
+    """Where a chunk attempt's rows go, from its database, run, chunk and attempt only."""
+    return f"{policy_prefix(slug, target)}/run-{run_id}/chunk-{chunk_id}-attempt-{attempt}.parquet"
 
 
 def parse_name(name: str) -> tuple[int, int] | None:
@@ -154,7 +166,8 @@ def objects_under(root: str, slug: str) -> Iterator[tuple[int, Path]]:
 
 def remove_orphans(root: str, slug: str, keep) -> list[str]:
     """Remove the policy's object files that ``keep(run_id, chunk_id, name)`` does not keep
-    (``name`` relative to ``root``, without a temporary file's ``.tmp``); their names."""
+    (``name`` relative to ``root``, without a temporary file's ``.tmp``); their names.
+    ``slug``: a ``policy_prefix`` — one database's objects of the policy."""
     removed = []
     for run_id, path in objects_under(root, slug):
         parsed = parse_name(path.name)

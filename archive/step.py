@@ -35,6 +35,7 @@ from archive import columns as C
 from archive import objects
 from retention import predicate as P
 from retention.spec import PolicySpec, SpecError
+from targets import connections as fleet
 
 BLOCK_BYTES = 4 << 20  # CSV text parsed (and written as one record batch) at a time
 TENANT = "rr_tenant"  # the row's tenant as text, counted, not archived
@@ -179,7 +180,7 @@ def archive_chunk(
     parsed = dict(zip(names, [w.parsed for w in wires] + [pa.string()], strict=False))
     done = ArchivedChunk(spec.archive_to or "")
     tenants: Counter = Counter()
-    name = objects.object_name(spec.slug, run_id, chunk_id, attempt)
+    name = objects.object_name(spec.slug, run_id, chunk_id, attempt, target=fleet.current())
 
     def batches(blocks: Iterator[bytearray]) -> Iterator[pa.RecordBatch]:
         for block in blocks:

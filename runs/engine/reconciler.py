@@ -783,11 +783,9 @@ def reconcile_policy(
         # detached partition tables whose detached_keep has passed (docs/engine.md, "Partitions")
         step()
         report["detached"] += drop_kept_detached(policy, now)
-    # archive objects of attempts that did not commit (docs/engine.md, "Archiving"); an
-    # object's name does not say which database's run and chunk it is of, so only the
-    # control database's pass judges them (docs/fleet.md, "Not yet")
-    if on_control:
-        report["archive_orphans"] += remove_archive_orphans(policy)
+    # archive objects of attempts that did not commit (docs/engine.md, "Archiving"): each
+    # database's pass judges its own (their names carry the target's)
+    report["archive_orphans"] += remove_archive_orphans(policy)
 
 
 def remove_archive_orphans(policy: Policy) -> list[str]:
@@ -816,7 +814,9 @@ def remove_archive_orphans(policy: Policy) -> list[str]:
         # not this database's chunk (another installation's files): left alone
         return name in named or state in ("", Chunk.State.PENDING)
 
-    return objects.remove_orphans(spec.archive_dir, spec.slug, keep)
+    return objects.remove_orphans(
+        spec.archive_dir, objects.policy_prefix(spec.slug, C.current()), keep
+    )
 
 
 def _first_line(exc: BaseException) -> str:
