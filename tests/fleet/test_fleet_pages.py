@@ -178,7 +178,7 @@ def test_a_target_that_does_not_answer_is_not_waited_for(two_of_three, silent_ta
     assert 'data-target="silent" data-state="reading"' in first
     assert 'data-target="shard1" data-state="reading"' in first
     # a second later the others are read and it is named: it does not answer
-    page = read_page(client, "/")
+    page = read_page(client, "/", silent=("silent",))
     assert "converged on 2 of 4 targets" in page
     assert "silent</a> — unreachable: does not answer (its ledger&#x27;s read has waited" in page
     for _ in range(3):
@@ -192,7 +192,7 @@ def test_a_target_that_does_not_answer_is_not_waited_for(two_of_three, silent_ta
 
     target = client.get("/runs/targets/silent/").content.decode()
     assert "reading its ledger…" in target  # its page's own read: started, not waited for
-    target = read_page(client, "/runs/targets/silent/")
+    target = read_page(client, "/runs/targets/silent/", silent=("silent",))
     assert "Not read: the target does not answer." in target
     assert len(silent_target) == 2  # and one more for its page's read, however often asked
     from runs.fleet import view
@@ -234,7 +234,7 @@ def test_a_target_whose_server_hangs_up_is_noted_after_one_attempt(
     try:
         client = Client()
         client.force_login(users["viewer"])
-        page = read_page(client, "/")
+        page = read_page(client, "/", silent=("closing",))
         assert 'data-target="closing" data-state="unreachable"' in page
         for _ in range(3):
             client.get("/")
