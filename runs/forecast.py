@@ -26,6 +26,7 @@ from runs.engine import guard
 from runs.engine.schedules import schedule_name
 from runs.models import AuditRecord, Chunk, Run
 from runs.progress import progress_for, stopped_by
+from targets import connections as fleet
 from targets.models import DEFAULT
 
 RATE_WINDOW = timedelta(minutes=10)
@@ -98,17 +99,25 @@ def drain_window(
     run), the tick its schedule is armed for, the global ``KillSwitch`` row and the cached
     measurement (``measurements``; None: none cached) and its guard controller row
     (``guard.control_of``; None: it has none)."""
-    if fresh:
-        measured = None
-    elif measured is UNREAD:
-        measured = cache.get(_cache_key(policy))
-    if measured is None:
-        measured = _measure(policy)
-        cache.set(_cache_key(policy), measured, CACHE_SECONDS)
+    if fresh or measured is UNREAD:
+        measured = measured_here(policy, fresh=fresh)
+    elif measured is None:
+        measured = measured_here(policy, fresh=True)
     known = {"run": latest_run, "next_tick": next_tick, "kill_switch": kill_switch}
     now = timezone.now()
     out = _judge(policy, measured, now, progress or {}, known, fresh=fresh)
     return _foreground_note(policy, out, now, control)
+
+
+def measured_here(policy, *, fresh: bool = False) -> dict:
+    """The policy's measurement in the database in place (its oldest eligible row, a day's
+    inflow, the observed rate): the one cached there within ``CACHE_SECONDS``, else taken
+    now and cached. A target's reading measures its own table this way (``runs.fleet.view``)."""
+    measured = None if fresh else cache.get(_cache_key(policy))
+    if measured is None:
+        measured = _measure(policy)
+        cache.set(_cache_key(policy), measured, CACHE_SECONDS)
+    return measured
 
 
 def _foreground_note(policy, out: dict, now, control=UNREAD) -> dict:
@@ -148,9 +157,9 @@ def _measure(policy) -> dict:
     out["version"] = version.pk
     spec = version.parsed
     out["rollout"] = spec.rollout
-    if DEFAULT not in spec.targets:
-        # its table lives in other databases: the control database's table of that name, if
-        # any, is not it (and its audit rows are in the targets' ledgers)
+    if fleet.current() not in fleet.resolve(spec.targets):
+        # its table lives in other databases: this database's table of that name, if any, is
+        # not it (and its audit rows are in those databases' ledgers)
         out["elsewhere"] = True
         return out
     cutoff_now = spec.cutoff_for(now)  # wall-clock days, like a run's

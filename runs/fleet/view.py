@@ -35,6 +35,7 @@ from django.db import DatabaseError, InterfaceError, connection, connections, tr
 from django.utils import timezone
 
 from retention.models import Policy
+from runs import forecast
 from runs.models import GuardSample, Run
 from runs.progress import progress_for
 from targets import connections as C
@@ -125,7 +126,21 @@ def _latest_runs(policy_ids: list[int], *, with_progress: bool = False) -> dict[
             progress = progress_for([r["id"] for r in out.values()], now=timezone.now())
             for run in out.values():
                 run["progress"] = progress.get(run["id"])
+        if with_progress:
+            for policy in Policy.objects.filter(pk__in=list(out)):
+                out[policy.pk]["overdue_s"] = _overdue_here(policy)
         return out
+
+
+def _overdue_here(policy) -> int | None:
+    """How far behind the policy's table in the database in place is (its oldest eligible
+    row's age past its cutoff; ``runs.forecast``, cached there), or None when it cannot be
+    measured now — never a reason to call the target unreadable."""
+    try:
+        with transaction.atomic():  # a savepoint: a failed measurement leaves the read whole
+            return forecast.measured_here(policy).get("overdue_s")
+    except DatabaseError:
+        return None
 
 
 def _target_page(_policy_ids: list[int]) -> dict:
@@ -314,6 +329,7 @@ def fleet_of(
                 {
                     "target": n,
                     "run": run,
+                    "overdue_s": (run or {}).get("overdue_s"),
                     "why": why,
                     "reachable": tile.reachable,
                     "reason": tile.reason,

@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import logging
 import re
+from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from runs.models import Run
@@ -98,6 +100,29 @@ def test_the_policy_page_lists_each_target_with_its_run(two_of_three, users):
     # a drained target's progress, from its ledger (runs.progress)
     drained = re.search(r'data-target="shard1".*?</li>', fleet).group(0)
     assert "100% ·" in drained and "rows deleted" in drained
+    # each target's backlog age, measured on its own table (the oldest eligible row's age past
+    # the cutoff as of now): the undrained target is further behind than the drained ones
+    behind = {
+        name: float(days) * 86400 + float(hours) * 3600
+        for name, days, hours in re.findall(
+            r'data-target="(\w+)".*?data-testid="target-backlog">backlog (\d+)d (\d+)h behind<',
+            fleet,
+        )
+    }
+    assert sorted(behind) == ["shard1", "shard2", "shard3"], fleet
+    now = timezone.now()
+    for target in ("shard1", "shard2", "shard3"):
+        with C.on(target):
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT min(occurred_at) FROM public.rr_events WHERE status <> 'disputed'"
+                    " AND occurred_at < %s",
+                    [now - timedelta(days=20)],
+                )
+                oldest = cur.fetchone()[0]
+        expected = ((now - timedelta(days=20)) - oldest).total_seconds()
+        assert abs(behind[target] - expected) <= 3600 + 60, (target, behind, expected)
+    assert behind["shard3"] > behind["shard1"]
     # the same piece the overview shows in the policy's card
     overview = read_page(client, "/?policy=events")
     assert re.findall(r'data-target="(\w+)" data-state="(\w+)"', overview) == list(states.items())
