@@ -47,7 +47,7 @@ django.setup()
 
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from django.db import connection, connections  # noqa: E402
+from django.db import connections  # noqa: E402
 from django.db.backends.signals import connection_created  # noqa: E402
 
 PERIOD = "2026-11-30"
@@ -169,47 +169,27 @@ def main() -> None:
     global STATEMENTS
     STATEMENTS = ControlStatements()
 
-    from django.contrib.auth.models import Group, User
-
-    from core.tokens import create_token
-    from tests.fleet import servers
-    from tests.fleet.conftest import migrate_url
+    from bench.fleet_common import control_and_server
     from tests.fleet.control_load import ControlTransactions
 
-    old_name = connection.settings_dict["NAME"]
-    connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
-    people = {}
-    for name, role in (("author", "compliance"), ("approver", "compliance"),
-                       ("olga", "oncall")):  # fmt: skip
-        user = User.objects.create_user(name, password=f"{name}-bench-pw-1")
-        user.groups.add(Group.objects.get_or_create(name=role)[0])
-        people[name] = user
-    people["token"] = create_token(people["olga"], name="bench")[1]
-    server = servers.embedded("bench")
-    template = server.ledger_template(migrate_url)
-    results = []
-    counter = ControlTransactions()
-    for n in [1, *(int(x) for x in args.targets.split(","))]:
-        results.append(
-            one_round(
-                n,
-                args.rows,
-                args.chunk_size,
-                server,
-                template,
-                people,
-                counter,
-                planned=args.planned,
-            )  # fmt: skip
-        )
-        report(results, args)
-    counter.close()
-    if not args.keep:
-        bench_name = connection.settings_dict["NAME"]
-        connections.close_all()
-        connection.settings_dict["NAME"] = old_name
-        with connection.cursor() as cur:  # the drain threads' sessions may linger a moment
-            cur.execute(f'DROP DATABASE IF EXISTS "{bench_name}" WITH (FORCE)')
+    with control_and_server(keep=args.keep) as (people, server, template):
+        results = []
+        counter = ControlTransactions()
+        for n in [1, *(int(x) for x in args.targets.split(","))]:
+            results.append(
+                one_round(
+                    n,
+                    args.rows,
+                    args.chunk_size,
+                    server,
+                    template,
+                    people,
+                    counter,
+                    planned=args.planned,
+                )  # fmt: skip
+            )
+            report(results, args)
+        counter.close()
 
 
 def report(results: list[dict], args) -> None:

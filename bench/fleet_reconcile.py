@@ -39,7 +39,7 @@ django.setup()
 
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from django.db import connection, connections  # noqa: E402
+from django.db import connection  # noqa: E402
 from django.db.backends.signals import connection_created  # noqa: E402
 
 PERIODS = ("2026-11-29", "2026-11-30")
@@ -164,34 +164,14 @@ def main() -> None:
     args = parser.parse_args()
     settings.RETENTION = {**settings.RETENTION, "GUARD": False}
 
-    from django.contrib.auth.models import Group, User
+    from bench.fleet_common import control_and_server
 
-    from core.tokens import create_token
-    from tests.fleet import servers
-    from tests.fleet.conftest import migrate_url
-
-    old_name = connection.settings_dict["NAME"]
-    connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
-    people = {}
-    for name, role in (("author", "compliance"), ("approver", "compliance"),
-                       ("olga", "oncall")):  # fmt: skip
-        user = User.objects.create_user(name, password=f"{name}-bench-pw-1")
-        user.groups.add(Group.objects.get_or_create(name=role)[0])
-        people[name] = user
-    people["token"] = create_token(people["olga"], name="bench")[1]
-    server = servers.embedded("bench")
-    template = server.ledger_template(migrate_url)
-    statements = ControlStatements()
-    results = []
-    for n in (int(x) for x in args.targets.split(",")):
-        results.append(one_round(n, server, template, people, statements, args.passes))
-        report(results, args.passes)
-    if not args.keep:
-        bench_name = connection.settings_dict["NAME"]
-        connections.close_all()
-        connection.settings_dict["NAME"] = old_name
-        with connection.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{bench_name}" WITH (FORCE)')
+    with control_and_server(keep=args.keep) as (people, server, template):
+        statements = ControlStatements()
+        results = []
+        for n in (int(x) for x in args.targets.split(",")):
+            results.append(one_round(n, server, template, people, statements, args.passes))
+            report(results, args.passes)
 
 
 if __name__ == "__main__":
