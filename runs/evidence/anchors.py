@@ -180,16 +180,23 @@ def take_checkpoint() -> Checkpoint:
         with connection.cursor() as cur:
             cur.execute("SET LOCAL synchronous_commit = on")
         audit, operator = _head(AuditRecord), _head(OperatorAction)
-        checkpoint = Checkpoint(
-            at=timezone.now(),
-            audit_seq=audit["seq"],
-            audit_hash=audit["hash"] or "",
-            operator_seq=operator["seq"],
-            operator_hash=operator["hash"] or "",
-            host=socket.gethostname()[:200],
-        )
-        checkpoint.signature = _sign(_body(checkpoint))
+        checkpoint = _signed(audit, operator)
         checkpoint.save()
+    return checkpoint
+
+
+def _signed(audit: dict, operator: dict, **fields) -> Checkpoint:
+    """A checkpoint of the two chains' heads, signed (not yet stored)."""
+    checkpoint = Checkpoint(
+        at=timezone.now(),
+        audit_seq=audit["seq"],
+        audit_hash=audit["hash"] or "",
+        operator_seq=operator["seq"],
+        operator_hash=operator["hash"] or "",
+        host=socket.gethostname()[:200],
+        **fields,
+    )
+    checkpoint.signature = _sign(_body(checkpoint))
     return checkpoint
 
 
@@ -232,16 +239,7 @@ def take_target_checkpoint(name: str) -> Checkpoint:
                 + "; ".join(contradicted)
             )
         _flushed_past_now()
-    checkpoint = Checkpoint(
-        at=timezone.now(),
-        audit_seq=audit["seq"],
-        audit_hash=audit["hash"] or "",
-        operator_seq=operator["seq"],
-        operator_hash=operator["hash"] or "",
-        host=socket.gethostname()[:200],
-        target=name,
-    )
-    checkpoint.signature = _sign(_body(checkpoint))
+    checkpoint = _signed(audit, operator, target=name)
     with transaction.atomic():
         with connection.cursor() as cur:
             cur.execute("SET LOCAL synchronous_commit = on")
