@@ -13,6 +13,7 @@ import math
 import threading
 import uuid
 import zoneinfo
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -292,47 +293,50 @@ def _hold_keys(spec: PolicySpec, hold: sql.Identifier, types) -> sql.Composable:
     ).format(h=hold, key=col(spec.key_columns[0]))
 
 
-_TYPES: dict = {}  # (token, schema, table, columns) -> types: kept until forgotten (or full)
-
-
 class _Scopes(threading.local):
-    """The open ``cached_types`` scopes of this thread, innermost last (``retention drain
-    --workers N`` runs its workers as threads, each in scopes of its own runs)."""
+    """The open ``cached_types`` scopes of this thread, innermost last, each with the facts it
+    keeps (``retention drain --workers N`` runs its workers as threads, each in scopes of its
+    own runs)."""
 
     def __init__(self) -> None:
-        self.open: list = []
+        self.open: list[tuple[object, dict]] = []
 
 
 _SCOPES = _Scopes()
-_MAX_CACHED = 256
+# token -> that scope's catalog facts, the least recently entered first. A whole scope (a run
+# and its version) is let go when more than ``_MAX_SCOPES`` were entered since: never one fact
+# at a time, so a run's chunk does not find some of its facts gone and read them again inside
+# its transaction; and a scope open in a thread keeps its facts until it closes, whatever other
+# runs of the process enter meanwhile.
+_FACTS: OrderedDict[object, dict] = OrderedDict()
+_FACTS_LOCK = threading.Lock()
+_MAX_SCOPES = 64
+
+
+def _facts() -> dict | None:
+    """The innermost open scope's facts (None outside every scope)."""
+    return _SCOPES.open[-1][1] if _SCOPES.open else None
 
 
 def column_types(spec: PolicySpec) -> dict:
     """The catalog's types of the key, timestamp and tenant columns (``catalog.ColumnType``):
     one catalog query, or none inside a ``cached_types`` scope that looked them up already."""
     names = planned_columns(spec)
-    if not _SCOPES.open:
-        return catalog.column_types(spec.schema, spec.table, names)
-    key = (_SCOPES.open[-1], spec.schema, spec.table, tuple(names))
-    found = _TYPES.get(key)
-    if found is None:
-        if len(_TYPES) >= _MAX_CACHED:
-            _TYPES.clear()
-        found = _TYPES[key] = catalog.column_types(spec.schema, spec.table, names)
-    return found
+    return scoped(
+        ("types", spec.schema, spec.table, tuple(names)),
+        lambda: catalog.column_types(spec.schema, spec.table, names),
+    )
 
 
 def scoped(name: tuple, compute):
     """``compute()``, once per ``cached_types`` scope and ``name`` (each call without a scope):
     catalog facts other than column types kept like them (``retention.cascades.graph_of``)."""
-    if not _SCOPES.open:
+    facts = _facts()
+    if facts is None:
         return compute()
-    key = (_SCOPES.open[-1], *name)
-    if key not in _TYPES:
-        if len(_TYPES) >= _MAX_CACHED:
-            _TYPES.clear()
-        _TYPES[key] = compute()
-    return _TYPES[key]
+    if name not in facts:
+        facts[name] = compute()
+    return facts[name]
 
 
 class cached_types:
@@ -341,13 +345,22 @@ class cached_types:
     ``token`` names what the types are cached for — a run and its approved version: the
     columns' types cannot change under an approved version without the statements that use
     them failing, and a failure calls ``forget_types(token)`` (the next statement looks the
-    types up again, so a table altered mid-run is read afresh)."""
+    types up again, so a table altered mid-run is read afresh). The facts outlive the scope,
+    for the token's next one, while fewer than ``_MAX_SCOPES`` other tokens were entered since
+    in this process."""
 
     def __init__(self, token):
         self.token = token
 
     def __enter__(self):
-        _SCOPES.open.append(self.token)
+        with _FACTS_LOCK:
+            facts = _FACTS.pop(self.token, None)
+            if facts is None:
+                facts = {}
+            _FACTS[self.token] = facts  # the most recently entered
+            while len(_FACTS) > _MAX_SCOPES:
+                _FACTS.popitem(last=False)
+        _SCOPES.open.append((self.token, facts))
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -358,8 +371,15 @@ class cached_types:
 
 
 def forget_types(token) -> None:
-    for key in [k for k in _TYPES if k[0] == token]:
-        del _TYPES[key]
+    """Drop what is cached for ``token``: the next statement of any scope of it, open or not,
+    reads the catalog again."""
+    with _FACTS_LOCK:
+        facts = _FACTS.get(token)
+        if facts is not None:
+            facts.clear()
+    for open_token, facts in _SCOPES.open:
+        if open_token == token:
+            facts.clear()
 
 
 def planned_columns(spec: PolicySpec) -> list[str]:
@@ -667,6 +687,7 @@ def array_literal(values: Sequence[str | None]) -> str:
 
 # (what, id of a version's overrides tuple) -> (that tuple, what was derived from it)
 _BY_OVERRIDES: dict[tuple[str, int], tuple[tuple, object]] = {}
+_MAX_CACHED = 256
 
 
 def _per_overrides(overrides: tuple, derive):

@@ -133,6 +133,35 @@ def test_a_chunk_reads_the_targets_column_types_from_the_catalog_once(uuid_polic
     assert len(lookups) == 1
 
 
+def test_a_runs_catalog_facts_stay_together_whatever_other_runs_the_process_cached():
+    """A worker process keeps the catalog facts of the runs it served lately. However many
+    facts of other runs it holds when a run's chunk reads its own, the run's next chunk finds
+    every one of them (none is read again inside its transaction): a run's facts are let go
+    whole, only after ``_MAX_SCOPES`` other runs entered theirs since."""
+    names = [("types",), ("cascades",), ("self_blocking",), ("deferred_refs",), ("trigger",)]
+    for others in range(0, 6 * P._MAX_SCOPES, 5):  # facts of other runs, four a run
+        for i in range(others):
+            with P.cached_types(("another run", others, i // 4)):
+                P.scoped(("fact", i % 4), lambda: None)
+        reads = []
+        token = ("run", others)
+        for _chunk in range(3):
+            with P.cached_types(token):
+                for name in names:
+                    P.scoped(name, lambda name=name, reads=reads: reads.append(name))
+        assert reads == names, (others, reads)
+
+    for i in range(P._MAX_SCOPES):  # as many other runs since: the run's facts are let go
+        with P.cached_types(("another run", "after", i)):
+            P.scoped(("fact",), lambda: None)
+    with P.cached_types(token):
+        P.scoped(names[0], lambda: reads.append(names[0]))
+        assert reads == [*names, names[0]]
+        P.forget_types(token)  # a failed chunk: the next statement reads the catalog afresh
+        P.scoped(names[0], lambda: reads.append(names[0]))
+    assert reads == [*names, names[0], names[0]]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_engine_sessions_pin_the_settings_that_shape_a_key_bound_text():
     """A chunk's bounds are PostgreSQL's text of the key values, read back on a later attempt,

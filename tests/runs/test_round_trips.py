@@ -15,6 +15,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from retention import predicate as P
 from runs.actions import trigger_run
 from runs.engine import planner, worker
 from runs.evidence.invariants import check_run
@@ -185,6 +186,9 @@ def test_a_chunk_commits_in_five_round_trips_and_the_guard_adds_one_read(
     planner.plan(run)
     planner.plan(run)  # the planner done: the claims need not count pending chunks
     assert run.planner_done
+    for i in range(4 * P._MAX_SCOPES):  # a process that served many runs keeps their facts
+        with P.cached_types(("another run", i // 4)):
+            P.scoped(("fact", i % 4), lambda: None)
     warm = worker.process_one(run)  # the catalog's column types, the guard's first sample
     assert warm.kind == worker.DONE, warm
 
