@@ -2,10 +2,11 @@
 and they are written to a verified Parquet object before the transaction commits.
 
     SAVEPOINT (the worker's) → ``COPY (DELETE … RETURNING …)
-    TO STDOUT (FORMAT csv)`` — the chunk's own DELETE (``predicate.delete_chunk``: its scope
+    TO STDOUT (FORMAT binary)`` — the chunk's own DELETE (``predicate.delete_chunk``: its scope
     and whole eligibility predicate, holds and keep rules included), one pass over each row →
-    the CSV stream parsed into Arrow columns by pyarrow's C reader, one block (a few MB) at a
-    time, each written as a record batch → fsync, rename, read back (the SHA-256 of the bytes
+    the binary rows decoded into Arrow columns (``copy_binary``: numpy and Arrow kernels, no
+    Python object per value), one block (a few MB) at a time, each written as a record batch
+    → fsync, rename, read back (the SHA-256 of the bytes
     on disk against the one computed while writing, the row count of the footer) → the worker
     releases the savepoint and writes the audit record naming the object, then COMMIT.
 
@@ -18,7 +19,6 @@ attempt's name either way; the killed attempt's object is an orphan the reconcil
 
 from __future__ import annotations
 
-import io
 import select
 from collections import Counter
 from collections.abc import Iterator
@@ -26,18 +26,18 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pcsv
 from psycopg import ClientCursor, sql
 from psycopg import errors as e
 from psycopg.pq import ExecStatus, Format
 
 from archive import columns as C
+from archive import copy_binary as B
 from archive import objects
 from retention import predicate as P
 from retention.spec import PolicySpec, SpecError
 from targets import connections as fleet
 
-BLOCK_BYTES = 4 << 20  # CSV text parsed (and written as one record batch) at a time
+BLOCK_BYTES = 4 << 20  # COPY rows decoded (and written as one record batch) at a time
 TENANT = "rr_tenant"  # the row's tenant as text, counted, not archived
 
 
@@ -75,45 +75,38 @@ def table_columns(conn, spec: PolicySpec) -> list[C.ArchivedColumn]:
 
 @dataclass(frozen=True)
 class _Wire:
-    """How a column travels: the expression the DELETE returns, the Arrow type the CSV reader
-    parses its text into, and how that array becomes the archived one (None: as parsed)."""
+    """How a column travels: the expression the DELETE returns, the kind of binary field
+    ``copy_binary`` decodes it as, and how that array becomes the archived one (None: as
+    decoded)."""
 
     expr: sql.Composable
-    parsed: pa.DataType
+    kind: str
     convert: object = None
 
 
 def _wire(c: C.ArchivedColumn, raw) -> _Wire:
     ref = sql.SQL("{}.{}").format(P.row_alias(), sql.Identifier(c.name))
+    text = sql.SQL("{}::text").format(ref)
     if c.as_text:
-        return _Wire(sql.SQL("{}::text").format(ref), pa.string())
+        return _Wire(text, "text")
     t = c.arrow
-    if pa.types.is_timestamp(t) and t.tz is not None:  # the instant as UTC wall time
-        return _Wire(
-            sql.SQL("{} AT TIME ZONE 'UTC'").format(ref),
-            pa.timestamp("us"),
-            lambda a, t=t: a.cast(t),
-        )
-    if pa.types.is_decimal256(t):  # the CSV reader parses decimal128 only
-        return _Wire(ref, pa.string(), lambda a, t=t: pc.cast(a, t))
-    if pa.types.is_binary(t):
-        return _Wire(
-            sql.SQL("encode({}, 'hex')").format(ref),
-            pa.string(),
-            lambda a: pa.array(
-                [None if v is None else bytes.fromhex(v) for v in a.to_pylist()], pa.binary()
-            ),
-        )
+    kind = B.kind_of(t)
+    if kind in B.FIXED:  # returned as the base type itself: a domain's or oid's binary form
+        return _Wire(sql.SQL("{}::{}").format(ref, sql.SQL(B.FIXED[kind][0])), kind)
+    if kind is not None:  # text, varchar, bpchar (its padding kept), name; bytea
+        return _Wire(ref, kind)
+    if pa.types.is_decimal(t):  # numeric(p, s): its text, exact, cast in C
+        return _Wire(text, "text", lambda a, t=t: pc.cast(a, t))
     if pa.types.is_list(t):  # PostgreSQL's array text, read by psycopg's loader of the type
         loader = raw.adapters.get_loader(c.oid, Format.TEXT)(c.oid, raw)
         return _Wire(
-            ref,
-            pa.string(),
+            text,
+            "text",
             lambda a, t=t, load=loader.load: pa.array(
                 [None if v is None else load(v.encode()) for v in a.to_pylist()], t
             ),
         )
-    return _Wire(ref, t)
+    return _Wire(text, "text")
 
 
 def copy_statement(
@@ -126,8 +119,9 @@ def copy_statement(
 ) -> P.Fragment:
     """The chunk's DELETE (``predicate.delete_chunk``, ``spare`` as its extra condition)
     returning the archived columns (``a0``, ``a1`` …, then ``rr_tenant`` when counted per
-    tenant) as CSV with every value quoted (an unquoted empty field is NULL). Not sorted: a
-    sort of the returned rows costs more than the DELETE (measured, docs/performance.md)."""
+    tenant) in PostgreSQL's binary COPY format: no value formatted as text that is not text
+    already. Not sorted: a sort of the returned rows costs more than the DELETE (measured,
+    docs/performance.md)."""
     delete = P.delete_chunk(spec, **rows, cascade=spare)
     returning = [
         sql.SQL("{} AS {}").format(w.expr, sql.Identifier(f"a{i}")) for i, w in enumerate(wires)
@@ -135,7 +129,7 @@ def copy_statement(
     if by_tenant and spec.tenant:
         returning.append(sql.SQL("{} AS {}").format(P.tenant_text(spec), sql.Identifier(TENANT)))
     return P.Fragment(
-        sql.SQL("COPY ({} RETURNING {}) TO STDOUT (FORMAT csv, FORCE_QUOTE *)").format(
+        sql.SQL("COPY ({} RETURNING {}) TO STDOUT (FORMAT binary)").format(
             delete.sql, sql.SQL(", ").join(returning)
         ),
         delete.params,
@@ -176,27 +170,26 @@ def archive_chunk(
     counted = by_tenant and bool(spec.tenant)
     statement = copy_statement(spec, wires, rows=rows, by_tenant=by_tenant, spare=spare)
     schema = C.schema_of(cols, {"pg_table": spec.qualified_table})
-    names = [f"a{i}" for i in range(len(wires))] + ([TENANT] if counted else [])
-    parsed = dict(zip(names, [w.parsed for w in wires] + [pa.string()], strict=False))
+    kinds = [w.kind for w in wires] + (["text"] if counted else [])
     done = ArchivedChunk(spec.archive_to or "")
     tenants: Counter = Counter()
     name = objects.object_name(spec.slug, run_id, chunk_id, attempt, target=fleet.current())
 
-    def batches(blocks: Iterator[bytearray]) -> Iterator[pa.RecordBatch]:
-        for block in blocks:
-            table = _parse(block, names, parsed)
+    def batches(blocks: Iterator[tuple[bytearray, list[int]]]) -> Iterator[pa.RecordBatch]:
+        for block, starts in blocks:
+            columns = B.decode(block, starts, kinds)
             if counted:
-                for item in pc.value_counts(table.column(TENANT)).to_pylist():
+                for item in pc.value_counts(columns[-1]).to_pylist():
                     tenants[item["values"]] += item["counts"]
-            arrays = []
-            for i, w in enumerate(wires):
-                column = table.column(i).combine_chunks()
-                arrays.append(w.convert(column) if w.convert else column)
+            arrays = [
+                w.convert(column) if w.convert else column
+                for w, column in zip(wires, columns, strict=False)
+            ]
             yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
     query = ClientCursor(raw).mogrify(statement.sql, statement.params)
     with _CopyOut(raw, query) as copy:
-        blocks = copy.blocks()
+        blocks = copy.row_blocks()
         first = next(blocks, None)
         if first is not None:
             try:
@@ -266,17 +259,53 @@ class _CopyOut:
                 nbytes, data = get(1)
                 if nbytes > 0:
                     block += data
-                elif nbytes == 0:  # nothing buffered yet: wait for the server
-                    select.select([pgconn.socket], [], [])
-                    pgconn.consume_input()
-                else:
-                    self._open = False
-                    if nbytes == -2:
-                        raise e.OperationalError(pgconn.get_error_message())
-                    self._finish(self._result())
+                elif not self._wait(nbytes):
                     break
             if block:
                 yield block
+
+    def row_blocks(self, size: int = BLOCK_BYTES) -> Iterator[tuple[bytearray, list[int]]]:
+        """The rows of a binary COPY in blocks of about ``size`` bytes, each with the offsets
+        its rows begin at; the binary header and trailer left out."""
+        get = self.pgconn.get_copy_data
+        header = True
+        while self._open:
+            block = bytearray()  # as in ``blocks``, each row copied out of libpq at once
+            starts: list[int] = []
+            while len(block) < size:
+                nbytes, data = get(1)
+                if nbytes > 0:
+                    if header:  # the first message: the header, then the first row or the
+                        header = False  # trailer (no row) or nothing
+                        data = bytes(data)
+                        if not data.startswith(B.SIGNATURE):
+                            raise e.ProgrammingError("COPY TO STDOUT (FORMAT binary) expected")
+                        skip = B.HEADER + int.from_bytes(data[B.HEADER - 4 : B.HEADER], "big")
+                        data = data[skip:]
+                        if not data or data == B.TRAILER:
+                            continue
+                    elif nbytes == 2 and data == B.TRAILER:
+                        continue
+                    starts.append(len(block))
+                    block += data
+                elif not self._wait(nbytes):
+                    break
+            if starts:
+                yield block, starts
+
+    def _wait(self, nbytes: int) -> bool:
+        """After ``get_copy_data`` gave no row: wait for the server (True), or finish the COPY
+        (False)."""
+        pgconn = self.pgconn
+        if nbytes == 0:  # nothing buffered yet
+            select.select([pgconn.socket], [], [])
+            pgconn.consume_input()
+            return True
+        self._open = False
+        if nbytes == -2:
+            raise e.OperationalError(pgconn.get_error_message())
+        self._finish(self._result())
+        return False
 
     def __exit__(self, *exc) -> None:
         try:
@@ -310,24 +339,3 @@ class _CopyOut:
 def _chain(first, rest: Iterator) -> Iterator:
     yield first
     yield from rest
-
-
-_PARSE = pcsv.ParseOptions(newlines_in_values=True)
-
-
-def _parse(block: bytes | bytearray, names: list[str], types: dict) -> pa.Table:
-    return pcsv.read_csv(
-        io.BytesIO(block),
-        read_options=pcsv.ReadOptions(
-            column_names=names, use_threads=False, block_size=len(block) + 1
-        ),
-        parse_options=_PARSE,
-        convert_options=pcsv.ConvertOptions(
-            column_types=types,
-            null_values=[""],
-            strings_can_be_null=True,
-            quoted_strings_can_be_null=False,
-            true_values=["t"],
-            false_values=["f"],
-        ),
-    )
