@@ -693,6 +693,11 @@ FIELDS: tuple[Field, ...] = (
           "how long after a run its archived rows may be restored (`retention restore`); only "
           "with `[archive] to`", shown_default=f"{DEFAULT_RESTORE_DAYS}",
           omitted_at_default=True),
+    Field("archive.keep_years", "archive_keep_years", "special", None, "1 – 100",
+          "how long the archive keeps a run's objects: the reconciler removes them once the "
+          "run's cutoff is this many years old, each named with its digest in an audit record, "
+          "none under an open legal hold; only with `[archive] to = \"file:///DIR\"`",
+          shown_default="kept for good", omitted_at_default=True),
     Field("keep", "keep", "special", (), "see below", "rows that are never deleted",
           shown_default="none"),
     Field("override", "overrides", "special", (),
@@ -908,6 +913,11 @@ def _archive(section: dict) -> dict:
                 ' "target:NAME/schema.table"'
             )
         out["archive_restore_days"] = _int(days, "archive.restore_days", 1, 36500)
+    years = section.get("keep_years")
+    if years is not None:
+        if to is None or out["archive_to"].startswith(ARCHIVE_TARGET_PREFIX):
+            raise SpecError('archive.keep_years applies only with archive.to = "file:///DIR"')
+        out["archive_keep_years"] = _int(years, "archive.keep_years", 1, 100)
     return out
 
 
@@ -1012,6 +1022,9 @@ class PolicySpec:
     # the stored JSON when None, so no older version's content hash changes.
     archive_to: str | None = None
     archive_restore_days: int | None = None
+    # [archive] keep_years: the archive's own retention, in years after a run's cutoff (None:
+    # kept for good); left out of the stored JSON when None.
+    archive_keep_years: int | None = None
     # [[override]] and [[class]]: other periods for some tenants' rows and for some kinds of
     # row; left out of the stored JSON when there are none.
     overrides: tuple[Override, ...] = ()

@@ -179,6 +179,11 @@ def _restore_one(request: RestoreRequest, run: Run, spec, item: dict) -> int:
             )
             _record_restore(request, run, spec, item, inserted, started)
         return inserted
+    if item["name"] in archives.expired_names(run.pk):
+        raise ActionError(
+            f"archive object {item['name']} was removed under [archive] keep_years (its audit"
+            " record names it); nothing restored from it"
+        )
     path = archives.object_path(item["to"], item["name"])
     if objects.file_sha256(path) != item["sha256"]:
         raise ActionError(

@@ -34,6 +34,7 @@ from retention import predicate as P
 from retention.models import KillSwitch, LegalHold, Policy
 from retention.schedule_math import latest_tick
 from retention.spec import SpecError
+from runs import archive_expiry
 from runs.actions import (
     conclude_count,
     conclude_pass,
@@ -48,7 +49,7 @@ from runs.engine.maintenance import reclaim_vacuums, record_after_run
 from runs.engine.partitions import drop_kept_detached, settle_left_behind
 from runs.engine.planner import timestamp_indexed
 from runs.engine.schedules import sync_policy_schedule
-from runs.evidence import audit
+from runs.evidence import archives, audit
 from runs.models import (
     AuditRecord,
     Chunk,
@@ -786,21 +787,33 @@ def reconcile_policy(
     # archive objects of attempts that did not commit (docs/engine.md, "Archiving"): each
     # database's pass judges its own (their names carry the target's)
     report["archive_orphans"] += remove_archive_orphans(policy)
+    if not kill and not policy.paused:
+        # archive objects past the approved version's [archive] keep_years, each named in an
+        # audit record before its file goes (docs/policies.md, "Archiving before deleting")
+        step()
+        report["archive_expired"] += archive_expiry.expire_archives(policy, now)
 
 
 def remove_archive_orphans(policy: Policy) -> list[str]:
     """Remove the archive objects under the approved version's ``[archive] to`` that no audit
     record names and whose chunk is no longer pending: files of attempts that were killed or
     failed between their write and their commit (a chunk still pending may be being written
-    by its attempt, so its files wait). The names removed."""
+    by its attempt, so its files wait); and files an expiry record names (``[archive]
+    keep_years``) that a pass stopped before removing. The names removed."""
     version = policy.approved_version
     spec = version.parsed if version is not None else None
     if spec is None or not spec.archive_dir:
         return []
     named: set[str] = set()
     states: dict[int, str] = {}
+    expired: set[str] | None = None
 
     def keep(run_id: int, chunk_id: int, name: str) -> bool:
+        nonlocal expired
+        if expired is None:  # named by an expiry record whose pass stopped before the file went
+            expired = archives.expired_names()
+        if name in expired:
+            return False
         if chunk_id not in states:
             row = Chunk.objects.filter(pk=chunk_id, run_id=run_id, run__policy=policy)
             states[chunk_id] = row.values_list("state", flat=True).first() or ""
@@ -847,6 +860,7 @@ def reconcile(now=None, *, budget: PassBudget | None = None, kill: bool | None =
         "republished": 0, "caught_up": [], "finished": [], "started": 0, "rearmed": [],
         "expired": [], "failed": [], "busy": [], "deferred": [], "pruned": {}, "detached": [],
         "vacuum": [], "rerun": [], "superseded": [], "partitions": [], "archive_orphans": [],
+        "archive_expired": [],
         "stopped": False,
     }  # fmt: skip
     statement_ms = timeouts.reconciler_budget()[1]

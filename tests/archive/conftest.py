@@ -47,14 +47,14 @@ def create_typed(rows: int = 600, name: str = "rr_typed") -> None:
         cur.execute(f"ANALYZE public.{name}")
 
 
-def typed_spec(directory, slug: str = "typed", table: str = "rr_typed", **overrides) -> dict:
+def typed_spec(
+    directory, slug: str = "typed", table: str = "rr_typed", keep_years=None, **overrides
+) -> dict:
     """Rows older than 20 days go, archived under ``directory`` first; 'disputed' kept."""
-    return events_spec(
-        slug=slug,
-        table=table,
-        archive={"to": f"file://{directory}", "restore_days": 30},
-        **overrides,
-    )
+    archive = {"to": f"file://{directory}", "restore_days": 30}
+    if keep_years is not None:
+        archive["keep_years"] = keep_years
+    return events_spec(slug=slug, table=table, archive=archive, **overrides)
 
 
 @pytest.fixture

@@ -13,18 +13,22 @@ from tests.factories import events_spec
 
 
 def test_the_archive_keys_are_in_the_field_table_and_round_trip_through_toml(tmp_path):
-    assert {"archive.to", "archive.restore_days"} <= set(FIELD_BY_PATH)
+    assert {"archive.to", "archive.restore_days", "archive.keep_years"} <= set(FIELD_BY_PATH)
     assert "`[archive] to`" in reference_table()
     spec = PolicySpec.parse(typed_spec(tmp_path))
     assert spec.archive_dir == str(tmp_path) and spec.restore_days == 30
     again = load_toml(spec.to_toml())
     assert again == spec and again.content_hash() == spec.content_hash()
     assert '[archive]\nto = "file://' in spec.to_toml()
+    kept = PolicySpec.parse(typed_spec(tmp_path, keep_years=7))
+    assert kept.archive_keep_years == 7 and "keep_years = 7" in kept.to_toml()
+    assert load_toml(kept.to_toml()) == kept and kept.content_hash() != spec.content_hash()
 
 
 def test_a_policy_without_archive_keeps_its_content_hash():
     spec = PolicySpec.parse(events_spec())
     assert "archive_to" not in spec.to_json() and "archive_restore_days" not in spec.to_json()
+    assert "archive_keep_years" not in spec.to_json()
 
 
 @pytest.mark.parametrize(
@@ -37,6 +41,10 @@ def test_a_policy_without_archive_keeps_its_content_hash():
         ({"restore_days": 10}, "archive.restore_days applies only with archive.to"),
         ({"to": "file:///srv/a", "restore_days": 0}, "archive.restore_days must be between 1"),
         ({"to": "file:///srv/a", "keep_forever": True}, "unknown key in archive: keep_forever"),
+        ({"keep_years": 7}, "archive.keep_years applies only with archive.to"),
+        ({"to": "target:vault/archive.e", "keep_years": 7}, 'only with archive.to = "file:///DIR"'),
+        ({"to": "file:///srv/a", "keep_years": 0}, "archive.keep_years must be between 1"),
+        ({"to": "file:///srv/a", "keep_years": 101}, "archive.keep_years must be between 1"),
     ],
 )
 def test_a_malformed_archive_section_is_refused_with_one_line(archive, message):

@@ -67,7 +67,7 @@ def test_the_toml_writer_and_the_diff_cover_every_declared_key():
             'prometheus_url = "http://prom:9090"\n'
             'prometheus_query = "app_p99_seconds"\nprometheus_threshold = 0.5\n'
             "prometheus_timeout_ms = 500\nprometheus_grace_s = 10\n"
-            '[archive]\nto = "file:///srv/archive"\nrestore_days = 9\n'
+            '[archive]\nto = "file:///srv/archive"\nrestore_days = 9\nkeep_years = 7\n'
             '[[keep]]\ncolumn = "status"\nop = "is null"\n'
             '[[override]]\ntenant = ["7", "8"]\nretention = "7 years"\n'
             '[[class]]\ncolumn = "status"\nvalue = "failed"\nretention = "forever"\n',
