@@ -228,6 +228,24 @@ def guard_as_in_a_test():
 
 
 @pytest.fixture(autouse=True)
+def live_server_requests_end_with_the_test(request):
+    """A test that uses the live server: when it ends, the server refuses new requests and its
+    requests in flight finish before the database is emptied (tests/live_server_gate.py), so a
+    page still polling cannot deadlock the flush. Set up after the test's database, so torn down
+    before it."""
+    if "live_server" not in request.fixturenames:
+        yield
+        return
+    from tests.live_server_gate import LiveServerGate
+
+    request.getfixturevalue("transactional_db")
+    gate = LiveServerGate.around(request.getfixturevalue("live_server"))
+    gate.open()
+    yield
+    gate.close_and_wait()
+
+
+@pytest.fixture(autouse=True)
 def no_remembered_decisions():
     """No test inherits the approvals and hold releases an earlier one saw verify (ids may be
     used again after a flush)."""
