@@ -549,6 +549,12 @@ def _partition_problems(run: Run, spec) -> list[str]:
             )
     for name in sorted(set(actions) - seen):
         problems.append(f"partition {name} was {actions[name].state} without an audit record")
+    if run.state == Run.State.DRAINED:
+        # a run settles its partitions before it plans: one drained has none half-detached
+        for schema, table in PartitionAction.objects.filter(
+            run=run, state=PartitionAction.State.DETACHING
+        ).values_list("schema", "name"):
+            problems.append(f"partition {schema}.{table} is still being detached by a drained run")
     return problems
 
 
@@ -732,17 +738,30 @@ def cascade_problems(run: Run, name: str, shadow: Shadow) -> list[str]:
     return problems
 
 
-def _kept_detached(run: Run) -> list[tuple[str, str]]:
-    """The partitions of the run's table an operator kept detached that still exist."""
+def _out_of_sight(run: Run) -> list[tuple[str, str]]:
+    """Partitions of the run's table that hold rows no longer gone from the database, though
+    a read of the table does not see them: one an operator kept detached (it could not be put
+    back; its rows neither deleted nor audited), and one a run of the policy is detaching (the
+    detach has committed, its drop and audit record not yet: its rows moved, none deleted —
+    ``runs.engine.partitions``). Only those that still exist and are not attached, or are
+    DETACH PENDING (out of the table's sight too)."""
     out = []
-    for schema, name in PartitionAction.objects.filter(
-        run=run, state=PartitionAction.State.KEPT
-    ).values_list("schema", "name"):
-        (exists,) = _scalar(
-            sql.SQL("SELECT to_regclass(quote_ident(%s) || '.' || quote_ident(%s)) IS NOT NULL"),
-            [schema, name],
+    for schema, name in (
+        PartitionAction.objects.filter(
+            run__policy_id=run.policy_id,
+            state__in=[PartitionAction.State.KEPT, PartitionAction.State.DETACHING],
         )
-        if exists:
+        .values_list("schema", "name")
+        .distinct()
+    ):
+        (apart,) = _scalar(
+            sql.SQL(
+                "SELECT to_regclass(%s) IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_inherits"
+                " WHERE inhrelid = to_regclass(%s) AND NOT inhdetachpending)"
+            ),
+            [sql.Identifier(schema, name).as_string(connection.connection)] * 2,
+        )
+        if apart:
             out.append((schema, name))
     return out
 
@@ -751,13 +770,14 @@ def _shadow_problems(run: Run, spec, oracle: Oracle, shadow: Shadow) -> list[str
     problems: list[str] = []
     # Rows gone: the shadow's rows minus the table's, as a multiset of whole rows (NULL keys
     # and duplicate keys included), turned back into rows of the shadow's type.
-    # A partition an operator kept detached (it could not be put back) still holds its rows:
-    # they are not gone (and not audited).
+    # A partition an operator kept detached (it could not be put back), or one a run is
+    # detaching (its audit record commits with its drop), still holds its rows: they are not
+    # gone (and not audited).
     gone = _gone(
         shadow,
         spec.schema,
         spec.table,
-        [sql.Identifier(schema, name) for schema, name in _kept_detached(run)],
+        [sql.Identifier(schema, name) for schema, name in _out_of_sight(run)],
     )
     old, p_old = oracle.old()
     kept, p_kept = oracle.kept()

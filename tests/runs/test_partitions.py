@@ -491,6 +491,10 @@ def test_a_detach_interrupted_before_the_drop_is_finished_and_audited_by_the_nex
     policy = approved_policy(make_user, **parts_spec(keep=[]))
     run, _ = trigger_run(policy, tick=NOW)
     _interrupted_after_detach(run, "2026_01")
+    # meanwhile January's rows are out of the table's sight but not gone: moved to the detached
+    # table its intent names, unaudited until its drop commits with the audit record
+    assert count("public.rr_parts_2026_01") == shadow_month("2026_01")
+    assert check_run(run, shadow=("public", "rr_parts_shadow"), expect_drained=False) == []
     run = drain(run)
     assert run.state == Run.State.DRAINED, run.state_reason
     action = PartitionAction.objects.get(run=run, name="rr_parts_2026_01")
