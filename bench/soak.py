@@ -6,7 +6,9 @@ must converge and the invariant checker must pass against a shadow copy of the t
 
 The soak runs on its OWN embedded PostgreSQL server (``--pgdata``, default a new directory
 under /tmp; ``RR_PGDATA`` is set for the soak and its children), in its own database, so
-restarting the server never disturbs anyone else's tests. ``DATABASE_URL`` is ignored.
+restarting the server never disturbs anyone else's tests. ``DATABASE_URL`` is ignored. A data
+directory that served a soak before keeps its migrated database as a template
+(``retention_soak_template``): the next soak on it clones that instead of migrating again.
 
 Workers: ``Q_CLUSTER_NAME=cleanup manage.py qcluster`` processes and ``manage.py retention
 drain --until-idle`` loops, respawned by the driver when they die (as a supervisor would).

@@ -12,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 SOAK_DB = "retention_soak"
+SOAK_TEMPLATE = "retention_soak_template"  # the migrated database, cloned by the next soak
 DRIVER_APP = "soak-driver"
 
 # The engine's timing, shortened so that lost leases and redeliveries happen within the soak.

@@ -22,6 +22,7 @@ from bench.soak_common import (
     ROOT,
     SIGTERM_GRACE_S,
     SOAK_DB,
+    SOAK_TEMPLATE,
     Epoch,
     Fault,
     Worker,
@@ -58,7 +59,16 @@ class Driver:
 
         with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{SOAK_DB}" WITH (FORCE)')
-            admin.execute(f'CREATE DATABASE "{SOAK_DB}"')
+            # a data directory that served a soak before (--pgdata) holds its migrated
+            # database as a template: cloning it skips the migrations (migrate below then
+            # only confirms it is current)
+            template = admin.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", [SOAK_TEMPLATE]
+            ).fetchone()
+            if template:
+                admin.execute(f'CREATE DATABASE "{SOAK_DB}" TEMPLATE "{SOAK_TEMPLATE}"')
+            else:
+                admin.execute(f'CREATE DATABASE "{SOAK_DB}"')
         self.url = with_database(server, SOAK_DB)
         os.environ.update(ENGINE_ENV)
         os.environ.update(RETENTION_DEMO="1", DEBUG="0")
@@ -72,7 +82,16 @@ class Driver:
 
         call_command("migrate", verbosity=0, interactive=False)
         call_command("createcachetable", verbosity=0)
-        log(f"database ready in {time.monotonic() - t0:.1f}s on {self.url}")
+        if not template:
+            from django.db import connection
+
+            connection.close()  # a template has no session
+            with psycopg.connect(server, autocommit=True) as admin:
+                admin.execute(f'CREATE DATABASE "{SOAK_TEMPLATE}" TEMPLATE "{SOAK_DB}"')
+        log(
+            f"database ready in {time.monotonic() - t0:.1f}s on {self.url}"
+            f"{' (from its template)' if template else ''}"
+        )
 
     def child_env(self, **extra) -> dict:
         env = dict(os.environ)
