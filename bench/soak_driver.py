@@ -565,7 +565,15 @@ class Driver:
                 fault = None
             if fault is not None:
                 since_check += 1
-            if since_check >= self.args.check_every:
+            # past --seconds, still waiting for a mid-soak check (--until-covered): check now,
+            # not after another --check-every faults that a busy machine injects slowly
+            owed = (
+                extended
+                and since_check > 0
+                and self.checks_passed == checks_before
+                and not self.active_holds
+            )
+            if since_check >= self.args.check_every or owed:
                 self.mid_check()
                 if not self.active_holds:
                     since_check = 0
