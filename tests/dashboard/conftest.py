@@ -46,17 +46,22 @@ def events_policy(db, make_user):
     return approved_policy(make_user, **events_spec())
 
 
-@pytest.fixture
-def run(events_policy) -> Run:
-    """An active run, planned, with three chunks committed (the guard off while they are: a
-    busy machine's probe must not decide what the page under test shows)."""
-    created, _ = trigger_run(events_policy, tick=NOW)
+def run_with_three_chunks(policy) -> Run:
+    """An active run of ``policy``, planned, with three chunks committed (the guard off while
+    they are: a busy machine's probe must not decide what the page under test shows)."""
+    created, _ = trigger_run(policy, tick=NOW)
     planner.plan(created)
     with override_settings(RETENTION={**settings.RETENTION, "GUARD": False}):
         for _ in range(3):
             assert worker.process_one(created).kind == worker.DONE
     created.refresh_from_db()
     return created
+
+
+@pytest.fixture
+def run(events_policy) -> Run:
+    """An active run, planned, with three chunks committed."""
+    return run_with_three_chunks(events_policy)
 
 
 def make_dead_letter(make_user, slug: str = "gone", rows: int = 600) -> DeadLetter:

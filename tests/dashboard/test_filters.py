@@ -11,6 +11,10 @@ from hypothesis import strategies as st
 
 from core.models import OperatorAction
 from runs.models import AuditRecord
+from tests.conftest import create_user, fresh
+from tests.dashboard.conftest import make_dead_letter, run_with_three_chunks
+from tests.factories import approved_policy, events_spec
+from tests.runs.conftest import create_events
 
 # page → its filters (query parameters)
 FILTERS = {
@@ -32,10 +36,26 @@ HOSTILE = st.one_of(
 )  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def built(build_once):
+    """What every filter is asked about, once for the module (``tests.conftest.build_once``):
+    a run with three chunks committed (audit rows to filter), a dead letter and a superuser.
+    Each test, and each of its hypothesis examples, asks in a savepoint rolled back after the
+    test."""
+
+    def build():
+        create_events(3000)
+        run_with_three_chunks(approved_policy(create_user, **events_spec()))
+        make_dead_letter(create_user)
+        return User.objects.create_superuser("root", password="pw")
+
+    return build_once(build)
+
+
 @pytest.fixture
-def admin_client(db, run, dead_letter) -> Client:
+def admin_client(built, db) -> Client:
     client = Client()
-    client.force_login(User.objects.create_superuser("root", password="pw"))
+    client.force_login(fresh(built))
     return client
 
 
