@@ -9,6 +9,7 @@ import math
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
@@ -20,7 +21,10 @@ from runs.actions import trigger_run
 from runs.engine import planner, worker
 from runs.models import Chunk, Run
 from runs.progress import ETA_SPREAD
-from tests.runs.conftest import NOW
+from tests.conftest import create_user, fresh
+from tests.dashboard.conftest import run_with_three_chunks
+from tests.factories import approved_policy, events_spec
+from tests.runs.conftest import NOW, create_events
 
 pytestmark = pytest.mark.django_db
 
@@ -52,21 +56,45 @@ def fresh_run(events_policy) -> Run:
     return created
 
 
+@pytest.fixture(scope="module")
+def built(build_once):
+    """The runs every state is rendered for, once for the module (``tests.conftest.build_once``):
+    one with three chunks committed, one of another policy planned with nothing committed, and
+    an auditor to read them. Each test changes them in a savepoint rolled back after it. Their
+    names are their own: the module's other tests, built per test, may run beside them."""
+
+    def build():
+        create_events(3000, name="rr_states")
+        states = approved_policy(create_user, **events_spec(slug="states", table="rr_states"))
+        create_events(3000, name="rr_states_planned")
+        planned = approved_policy(
+            create_user, **events_spec(slug="states-planned", table="rr_states_planned")
+        )
+        nothing, _ = trigger_run(planned, tick=NOW)
+        planner.plan(nothing)
+        return {
+            "run": run_with_three_chunks(states),
+            "fresh_run": Run.objects.get(pk=nothing.pk),
+            "reader": create_user("states-reader", "auditor"),
+        }
+
+    return build_once(build)
+
+
 @pytest.mark.parametrize("history", ["recent-rate", "stale-rate", "nothing-committed"])
 @pytest.mark.parametrize("state", Run.State.values)
-def test_every_page_renders_for_a_run_in_every_state(
-    request, client_for, monkeypatch, state, history
-):
+def test_every_page_renders_for_a_run_in_every_state(built, db, monkeypatch, state, history):
     from runs import forecast
 
-    run = request.getfixturevalue("fresh_run" if history == "nothing-committed" else "run")
+    run = fresh(built["fresh_run" if history == "nothing-committed" else "run"])
     if history != "recent-rate":  # as ten minutes after the last commit: no recent rate
         monkeypatch.setattr(forecast, "observed_rate", lambda policy, now=None: None)
     # An admission count above what was deleted (the capped blast-radius count), a start time.
     Run.objects.filter(pk=run.pk).update(
         state=state, expected_rows=10**6, started_at=timezone.now() - timedelta(minutes=3)
     )
-    client = client_for("auditor")
+    client = Client()
+    client.force_login(fresh(built["reader"]))
     for page in PAGES:
         response = get_page(client, page, run)
         if page == "manifest":
