@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -124,9 +125,11 @@ def test_the_product_installs_beside_a_django_application_and_prunes_its_expired
                 )
                 == 1
             )
-            expired_an_hour = scalar(
-                conn,
-                "SELECT count(*) FROM public.django_session WHERE expire_date < now() - interval '1 hour'",
+            # the sessions as they are before the run: which of them its cutoff reaches is
+            # judged on this copy, whenever the run's tick falls
+            conn.execute(
+                "CREATE TABLE public.rr_sessions_before AS"
+                " SELECT session_key, expire_date FROM public.django_session"
             )
 
         policy = tmp_path / "sessions.toml"
@@ -138,10 +141,12 @@ def test_the_product_installs_beside_a_django_application_and_prunes_its_expired
         manage(env, "retention", "drain", run_key, "--until-idle", "--budget", "30")
 
         with psycopg.connect(**admin, dbname=name, autocommit=True) as conn:
-            state, cutoff = conn.execute(
-                "SELECT state, cutoff FROM retention_runner.runs_run WHERE run_key = %s", [run_key]
+            state, tick, cutoff = conn.execute(
+                "SELECT state, tick, cutoff FROM retention_runner.runs_run WHERE run_key = %s",
+                [run_key],
             ).fetchone()
             assert state == "drained"
+            assert cutoff == tick - timedelta(hours=1)  # the cutoff is the tick's
             assert (
                 scalar(
                     conn,
@@ -162,7 +167,12 @@ def test_the_product_installs_beside_a_django_application_and_prunes_its_expired
             deleted = scalar(
                 conn, "SELECT sum(rows_deleted) FROM retention_runner.runs_auditrecord"
             )
-            assert expired_an_hour - 5 <= deleted <= expired_an_hour  # the cutoff is the tick's
+            # exactly the sessions below the cutoff when the run began
+            assert deleted == scalar(
+                conn,
+                "SELECT count(*) FROM public.rr_sessions_before WHERE expire_date < %s",
+                [cutoff],
+            )
             assert scalar(conn, "SELECT count(*) FROM public.auth_user") == 5
 
 
