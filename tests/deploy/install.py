@@ -273,17 +273,23 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
         clock = time.monotonic()
 
     with logins(admin) as made, new_database(admin) as name:
-        # the owner runs migrate and the grants; every process then has a login of its own
+        # the owner runs migrate and the grants; every process then has a login of its own.
+        # (Commands that follow one another with one login run in one process, each as
+        # ``manage.py`` would run it: ``in_one_process``.)
         owner = production_env(database_url(admin, name))
-        manage(owner, "migrate", "--no-input", "-v", "0")
-        step("migrate")
-        create_events(admin, name)
+        create_events(admin, name)  # the application's table, there before the product
         grants = [a for kind, (role, _) in made.items() for a in (f"--{kind}", role)]
-        manage(owner, "retention", "grants", "apply", *grants, "--target", "public.rr_events")
-        seen["grants"] = manage(
-            owner, "retention", "grants", "check", *grants, "--target", "public.rr_events"
-        ).stdout
-        step("logins: grants apply, grants check")
+        target = ["--target", "public.rr_events"]
+        done = in_one_process(
+            owner,
+            [
+                ("migrate", ["migrate", "--no-input", "-v", "0"], {}, None),
+                ("grants apply", ["retention", "grants", "apply", *grants, *target], {}, None),
+                ("grants check", ["retention", "grants", "check", *grants, *target], {}, None),
+            ],
+        )
+        seen["grants"] = done["grants check"][1]
+        step("migrate, logins: grants apply, grants check")
         env_of = {
             kind: dict(owner, DATABASE_URL=database_url(admin, name, login))
             for kind, login in made.items()
@@ -291,8 +297,6 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
         # the web host alone holds the decision-signing key: decisions are made there
         env_of["web"]["RETENTION_SIGNING_KEY"] = keys.private_text(SIGNING_KEY)
         web, worker, env = env_of["web"], env_of["worker"], env_of["operator"]
-        manage(env, "check", "--deploy", "--fail-level", "WARNING")
-        step("check --deploy")
         # people and roles: superusers, on the web host, with the web login. The CLI acts as a
         # person: their personal token, obtained with their password (minted on the web host:
         # the operator login writes nothing). Commands that decide run there too, where the
@@ -344,27 +348,37 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
             dict(web, RETENTION_TOKEN=done[f"token {user}"][1].strip())
             for user in ("root", "alice", "carol", "oscar")
         )
-        seen["roles"] = manage(env, "retention", "role", "list").stdout
-        step("superuser, users, roles")
+        # the operator login: the deployment checks, the people it reads
+        done = in_one_process(
+            env,
+            [
+                ("check --deploy", ["check", "--deploy", "--fail-level", "WARNING"], {}, None),
+                ("role list", ["retention", "role", "list"], {}, None),
+            ],
+        )
+        seen["roles"] = done["role list"][1]
+        step("superuser, users, roles, check --deploy")
 
         policy = tmp_path / "events.toml"
         policy.write_text(POLICY_TOML.format(retention="20 days"))
-        seen["apply"] = manage(
-            as_alice,
-            "retention",
-            "policy",
-            "apply",
-            str(policy),
-            "--author",
-            "alice",
-            "--reason",
-            "ready for review",
-        ).stdout
-        manage(as_carol, "retention", "policy", "approve", "events", "--version", "1",
-               "--approver", "carol", "--reason", "reviewed")  # fmt: skip
-        run_key = manage(as_oscar, "retention", "trigger", "events", "--by", "oscar").stdout.strip()
+        # on the web host, each as the person it names
+        done = in_one_process(
+            web,
+            [
+                ("apply", ["retention", "policy", "apply", str(policy), "--author", "alice",
+                           "--reason", "ready for review"],
+                 {"RETENTION_TOKEN": as_alice["RETENTION_TOKEN"]}, None),
+                ("approve", ["retention", "policy", "approve", "events", "--version", "1",
+                             "--approver", "carol", "--reason", "reviewed"],
+                 {"RETENTION_TOKEN": as_carol["RETENTION_TOKEN"]}, None),
+                ("trigger", ["retention", "trigger", "events", "--by", "oscar"],
+                 {"RETENTION_TOKEN": as_oscar["RETENTION_TOKEN"]}, None),
+            ],
+        )  # fmt: skip
+        seen["apply"] = done["apply"][1]
+        run_key = done["trigger"][1].strip()
         seen["run_key"] = run_key
-        step("target table, policy apply/approve, trigger")
+        step("policy apply/approve, trigger")
 
         port = free_port()
         gunicorn = start(
@@ -430,8 +444,14 @@ def deploy_and_operate(admin: dict, tmp_path: Path, *, every_command: bool) -> d
             stop(cleanup)
             stop(gunicorn)
         step("web and cluster stopped")
-        seen["check"] = manage(env, "retention", "check", run_key).stdout
-        seen["verify"] = manage(env, "retention", "audit", "verify").stdout
+        done = in_one_process(
+            env,
+            [
+                ("check", ["retention", "check", run_key], {}, None),
+                ("verify", ["retention", "audit", "verify"], {}, None),
+            ],
+        )
+        seen["check"], seen["verify"] = done["check"][1], done["verify"][1]
         if every_command:
             tokens = {
                 name: e["RETENTION_TOKEN"]
