@@ -240,12 +240,25 @@ def _param(shape: Shape):
     return pytest.param(shape, id=shape.name, marks=marks)
 
 
+@pytest.fixture(scope="module")
+def shape_people(build_once):
+    """The types and collations the shapes use, and the people every shape's policy is written,
+    approved and held by, once for the module (``tests.conftest.build_once``): each shape is
+    built, drained and judged in a savepoint rolled back after it."""
+
+    def build():
+        S.prepare_database()
+        for username in ("author-shape", "approver-shape", "hold-keeper"):
+            S.fast_user(username, "compliance")
+
+    build_once(build)
+
+
 @pytest.fixture
-def shape_db(db, settings):
+def shape_db(shape_people, db, settings):
     # the guard is another matter (tests/runs/test_guard.py): here it would only slow the
     # drain down on a busy machine
     settings.RETENTION = {**settings.RETENTION, "GUARD": False}
-    S.prepare_database()
 
 
 @pytest.mark.parametrize("shape", [_param(s) for s in CURATED])
