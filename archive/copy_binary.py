@@ -60,9 +60,11 @@ def kind_of(arrow: pa.DataType) -> str | None:
 
 def _gather(buf: np.ndarray, at: np.ndarray, dtype: str) -> np.ndarray:
     """The value of ``dtype`` (big-endian) at each offset ``at`` of ``buf``, in native order."""
-    width = np.dtype(dtype).itemsize
-    raw = buf[at[:, None] + np.arange(width)] if width > 1 else buf[at]
-    return np.ascontiguousarray(raw).view(dtype).ravel().astype(np.dtype(dtype).newbyteorder("="))
+    kind = np.dtype(dtype)
+    raw = np.empty((len(at), kind.itemsize), dtype=np.uint8)
+    for k in range(kind.itemsize):  # a byte of every value at a time: no index array per byte
+        np.take(buf, at + k, out=raw[:, k])
+    return raw.view(kind).ravel().astype(kind.newbyteorder("="))
 
 
 def _fixed(kind: str, buf: np.ndarray, data: np.ndarray, length, null) -> pa.Array:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,7 +15,8 @@ from runs.actions import trigger_run
 from runs.engine import planner, worker
 from runs.evidence import audit
 from runs.models import AuditRecord, Chunk, Run
-from tests.archive.conftest import full, read_only
+from tests.archive.conftest import full, read_only, typed_spec
+from tests.factories import approved_policy
 from tests.runs.conftest import NOW
 
 COLUMNS = (
@@ -161,3 +164,71 @@ def test_held_rows_are_neither_archived_nor_deleted(typed_policy, archive_dir, m
     ]
     assert sorted(r["id"] for r in archived) == sorted(eligible)
     assert not [r for r in archived if r["tenant_id"] == 2]
+
+
+def test_time_real_char_oid_and_domain_columns_read_back_exactly_and_an_infinite_timestamp_fails_the_chunk(
+    db, make_user, archive_dir, no_guard
+):
+    with connection.cursor() as cur:
+        cur.execute("CREATE DOMAIN public.rr_amount AS bigint CHECK (VALUE >= 0)")
+        cur.execute(
+            "CREATE TABLE public.rr_more (id bigint PRIMARY KEY, tenant_id int NOT NULL,"
+            " occurred_at timestamptz NOT NULL, status text, at_time time, ratio real,"
+            " code char(5), obj oid, amount public.rr_amount, name_col name, note varchar(20))"
+        )
+        cur.execute(
+            "INSERT INTO public.rr_more SELECT g, 1 + g %% 3,"
+            " %s::timestamptz - make_interval(hours => 3 * (300 - g)),"
+            " 'closed', CASE WHEN g %% 5 = 0 THEN NULL ELSE TIME '23:59:59.999999' - make_interval(secs => g) END,"
+            " CASE WHEN g %% 5 = 1 THEN NULL ELSE g / 7.0::real END,"
+            " CASE WHEN g %% 5 = 2 THEN NULL ELSE 'ab' END, g * 1000003, g * 10, 'n' || g, 'é' || g"
+            " FROM generate_series(1, 300) AS g",
+            [NOW],
+        )
+    policy = approved_policy(make_user, **typed_spec(archive_dir, slug="more", table="rr_more"))
+    run, _ = trigger_run(policy, tick=NOW)
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT id, at_time, ratio::float8, code, obj, amount, name_col::text, note"
+            " FROM public.rr_more"
+            " WHERE occurred_at < %s ORDER BY id",
+            [run.cutoff],
+        )
+        want = cur.fetchall()
+    assert len(want) > 100 and any(None in row for row in want)
+    worker.drain(run.pk, budget_s=120)
+    run.refresh_from_db()
+    assert run.state == Run.State.DRAINED, run.state_reason
+    table = pa.concat_tables(pq.read_table(f) for f in sorted(archive_dir.rglob("*.parquet")))
+    assert table.schema.field("at_time").type == pa.time64("us")
+    assert table.schema.field("ratio").type == pa.float32()
+    assert table.schema.field("amount").type == pa.int64()
+    got = sorted(
+        (
+            r["id"],
+            r["at_time"],
+            r["ratio"],
+            r["code"],
+            r["obj"],
+            r["amount"],
+            r["name_col"],
+            r["note"],
+        )
+        for r in table.to_pylist()
+    )
+    assert got == [tuple(row) for row in want]
+
+    # an infinite timestamp has no Parquet value: its chunk fails, nothing deleted
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO public.rr_more (id, tenant_id, occurred_at, status)"
+            " VALUES (1000, 1, '-infinity', 'closed')"
+        )
+    run, _ = trigger_run(policy, tick=NOW + timedelta(days=1))
+    planner.plan(run)
+    outcome = worker.process_one(run)
+    assert outcome.kind == worker.FAILED
+    assert "an infinite timestamptz cannot be archived in Parquet" in outcome.reason
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM public.rr_more WHERE id = 1000")
+        assert cur.fetchone()[0] == 1
