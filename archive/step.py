@@ -19,7 +19,9 @@ attempt's name either way; the killed attempt's object is an orphan the reconcil
 
 from __future__ import annotations
 
+import queue
 import select
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -188,8 +190,8 @@ def archive_chunk(
             yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
     query = ClientCursor(raw).mogrify(statement.sql, statement.params)
-    with _CopyOut(raw, query) as copy:
-        blocks = copy.row_blocks()
+    with _CopyOut(raw, query) as copy, _Prefetch(copy.row_blocks()) as prefetched:
+        blocks = iter(prefetched)
         first = next(blocks, None)
         if first is not None:
             try:
@@ -334,6 +336,57 @@ class _CopyOut:
             result = self._result()
         if error is not None:
             raise error
+
+
+class _Prefetch:
+    """The COPY's blocks read by a thread of their own, up to ``depth`` blocks ahead: the
+    server streams the chunk's rows while this process decodes and writes the blocks before
+    them, instead of stopping on a full socket at every block (libpq's wait releases the GIL,
+    and so do numpy's and Arrow's kernels and the Parquet writer). Memory stays bounded: at
+    most ``depth`` blocks wait. Leaving the block stops the thread and joins it before anything
+    else (``_CopyOut.__exit__``) touches the connection; an error of the read (the COPY's own
+    database error) is raised to the reader."""
+
+    def __init__(self, source: Iterator, depth: int = 2) -> None:
+        self.source = source
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._read, name="archive-copy", daemon=True)
+
+    def __enter__(self) -> _Prefetch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def __iter__(self) -> Iterator:
+        while True:
+            kind, value = self.queue.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+
+    def _read(self) -> None:
+        try:
+            for item in self.source:
+                if not self._put(("block", item)):
+                    return
+            self._put(("end", None))
+        except BaseException as exc:  # raised again in the reader's thread
+            self._put(("error", exc))
+
+    def _put(self, item) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
 
 def _chain(first, rest: Iterator) -> Iterator:
