@@ -1,0 +1,85 @@
+"""The tests' zygote (tests/zygote.py) starts a command as a real process of its own, with the
+command's environment, directory, arguments, input, output and exit status, and stays
+fork-safe: one thread, no database session, nothing of the product imported."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from tests import zygote
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    data = sys.stdin.read()
+    print(json.dumps({
+        "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "argv": sys.argv,
+        "path0": sys.path[0], "stdin": data, "colour": os.environ.get("COLOUR"),
+        "settings": os.environ.get("DJANGO_SETTINGS_MODULE"),
+        "product": sorted(m for m in sys.modules if m.split(".")[0] in
+                          ("config", "core", "retention", "runs", "tests")),
+    }))
+    print("to stderr", file=sys.stderr)
+    sys.exit(int(sys.argv[1]))
+    """
+)
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "probe.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def test_a_command_is_a_process_of_its_own_with_its_environment_input_and_status(script, tmp_path):
+    import json
+
+    env = dict(os.environ, COLOUR="blue", DJANGO_SETTINGS_MODULE="config.settings")
+    done = zygote.run([sys.executable, str(script), "3"], cwd=tmp_path, env=env, input="hi\n")
+    assert done.returncode == 3
+    assert done.stderr == "to stderr\n"
+    seen = json.loads(done.stdout)
+    assert seen["pid"] not in (os.getpid(), zygote._get().process.pid)
+    assert seen["ppid"] == zygote._get().process.pid  # forked, not started by this process
+    assert seen["cwd"] == str(tmp_path)
+    assert seen["argv"] == [str(script), "3"]
+    assert seen["path0"] == str(tmp_path)  # as ``python SCRIPT`` puts the script's folder first
+    assert seen["stdin"] == "hi\n"
+    assert (seen["colour"], seen["settings"]) == ("blue", "config.settings")
+    assert seen["product"] == []  # the zygote imported nothing of the product (nor the tests)
+    # no input: an empty stdin, never the test process's own
+    assert (
+        json.loads(zygote.run([sys.executable, str(script), "0"], cwd=tmp_path).stdout)["stdin"]
+        == ""
+    )
+
+
+def test_the_zygote_keeps_one_thread_and_no_connection(script, tmp_path):
+    zygote.run([sys.executable, str(script), "0"], cwd=tmp_path)
+    process = psutil.Process(zygote._get().process.pid)
+    assert process.num_threads() == 1
+    # its listening socket only: no database session, nothing a child could share
+    assert [c.status for c in process.net_connections("all")] == [psutil.CONN_NONE]
+
+
+def test_a_command_the_zygote_would_start_differently_is_started_the_ordinary_way(script, tmp_path):
+    import json
+
+    env = dict(os.environ, PYTHONHASHSEED="7")
+    seen = json.loads(zygote.run([sys.executable, str(script), "0"], cwd=tmp_path, env=env).stdout)
+    assert seen["ppid"] == os.getpid()
+
+
+def test_a_command_past_its_timeout_is_killed(tmp_path):
+    path = tmp_path / "sleeps.py"
+    path.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(120)\n")
+    with pytest.raises(subprocess.TimeoutExpired) as timed_out:
+        zygote.run([sys.executable, str(path)], cwd=tmp_path, timeout=2)
+    assert not psutil.pid_exists(int(timed_out.value.output))  # killed, and reaped

@@ -1,0 +1,336 @@
+"""``python manage.py …`` for the tests, without paying for its imports each time.
+
+A command started with ``subprocess.run([sys.executable, "manage.py", …])`` spends about half
+its CPU importing third-party packages (Django, psycopg, pydantic, cryptography …) before it
+does anything. ``run`` starts each such command instead as a fork of a *zygote*: one Python per
+test process, started on first use, that has imported those packages and nothing else — not
+``config.settings`` nor any of the product's modules, which read the environment when imported
+and each command brings its own. The child then does what the interpreter would: takes the
+command's environment, working directory and ``argv``, its stdin, stdout and stderr, runs the
+script as ``__main__`` and exits with its status. It is still a real, separate process with its
+own exit code and output; only the imports are shared.
+
+Fork-safety: the zygote never opens a database connection nor starts a thread (it checks before
+each fork), so a child inherits no session, lock or half-held mutex. A command whose interpreter
+would start differently (another Python, other ``PYTHON*`` or locale variables) is started the
+ordinary way, as is everything a test is about as a process (crashes, signals, process groups:
+``tests.runs.processes.spawn``)."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import json
+import locale
+import os
+import runpy
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+
+# What a ``manage.py`` start imports before the project, that imports without settings and
+# starts no thread (pyarrow starts jemalloc's background thread: not here; django_q, ninja and
+# axes read settings when imported: not here either).
+PRELOAD = """
+    argparse asyncio csv decimal difflib email.mime.text email.utils getpass hashlib hmac json
+    logging.config multiprocessing pydoc runpy secrets shutil socket ssl subprocess tarfile
+    tempfile tomllib unittest.mock uuid xml.dom.minidom xml.etree.ElementTree zipfile zoneinfo
+    asgiref.sync django django.contrib.admin.options django.contrib.auth.hashers
+    django.contrib.auth.password_validation django.contrib.messages.storage.fallback
+    django.contrib.postgres.constraints django.contrib.postgres.fields
+    django.contrib.postgres.indexes django.contrib.postgres.search
+    django.contrib.sessions.backends.db django.contrib.staticfiles.finders
+    django.contrib.staticfiles.storage django.core.cache.backends.db django.core.checks
+    django.core.handlers.wsgi django.core.management django.core.management.base
+    django.core.management.commands.migrate django.core.serializers.json django.core.wsgi
+    django.db.backends.postgresql.base django.db.backends.postgresql.features
+    django.db.backends.postgresql.introspection django.db.backends.postgresql.operations
+    django.db.backends.postgresql.schema django.db.migrations django.db.models django.forms
+    django.http django.middleware.csrf django.middleware.security django.template.defaulttags
+    django.template.loader django.template.loader_tags django.templatetags.i18n django.test
+    django.test.client django.test.utils django.urls django.utils.timezone
+    django.utils.translation.trans_real django.views.debug django.views.generic
+    django.views.static annotated_types croniter cryptography.hazmat.bindings.openssl.binding
+    cryptography.hazmat.primitives.asymmetric.ed25519 cryptography.hazmat.primitives.hashes
+    cryptography.hazmat.primitives.serialization dateutil.parser dateutil.tz django_htmx.middleware
+    picklefield prometheus_client psutil psycopg psycopg.sql psycopg.types.json psycopg_binary
+    pydantic pydantic.fields pydantic.functional_validators pydantic.json_schema pydantic.main
+    pydantic.networks pydantic.types pydantic_core sqlparse tomli_w typing_extensions
+    whitenoise.middleware
+""".split()
+
+# Variables the interpreter reads as it starts: a command whose values differ from the
+# zygote's would not start as the zygote did, so it is started the ordinary way.
+_STARTUP_PREFIXES = ("PYTHON", "LC_")
+_STARTUP_NAMES = ("LANG", "LANGUAGE")
+
+_HEADER = struct.Struct("!I")
+
+
+def _startup(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k.startswith(_STARTUP_PREFIXES) or k in _STARTUP_NAMES}
+
+
+# --- the zygote (its own process) -------------------------------------------------------------
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _serve(listener: socket.socket) -> dict:
+    """Accept requests until the test process goes away; fork a child per request. Returns
+    only in a child, with its request, its standard streams already in place."""
+    children: dict[int, socket.socket] = {}
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "request")
+    selector.register(wake_r, selectors.EVENT_READ, "child")
+    selector.register(sys.stdin, selectors.EVENT_READ, "parent")
+    while True:
+        for key, _ in selector.select():
+            if key.data == "parent":  # EOF: the test process is gone, and so are we
+                for pid in children:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                os._exit(0)
+            if key.data == "child":
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wake_r, 512):
+                        pass
+                while children:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                    if pid == 0:
+                        break
+                    conn = children.pop(pid, None)
+                    if conn is not None:
+                        with contextlib.suppress(OSError):
+                            conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+                        conn.close()
+                continue
+            conn, _ = listener.accept()
+            conn.setblocking(True)
+            size = _HEADER.unpack(conn.recv(_HEADER.size, socket.MSG_WAITALL))[0]
+            payload, fds, _, _ = socket.recv_fds(conn, size, 3, socket.MSG_WAITALL)
+            if _threads() != 1:
+                conn.sendall(b"refused: the zygote has started a thread\n")
+                conn.close()
+                continue
+            pid = os.fork()
+            if pid == 0:
+                selector.close()
+                listener.close()
+                conn.close()
+                for other in children.values():  # the other commands' replies are not its own
+                    other.close()
+                signal.set_wakeup_fd(-1)
+                os.close(wake_r)
+                os.close(wake_w)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for target, fd in enumerate(fds):
+                    os.dup2(fd, target)
+                    os.close(fd)
+                return json.loads(payload)
+            for fd in fds:
+                os.close(fd)
+            children[pid] = conn
+            conn.sendall(f"pid {pid}\n".encode())
+
+
+def _become(request: dict) -> str:
+    """In the child: the command's environment, directory and argv, as the interpreter would
+    have set them up for ``python SCRIPT ARGS``; returns the script. Its standard streams are
+    already the command's (file descriptors 0-2), under the zygote's own stream objects, which
+    read and write them as a fresh interpreter's would: nothing was ever read or written
+    through them."""
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    script = request["argv"][0]
+    sys.argv = list(request["argv"])
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    return script
+
+
+def _main() -> None:
+    listener = socket.socket(fileno=int(sys.argv[1]))
+    for name in PRELOAD:
+        importlib.import_module(name)
+    if _threads() != 1:
+        sys.exit(f"zygote: a preloaded module started a thread ({_threads()} threads)")
+    import gc
+
+    gc.freeze()  # what is imported stays shared with the children, page for page
+    try:
+        request = _serve(listener)
+    except KeyboardInterrupt:
+        os._exit(1)
+    # a child: run the script as the interpreter runs ``python SCRIPT``
+    script = _become(request)
+    runpy.run_path(script, run_name="__main__")
+
+
+# --- the test process's side ------------------------------------------------------------------
+
+
+class _Zygote:
+    def __init__(self) -> None:
+        self.address = f"\0retention-zygote-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.address)
+        listener.listen(64)
+        env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+        self.startup = _startup(env)
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, str(listener.fileno())],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, pass_fds=[listener.fileno()],
+            cwd="/",
+        )  # fmt: skip
+        listener.close()
+        self.pid = os.getpid()
+
+    def usable_for(self, env: dict) -> bool:
+        return (
+            self.pid == os.getpid()
+            and self.process.poll() is None
+            and _startup(env) == self.startup
+        )
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def start(self, argv, *, cwd, env, fds) -> tuple[_Replies, int]:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(self.address)
+        payload = json.dumps({"argv": list(argv), "cwd": str(cwd), "env": env}).encode()
+        conn.sendall(_HEADER.pack(len(payload)))
+        socket.send_fds(conn, [payload], fds)
+        replies = _Replies(conn)
+        reply = replies.line()
+        if not reply.startswith("pid "):
+            conn.close()
+            raise RuntimeError(f"zygote: {reply.strip() or 'no answer'}")
+        return replies, int(reply.split()[1])
+
+
+class _Replies:
+    """The zygote's lines about one command: ``pid N``, then ``exit STATUS``."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.buffer = b""
+
+    def line(self, timeout: float | None = None) -> str:
+        self.conn.settimeout(timeout)
+        while b"\n" not in self.buffer:
+            data = self.conn.recv(4096)
+            if not data:
+                break
+            self.buffer += data
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+_zygote: _Zygote | None = None
+_lock = threading.Lock()
+
+
+def _get() -> _Zygote:
+    global _zygote
+    with _lock:
+        if _zygote is None or _zygote.pid != os.getpid() or _zygote.process.poll() is not None:
+            _zygote = _Zygote()
+            atexit.register(_zygote.close)
+        return _zygote
+
+
+def _decode(data: bytes) -> str:
+    """As ``subprocess.run(text=True)`` reads a child's output: the locale's encoding,
+    universal newlines."""
+    text = data.decode(locale.getpreferredencoding(False))
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def run(
+    args, *, cwd, env: dict | None = None, input: str | None = None, timeout: float | None = None
+) -> subprocess.CompletedProcess:
+    """``subprocess.run(args, cwd=cwd, env=env, input=input, timeout=timeout,
+    capture_output=True, text=True)`` for ``args = [sys.executable, SCRIPT, *ARGS]``, started as
+    a fork of the zygote (see the module's docstring); anything else the ordinary way. Without
+    ``input`` the command's stdin is empty (/dev/null), never the test process's own."""
+    args = [str(a) for a in args]
+    env = dict(os.environ if env is None else env)
+    ordinary = (
+        len(args) < 2
+        or args[0] != sys.executable
+        or args[1].startswith("-")
+        or not args[1].endswith(".py")
+    )
+    zygote = None if ordinary else _get()
+    if zygote is None or not zygote.usable_for(env):
+        return subprocess.run(
+            args, cwd=cwd, env=env, input=input, timeout=timeout, capture_output=True, text=True,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )  # fmt: skip
+    with (
+        tempfile.TemporaryFile() as stdin,
+        tempfile.TemporaryFile() as stdout,
+        tempfile.TemporaryFile() as stderr,
+    ):
+        if input is not None:
+            stdin.write(input.encode(locale.getpreferredencoding(False)))
+            stdin.seek(0)
+            source = stdin.fileno()
+        else:
+            source = os.open(os.devnull, os.O_RDONLY)
+        try:
+            replies, pid = zygote.start(
+                args[1:], cwd=cwd, env=env, fds=[source, stdout.fileno(), stderr.fileno()]
+            )
+        finally:
+            if input is None:
+                os.close(source)
+        try:
+            reply = replies.line(timeout)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            replies.line(30)
+            stdout.seek(0)
+            stderr.seek(0)
+            raise subprocess.TimeoutExpired(
+                args, timeout, output=_decode(stdout.read()), stderr=_decode(stderr.read())
+            ) from None
+        finally:
+            replies.close()
+        if not reply.startswith("exit "):
+            raise RuntimeError(f"zygote: no exit status for {args[1:]} (pid {pid}): {reply!r}")
+        stdout.seek(0)
+        stderr.seek(0)
+        return subprocess.CompletedProcess(
+            args, int(reply.split()[1]), _decode(stdout.read()), _decode(stderr.read())
+        )
+
+
+if __name__ == "__main__":
+    _main()
