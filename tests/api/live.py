@@ -14,6 +14,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests import zygote
 from tests.runs.conftest import worker_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,11 +60,12 @@ def gunicorn(database_url: str | None = None):
 
 
 def with_database(args, *, token: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    """``manage.py retention ARGS`` against the test database, acting with ``token``."""
+    """``manage.py retention ARGS`` against the test database, acting with ``token`` (a
+    process of its own, forked from the test process's zygote: tests/zygote.py)."""
     env = dict(os.environ, **worker_env(), RETENTION_TOKEN=token)
-    return subprocess.run(
+    return zygote.run(
         [sys.executable, "manage.py", "retention", *args], cwd=ROOT, env=env, input=stdin,
-        capture_output=True, text=True, timeout=300,
+        timeout=300,
     )  # fmt: skip
 
 

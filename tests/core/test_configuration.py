@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import zygote
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -17,12 +19,10 @@ def run_check(**env_overrides: str) -> subprocess.CompletedProcess:
         k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "RETENTION_DEMO", "DEBUG"}
     }
     env.update(env_overrides)
-    return subprocess.run(
+    return zygote.run(
         [sys.executable, "manage.py", "check"],
         cwd=ROOT,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=120,
     )
 

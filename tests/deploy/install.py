@@ -23,6 +23,7 @@ import psycopg
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from signatures import keys
+from tests import zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY_TOML = """\
@@ -124,13 +125,11 @@ def production_env(url: str) -> dict:
 
 
 def manage(env: dict, *args: str, stdin: str | None = None, ok: bool = True):
-    result = subprocess.run(
+    result = zygote.run(
         [sys.executable, "manage.py", *args],
         cwd=ROOT,
         env=env,
         input=stdin,
-        capture_output=True,
-        text=True,
         timeout=180,
     )
     if ok:

@@ -16,6 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests import zygote
 from tests.deploy.install import free_port, wait_for
 
 pytestmark = [pytest.mark.processes]
@@ -113,9 +114,9 @@ def test_ctrl_c_of_dev_up_while_a_run_drains_stops_everything_and_invariants_hol
         # at most the chunk each worker (of both clusters) had in flight; no lease starts another
         assert late <= CLEANUP_WORKERS + DEADLINE_WORKERS, f"{late} chunks started after Ctrl-C"
         for key in run_keys:
-            result = subprocess.run(
+            result = zygote.run(
                 [sys.executable, "manage.py", "retention", "check", key],
-                cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                cwd=ROOT, env=env, timeout=120,
             )  # fmt: skip
             assert result.returncode == 0 and "every invariant holds" in result.stdout, (
                 key,

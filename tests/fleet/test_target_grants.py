@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import uuid
 
@@ -22,6 +21,7 @@ from retention import actions as policy_actions
 from runs.evidence.audit import verify_chain
 from runs.models import AuditRecord, Checkpoint, Run
 from targets import connections as C
+from tests import zygote
 from tests.factories import approved_policy, events_spec
 from tests.fleet.conftest import run_cli
 from tests.runs.conftest import NOW, ROOT, create_events, worker_env
@@ -89,9 +89,9 @@ def test_a_target_worker_login_drains_with_what_grants_apply_gives_it_and_check_
         "RETENTION_GUARD": "0",
         target.env: _as_login(target.url, role),
     }
-    done = subprocess.run(
+    done = zygote.run(
         [sys.executable, "manage.py", "retention", "drain", "--until-idle", "--budget", "60"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+        cwd=ROOT, env=env, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     status = json.loads(run_cli("status", key, "--json"))
@@ -145,9 +145,9 @@ def test_the_checkpoint_job_signs_a_target_with_the_monitor_login_grants_apply_g
         "RETENTION_EVIDENCE_KEY": "evidence-key-kept-off-the-database-host-0123456789",
         target.env: _as_login(target.url, role),
     }
-    done = subprocess.run(
+    done = zygote.run(
         [sys.executable, "manage.py", "retention", "audit", "checkpoint"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+        cwd=ROOT, env=env, timeout=300,
     )  # fmt: skip
     # the other targets' variables point at their servers' superuser: signed too; this one
     # with the monitor login alone
@@ -190,9 +190,9 @@ def test_a_grant_missing_on_a_target_stops_its_drain_and_its_run_says_so(
         target.env: _as_login(target.url, role),
     }
     # no --budget: a drain that retried this for ever would never return
-    done = subprocess.run(
+    done = zygote.run(
         [sys.executable, "manage.py", "retention", "drain", "--until-idle"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
+        cwd=ROOT, env=env, timeout=240,
     )  # fmt: skip
     assert f"{target.name}" in done.stdout + done.stderr, (done.stdout, done.stderr[-2000:])
     assert target.scalar("SELECT count(*) FROM public.rr_events") == rows_before

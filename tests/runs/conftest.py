@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from tests import zygote
 from tests.factories import approved_policy, events_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,16 +83,10 @@ def events_policy(events, make_user):
 def manage(
     *args: str, env: dict | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess:
-    """Run ``manage.py`` in a new process against the test database."""
+    """Run ``manage.py`` in a new process against the test database (forked from the test
+    process's zygote: tests/zygote.py)."""
     full_env = dict(os.environ, **worker_env(), **(env or {}))
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return zygote.run([sys.executable, "manage.py", *args], cwd=ROOT, env=full_env, timeout=timeout)
 
 
 def worker_env() -> dict:

