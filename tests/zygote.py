@@ -14,7 +14,8 @@ Fork-safety: the zygote never opens a database connection nor starts a thread (i
 each fork), so a child inherits no session, lock or half-held mutex. A command whose interpreter
 would start differently (another Python, other ``PYTHON*`` or locale variables) is started the
 ordinary way, as is everything a test is about as a process (crashes, signals, process groups:
-``tests.runs.processes.spawn``)."""
+``tests.runs.processes.spawn``). ``RETENTION_TEST_ZYGOTE=0`` starts every command the ordinary
+way (to compare)."""
 
 from __future__ import annotations
 
@@ -286,6 +287,7 @@ def run(
         or args[1].startswith("-")
         or not args[1].endswith(".py")
     )
+    ordinary = ordinary or os.environ.get("RETENTION_TEST_ZYGOTE") == "0"
     zygote = None if ordinary else _get()
     if zygote is None or not zygote.usable_for(env):
         return subprocess.run(
