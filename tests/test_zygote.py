@@ -61,6 +61,16 @@ def test_a_command_is_a_process_of_its_own_with_its_environment_input_and_status
     )
 
 
+def test_python_dash_c_runs_its_code_as_main_with_its_arguments(tmp_path):
+    code = "import sys; print(__name__, sys.argv, repr(sys.path[0]), sys.stdin.read()); sys.exit(5)"
+    done = zygote.run([sys.executable, "-c", code, "x"], cwd=tmp_path, input="in")
+    ordinary = subprocess.run(
+        [sys.executable, "-c", code, "x"], cwd=tmp_path, input="in", capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout) == (ordinary.returncode, ordinary.stdout)
+    assert done.stdout == "__main__ ['-c', 'x'] '' in\n"
+
+
 def test_the_zygote_keeps_one_thread_and_no_connection(script, tmp_path):
     zygote.run([sys.executable, str(script), "0"], cwd=tmp_path)
     process = psutil.Process(zygote._get().process.pid)

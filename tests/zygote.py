@@ -20,6 +20,7 @@ way (to compare)."""
 from __future__ import annotations
 
 import atexit
+import builtins
 import contextlib
 import importlib
 import json
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import types
 import uuid
 
 # What a ``manage.py`` start imports before the project, that imports without settings and
@@ -149,19 +151,23 @@ def _serve(listener: socket.socket) -> dict:
             conn.sendall(f"pid {pid}\n".encode())
 
 
-def _become(request: dict) -> str:
+def _become(request: dict) -> str | list[str]:
     """In the child: the command's environment, directory and argv, as the interpreter would
-    have set them up for ``python SCRIPT ARGS``; returns the script. Its standard streams are
-    already the command's (file descriptors 0-2), under the zygote's own stream objects, which
+    have set them up for ``python SCRIPT ARGS`` (or ``python -c CODE ARGS``); returns the script
+    (or ``["-c", CODE]``). Its standard streams are already the command's (file descriptors 0-2), under the zygote's own stream objects, which
     read and write them as a fresh interpreter's would: nothing was ever read or written
     through them."""
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
-    script = request["argv"][0]
-    sys.argv = list(request["argv"])
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    return script
+    argv = list(request["argv"])
+    if argv[0] == "-c":  # ``python -c CODE ARGS``: argv ["-c", ARGS], the working directory first
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[0] = ""
+        return argv[0:2]
+    sys.argv = argv
+    sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+    return argv[0]
 
 
 def _main() -> None:
@@ -179,7 +185,13 @@ def _main() -> None:
         os._exit(1)
     # a child: run the script as the interpreter runs ``python SCRIPT``
     script = _become(request)
-    runpy.run_path(script, run_name="__main__")
+    if isinstance(script, list):
+        main = types.ModuleType("__main__")
+        main.__builtins__ = builtins
+        sys.modules["__main__"] = main
+        exec(compile(script[1], "<string>", "exec"), main.__dict__)
+    else:
+        runpy.run_path(script, run_name="__main__")
 
 
 # --- the test process's side ------------------------------------------------------------------
@@ -276,17 +288,15 @@ def run(
     args, *, cwd, env: dict | None = None, input: str | None = None, timeout: float | None = None
 ) -> subprocess.CompletedProcess:
     """``subprocess.run(args, cwd=cwd, env=env, input=input, timeout=timeout,
-    capture_output=True, text=True)`` for ``args = [sys.executable, SCRIPT, *ARGS]``, started as
+    capture_output=True, text=True)`` for ``args = [sys.executable, SCRIPT, *ARGS]`` (or
+    ``[sys.executable, "-c", CODE, *ARGS]``), started as
     a fork of the zygote (see the module's docstring); anything else the ordinary way. Without
     ``input`` the command's stdin is empty (/dev/null), never the test process's own."""
     args = [str(a) for a in args]
     env = dict(os.environ if env is None else env)
-    ordinary = (
-        len(args) < 2
-        or args[0] != sys.executable
-        or args[1].startswith("-")
-        or not args[1].endswith(".py")
-    )
+    script = len(args) >= 2 and args[1].endswith(".py") and not args[1].startswith("-")
+    code = len(args) >= 3 and args[1] == "-c"
+    ordinary = args[0] != sys.executable or not (script or code)
     ordinary = ordinary or os.environ.get("RETENTION_TEST_ZYGOTE") == "0"
     zygote = None if ordinary else _get()
     if zygote is None or not zygote.usable_for(env):

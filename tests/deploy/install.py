@@ -541,13 +541,11 @@ def in_one_process(env: dict, steps: list[tuple]) -> dict:
         "        os.environ.pop(key) if value is None else os.environ.update({key: value})\n"
         "print('RESULTS' + json.dumps(out))\n"
     )
-    result = subprocess.run(
+    result = zygote.run(
         [sys.executable, "-c", script],
         cwd=ROOT,
         env=dict(env, DJANGO_SETTINGS_MODULE="config.settings"),
         input=json.dumps(steps),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert result.returncode == 0 and "Traceback" not in result.stderr, (
@@ -580,13 +578,11 @@ def _run_commands(env: dict, commands: dict, tokens: dict, stdin: dict | None = 
         "        out[label] = [1, f'CommandError: {exc}']\n"
         "print('RESULTS' + json.dumps(out))\n"
     )
-    result = subprocess.run(
+    result = zygote.run(
         [sys.executable, "-c", script],
         cwd=ROOT,
         env=dict(env, DJANGO_SETTINGS_MODULE="config.settings"),
         input=json.dumps({"commands": commands, "tokens": tokens, "stdin": stdin or {}}),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr

@@ -36,8 +36,7 @@ def _env(pgdata: Path) -> dict:
 
 
 def _python(env: dict, code: str) -> str:
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = zygote.run([sys.executable, "-c", code], cwd=ROOT, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 

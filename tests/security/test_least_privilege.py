@@ -4,7 +4,6 @@ and it cannot run DDL, rewrite the audit trail or touch target rows beyond DELET
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from datetime import timedelta
 
@@ -115,9 +114,8 @@ def _vacuum_as(role: str, password: str, run_id: int) -> str:
         f"print(vacuum_target({run_id}))"
     )
     env = {**os.environ, **worker_env(), "DATABASE_URL": url_as(role, password)}
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=120,
+    result = zygote.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
