@@ -15,8 +15,6 @@ cover one of its rows (``held_by``), and is expired by a later pass once the hol
 
 from __future__ import annotations
 
-import os
-import socket
 from datetime import datetime
 
 import pyarrow as pa
@@ -28,7 +26,7 @@ from django.utils import timezone
 
 from retention.holds import parts_of
 from retention.models import LegalHold, Policy
-from runs.evidence import archives, audit
+from runs.evidence import archives
 from runs.models import Run
 
 EXPIRED = archives.EXPIRED
@@ -158,28 +156,18 @@ def _record(run: Run, version, spec, expired: list[dict], years: int, now: datet
     for o in expired:
         by_to.setdefault(o["to"], []).append(o)
     for to, items in by_to.items():
-        audit.append(
-            chunk_id=None,
-            run_id=run.pk,
-            policy_version_id=version.pk,
-            policy_slug=spec.slug,
-            table_name=items[0]["table"],
-            cutoff=run.bound,
+        archives.append_object_record(
+            run,
+            version,
+            spec,
+            table=items[0]["table"],
             tenant="",
-            key_from=None,
-            key_to=None,
-            attempt=1,
-            worker_host=socket.gethostname(),
-            worker_pid=os.getpid(),
-            rows_deleted=0,
-            started_at=now,
             outcome=EXPIRED,
-            run_key=run.run_key,
+            started_at=now,
             archive={
                 "to": to,
                 "expired": True,
                 "keep_years": years,
-                "objects": [{k: o[k] for k in ("name", "table", "rows", "sha256")} for o in items],
+                "objects": [archives.object_facts(o) for o in items],
             },
-            **audit.version_facts(version),
         )

@@ -13,8 +13,6 @@ the objects already restored have their record and are skipped.
 
 from __future__ import annotations
 
-import os
-import socket
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
@@ -24,7 +22,7 @@ from archive import objects
 from archive import restore as archive_restore
 from core.oplog import ActionError, NeedsAnotherPerson, record_action, require_reason
 from core.roles import COMPLIANCE, check_role
-from runs.evidence import archives, audit
+from runs.evidence import archives
 from runs.models import AuditRecord, RestoreRequest, Run
 
 
@@ -199,33 +197,19 @@ def _restore_one(request: RestoreRequest, run: Run, spec, item: dict) -> int:
 
 def _record_restore(request: RestoreRequest, run: Run, spec, item: dict, inserted: int, started):
     """The restore's audit record of one object, in the caller's transaction."""
-    audit.append(
-        chunk_id=None,
-        run_id=run.pk,
-        policy_version_id=run.policy_version_id,
-        policy_slug=spec.slug,
-        table_name=item["table"],
-        cutoff=run.bound,
+    archives.append_object_record(
+        run,
+        run.policy_version,
+        spec,
+        table=item["table"],
         tenant=request.tenant,
-        key_from=None,
-        key_to=None,
-        attempt=1,
-        worker_host=socket.gethostname(),
-        worker_pid=os.getpid(),
-        rows_deleted=0,
-        started_at=started,
         outcome="restored",
-        run_key=run.run_key,
+        started_at=started,
         archive={
             "to": item["to"],
             "restore": request.pk,
             "requested_by": request.requested_by,
             "approved_by": request.approved_by,
-            "objects": [{**_object(item), "rows_restored": inserted}],
+            "objects": [{**archives.object_facts(item), "rows_restored": inserted}],
         },
-        **audit.version_facts(run.policy_version),
     )
-
-
-def _object(item: dict) -> dict:
-    return {k: item[k] for k in ("name", "table", "rows", "sha256")}

@@ -7,7 +7,10 @@ manifest and the CSV all read them here (the CSV in SQL, the same JSON paths).
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 from django.db import connection
@@ -15,6 +18,7 @@ from django.db import connection
 from archive import objects, tables
 from retention import predicate as P
 from retention.spec import ARCHIVE_TARGET_PREFIX, archive_path, archive_table
+from runs.evidence import audit
 from runs.models import AuditRecord, Chunk, Run
 
 # The objects of one record's ``archive``, as SQL over runs_auditrecord ``a`` (the CSV's).
@@ -36,6 +40,41 @@ def archived_rows(run_id: int) -> int:
 
 
 EXPIRED = "expired"  # the outcome of a record naming objects removed by [archive] keep_years
+OBJECT_FIELDS = ("name", "table", "rows", "sha256")
+
+
+def object_facts(item: dict) -> dict:
+    """What a record says of one archive object: its name, table, rows and SHA-256."""
+    return {k: item[k] for k in OBJECT_FIELDS}
+
+
+def append_object_record(
+    run: Run, version, spec, *, table: str, tenant: str, outcome: str, started_at: datetime,
+    archive: dict,
+) -> dict:  # fmt: skip
+    """One audit record, in the caller's transaction, about a run's archive objects rather than
+    a chunk (a restore from them, their removal under keep_years): no chunk, no key range, no
+    row deleted; ``archive`` names the destination and the objects."""
+    return audit.append(
+        chunk_id=None,
+        run_id=run.pk,
+        policy_version_id=version.pk,
+        policy_slug=spec.slug,
+        table_name=table,
+        cutoff=run.bound,
+        tenant=tenant,
+        key_from=None,
+        key_to=None,
+        attempt=1,
+        worker_host=socket.gethostname(),
+        worker_pid=os.getpid(),
+        rows_deleted=0,
+        started_at=started_at,
+        outcome=outcome,
+        run_key=run.run_key,
+        archive=archive,
+        **audit.version_facts(version),
+    )
 
 
 def expired_names(run_id: int | None = None) -> set[str]:
