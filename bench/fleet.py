@@ -174,7 +174,7 @@ def main() -> None:
 
     with control_and_server(keep=args.keep) as (people, server, template):
         results = []
-        counter = ControlTransactions()
+        counter = ControlTransactions(end_lingering=False)
         for n in [1, *(int(x) for x in args.targets.split(","))]:
             results.append(
                 one_round(

@@ -22,44 +22,55 @@ class ControlTransactions:
     A session's counts reach ``pg_stat_database`` when it ends (or idles a while), so ``read``
     waits until every session that was not there at the first read has ended: close this
     process's own first (``django.db.connections.close_all``). Sessions still there
-    ``SETTLE_S`` into the first read (another thread's idle connection) are left alone. This
-    counter's session flushes its own counts before each read (``pg_stat_force_next_flush``)
-    and subtracts them."""
+    ``SETTLE_S`` into the first read are left from before (another thread's idle connection, an
+    earlier test's sampler or background read): with ``end_lingering`` (a test) they are ended
+    then, since what they commit meanwhile would count as the measured work's whatever it does;
+    otherwise (a bench beside its own server) they are left alone. This counter's own
+    statements are counted and subtracted; its session flushes them just before each reading of
+    the total (``pg_stat_force_next_flush``), so none of them is in one reading and not in the
+    next."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, end_lingering: bool = True) -> None:
+        self.end_lingering = end_lingering
         params = dict(connection.get_connection_params())
         for key in ("cursor_factory", "context", "prepare_threshold"):
             params.pop(key, None)
         params["application_name"] = "test-control-load"
         self.conn = psycopg.connect(**params, autocommit=True)
-        self.own = 0  # this session's transactions flushed so far
-        self.unflushed = 0  # and since its last flush
+        self.own = 0  # this session's statements (each its own transaction) so far
         self.before: set[int] | None = None  # the sessions left alone
 
+    def _execute(self, query: str, params=None):
+        self.own += 1
+        return self.conn.execute(query, params)
+
     def read(self, *, timeout: float = 60) -> int:
-        self.conn.execute("SELECT pg_stat_force_next_flush()")  # flushed as it goes idle
-        self.own += self.unflushed + 1
-        self.unflushed = 0
         start = time.monotonic()
         while True:
-            self.unflushed += 1
-            others = set(self.conn.execute(OTHERS).fetchone()[0]) - (self.before or set())
+            others = set(self._execute(OTHERS).fetchone()[0]) - (self.before or set())
             if not others:
                 break
             if self.before is None and time.monotonic() - start > SETTLE_S:
-                self.before = others
-                break
+                if not self.end_lingering:
+                    self.before = others
+                    break
+                self._execute(
+                    "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) pid", [list(others)]
+                )
+                self.before = set()  # and wait for them to end
             if time.monotonic() - start > timeout:
                 raise AssertionError(f"sessions {others} still on the control database")
             time.sleep(0.05)
         if self.before is None:
             self.before = set()
-        self.unflushed += 1
+        self._execute("SELECT pg_stat_force_next_flush()")  # flushed as it goes idle
         total = self.conn.execute(
             "SELECT xact_commit + xact_rollback FROM pg_stat_database"
             " WHERE datname = current_database()"
         ).fetchone()[0]
-        return total - self.own
+        counted = self.own  # every statement before this one, flushed
+        self.own += 1
+        return total - counted
 
     def close(self) -> None:
         self.conn.close()
