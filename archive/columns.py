@@ -13,27 +13,37 @@ what it was.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
+if TYPE_CHECKING:
+    import pyarrow as pa
 
-_NATIVE = {
-    "int2": pa.int16(),
-    "int4": pa.int32(),
-    "int8": pa.int64(),
-    "oid": pa.int64(),
-    "float4": pa.float32(),
-    "float8": pa.float64(),
-    "bool": pa.bool_(),
-    "text": pa.string(),
-    "varchar": pa.string(),
-    "bpchar": pa.string(),
-    "name": pa.string(),
-    "bytea": pa.binary(),
-    "timestamptz": pa.timestamp("us", tz="UTC"),
-    "timestamp": pa.timestamp("us"),
-    "date": pa.date32(),
-    "time": pa.time64("us"),
-}
+
+@cache
+def _native() -> dict[str, pa.DataType]:
+    """The PostgreSQL types kept natively, by name."""
+    # pyarrow and numpy load only where an archive is read or written
+    import pyarrow as pa
+
+    return {
+        "int2": pa.int16(),
+        "int4": pa.int32(),
+        "int8": pa.int64(),
+        "oid": pa.int64(),
+        "float4": pa.float32(),
+        "float8": pa.float64(),
+        "bool": pa.bool_(),
+        "text": pa.string(),
+        "varchar": pa.string(),
+        "bpchar": pa.string(),
+        "name": pa.string(),
+        "bytea": pa.binary(),
+        "timestamptz": pa.timestamp("us", tz="UTC"),
+        "timestamp": pa.timestamp("us"),
+        "date": pa.date32(),
+        "time": pa.time64("us"),
+    }
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,9 @@ class ArchivedColumn:
     oid: int = 0  # the column's type (a domain's base type): an array's text is loaded by it
 
     def field(self) -> pa.Field:
+        # pyarrow and numpy load only where an archive is read or written
+        import pyarrow as pa
+
         meta = {"pg_type": self.pg_type}
         if self.as_text:
             meta["pg_text"] = "true"
@@ -52,6 +65,9 @@ class ArchivedColumn:
 
 
 def _numeric(typmod: int) -> pa.DataType | None:
+    # pyarrow and numpy load only where an archive is read or written
+    import pyarrow as pa
+
     if typmod < 4:  # no precision given: any number of digits, kept as its text
         return None
     precision, scale = ((typmod - 4) >> 16) & 0xFFFF, (typmod - 4) & 0xFFFF
@@ -67,13 +83,16 @@ def _numeric(typmod: int) -> pa.DataType | None:
 def _arrow(base: str, typmod: int) -> pa.DataType | None:
     if base == "numeric":
         return _numeric(typmod)
-    return _NATIVE.get(base)
+    return _native().get(base)
 
 
 def table_columns(conn, schema: str, table: str) -> list[ArchivedColumn]:
     """Every column of ``schema.table`` in the table's order, with its Arrow type (one catalog
     query on ``conn``, in its transaction). Generated columns are left out: they are computed again
     when a row is restored."""
+    # pyarrow and numpy load only where an archive is read or written
+    import pyarrow as pa
+
     with conn.cursor() as cur:
         cur.execute(
             "SELECT a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.atttypmod,"
@@ -104,4 +123,7 @@ def table_columns(conn, schema: str, table: str) -> list[ArchivedColumn]:
 
 
 def schema_of(columns: list[ArchivedColumn], metadata: dict[str, str]) -> pa.Schema:
+    # pyarrow and numpy load only where an archive is read or written
+    import pyarrow as pa
+
     return pa.schema([c.field() for c in columns], metadata=metadata)

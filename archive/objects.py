@@ -21,9 +21,10 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 COMPRESSION = "zstd"
 # no dictionary pages: on rows of mostly distinct values they cost half the write's time and
@@ -98,6 +99,9 @@ def file_sha256(path: str | Path) -> str:
 
 def decoded_rows(path: str | Path) -> int:
     """Rows of a Parquet file, counted by decoding every record batch (flat memory)."""
+    # pyarrow and numpy load only where an archive is read or written
+    import pyarrow.parquet as pq
+
     return sum(batch.num_rows for batch in pq.ParquetFile(path).iter_batches(batch_size=65536))
 
 
@@ -116,6 +120,9 @@ def write(
     read it back: the bytes on disk must hash to what was written and their footer must count
     as many rows.
     An earlier file of the same name (a crashed attempt's) is replaced whole by the rename."""
+    # pyarrow and numpy load only where an archive is read or written
+    import pyarrow.parquet as pq
+
     path = Path(root) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")

@@ -12,7 +12,6 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-import pyarrow.parquet as pq
 from psycopg import sql
 
 from archive import step, tables
@@ -36,6 +35,9 @@ def restore_object(
     """Insert the rows of the archive object at ``path`` that belong to ``tenant`` (its text;
     a policy whose tenant is one column), whose timestamp is in ``[time_from, time_to)`` and
     whose key is not present again; the number inserted."""
+    # pyarrow and numpy load only where an archive is read or written
+    import pyarrow.parquet as pq
+
     parquet = pq.ParquetFile(path)
     names = parquet.schema_arrow.names
 

@@ -25,19 +25,20 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from psycopg import ClientCursor, sql
 from psycopg import errors as e
 from psycopg.pq import ExecStatus, Format
 
 from archive import columns as C
-from archive import copy_binary as B
 from archive import objects
 from retention import predicate as P
 from retention.spec import PolicySpec, SpecError
 from targets import connections as fleet
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 BLOCK_BYTES = 4 << 20  # COPY rows decoded (and written as one record batch) at a time
 TENANT = "rr_tenant"  # the row's tenant as text, counted, not archived
@@ -87,6 +88,12 @@ class _Wire:
 
 
 def _wire(c: C.ArchivedColumn, raw) -> _Wire:
+    # pyarrow and numpy load only where an archive is read or written
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from archive import copy_binary as B  # numpy and pyarrow: see above
+
     ref = sql.SQL("{}.{}").format(P.row_alias(), sql.Identifier(c.name))
     text = sql.SQL("{}::text").format(ref)
     if c.as_text:
@@ -159,6 +166,12 @@ def archive_chunk(
     ``kept_referenced``), neither archived nor deleted. Raises ``ArchiveFailed`` (the
     destination, a value Parquet cannot hold) or the COPY's own database error; either way the
     caller rolls back to its savepoint."""
+    # pyarrow and numpy load only where an archive is read or written
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from archive import copy_binary as B  # numpy and pyarrow: see above
+
     if cascade is not None:
         raise ArchiveFailed(
             SpecError(
@@ -269,6 +282,9 @@ class _CopyOut:
     def row_blocks(self, size: int = BLOCK_BYTES) -> Iterator[tuple[bytearray, list[int]]]:
         """The rows of a binary COPY in blocks of about ``size`` bytes, each with the offsets
         its rows begin at; the binary header and trailer left out."""
+        # pyarrow and numpy load only where an archive is read or written
+        from archive import copy_binary as B
+
         get = self.pgconn.get_copy_data
         header = True
         while self._open:

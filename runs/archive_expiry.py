@@ -17,9 +17,6 @@ from __future__ import annotations
 
 from datetime import datetime
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -54,6 +51,11 @@ def held_by(holds: list[LegalHold], spec, path) -> LegalHold | None:
     a tenant is judged by the object's tenant column, a key interval by its key column's
     range; whatever cannot be judged that way (a tenant or key of several columns, a key that
     is not an integer) counts as covered."""
+    # pyarrow and numpy load only where an archive is read or written
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     for hold in holds:
         tenant = parts_of(hold.tenant)
         bounded = hold.key_from is not None or hold.key_to is not None
