@@ -1,5 +1,6 @@
-"""The foreground's limit as the team states it, driving the latency controller of real worker
-processes on a real table, asserted on the controller's recorded steps (never on timings):
+"""The foreground's limit as the team states it, driving the latency controller of a real
+worker process's two workers on a real table, asserted on the controller's recorded steps
+(never on timings):
 
 - a limit every setting holds (absolute or relative) takes the knobs from the floor to the
   policy's own setting — the static setting known to hold it, since every period the steps
@@ -37,13 +38,18 @@ pytestmark = pytest.mark.processes
 
 WORKER_ENV = {
     "RETENTION_GUARD_SAMPLE_MS": "200",
-    "RETENTION_GUARD_CONTROL_PERIOD_MS": "1000",
+    "RETENTION_GUARD_CONTROL_PERIOD_MS": "500",
 }
 
 
 def spawn_drain(run_key: str, log) -> subprocess.Popen:
+    """One worker process draining the run with two workers (threads, each with its own
+    session): the controller's row is shared by them as by workers on many hosts."""
     return subprocess.Popen(
-        [sys.executable, "manage.py", "retention", "drain", run_key, "--until-idle"],
+        [
+            sys.executable,
+            *("manage.py", "retention", "drain", run_key, "--until-idle", "--workers", "2"),
+        ],
         cwd=ROOT,
         env={**os.environ, **worker_env(), **WORKER_ENV},
         stdout=log,
@@ -61,14 +67,25 @@ def history(policy) -> str:
     )
 
 
+@pytest.fixture(scope="module")
+def events_table(django_db_setup, django_db_blocker):
+    """``public.rr_events``, 150,000 rows, once for the module: each test's run drains a few
+    thousand of them, paced to 1,000 rows/s."""
+    with django_db_blocker.unblock():
+        create_events(150_000)
+    yield
+    with django_db_blocker.unblock(), connection.cursor() as cur:
+        cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
+
+
 @pytest.fixture
-def drain_with(transactional_db, make_user, tmp_path):
-    """``drain_with(limit)``: a run of 150,000 rows paced to 1,000 rows/s (it outlasts the
-    test) of a policy whose ``[guard]`` states ``limit``, drained by two worker processes."""
+def drain_with(events_table, transactional_db, make_user, tmp_path):
+    """``drain_with(limit)``: a run of the module's table paced to 1,000 rows/s (it outlasts
+    the test) of a policy whose ``[guard]`` states ``limit``, drained by a worker process of
+    two workers."""
     procs, logs = [], []
 
     def start(limit: dict):
-        create_events(150_000)
         policy = approved_policy(
             make_user,
             **events_spec(
@@ -86,9 +103,8 @@ def drain_with(transactional_db, make_user, tmp_path):
             ),
         )
         run, _ = trigger_run(policy, tick=NOW)
-        for n in range(2):
-            logs.append(open(tmp_path / f"worker-{n}.log", "w"))  # noqa: SIM115
-            procs.append(spawn_drain(run.run_key, logs[-1]))
+        logs.append(open(tmp_path / "worker.log", "w"))  # noqa: SIM115
+        procs.append(spawn_drain(run.run_key, logs[-1]))
         return policy, run
 
     yield start
@@ -100,8 +116,6 @@ def drain_with(transactional_db, make_user, tmp_path):
         proc.wait(timeout=30)
     for log in logs:
         log.close()
-    with connection.cursor() as cur:
-        cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
 
 
 LOOSE = {
@@ -246,7 +260,8 @@ def test_a_foreground_over_its_limit_with_no_chunk_in_flight_is_not_cleanups_doi
     finally:
         holder.rollback()
         holder.close()
-    # admission opens again within a few control periods (1 s each here): a chunk commits
+    # admission opens again within a few control periods (half a second each here): a chunk
+    # commits
     committed = wait_for(
         lambda: (
             AuditRecord.objects.filter(policy_slug=policy.slug, started_at__gt=released_at)
