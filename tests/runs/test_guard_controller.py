@@ -1,4 +1,4 @@
-"""The guard's latency controller with real worker processes on a real table: a foreground
+"""The guard's latency controller with a real worker process on a real table: a foreground
 load that inflates the probe far over its idle value makes it lower the chunk transactions at
 once, the chunk target duration and the duty cycle; when the load stops it raises them again.
 Asserted on the controller's recorded steps, never on timings."""
@@ -24,7 +24,7 @@ from tests.runs.processes import pg_connect, wait_for
 
 WORKER_ENV = {
     "RETENTION_GUARD_SAMPLE_MS": "200",
-    "RETENTION_GUARD_CONTROL_PERIOD_MS": "1000",
+    "RETENTION_GUARD_CONTROL_PERIOD_MS": "500",
     # several milliseconds of jitter on a shared machine are not the load under test
     "RETENTION_GUARD_PROBE_MARGIN_MS": "5",
 }
@@ -32,8 +32,13 @@ BUDGET = 2.0  # the policy's own inflation budget (guard.inflation_budget)
 
 
 def spawn_drain(run_key: str, log) -> subprocess.Popen:
+    """One worker process draining the run with two workers (threads, each with its own
+    session): the controller's row is shared by them as by workers on many hosts."""
     return subprocess.Popen(
-        [sys.executable, "manage.py", "retention", "drain", run_key, "--until-idle"],
+        [
+            sys.executable,
+            *("manage.py", "retention", "drain", run_key, "--until-idle", "--workers", "2"),
+        ],
         cwd=ROOT,
         env={**os.environ, **worker_env(), **WORKER_ENV},
         stdout=log,
@@ -73,8 +78,8 @@ class LockLoad:
 
 @pytest.fixture
 def draining(transactional_db, make_user, tmp_path):
-    """A run of 150,000 rows paced to 1,000 rows/s (it outlasts the test), drained by two
-    worker processes."""
+    """A run of 150,000 rows paced to 1,000 rows/s (it outlasts the test), drained by a worker
+    process of two workers."""
     create_events(150_000)
     policy = approved_policy(
         make_user,
@@ -86,7 +91,7 @@ def draining(transactional_db, make_user, tmp_path):
         ),
     )
     run, _ = trigger_run(policy, tick=NOW)
-    logs = [open(tmp_path / f"worker-{n}.log", "w") for n in range(2)]  # noqa: SIM115
+    logs = [open(tmp_path / "worker.log", "w")]  # noqa: SIM115
     procs = [spawn_drain(run.run_key, log) for log in logs]
     try:
         yield policy, run
