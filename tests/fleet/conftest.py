@@ -111,7 +111,12 @@ def fresh_readings():
 def _not_answering(url: str, page: str) -> set[str]:
     """The targets ``page`` says do not answer (a read still waiting after ``SILENT_S``)."""
     names = set(re.findall(r"(\w+)</a> — unreachable: does not answer", page))
-    names |= set(re.findall(r'data-target="(\w+)"[^\n]*?does not answer \(its ledger', page))
+    # the tile's own words: not a later tile's on the same line
+    names |= set(
+        re.findall(
+            r'data-target="(\w+)"(?:(?!data-target=)[^\n])*?does not answer \(its ledger', page
+        )
+    )
     own = re.fullmatch(r"/runs/targets/(\w+)/", url)
     if own and "Not read: the target does not answer." in page:
         names.add(own.group(1))
