@@ -35,6 +35,8 @@ def drain_env(*, thread: bool, sample_ms: int = 50) -> dict:
         # its floor is the policy's own settings, so chunks run back to back throughout
         "RETENTION_GUARD_DUTY_FLOOR_PCT": "50",
         "RETENTION_GUARD_CHUNK_MS_FLOOR": "100000",
+        # its steps every half second: a wait of a period at its floor is half a second
+        "RETENTION_GUARD_CONTROL_PERIOD_MS": "500",
     }
 
 
