@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.db import connection
@@ -18,6 +19,7 @@ from django.db.models import Max, Min
 
 from runs.actions import trigger_run
 from runs.models import AuditRecord, GuardSample, Run
+from tests import zygote
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, ROOT, create_events, worker_env
 
@@ -43,15 +45,11 @@ def drain_env(*, thread: bool, sample_ms: int = 50) -> dict:
 DRAIN = [sys.executable, "manage.py", "retention", "drain"]
 
 
-def drain(run_key: str, *, thread: bool, log) -> int:
-    return subprocess.run(
-        [*DRAIN, run_key, "--until-idle"],
-        cwd=ROOT,
-        env=drain_env(thread=thread),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        timeout=300,
-    ).returncode
+def drain(run_key: str, *, thread: bool, sample_ms: int = 50) -> subprocess.CompletedProcess:
+    """A worker process draining the run until it is idle (forked from the test process's
+    zygote: tests/zygote.py)."""
+    env = drain_env(thread=thread, sample_ms=sample_ms)
+    return zygote.run([*DRAIN, run_key, "--until-idle"], cwd=ROOT, env=env, timeout=300)
 
 
 def slow_deletes() -> None:
@@ -89,17 +87,17 @@ def drop_events() -> None:
 
 @pytest.mark.parametrize("thread", [True, False], ids=["sampler-thread", "admissions-only"])
 def test_with_one_chunk_at_a_time_the_samples_meet_chunks_in_flight(
-    transactional_db, make_user, tmp_path, thread
+    transactional_db, make_user, thread
 ):
     create_events(3000)
     slow_deletes()
     policy = slow_policy(make_user, workers=1)
     run, _ = trigger_run(policy, tick=NOW)
     try:
-        with open(tmp_path / "worker.log", "w") as log:
-            assert drain(run.run_key, thread=thread, log=log) == 0
+        done = drain(run.run_key, thread=thread)
+        assert done.returncode == 0, done.stdout + done.stderr
         run.refresh_from_db()
-        assert run.state == Run.State.DRAINED, (tmp_path / "worker.log").read_text()
+        assert run.state == Run.State.DRAINED, done.stdout + done.stderr
         chunks = list(
             AuditRecord.objects.filter(run_id=run.pk).values_list("started_at", "committed_at")
         )
@@ -131,7 +129,7 @@ def test_with_one_chunk_at_a_time_the_samples_meet_chunks_in_flight(
 
 
 def test_with_two_workers_the_samples_are_the_threads_and_keep_its_probes(
-    transactional_db, make_user, tmp_path
+    transactional_db, make_user
 ):
     """Two worker processes drain one run; the sampler thread of one of them takes the
     samples, with the probes it took between them. An admission samples only when the
@@ -144,23 +142,15 @@ def test_with_two_workers_the_samples_are_the_threads_and_keep_its_probes(
     run, _ = trigger_run(policy, tick=NOW)
     interval_ms = 200
     try:
-        env = drain_env(thread=True, sample_ms=interval_ms)
-        logs = [open(tmp_path / f"worker{i}.log", "w") for i in range(2)]
-        workers = [
-            subprocess.Popen(
-                [*DRAIN, run.run_key, "--until-idle"],
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )  # fmt: skip
-            for log in logs
-        ]
-        assert [w.wait(timeout=300) for w in workers] == [0, 0]
-        for log in logs:
-            log.close()
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            workers = [
+                pool.submit(drain, run.run_key, thread=True, sample_ms=interval_ms)
+                for _ in range(2)
+            ]
+            done = [w.result() for w in workers]
+        assert [d.returncode for d in done] == [0, 0], [d.stdout + d.stderr for d in done]
         run.refresh_from_db()
-        assert run.state == Run.State.DRAINED, (tmp_path / "worker0.log").read_text()
+        assert run.state == Run.State.DRAINED, done[0].stdout + done[0].stderr
         pids = set(AuditRecord.objects.filter(run_id=run.pk).values_list("worker_pid", flat=True))
         assert len(pids) == 2  # both drained
         first, last = (
