@@ -316,6 +316,20 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
+# Passwords are hashed with Django's default, PBKDF2 (half a second of CPU per hash and per
+# sign-in, by design). RETENTION_TEST_MD5_PASSWORDS=1 — set by the test suite for itself and
+# every process it starts — hashes the suite's throwaway passwords with MD5 instead, so its
+# thousands of sign-ins cost no CPU; anywhere else it is a weakness, and `manage.py check`
+# says so (core.W002).
+TEST_MD5_PASSWORDS = env_bool("RETENTION_TEST_MD5_PASSWORDS", False)
+if TEST_MD5_PASSWORDS:
+    from django.conf import global_settings
+
+    PASSWORD_HASHERS = [
+        "django.contrib.auth.hashers.MD5PasswordHasher",
+        *global_settings.PASSWORD_HASHERS,
+    ]
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False

@@ -36,3 +36,18 @@ def demo_mode(app_configs, **kwargs) -> list[Warning]:
             id="core.W001",
         )
     ]
+
+
+@register()
+def md5_passwords(app_configs, **kwargs) -> list[Warning]:
+    if not settings.TEST_MD5_PASSWORDS:
+        return []
+    return [
+        Warning(
+            "RETENTION_TEST_MD5_PASSWORDS=1 hashes new passwords with MD5, which anyone holding "
+            "the database can reverse.",
+            hint="It is for the test suite only: unset it, and have users whose password was "
+            "set meanwhile choose a new one.",
+            id="core.W002",
+        )
+    ]

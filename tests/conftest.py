@@ -3,15 +3,34 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 
 import pytest
-from django.contrib.auth import base_user, hashers
-from django.contrib.auth import models as auth_models
 from django.contrib.auth.models import Group, User
 
 from core.roles import ALL_ROLES
+
+
+def md5_passwords() -> None:
+    """The suite's passwords are throwaway: hashed with MD5 in this process and every process
+    it starts (a CLI, a worker, gunicorn), not with PBKDF2's half a second of CPU per hash and
+    per sign-in (config/settings.py, ``RETENTION_TEST_MD5_PASSWORDS``). pytest-django has read
+    the settings before this file is imported, so this process's are changed here too.
+    tests/core/test_configuration.py checks the product's PBKDF2 where it is unset."""
+    from django.conf import global_settings, settings
+    from django.contrib.auth import hashers
+
+    os.environ["RETENTION_TEST_MD5_PASSWORDS"] = "1"
+    settings.TEST_MD5_PASSWORDS = True
+    settings.PASSWORD_HASHERS = [
+        "django.contrib.auth.hashers.MD5PasswordHasher",
+        *global_settings.PASSWORD_HASHERS,
+    ]
+    hashers.get_hashers.cache_clear()
+    hashers.get_hashers_by_algorithm.cache_clear()
+
+
+md5_passwords()
 
 
 @pytest.fixture(scope="session")
@@ -41,24 +60,6 @@ def django_db_setup(
         if config:
             teardown_databases(config, verbosity=0)
         template_db.drop_test_database("default", name)
-
-
-@pytest.fixture(autouse=True, scope="session")
-def hash_each_test_password_once():
-    """PBKDF2 costs about half a second a password, by design, and the tests reuse a handful of
-    passwords: each is hashed once per session. It stays a real PBKDF2 hash, so every process
-    (a spawned CLI, a worker) verifies it with the product's own settings."""
-    original = base_user.make_password
-    once = functools.cache(hashers.make_password)
-
-    def make_password(password, salt=None, hasher="default"):
-        if password is None or salt is not None or hasher != "default":
-            return original(password, salt, hasher)
-        return once(password)
-
-    base_user.make_password = auth_models.make_password = make_password  # set_password, create_user
-    yield
-    base_user.make_password = auth_models.make_password = original
 
 
 def create_user(username: str, *roles: str) -> User:

@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_check(**env_overrides: str) -> subprocess.CompletedProcess:
     env = {
-        k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "RETENTION_DEMO", "DEBUG"}
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"SECRET_KEY", "RETENTION_DEMO", "DEBUG", "RETENTION_TEST_MD5_PASSWORDS"}
     }
     env.update(env_overrides)
     return zygote.run(
@@ -173,3 +175,20 @@ def test_error_reports_hide_connection_urls_from_the_environment(settings):
     meta = get_default_exception_reporter_filter().get_safe_request_meta(request)
     assert SECRET not in repr(meta)
     assert meta["DATABASE_URL"] != request.META["DATABASE_URL"]
+
+
+def test_passwords_are_hashed_with_pbkdf2_unless_the_suite_says_otherwise_and_check_warns():
+    """The suite hashes its throwaway passwords with MD5 (tests/conftest.py); the product's own
+    setting is PBKDF2, and a process where the suite's variable is set says so at its check."""
+    show = "from django.contrib.auth.hashers import make_password; print(make_password('pw'))"
+    env = {k: v for k, v in os.environ.items() if k != "RETENTION_TEST_MD5_PASSWORDS"}
+    product = zygote.run(
+        [sys.executable, "manage.py", "shell", "-c", show], cwd=ROOT, env=env, timeout=120
+    )
+    assert product.returncode == 0, product.stderr
+    assert product.stdout.splitlines()[-1].startswith("pbkdf2_sha256$"), product.stdout
+    assert "core.W002" not in run_check(SECRET_KEY="a-real-secret-for-this-test").stderr
+
+    suite = run_check(SECRET_KEY="a-real-secret-for-this-test", RETENTION_TEST_MD5_PASSWORDS="1")
+    assert suite.returncode == 0, suite.stderr
+    assert "core.W002" in suite.stderr and "MD5" in suite.stderr

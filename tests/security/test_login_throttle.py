@@ -9,8 +9,6 @@ from datetime import timedelta
 
 import pytest
 from axes.models import AccessAttempt, AccessFailureLog
-from django.contrib.auth import base_user, hashers
-from django.contrib.auth import models as auth_models
 from django.contrib.auth.models import User
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
@@ -21,22 +19,6 @@ from django.test import Client
 LOGIN = "/login/"
 HOME = "10.0.0.1"
 PROXY = "10.9.0.2"
-
-
-@pytest.fixture(autouse=True)
-def cheap_password_checks(settings, monkeypatch):
-    """What is checked here is counting, addresses, locks and evidence, never the hash: a
-    wrong guess checked against PBKDF2 (half a second, by design) would make each of this
-    file's ~150 sign-ins cost the hash and nothing else. Passwords are hashed here with a cheap
-    hasher, listed first so a successful sign-in does not rehash; every other sign-in test
-    keeps the product's PBKDF2. The session's one-hash-per-password cache (tests/conftest.py)
-    is bypassed, so no cheap hash outlives this file."""
-    settings.PASSWORD_HASHERS = [
-        "django.contrib.auth.hashers.MD5PasswordHasher",
-        *settings.PASSWORD_HASHERS,
-    ]
-    monkeypatch.setattr(base_user, "make_password", hashers.make_password)
-    monkeypatch.setattr(auth_models, "make_password", hashers.make_password)
 
 
 @pytest.fixture
