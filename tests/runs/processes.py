@@ -11,7 +11,7 @@ import time
 import psycopg
 from django.db import connection
 
-from tests.runs.conftest import ROOT, worker_env
+from tests.runs.conftest import ROOT, manage, worker_env
 
 
 def pg_connect(
@@ -38,6 +38,20 @@ def spawn(*args: str, env: dict | None = None) -> subprocess.Popen:
         text=True,
         start_new_session=True,
     )
+
+
+def manage_at_once(
+    *commands: tuple[str, ...], env: dict | None = None, timeout: float = 300
+) -> list[subprocess.CompletedProcess]:
+    """Start every ``manage.py`` command at once, each a real process of its own (forked from
+    the test process's zygote: tests/zygote.py), and wait for them all; their results in the
+    order given. For commands whose outcome, not whose process, the test is about: a process
+    the test signals or kills is started with ``spawn``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        started = [pool.submit(manage, *args, env=env, timeout=timeout) for args in commands]
+        return [future.result() for future in started]
 
 
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:

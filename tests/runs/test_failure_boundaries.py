@@ -22,6 +22,7 @@ from tests.runs.processes import (
     backends_running,
     backends_waiting_on_delete,
     kill_group,
+    manage_at_once,
     pg_connect,
     spawn,
     wait_for,
@@ -61,12 +62,11 @@ def assert_converged(run: Run) -> None:
 def test_twenty_concurrent_triggers_create_one_run(table, make_user, act_as):
     make_policy(make_user)
     act_as(make_user("olga", "oncall"))
-    procs = [spawn("retention", "trigger", "events", "--period", "2026-11-29") for _ in range(20)]
+    done = manage_at_once(*[("retention", "trigger", "events", "--period", "2026-11-29")] * 20)
     keys = set()
-    for proc in procs:
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-        keys.add(out.strip())
+    for proc in done:
+        assert proc.returncode == 0, proc.stderr
+        keys.add(proc.stdout.strip())
     assert keys == {"events/2026-11-29T03:00"}
     assert Run.objects.count() == 1
 
@@ -108,13 +108,11 @@ def test_ten_concurrent_deliveries_process_each_chunk_once(table, make_user):
         make_user, chunk_size=10, limits={"policy_workers": 4, "tenant_workers": 2}
     )
     run, _ = trigger_run(policy, tick=NOW)
-    procs = [
-        spawn("retention", "drain", run.run_key, "--until-idle", "--budget", "60")
-        for _ in range(10)
-    ]
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err
+    done = manage_at_once(
+        *[("retention", "drain", run.run_key, "--until-idle", "--budget", "60")] * 10
+    )
+    for proc in done:
+        assert proc.returncode == 0, proc.stderr
     done = Chunk.objects.filter(run=run, state=Chunk.State.DONE).count()
     assert done > 10
     assert AuditRecord.objects.filter(run=run).count() == done
@@ -152,10 +150,8 @@ def test_a_planner_that_stops_half_way_resumes_without_overlap(table, make_user)
     planner.plan(run, window=4)  # the first planner got this far and died
     first = set(Chunk.objects.filter(run=run).values_list("tenant", "key_from", "key_to"))
     # Two planners in separate processes pick up from the stored cursors at once.
-    procs = [spawn("retention", "drain", run.run_key, "--until-idle") for _ in range(2)]
-    for proc in procs:
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err
+    for proc in manage_at_once(*[("retention", "drain", run.run_key, "--until-idle")] * 2):
+        assert proc.returncode == 0, proc.stderr
     all_chunks = list(Chunk.objects.filter(run=run).values_list("tenant", "key_from", "key_to"))
     assert first <= set(all_chunks)
     by_tenant: dict[str, list] = {}
