@@ -1,9 +1,11 @@
 """The tests' zygote (tests/zygote.py) starts a command as a real process of its own, with the
 command's environment, directory, arguments, input, output and exit status, and stays
-fork-safe: one thread, no database session, nothing of the product imported."""
+fork-safe: one thread, no database session, nothing of the product imported; the zygote that
+sets Django up serves the commands of its configuration only."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,8 +41,6 @@ def script(tmp_path):
 
 
 def test_a_command_is_a_process_of_its_own_with_its_environment_input_and_status(script, tmp_path):
-    import json
-
     env = dict(os.environ, COLOUR="blue", DJANGO_SETTINGS_MODULE="config.settings")
     done = zygote.run([sys.executable, str(script), "3"], cwd=tmp_path, env=env, input="hi\n")
     assert done.returncode == 3
@@ -80,8 +80,6 @@ def test_the_zygote_keeps_one_thread_and_no_connection(script, tmp_path):
 
 
 def test_a_command_the_zygote_would_start_differently_is_started_the_ordinary_way(script, tmp_path):
-    import json
-
     env = dict(os.environ, PYTHONHASHSEED="7")
     seen = json.loads(zygote.run([sys.executable, str(script), "0"], cwd=tmp_path, env=env).stdout)
     assert seen["ppid"] == os.getpid()
@@ -93,3 +91,56 @@ def test_a_command_past_its_timeout_is_killed(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired) as timed_out:
         zygote.run([sys.executable, str(path)], cwd=tmp_path, timeout=2)
     assert not psutil.pid_exists(int(timed_out.value.output))  # killed, and reaped
+
+
+DJANGO_PROBE = textwrap.dedent(
+    """
+    import json, os, sys
+    from django.conf import settings
+    print(json.dumps({
+        "ppid": os.getppid(), "token": os.environ.get("RETENTION_TOKEN"),
+        "debug": settings.DEBUG, "threads": len(os.listdir("/proc/self/task")),
+        "preloaded": [m for m in ("config.urls", "runs.management.commands.retention")
+                      if m in sys.modules],
+    }))
+    """
+)
+
+
+def test_a_command_forked_after_django_set_up_reads_its_own_token_and_configuration(tmp_path):
+    from django.conf import settings
+
+    from tests.runs.conftest import ROOT
+
+    base = dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings", RETENTION_DEMO="1")
+
+    def probe(**env):
+        done = zygote.run(
+            [sys.executable, "-c", DJANGO_PROBE], cwd=ROOT, env=dict(base, **env), django=True
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    first = probe(DEBUG="0", RETENTION_TOKEN="rr_one")
+    second = probe(DEBUG="0", RETENTION_TOKEN="rr_two")
+    # one zygote for both (the token is read when a command runs), each child its own token
+    assert first["ppid"] == second["ppid"] == zygote._django_zygote.process.pid
+    assert (first["token"], second["token"]) == ("rr_one", "rr_two")
+    assert first["debug"] is False and first["threads"] == 1
+    assert first["preloaded"] == ["config.urls", "runs.management.commands.retention"]
+    zygote_pid = first["ppid"]
+    # a setting read while Django is set up: another zygote, set up with it
+    other = probe(DEBUG="1", RETENTION_TOKEN="rr_one")
+    assert other["debug"] is True and other["ppid"] != zygote_pid
+    assert not psutil.pid_exists(zygote_pid)  # the first one is gone
+    assert settings.configured  # (this process's own settings are untouched)
+
+
+def test_the_zygote_that_set_django_up_keeps_one_thread_and_no_connection():
+    from tests.runs.conftest import ROOT
+
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings", RETENTION_DEMO="1")
+    zygote.run([sys.executable, "-c", "pass"], cwd=ROOT, env=env, django=True)
+    process = psutil.Process(zygote._django_zygote.process.pid)
+    assert process.num_threads() == 1
+    assert [c.status for c in process.net_connections("all")] == [psutil.CONN_NONE]

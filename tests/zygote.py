@@ -15,7 +15,14 @@ each fork), so a child inherits no session, lock or half-held mutex. A command w
 would start differently (another Python, other ``PYTHON*`` or locale variables) is started the
 ordinary way, as is everything a test is about as a process (crashes, signals, process groups:
 ``tests.runs.processes.spawn``). ``RETENTION_TEST_ZYGOTE=0`` starts every command the ordinary
-way (to compare)."""
+way (to compare).
+
+``run(…, django=True)``: the same, from a zygote that has also set Django up
+(``django.setup()``: the settings, every app's models) with the command's own environment — a
+second zygote, kept while the commands asked of it have that environment, but for the
+variables a command reads only once it runs (``COMMAND_TIME``: whose token it acts with).
+For commands run again and again with one configuration (the command line both ways); each
+is still a process of its own, with the configuration it would have read itself."""
 
 from __future__ import annotations
 
@@ -75,6 +82,10 @@ _STARTUP_PREFIXES = ("PYTHON", "LC_")
 _STARTUP_NAMES = ("LANG", "LANGUAGE")
 
 _HEADER = struct.Struct("!I")
+
+# Variables the product reads when a command runs, never while Django is set up (the settings
+# do not read them): a zygote that set Django up serves commands that differ from it in these.
+COMMAND_TIME = ("RETENTION_TOKEN",)
 
 
 def _startup(env: dict) -> dict:
@@ -170,10 +181,43 @@ def _become(request: dict) -> str | list[str]:
     return argv[0]
 
 
+# What a zygote that sets Django up imports besides: the URLconf (the API, the pages and what
+# they import, read by the system checks every command runs) and these commands' modules.
+DJANGO_COMMANDS = ("retention",)
+# pyarrow (imported by the product) starts jemalloc's background thread and numpy's OpenBLAS
+# its pool: a zygote is fork-safe with one thread only, so these import without them. Its
+# children free memory without jemalloc's background purge and run BLAS on one thread; nothing
+# the product does depends on either.
+NO_THREADS = {"JE_ARROW_MALLOC_CONF": "background_thread:false", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def _set_django_up() -> None:
+    """``django.setup()`` as ``manage.py`` would in this directory, with this environment, and
+    the product's modules a command imports; nothing a child could share: no database
+    session, no thread."""
+    sys.path[0] = os.getcwd()  # as for ``python manage.py``: the project first, not tests/
+    import django
+    from django.conf import settings
+    from django.core.management import get_commands, load_command_class
+    from django.db import connections
+
+    django.setup()
+    for name, value in NO_THREADS.items():
+        os.environ.setdefault(name, value)
+    importlib.import_module(settings.ROOT_URLCONF)
+    for command in DJANGO_COMMANDS:
+        load_command_class(get_commands()[command], command)
+    opened = [c.alias for c in connections.all(initialized_only=True) if c.connection is not None]
+    if opened:
+        sys.exit(f"zygote: django.setup() opened a database session ({opened})")
+
+
 def _main() -> None:
     listener = socket.socket(fileno=int(sys.argv[1]))
     for name in PRELOAD:
         importlib.import_module(name)
+    if sys.argv[2:] == ["--django"]:
+        _set_django_up()
     if _threads() != 1:
         sys.exit(f"zygote: a preloaded module started a thread ({_threads()} threads)")
     import gc
@@ -197,28 +241,46 @@ def _main() -> None:
 # --- the test process's side ------------------------------------------------------------------
 
 
+def _settings_env(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k not in COMMAND_TIME}
+
+
 class _Zygote:
-    def __init__(self) -> None:
+    def __init__(self, django: tuple[dict, str] | None = None) -> None:
+        """``django``: (environment, directory) to set Django up with; None: nothing of it."""
         self.address = f"\0retention-zygote-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.address)
         listener.listen(64)
-        env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+        if django is None:
+            env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+            cwd, extra = "/", []
+        else:
+            env, cwd = _settings_env(django[0]), django[1]
+            env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+            extra = ["--django"]
+        self.django = None if django is None else (env, cwd)
         self.startup = _startup(env)
         self.process = subprocess.Popen(
-            [sys.executable, __file__, str(listener.fileno())],
+            [sys.executable, __file__, str(listener.fileno()), *extra],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, pass_fds=[listener.fileno()],
-            cwd="/",
+            cwd=cwd,
         )  # fmt: skip
         listener.close()
         self.pid = os.getpid()
 
-    def usable_for(self, env: dict) -> bool:
-        return (
+    def usable_for(self, env: dict, cwd=None) -> bool:
+        usable = (
             self.pid == os.getpid()
             and self.process.poll() is None
             and _startup(env) == self.startup
         )
+        if self.django is None or not usable:
+            return usable
+        settings_env, directory = self.django
+        wanted = _settings_env(env)
+        wanted.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+        return wanted == settings_env and str(cwd) == directory
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -265,6 +327,7 @@ class _Replies:
 
 
 _zygote: _Zygote | None = None
+_django_zygote: _Zygote | None = None
 _lock = threading.Lock()
 
 
@@ -277,6 +340,21 @@ def _get() -> _Zygote:
         return _zygote
 
 
+def _get_django(env: dict, cwd) -> _Zygote:
+    """The zygote that set Django up with ``env`` in ``cwd``: the one kept if it did, else a
+    new one in its place."""
+    global _django_zygote
+    with _lock:
+        kept = _django_zygote
+        if kept is not None and kept.usable_for(env, cwd):
+            return kept
+        if kept is not None and kept.pid == os.getpid():
+            kept.close()
+        _django_zygote = _Zygote(django=(env, str(cwd)))
+        atexit.register(_django_zygote.close)
+        return _django_zygote
+
+
 def _decode(data: bytes) -> str:
     """As ``subprocess.run(text=True)`` reads a child's output: the locale's encoding,
     universal newlines."""
@@ -285,21 +363,28 @@ def _decode(data: bytes) -> str:
 
 
 def run(
-    args, *, cwd, env: dict | None = None, input: str | None = None, timeout: float | None = None
+    args,
+    *,
+    cwd,
+    env: dict | None = None,
+    input: str | None = None,
+    timeout: float | None = None,
+    django: bool = False,
 ) -> subprocess.CompletedProcess:
     """``subprocess.run(args, cwd=cwd, env=env, input=input, timeout=timeout,
     capture_output=True, text=True)`` for ``args = [sys.executable, SCRIPT, *ARGS]`` (or
     ``[sys.executable, "-c", CODE, *ARGS]``), started as
     a fork of the zygote (see the module's docstring); anything else the ordinary way. Without
-    ``input`` the command's stdin is empty (/dev/null), never the test process's own."""
+    ``input`` the command's stdin is empty (/dev/null), never the test process's own.
+    ``django``: forked from a zygote that set Django up with ``env`` (the module's docstring)."""
     args = [str(a) for a in args]
     env = dict(os.environ if env is None else env)
     script = len(args) >= 2 and args[1].endswith(".py") and not args[1].startswith("-")
     code = len(args) >= 3 and args[1] == "-c"
     ordinary = args[0] != sys.executable or not (script or code)
     ordinary = ordinary or os.environ.get("RETENTION_TEST_ZYGOTE") == "0"
-    zygote = None if ordinary else _get()
-    if zygote is None or not zygote.usable_for(env):
+    zygote = None if ordinary else _get_django(env, cwd) if django else _get()
+    if zygote is None or not zygote.usable_for(env, cwd):
         return subprocess.run(
             args, cwd=cwd, env=env, input=input, timeout=timeout, capture_output=True, text=True,
             stdin=None if input is not None else subprocess.DEVNULL,

@@ -60,12 +60,13 @@ def gunicorn(database_url: str | None = None):
 
 
 def with_database(args, *, token: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    """``manage.py retention ARGS`` against the test database, acting with ``token`` (a
-    process of its own, forked from the test process's zygote: tests/zygote.py)."""
+    """``manage.py retention ARGS`` against the test database, acting with ``token``: a
+    process of its own, forked from a zygote that set Django up with the same configuration
+    (tests/zygote.py), so each command pays for its own work, not for Django's start."""
     env = dict(os.environ, **worker_env(), RETENTION_TOKEN=token)
     return zygote.run(
         [sys.executable, "manage.py", "retention", *args], cwd=ROOT, env=env, input=stdin,
-        timeout=300,
+        timeout=300, django=True,
     )  # fmt: skip
 
 
