@@ -22,7 +22,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from retention.holds import parts_of
-from retention.models import LegalHold, Policy
+from retention.models import LegalHold, Policy, PolicyVersion
 from runs.evidence import archives
 from runs.models import Run
 
@@ -90,11 +90,15 @@ def held_by(holds: list[LegalHold], spec, path) -> LegalHold | None:
     return None
 
 
-def expire_archives(policy: Policy, now: datetime | None = None) -> list[str]:
+def expire_archives(
+    policy: Policy, now: datetime | None = None, *, version: PolicyVersion | None = None
+) -> list[str]:
     """Expire the archive objects of ``policy``'s runs whose cutoff is older than the approved
     version's ``[archive] keep_years`` (nothing without it), in the caller's transaction; the
-    files go once it commits. One line per run expired and per object kept by a hold."""
-    version = policy.approved_version
+    files go once it commits. One line per run expired and per object kept by a hold.
+    ``version``: the policy's approved version as the caller read it (read here when not
+    given)."""
+    version = version or policy.approved_version
     spec = version.parsed if version is not None else None
     if spec is None or not spec.archive_keep_years:
         return []

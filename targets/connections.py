@@ -265,10 +265,11 @@ def resolve(names) -> list[str]:
     return out
 
 
-def targets_of(policy) -> list[str]:
+def targets_of(policy, *, version=None) -> list[str]:
     """The targets ``policy``'s approved version names, resolved now (``["default"]`` without
-    one, or when it names none)."""
-    version = policy.approved_version
+    one, or when it names none). ``version``: that version as the caller read it (read here
+    when not given)."""
+    version = version or policy.approved_version
     return resolve(version.parsed.targets if version is not None else (DEFAULT,))
 
 

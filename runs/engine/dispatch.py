@@ -95,8 +95,14 @@ def ensure_leases(run: Run, *, stale_after_s: float | None = None) -> int:
     """
     published = 0
     now = timezone.now()
-    for slot in range(concurrency_of(run)):
-        lease, created = Lease.objects.select_for_update().get_or_create(run=run, slot=slot)
+    slots = concurrency_of(run)
+    # the slots' leases in one statement, locked in slot order; a missing one is made below
+    held = Lease.objects.select_for_update().filter(run=run, slot__lt=slots).order_by("slot")
+    leases = {lease.slot: lease for lease in held}
+    for slot in range(slots):
+        lease, created = leases.get(slot), False
+        if lease is None:
+            lease, created = Lease.objects.select_for_update().get_or_create(run=run, slot=slot)
         if created:
             publish(lease)
             published += 1

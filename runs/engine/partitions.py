@@ -612,7 +612,7 @@ def _drop_detached(action: PartitionAction, spec, now) -> str:
     return f"{name}: {why}"
 
 
-def settle_left_behind(policy) -> list[str]:
+def settle_left_behind(policy, *, version: PolicyVersion | None = None) -> list[str]:
     """The reconciler's step for partitions no run is finishing (docs/engine.md, "Partitions").
     Returns one line per partition it acted on or surfaces.
 
@@ -629,7 +629,8 @@ def settle_left_behind(policy) -> list[str]:
       detached until it is finished or attached again.
 
     Each partition in a savepoint of the caller's transaction, under the policy's lock
-    timeout (``timeouts.target_lock_ms``)."""
+    timeout (``timeouts.target_lock_ms``). ``version``: the policy's approved version as the
+    caller read it (read here when not given)."""
     out = []
     ended = PartitionAction.objects.filter(
         run__policy=policy, state=PartitionAction.State.DETACHING, run__state__in=Run.TERMINAL
@@ -643,15 +644,16 @@ def settle_left_behind(policy) -> list[str]:
             if connection_lost(exc):
                 raise
             out.append(_left_detached(action, exc))
-    version = policy.approved_version
-    if version is not None:
+    version = version or policy.approved_version
+    pending = _detach_pending(version.parsed) if version is not None else []
+    if pending:
         spec = version.parsed
         owned = set(
             PartitionAction.objects.filter(
                 run__policy=policy, state=PartitionAction.State.DETACHING, run__state__in=Run.OPEN
             ).values_list("schema", "name")
         )
-        for schema, name in _detach_pending(spec):
+        for schema, name in pending:
             if (schema, name) not in owned:
                 line = (
                     f"{schema}.{name}: DETACH PENDING on {spec.qualified_table}, not started by a"

@@ -31,7 +31,7 @@ from archive import objects
 from core import locks, timeouts
 from retention import cascades, decisions, introspect
 from retention import predicate as P
-from retention.models import KillSwitch, LegalHold, Policy
+from retention.models import KillSwitch, LegalHold, Policy, PolicyVersion
 from retention.schedule_math import latest_tick
 from retention.spec import SpecError
 from runs import archive_expiry
@@ -587,15 +587,18 @@ def finish_run(run: Run) -> str:
         return run.state
 
 
-def catch_up(policy: Policy, now) -> Run | None:
-    """One run for the newest missed tick of the policy, the older missed ticks recorded on it."""
-    version = policy.approved_version
+def catch_up(policy: Policy, now, *, version: PolicyVersion | None = None) -> Run | None:
+    """One run for the newest missed tick of the policy, the older missed ticks recorded on it.
+    ``version``: the policy's approved version as the caller read it (read here when not given)."""
+    version = version or policy.approved_version
     if version is None or not policy.enabled:
         return None
     spec = version.parsed
     if spec.catch_up == "none":
         return None
     newest = latest_tick(policy, now - CATCH_UP_GRACE)
+    if Run.objects.filter(run_key=run_key_for(policy, newest)).exists():
+        return None  # it ran (the common case: no need to read when the policy was approved)
     # never catch up ticks from before the policy's first approval (a later version's
     # approval does not forgive a tick missed under the earlier one)
     first = (
@@ -606,8 +609,6 @@ def catch_up(policy: Policy, now) -> Run | None:
     )
     since = first or version.decided_at or version.created_at
     if newest <= since:
-        return None
-    if Run.objects.filter(run_key=run_key_for(policy, newest)).exists():
         return None
     # the newest run before it: a later tick that already ran (fired on time after an outage
     # whose own ticks were lost) must not hide the missed ones from the record
@@ -626,12 +627,13 @@ def catch_up(policy: Policy, now) -> Run | None:
     return run
 
 
-def rerun_superseded(policy: Policy) -> Run | None:
+def rerun_superseded(policy: Policy, *, version: PolicyVersion | None = None) -> Run | None:
     """The policy's newest period, when a newly approved version superseded its run, runs
     again under that version (``trigger_run`` makes the re-run, keyed ``<period>/v<number>``,
     with the superseded run's source and skipped ticks): the period does not wait for the
-    next tick. An older superseded period is covered by the newest one's cutoff."""
-    version = policy.approved_version
+    next tick. An older superseded period is covered by the newest one's cutoff. ``version``: as
+    for ``catch_up``."""
+    version = version or policy.approved_version
     if version is None or not policy.enabled:
         return None
     newest = Run.objects.filter(policy=policy).order_by("-tick", "-id").first()
@@ -692,10 +694,11 @@ def _policies_to_reconcile() -> list[Policy]:
     return policies
 
 
-def runs_here(policy: Policy) -> bool:
+def runs_here(policy: Policy, *, version: PolicyVersion | None = None) -> bool:
     """Whether the policy's periods run in the database in place (it is one of the policy's
-    targets): only there does a pass make its catch-up run or re-run a superseded period."""
-    return C.current() in C.targets_of(policy)
+    targets): only there does a pass make its catch-up run or re-run a superseded period.
+    ``version``: as for ``catch_up``."""
+    return C.current() in C.targets_of(policy, version=version)
 
 
 @dataclass
@@ -734,7 +737,10 @@ def reconcile_policy(
             raise _Deferred
 
     on_control = C.current() == C.DEFAULT
-    if on_control and policy.enabled and sync_policy_schedule(policy, now=now):
+    # read once for the policy's steps (under its lock, in its transaction); a run's trigger
+    # (``trigger_run``) still reads its own
+    version = policy.approved_version
+    if on_control and policy.enabled and sync_policy_schedule(policy, now=now, version=version):
         report["rearmed"].append(policy.slug)
     expiry_s = settings.RETENTION.get("CONFIRM_EXPIRY_S", 86_400)
     for expired in expire_confirm_holds(policy, now, expiry_s=expiry_s):
@@ -742,7 +748,6 @@ def reconcile_policy(
     if not on_control and policy.enabled:
         # a version approved on the control database ended that database's open runs of older
         # versions in its own transaction; here the mirror now says so, and the pass ends them
-        version = policy.approved_version
         if version is not None:
             for ended in supersede_open_runs(
                 policy, keep_version_id=version.pk, actor="reconciler",
@@ -750,16 +755,15 @@ def reconcile_policy(
             ):  # fmt: skip
                 report["superseded"].append(ended.run_key)
     caught_up = rerun = None
-    if policy.enabled and runs_here(policy):
+    if policy.enabled and runs_here(policy, version=version):
+        # no savepoint of their own: an error in either ends the policy's whole transaction
         step()
-        with transaction.atomic():
-            caught_up = catch_up(policy, now)
+        caught_up = catch_up(policy, now, version=version)
         if caught_up is not None:
             report["caught_up"].append(caught_up.run_key)
         else:
             step()
-            with transaction.atomic():
-                rerun = rerun_superseded(policy)
+            rerun = rerun_superseded(policy, version=version)
             if rerun is not None:
                 report["rerun"].append(rerun.run_key)
     if caught_up is None and rerun is None:  # a new run has just been through admission
@@ -779,28 +783,29 @@ def reconcile_policy(
     report["vacuum"] += reclaim_vacuums(policy, now)
     # partitions no run is finishing: put back, or surfaced (docs/engine.md, "Partitions")
     step()
-    report["partitions"] += settle_left_behind(policy)
+    report["partitions"] += settle_left_behind(policy, version=version)
     if not kill and not policy.paused:
         # detached partition tables whose detached_keep has passed (docs/engine.md, "Partitions")
         step()
         report["detached"] += drop_kept_detached(policy, now)
     # archive objects of attempts that did not commit (docs/engine.md, "Archiving"): each
     # database's pass judges its own (their names carry the target's)
-    report["archive_orphans"] += remove_archive_orphans(policy)
+    report["archive_orphans"] += remove_archive_orphans(policy, version=version)
     if not kill and not policy.paused:
         # archive objects past the approved version's [archive] keep_years, each named in an
         # audit record before its file goes (docs/policies.md, "Archiving before deleting")
         step()
-        report["archive_expired"] += archive_expiry.expire_archives(policy, now)
+        report["archive_expired"] += archive_expiry.expire_archives(policy, now, version=version)
 
 
-def remove_archive_orphans(policy: Policy) -> list[str]:
+def remove_archive_orphans(policy: Policy, *, version: PolicyVersion | None = None) -> list[str]:
     """Remove the archive objects under the approved version's ``[archive] to`` that no audit
     record names and whose chunk is no longer pending: files of attempts that were killed or
     failed between their write and their commit (a chunk still pending may be being written
     by its attempt, so its files wait); and files an expiry record names (``[archive]
-    keep_years``) that a pass stopped before removing. The names removed."""
-    version = policy.approved_version
+    keep_years``) that a pass stopped before removing. The names removed. ``version``: as for
+    ``catch_up``."""
+    version = version or policy.approved_version
     spec = version.parsed if version is not None else None
     if spec is None or not spec.archive_dir:
         return []

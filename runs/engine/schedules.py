@@ -33,13 +33,14 @@ def schedule_name(policy) -> str:
 DUE_GRACE = timedelta(minutes=2)  # a firing this late is still on time (django-q2 polls ~30 s)
 
 
-def arm(policy, *, after: datetime):
+def arm(policy, *, after: datetime, version=None):
     """Set the policy's schedule to fire at its first tick after ``after``.
 
     Only a policy without an approved version loses its schedule here; a disabled one
     keeps it (its firings create nothing) — the enable/disable actions decide, not a
-    firing that happens to see ``enabled`` off."""
-    if policy.approved_version is None:
+    firing that happens to see ``enabled`` off. ``version``: the policy's approved version as
+    the caller read it (read here when not given)."""
+    if (version or policy.approved_version) is None:
         Schedule.objects.filter(name=schedule_name(policy)).delete()
         return None
     schedule, _ = Schedule.objects.update_or_create(
@@ -79,20 +80,23 @@ def schedule_problem(policy, schedule, now: datetime) -> str:
     return ""
 
 
-def sync_policy_schedule(policy, *, now: datetime | None = None) -> str:
+def sync_policy_schedule(policy, *, now: datetime | None = None, version=None) -> str:
     """Create, repair or remove the policy's trigger schedule to match the policy: armed for
     its true next tick while it is enabled and approved, absent otherwise. Returns what was
-    wrong ('' when nothing was). Missed ticks are the catch-up rule's, never re-fired here."""
+    wrong ('' when nothing was). Missed ticks are the catch-up rule's, never re-fired here.
+    ``version``: the policy's approved version as the caller read it (read here when not
+    given)."""
     now = now or timezone.now()
     current = Schedule.objects.filter(name=schedule_name(policy)).first()
-    if not policy.enabled or policy.approved_version is None:
+    version = version or (policy.approved_version if policy.enabled else None)
+    if not policy.enabled or version is None:
         if current is not None:
             current.delete()
             return "removed"
         return ""
     problem = schedule_problem(policy, current, now)
     if problem:
-        arm(policy, after=now)
+        arm(policy, after=now, version=version)
     return problem
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -176,3 +177,72 @@ def test_a_catch_up_records_the_ticks_lost_before_a_later_tick_that_ran_on_time(
         assert caught.skipped_ticks == [t.isoformat() for t in reversed(missed[1:])]
     finally:
         drop_tables("rr_alpha")
+
+
+# a policy's transaction and lock (4), its approved version and schedule, the catch-up's check,
+# each step's read of its runs and partitions, the active run's leases and the table's detaches
+PER_POLICY_QUERIES = 20
+
+
+def test_a_pass_costs_a_fixed_number_of_queries_per_policy_whatever_its_runs(make_user, settings):
+    """A pass's statements (counted on the real connection) grow by the same few per policy
+    and not at all with a policy's runs: three times the ended runs cost nothing more, and
+    each further policy with an active and a waiting run costs what the first one did."""
+    from django.test.utils import CaptureQueriesContext
+
+    from retention.schedule_math import latest_tick
+    from runs.engine.reconciler import CATCH_UP_GRACE, PassBudget
+
+    # no lease goes stale and no step waits for the next pass, however long the setup takes
+    settings.RETENTION = {**settings.RETENTION, "LEASE_STALE_S": 10**6}
+    now = timezone.now()
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            report = reconcile(now=now, budget=PassBudget(time.monotonic() + 10**6, 0))
+        assert not (report["failed"] or report["busy"] or report["deferred"]), report
+        return len(ctx.captured_queries)
+
+    def steady() -> int:
+        queries()  # what the state asks of a pass (a fold, a reason) is done once
+        first, second = queries(), queries()
+        assert first == second
+        return first
+
+    def with_runs(slug: str, ended: int):
+        """A policy with an active run, a waiting one (the newest tick: nothing to catch up)
+        and ``ended`` older runs folded into the waiting one."""
+        policy = policy_on(
+            make_user, slug, f"rr_{slug}", rows=50, approved_ago=timedelta(days=1),
+            schedule="*/30 * * * *", catch_up="latest",
+        )  # fmt: skip
+        newest = latest_tick(policy, now - CATCH_UP_GRACE)
+        for n in (1, 0):
+            trigger_run(policy, tick=newest - timedelta(minutes=30 * n))
+        add_ended(policy, ended)
+        return policy
+
+    def add_ended(policy, n: int) -> None:
+        older = Run.objects.filter(policy=policy).order_by("tick").values_list("tick", flat=True)
+        first = older.first()
+        for i in range(1, n + 1):
+            trigger_run(policy, tick=first - timedelta(minutes=30 * i))
+
+    slugs = ["alpha", "beta", "gamma"]
+    try:
+        none = steady()
+        alpha = with_runs("alpha", ended=2)
+        one = steady()
+        assert Run.objects.filter(policy=alpha, state=Run.State.ACTIVE).count() == 1
+        assert Run.objects.filter(policy=alpha, state=Run.State.WAITING).count() == 1
+        add_ended(alpha, 4)  # three times its ended runs
+        assert Run.objects.filter(policy=alpha, state=Run.State.SKIPPED).count() == 6
+        assert steady() == one
+        for slug in slugs[1:]:
+            with_runs(slug, ended=2)
+        three = steady()
+        per_policy = one - none
+        assert three - none == 3 * per_policy, (none, one, three)
+        assert per_policy <= PER_POLICY_QUERIES, per_policy
+    finally:
+        drop_tables(*(f"rr_{s}" for s in slugs))
