@@ -5,7 +5,6 @@ costs the control database transactions per lease, not per chunk."""
 
 from __future__ import annotations
 
-import signal
 import threading
 
 import pytest
@@ -21,7 +20,7 @@ from tests.factories import approved_policy, events_spec
 from tests.fleet.conftest import run_cli
 from tests.fleet.control_load import ControlTransactions
 from tests.runs.conftest import NOW, create_events
-from tests.runs.processes import kill_group, spawn, wait_for
+from tests.runs.processes import manage_in_background, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -118,18 +117,15 @@ WINDOW_S = 1.0  # the gate's window in the worker processes (the default)
 
 
 def _drain_process(*args: str, window_s: float = WINDOW_S):
-    return spawn(
+    return manage_in_background(
         "retention", "drain", "--until-idle", *args,
-        env={"RETENTION_GUARD": "0", "RETENTION_GATE_WINDOW_S": str(window_s)},
+        env={"RETENTION_GUARD": "0", "RETENTION_GATE_WINDOW_S": str(window_s)}, timeout=240,
     )  # fmt: skip
 
 
 def _finish(worker) -> None:
-    try:
-        worker.wait(timeout=240)
-    finally:
-        kill_group(worker, signal.SIGKILL)
-    assert worker.returncode == 0, worker.stderr.read()[-2000:]
+    done = worker.result()
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_a_hold_placed_while_worker_processes_drain_a_target_protects_its_rows_within_a_window(

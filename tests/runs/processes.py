@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future
 
 import psycopg
 from django.db import connection
@@ -52,6 +53,21 @@ def manage_at_once(
     with ThreadPoolExecutor(max_workers=len(commands)) as pool:
         started = [pool.submit(manage, *args, env=env, timeout=timeout) for args in commands]
         return [future.result() for future in started]
+
+
+def manage_in_background(
+    *args: str, env: dict | None = None, timeout: float = 300
+) -> Future[subprocess.CompletedProcess]:
+    """Start a ``manage.py`` command, a real process of its own (forked from the test process's
+    zygote: tests/zygote.py), and let the test go on while it runs; its result when it ends
+    (killed after ``timeout`` seconds)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(manage, *args, env=env, timeout=timeout)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
