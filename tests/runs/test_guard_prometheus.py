@@ -93,11 +93,27 @@ class Server:
         self.exporter.shutdown()
 
 
+@pytest.fixture(scope="module")
+def running_server(tmp_path_factory):
+    """``running_server()``: the module's Prometheus server, started on first use and again
+    only after a test stopped it."""
+    servers: list[Server] = []
+
+    def running() -> Server:
+        if not servers or servers[-1].proc.poll() is not None:
+            servers.append(Server(tmp_path_factory.mktemp("prometheus")))
+        return servers[-1]
+
+    yield running
+    for s in servers:
+        s.close()
+
+
 @pytest.fixture
-def server(tmp_path):
-    s = Server(tmp_path)
-    yield s
-    s.close()
+def server(running_server):
+    s = running_server()
+    s.set(0.1)  # every test starts from the same reading
+    return s
 
 
 @pytest.fixture
@@ -161,7 +177,7 @@ def test_an_unreachable_prometheus_counts_as_pressure_after_its_grace_period(
         "GUARD_PROMETHEUS_QUERY": QUERY,
         "GUARD_PROMETHEUS_THRESHOLD": 0.5,
         "GUARD_PROMETHEUS_TIMEOUT_MS": 500,
-        "GUARD_PROMETHEUS_GRACE_S": 2,
+        "GUARD_PROMETHEUS_GRACE_S": 1,
     }  # configured for the instance, not in the policy
     policy, run = active_run(make_user)
     spec = policy.approved_version.parsed
@@ -175,7 +191,7 @@ def test_an_unreachable_prometheus_counts_as_pressure_after_its_grace_period(
     assert verdict.admit, verdict.reason  # within the grace period
     assert verdict.signals["prometheus"]["value"] is None
 
-    time.sleep(2.1)  # the grace period passes with no answer
+    time.sleep(1.1)  # the grace period passes with no answer
     later = guard.sample(force=True)
     # the silence is counted from the first unanswered sample, carried over from sample to sample
     assert (
@@ -184,7 +200,7 @@ def test_an_unreachable_prometheus_counts_as_pressure_after_its_grace_period(
     verdict = guard.evaluate(spec, later)
     assert not verdict.admit
     assert re.match(
-        rf"prometheus at {re.escape(server.url)} gave no answer for \d+ s \(grace 2 s\): .+",
+        rf"prometheus at {re.escape(server.url)} gave no answer for \d+ s \(grace 1 s\): .+",
         verdict.reason,
     ), verdict.reason
     outcome = worker.process_one(Run.objects.get(pk=run.pk))
