@@ -6,6 +6,7 @@ commits loses and duplicates no row."""
 from __future__ import annotations
 
 import signal
+from datetime import timedelta
 from io import StringIO
 
 import psycopg
@@ -20,7 +21,7 @@ from retention.spec import PolicySpec, SpecError
 from runs.actions import trigger_run
 from runs.engine import worker
 from runs.evidence import archives, audit
-from runs.models import AuditRecord, RestoreRequest, Run
+from runs.models import AuditRecord, Chunk, RestoreRequest, Run
 from targets.models import Target
 from tests.archive.conftest import TYPED_COLUMNS, create_typed
 from tests.factories import approved_policy, events_spec
@@ -137,7 +138,8 @@ def test_a_row_with_the_same_key_and_other_values_fails_the_chunk_and_deletes_no
         "INSERT INTO archive.rr_typed (id, tenant_id, occurred_at) VALUES (%s, 9, now())",
         [first],
     )
-    worker.drain(run.pk, budget_s=30)
+    # (until idle: the failed chunk backs off, and the budget would be spent waiting on it)
+    worker.drain(run.pk, budget_s=30, until_idle=True)
     run.refresh_from_db()
     with connection.cursor() as cur:
         cur.execute("SELECT last_error FROM runs_chunk WHERE last_error <> ''")
@@ -227,6 +229,10 @@ def test_a_worker_killed_between_the_destination_commit_and_its_own_loses_and_du
     assert _source() == before  # ... and the source rolled back: the rows are in both
     assert not AuditRecord.objects.exists()
 
+    # the killed attempt's claim, as the next claim finds it once its transaction's lock wait
+    # (8 s here) and the margin after it have passed: its chunk is taken again at once
+    (killed,) = Chunk.objects.filter(run=run, claimed_at__isnull=False)
+    Chunk.objects.filter(pk=killed.pk).update(claimed_at=killed.claimed_at - timedelta(minutes=1))
     result = manage(
         "retention", "drain", run.run_key, "--until-idle", "--budget", "60", env=ENV, timeout=300
     )
