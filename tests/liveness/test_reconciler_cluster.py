@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 
 from runs.models import Run
+from tests.conftest import PINNED_PROBE_MS
 from tests.liveness.conftest import CLUSTER_ENV, drop_tables, policy_on
 from tests.runs.processes import kill_group, pg_connect, spawn, task_outcomes, wait_for
 
@@ -54,8 +55,10 @@ def fire_due_schedules(monkeypatch) -> None:
 
 @pytest.fixture(scope="class")
 def cleanup_cluster(django_db_setup):
-    """One real cleanup cluster for the tests of a class: each test leaves it idle."""
-    cluster = spawn("qcluster", env=CLUSTER_ENV)
+    """One real cleanup cluster for the tests of a class: each test leaves it idle. Started
+    before any test's own fixtures, it is given the guard's pinned readings here."""
+    pinned = {"RETENTION_GUARD_PINNED_PROBE_MS": PINNED_PROBE_MS, "RETENTION_TOKEN": ""}
+    cluster = spawn("qcluster", env={**CLUSTER_ENV, **pinned})
     try:
         yield cluster
     finally:
