@@ -313,3 +313,45 @@ def pytest_xdist_make_scheduler(config, log):
     from tests.file_order import LongestFileFirst
 
     return LongestFileFirst(config, log)
+
+
+# Rows every flush would put back as they were: the content types and permissions Django's
+# post_migrate recreates (about 150 queries after each transactional test). Nothing in the suite
+# writes them; the rest of the tables are emptied as Django's flush does.
+KEPT_BY_FLUSH = frozenset({"django_content_type", "auth_permission"})
+
+
+@pytest.fixture(autouse=True, scope="session")
+def flush_keeps_the_catalog_of_models():
+    """After a transactional test, every table but ``KEPT_BY_FLUSH`` is truncated, as Django's
+    ``flush`` does, and the product's own post_migrate data comes back (its role groups, the
+    reconciler's schedule), without Django's content types and permissions recreated from
+    scratch each time."""
+    from django.core.management.color import no_style
+    from django.db import connections
+    from django.test import TransactionTestCase
+
+    from core.apps import ensure_role_groups
+    from runs.engine.schedules import ensure_system_schedules
+
+    original = TransactionTestCase._fixture_teardown
+
+    def flush(self):
+        if self.available_apps is not None or self.serialized_rollback:
+            return original(self)
+        for alias in self._databases_names(include_mirrors=False):
+            conn = connections[alias]
+            tables = [
+                table
+                for table in conn.introspection.django_table_names(
+                    only_existing=True, include_views=False
+                )
+                if table not in KEPT_BY_FLUSH
+            ]
+            conn.ops.execute_sql_flush(conn.ops.sql_flush(no_style(), tables))
+            ensure_role_groups(using=alias)
+        ensure_system_schedules()
+
+    TransactionTestCase._fixture_teardown = flush
+    yield
+    TransactionTestCase._fixture_teardown = original
