@@ -8,7 +8,8 @@ test process, started on first use, that has imported those packages and nothing
 and each command brings its own. The child then does what the interpreter would: takes the
 command's environment, working directory and ``argv``, its stdin, stdout and stderr, runs the
 script as ``__main__`` and exits with its status. It is still a real, separate process with its
-own exit code and output; only the imports are shared.
+own exit code and output; only the imports are shared. ``start`` starts one that runs beside
+the test (a worker draining while the test watches it) and returns at once.
 
 Fork-safety: the zygote never opens a database connection nor starts a thread (it checks before
 each fork), so a child inherits no session, lock or half-held mutex. A command whose interpreter
@@ -427,6 +428,70 @@ def run(
         return subprocess.CompletedProcess(
             args, int(reply.split()[1]), _decode(stdout.read()), _decode(stderr.read())
         )
+
+
+class Started:
+    """A command running beside the test (``start``): ``pid``, ``kill()`` (SIGKILL, unless it
+    has already exited) and ``wait(timeout)`` → its exit status, as ``subprocess.Popen``."""
+
+    def __init__(self, replies: _Replies | None, pid: int, popen=None) -> None:
+        self.replies, self.pid, self.popen = replies, pid, popen
+        self.returncode: int | None = None
+
+    def _exited(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is not None
+        if self.returncode is not None:
+            return True
+        ready = selectors.DefaultSelector()
+        ready.register(self.replies.conn, selectors.EVENT_READ)
+        try:
+            return bool(ready.select(0))  # its exit line, or the zygote gone
+        finally:
+            ready.close()
+
+    def kill(self) -> None:
+        if self._exited():  # its pid may be another process's by now
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.popen is not None:
+            return self.popen.wait(timeout)
+        if self.returncode is None:
+            reply = self.replies.line(timeout)
+            self.replies.close()
+            if not reply.startswith("exit "):
+                raise RuntimeError(f"zygote: no exit status for pid {self.pid}: {reply!r}")
+            self.returncode = int(reply.split()[1])
+        return self.returncode
+
+
+def start(args, *, cwd, env: dict | None = None, stdout) -> Started:
+    """``subprocess.Popen(args, cwd=cwd, env=env, stdout=stdout, stderr=subprocess.STDOUT,
+    stdin=subprocess.DEVNULL)`` for a long-running command (a worker beside the test), started
+    as a fork of the zygote as ``run`` starts one; ``stdout``: an open file."""
+    args = [str(a) for a in args]
+    env = dict(os.environ if env is None else env)
+    script = len(args) >= 2 and args[1].endswith(".py") and not args[1].startswith("-")
+    ordinary = args[0] != sys.executable or not script
+    ordinary = ordinary or os.environ.get("RETENTION_TEST_ZYGOTE") == "0"
+    zygote = None if ordinary else _get()
+    if zygote is None or not zygote.usable_for(env):
+        popen = subprocess.Popen(
+            args, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        return Started(None, popen.pid, popen)
+    source = os.open(os.devnull, os.O_RDONLY)
+    try:
+        replies, pid = zygote.start(
+            args[1:], cwd=cwd, env=env, fds=[source, stdout.fileno(), stdout.fileno()]
+        )
+    finally:
+        os.close(source)
+    return Started(replies, pid)
 
 
 if __name__ == "__main__":

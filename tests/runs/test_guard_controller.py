@@ -6,8 +6,6 @@ Asserted on the controller's recorded steps, never on timings."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -18,6 +16,7 @@ from django.db import connection
 from runs.actions import trigger_run
 from runs.engine import guard
 from runs.models import GuardControl, GuardControlStep, Run
+from tests import zygote
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, ROOT, create_events, worker_env
 from tests.runs.processes import pg_connect, wait_for
@@ -31,10 +30,11 @@ WORKER_ENV = {
 BUDGET = 2.0  # the policy's own inflation budget (guard.inflation_budget)
 
 
-def spawn_drain(run_key: str, log) -> subprocess.Popen:
+def spawn_drain(run_key: str, log) -> zygote.Started:
     """One worker process draining the run with two workers (threads, each with its own
-    session): the controller's row is shared by them as by workers on many hosts."""
-    return subprocess.Popen(
+    session): the controller's row is shared by them as by workers on many hosts. Forked from
+    the test process's zygote (tests/zygote.py)."""
+    return zygote.start(
         [
             sys.executable,
             *("manage.py", "retention", "drain", run_key, "--until-idle", "--workers", "2"),
@@ -42,8 +42,6 @@ def spawn_drain(run_key: str, log) -> subprocess.Popen:
         cwd=ROOT,
         env={**os.environ, **worker_env(), **WORKER_ENV},
         stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
     )
 
 
@@ -97,10 +95,7 @@ def draining(transactional_db, make_user, tmp_path):
         yield policy, run
     finally:
         for proc in procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            proc.kill()
             proc.wait(timeout=30)
         for log in logs:
             log.close()
@@ -189,10 +184,11 @@ def test_the_controller_lowers_concurrency_and_chunk_time_under_load_and_raises_
         what=lambda: f"the controller to raise concurrency and chunk time:\n{history(policy)}",
     )
     assert raised.inflation <= BUDGET or raised.probe_p99_ms <= raised.baseline_ms + 5
-    assert (
-        f"within limit {raised.limit_ms:g} ms (max({BUDGET:g} × idle, idle + 5 ms))"
-        in raised.reason
-    )
+    # the limit in ms as the reasons write it: two decimals under 100 ms, whole ms above (an
+    # idle p99 a busy machine lifts over 50 ms makes a limit over 100 ms)
+    ms = raised.limit_ms
+    shown = f"{ms:.2f}".rstrip("0").rstrip(".") if ms < 100 else f"{ms:.0f}"
+    assert f"within limit {shown} ms (max({BUDGET:g} × idle, idle + 5 ms))" in raised.reason
 
     # the shared row holds the latest step, and the surfaces read it
     row = GuardControl.objects.get(policy=policy)

@@ -18,9 +18,8 @@ anything any machine can do (0.1 ms, or 1.01 × idle with no margin)."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -30,6 +29,7 @@ from runs import forecast
 from runs.actions import trigger_run
 from runs.engine import guard
 from runs.models import AuditRecord, GuardControl, GuardControlStep
+from tests import zygote
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, ROOT, create_events, worker_env
 from tests.runs.processes import pg_connect, wait_for
@@ -42,10 +42,11 @@ WORKER_ENV = {
 }
 
 
-def spawn_drain(run_key: str, log) -> subprocess.Popen:
+def spawn_drain(run_key: str, log) -> zygote.Started:
     """One worker process draining the run with two workers (threads, each with its own
-    session): the controller's row is shared by them as by workers on many hosts."""
-    return subprocess.Popen(
+    session): the controller's row is shared by them as by workers on many hosts. Forked from
+    the test process's zygote (tests/zygote.py)."""
+    return zygote.start(
         [
             sys.executable,
             *("manage.py", "retention", "drain", run_key, "--until-idle", "--workers", "2"),
@@ -53,8 +54,6 @@ def spawn_drain(run_key: str, log) -> subprocess.Popen:
         cwd=ROOT,
         env={**os.environ, **worker_env(), **WORKER_ENV},
         stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
     )
 
 
@@ -67,13 +66,31 @@ def history(policy) -> str:
     )
 
 
+ROWS = 150_000
+# fewer rows than this left under the policy's cutoff (20 days): the table is built again, so
+# that every test's run outlasts it (a test on a busy machine may drain tens of thousands)
+MIN_ELIGIBLE = 50_000
+
+
 @pytest.fixture(scope="module")
 def events_table(django_db_setup, django_db_blocker):
-    """``public.rr_events``, 150,000 rows, once for the module: each test's run drains a few
-    thousand of them, paced to 1,000 rows/s."""
-    with django_db_blocker.unblock():
-        create_events(150_000)
-    yield
+    """``events_table()``: ``public.rr_events`` of 150,000 rows, built once for the module and
+    again only when an earlier test's run left too few of its rows to drain (each run drains
+    a few thousand, paced to 1,000 rows/s)."""
+
+    def ensure() -> None:
+        with connection.cursor() as cur:
+            cur.execute("SELECT to_regclass('public.rr_events') IS NOT NULL")
+            if cur.fetchone()[0]:
+                cur.execute(
+                    "SELECT count(*) FROM public.rr_events WHERE occurred_at < %s",
+                    [NOW - timedelta(days=20)],
+                )
+                if cur.fetchone()[0] >= MIN_ELIGIBLE:
+                    return
+        create_events(ROWS)
+
+    yield ensure
     with django_db_blocker.unblock(), connection.cursor() as cur:
         cur.execute("DROP TABLE IF EXISTS public.rr_events, public.rr_events_shadow")
 
@@ -86,6 +103,7 @@ def drain_with(events_table, transactional_db, make_user, tmp_path):
     procs, logs = [], []
 
     def start(limit: dict):
+        events_table()
         policy = approved_policy(
             make_user,
             **events_spec(
@@ -109,10 +127,7 @@ def drain_with(events_table, transactional_db, make_user, tmp_path):
 
     yield start
     for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        proc.kill()
         proc.wait(timeout=30)
     for log in logs:
         log.close()
