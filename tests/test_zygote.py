@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -91,6 +92,34 @@ def test_a_command_past_its_timeout_is_killed(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired) as timed_out:
         zygote.run([sys.executable, str(path)], cwd=tmp_path, timeout=2)
     assert not psutil.pid_exists(int(timed_out.value.output))  # killed, and reaped
+
+
+def test_a_command_started_beside_the_test_writes_to_its_file_and_dies_when_killed(tmp_path):
+    path = tmp_path / "sleeps.py"
+    path.write_text(
+        "import os, sys, time\nprint(os.getpid(), os.getppid(), flush=True)\n"
+        "print('to stderr', file=sys.stderr, flush=True)\ntime.sleep(120)\n"
+    )
+    with open(tmp_path / "out.log", "w") as out:
+        started = zygote.start([sys.executable, str(path)], cwd=tmp_path, stdout=out)
+        deadline = time.monotonic() + 60
+        while "to stderr" not in (tmp_path / "out.log").read_text():
+            assert time.monotonic() < deadline, "no output from the command"
+            time.sleep(0.05)
+        pid, ppid = map(int, (tmp_path / "out.log").read_text().split("\n")[0].split())
+        assert (pid, ppid) == (started.pid, zygote._get().process.pid)  # forked by the zygote
+        started.kill()
+        assert started.wait(timeout=30) == -9
+        assert not psutil.pid_exists(started.pid)  # and reaped
+        started.kill()  # once it has exited, a kill is a no-op: its pid may be another's
+
+
+def test_a_command_started_beside_the_test_gives_its_exit_status(tmp_path):
+    path = tmp_path / "exits.py"
+    path.write_text("import sys\nsys.exit(4)\n")
+    with open(tmp_path / "out.log", "w") as out:
+        started = zygote.start([sys.executable, str(path)], cwd=tmp_path, stdout=out)
+        assert started.wait(timeout=60) == 4
 
 
 DJANGO_PROBE = textwrap.dedent(
