@@ -21,7 +21,12 @@ from runs.evidence.invariants import HoldScope, Shadow, check_run, take_shadow
 from runs.models import AuditRecord, Chunk, Run
 from tests.factories import approved_policy
 from tests.runs import shapes as S
-from tests.runs.processes import backends_waiting_on_delete, pg_connect, spawn, wait_for
+from tests.runs.processes import (
+    backends_waiting_on_delete,
+    manage_in_background,
+    pg_connect,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
@@ -54,16 +59,19 @@ def build(shape: S.Shape, **spec_overrides):
 
 
 def drain_processes(run: Run, n: int):
+    """``n`` worker processes draining the run while the test goes on."""
     return [
-        spawn("retention", "drain", run.run_key, "--until-idle", "--budget", "60", env=GUARD_OFF)
+        manage_in_background(
+            "retention", "drain", run.run_key, "--until-idle", "--budget", "60", env=GUARD_OFF
+        )
         for _ in range(n)
     ]
 
 
 def finish(procs) -> None:
     for proc in procs:
-        _, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err
+        done = proc.result()
+        assert done.returncode == 0, done.stderr
 
 
 def block_first_chunk(run: Run):
