@@ -122,6 +122,31 @@ def latest_tick(obj, now: datetime) -> datetime:
     raise ValueError(f"schedule {expr!r} has no tick before {now.isoformat()} in reach")
 
 
+def ticks_before(obj, now: datetime, *, after: datetime, limit: int) -> list[datetime]:
+    """The ticks in (after, now), newest first, at most ``limit``: what ``latest_tick`` asked
+    again before each tick it returns gives, from one walk back over the wall-clock times
+    (one cron iterator, not one per tick). A tick found is final once the walk is below the
+    wall-clock times that could still fire after it (``latest_tick``'s horizon)."""
+    expr, name = _schedule_of(obj)
+    tz, fixed = _tz(name), fixed_time(expr)
+    it = croniter(expr, _local(now, tz) + _slack(now, tz) + timedelta(minutes=1))
+    floor = _local(after, tz) - _slack(after, tz)  # walls below it fire at or before ``after``
+    found: set[datetime] = set()
+    out: list[datetime] = []
+    for _ in range(_SEARCH_LIMIT):
+        wall = it.get_prev(datetime)
+        while found and len(out) < limit:
+            best = max(found)
+            if wall >= _local(best, tz) - _slack(best, tz):
+                break
+            found.discard(best)
+            out.append(best)
+        if len(out) >= limit or wall < floor:
+            break
+        found.update(t for t in firings(wall, tz, fixed=fixed) if after < t < now)
+    return (out + sorted(found, reverse=True))[:limit]
+
+
 def is_tick(obj, when: datetime) -> bool:
     """Whether ``when`` is one of the schedule's ticks."""
     return next_tick(obj, when - timedelta(microseconds=1)) == when

@@ -32,7 +32,7 @@ from core import locks, timeouts
 from retention import cascades, decisions, introspect
 from retention import predicate as P
 from retention.models import KillSwitch, LegalHold, Policy, PolicyVersion
-from retention.schedule_math import latest_tick
+from retention.schedule_math import latest_tick, ticks_before
 from retention.spec import SpecError
 from runs import archive_expiry
 from runs.actions import (
@@ -653,14 +653,7 @@ def rerun_superseded(policy: Policy, *, version: PolicyVersion | None = None) ->
 def _ticks_before(policy: Policy, newest, *, after, limit: int) -> list:
     """The ticks in (after, newest), oldest first — the newest ``limit`` of them when there are
     more (after a long outage the recent ones are the ones worth recording)."""
-    out = []
-    tick = newest
-    for _ in range(limit):
-        tick = latest_tick(policy, tick - timedelta(microseconds=1))
-        if tick <= after:
-            break
-        out.append(tick)
-    return out[::-1]
+    return ticks_before(policy, newest, after=after, limit=limit)[::-1]
 
 
 def prune_own_tables(now) -> dict:

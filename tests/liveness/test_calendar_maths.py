@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
-from retention.schedule_math import latest_tick, next_tick, ticks_between
+from retention.schedule_math import latest_tick, next_tick, ticks_before, ticks_between
 from retention.spec import PolicySpec
 from tests.factories import events_spec
 
@@ -193,3 +193,29 @@ def test_a_half_hourly_cron_follows_elapsed_time_through_both_dst_changes(zone):
         gaps = {b - a for a, b in zip(ticks, ticks[1:], strict=False)}
         assert gaps <= {timedelta(minutes=30)}, sorted(gaps)
         assert len(ticks) == 40 * 48
+
+
+@pytest.mark.parametrize(
+    "schedule, days", [("*/30 * * * *", 1), ("30 1,2 * * *", 3), ("45 1 * * *", 3)]
+)
+def test_the_ticks_before_a_tick_are_the_latest_ticks_asked_one_after_another(schedule, days):
+    """``ticks_before`` (a catch-up's skipped ticks) walks the wall-clock times once; it names
+    the same ticks, in the same order, as ``latest_tick`` asked again before each one — in the
+    ``days`` before a tick half a day after every DST change of each zone in 2026 and Apia's
+    skipped day, and when ``limit`` cuts it short."""
+    for zone in ZONES:
+        spec = spec_in(zone, schedule=schedule)
+        year = 2011 if zone == "Pacific/Apia" else 2026
+        for change in transitions(zone, year, year + 1):
+            newest = latest_tick(spec, change + timedelta(hours=12))
+            after = newest - timedelta(days=days)
+            expected, tick = [], newest
+            while True:
+                tick = latest_tick(spec, tick - timedelta(microseconds=1))
+                if tick <= after:
+                    break
+                expected.append(tick)
+            assert expected, (zone, change.isoformat())
+            got = ticks_before(spec, newest, after=after, limit=500)
+            assert got == expected, (zone, change.isoformat())
+            assert ticks_before(spec, newest, after=after, limit=7) == expected[:7]
