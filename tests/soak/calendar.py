@@ -225,9 +225,12 @@ def simulate(make_user, monkeypatch, *, hours: float, seed: int) -> Report:
             if out[key]:
                 report.problems.append(f"{clock.now:%m-%d %H:%M} reconciler {key}: {out[key]}")
         note_new_runs()
+        # the policies as the pass left them, and their schedules: one read each
+        policies.update({p.slug: p for p in Policy.objects.filter(slug__in=POLICIES)})
+        names = [schedules.schedule_name(p) for p in policies.values()]
+        armed = {s.name: s for s in Schedule.objects.filter(name__in=names)}
         for slug, policy in policies.items():
-            policy.refresh_from_db()
-            s = Schedule.objects.filter(name=schedules.schedule_name(policy)).first()
+            s = armed.get(schedules.schedule_name(policy))
             if s is None or s.repeats != 1 or s.next_run < clock.now - GRACE:
                 report.problems.append(
                     f"{clock.now:%m-%d %H:%M} {slug}: schedule not armed after a pass "
