@@ -35,7 +35,9 @@ def roles_of(user) -> frozenset[str]:
         return frozenset()
     cached = getattr(user, "_retention_roles", None)
     if cached is None:
-        groups = sorted(user.groups.values_list("name", flat=True))
+        groups = getattr(user, "_sealed_groups", None)  # read with its seal (core.seals)
+        if groups is None:
+            groups = sorted(user.groups.values_list("name", flat=True))
         if not is_sealed(user, groups):
             cached = frozenset()
         elif user.is_superuser:

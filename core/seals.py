@@ -23,6 +23,14 @@ def _group_names(user) -> list[str]:
     return sorted(user.groups.values_list("name", flat=True))
 
 
+def read_once(user) -> list[str]:
+    """``user``'s role groups, read for an instance loaded for one request or one command (its
+    session's, its token's): the seal check and its roles (``core.roles.roles_of``) share this
+    one reading instead of asking the database twice."""
+    user._sealed_groups = _group_names(user)
+    return user._sealed_groups
+
+
 def mac_of(user, groups: list[str]) -> str:
     identity = [
         user.pk,
@@ -72,7 +80,9 @@ class SealedModelBackend(ModelBackend):
             user = get_user_model()._default_manager.select_related("seal").get(pk=user_id)
         except get_user_model().DoesNotExist:
             return None
-        return user if self.user_can_authenticate(user) else None
+        groups = read_once(user)
+        sealed = super().user_can_authenticate(user) and is_sealed(user, groups)
+        return user if sealed else None
 
 
 def _resealed_on_save(sender, instance, raw=False, **kwargs) -> None:

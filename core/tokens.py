@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from core.models import ApiToken
 from core.roles import ALL_ROLES, check_role
-from core.seals import is_sealed
+from core.seals import is_sealed, read_once
 
 MAX_ACTIVE = 20  # per person
 
@@ -74,7 +74,7 @@ def user_for_token(secret: str) -> tuple[object, ApiToken]:
         raise TokenError(f"token {token.prefix}… was revoked on {token.revoked_at:%Y-%m-%d %H:%M}")
     if not token.user.is_active:
         raise TokenError(f"the owner of token {token.prefix}… is inactive")
-    if not is_sealed(token.user):
+    if not is_sealed(token.user, read_once(token.user)):
         raise TokenError(
             f"the account of token {token.prefix}…'s owner was changed outside the product "
             "(its seal does not match; `retention audit verify` names it)"
