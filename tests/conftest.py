@@ -228,6 +228,47 @@ def guard_as_in_a_test():
         decisions.forget()
 
 
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for the test process (tests/browser.py); each test opens contexts
+    of its own (``login``), so no cookie, storage or page outlives the test that made it."""
+    from pathlib import Path
+
+    from tests.browser import CHROMIUM, CHROMIUM_ARGS
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs a loop
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def login(browser, live_server, users):
+    """``login("oncall")`` → a page (nothing loaded yet) whose browser is signed in as that
+    role's user (``user=`` another), in a window ``width`` pixels wide."""
+    from tests.browser import session_cookie
+
+    contexts = []
+
+    def open_as(role: str, user=None, width: int = 1400):
+        user = user or users[role]
+        context = browser.new_context(
+            viewport={"width": width, "height": 1000}, accept_downloads=True
+        )
+        contexts.append(context)
+        context.add_cookies([session_cookie(user, live_server.url)])
+        return context.new_page()
+
+    yield open_as
+    for context in contexts:
+        context.close()
+
+
 @pytest.fixture(autouse=True)
 def live_server_requests_end_with_the_test(request):
     """A test that uses the live server: when it ends, the server refuses new requests and its

@@ -12,14 +12,13 @@ from django.contrib.auth.models import User
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs a loop
 
-from playwright.sync_api import expect, sync_playwright  # noqa: E402
+from playwright.sync_api import expect  # noqa: E402
 
 from core.models import OperatorAction  # noqa: E402
 from core.tokens import create_token  # noqa: E402
 from retention import actions  # noqa: E402
 from retention.models import PolicyVersion  # noqa: E402
 from retention.spec import load_toml  # noqa: E402
-from tests.dashboard.test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 from tests.dashboard.test_browser_axe import violations  # noqa: E402
 from tests.runs.conftest import create_events  # noqa: E402
 
@@ -40,14 +39,6 @@ schedule = "0 3 * * *"
 timezone = "UTC"
 chunk_size = 200
 '''
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pytest
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs a loop
 
-from playwright.sync_api import expect, sync_playwright  # noqa: E402
+from playwright.sync_api import expect  # noqa: E402
 
 from core.models import OperatorAction
 from retention import actions as retention_actions  # noqa: E402
@@ -35,48 +35,21 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
 DOC_IMAGES = ROOT / "docs" / "img"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def login(browser, live_server, users):
-    """``login("oncall")`` → a page signed in as that role's user."""
-    contexts = []
-
-    def open_as(role: str, user=None, width: int = 1400):
-        user = user or users[role]
-        context = browser.new_context(
-            viewport={"width": width, "height": 1000}, accept_downloads=True
-        )
-        contexts.append(context)
+def test_a_person_signs_in_through_the_form(browser, live_server, users):
+    user = users["oncall"]
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
         page = context.new_page()
-        page.goto(f"{live_server.url}/login/")
+        page.goto(f"{live_server.url}/runs/activity/")
+        expect(page).to_have_url(re.compile(r"/login/\?next="))  # no session: sign in first
         page.fill("input[name=username]", user.username)
         page.fill("input[name=password]", f"{user.username}-pw")
         page.click("button[type=submit]")
+        expect(page).to_have_url(f"{live_server.url}/runs/activity/")
         expect(page.locator(".who")).to_contain_text(user.username)
-        return page
-
-    yield open_as
-    for context in contexts:
+    finally:
         context.close()
 
 

@@ -9,7 +9,7 @@ import pytest
 from axe_playwright_python.sync_playwright import Axe
 
 from retention.actions import place_hold
-from tests.dashboard.test_browser import active_run, browser, login  # noqa: F401 - fixtures
+from tests.dashboard.test_browser import active_run  # noqa: F401 - fixtures
 from tests.dashboard.test_browser_run_controls import watch_console
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

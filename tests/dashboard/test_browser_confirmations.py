@@ -12,7 +12,7 @@ from retention import actions as retention_actions
 from retention.models import KillSwitch, LegalHold, Policy, PolicyVersion
 from retention.spec import PolicySpec
 from runs.models import DeadLetter, Run
-from tests.dashboard.test_browser import active_run, browser, login  # noqa: F401 - fixtures
+from tests.dashboard.test_browser import active_run  # noqa: F401 - fixtures
 from tests.factories import events_spec
 
 from .conftest import make_dead_letter

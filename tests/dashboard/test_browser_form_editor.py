@@ -9,7 +9,6 @@ import pytest
 from playwright.sync_api import expect
 
 from retention.models import PolicyVersion
-from tests.dashboard.test_browser import browser, login  # noqa: F401 - fixtures
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import create_events
 

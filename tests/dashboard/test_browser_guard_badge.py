@@ -16,7 +16,7 @@ from playwright.sync_api import expect
 from runs.actions import set_kill_switch
 from runs.engine import guard
 from runs.models import GuardControl, GuardSample
-from tests.dashboard.test_browser import active_run, browser, login  # noqa: F401 - fixtures
+from tests.dashboard.test_browser import active_run  # noqa: F401 - fixtures
 from tests.dashboard.test_browser_axe import violations
 from tests.dashboard.test_browser_run_controls import watch_console
 

@@ -10,7 +10,7 @@ from playwright.sync_api import expect
 
 from retention import actions as retention_actions
 from retention.models import LegalHold
-from tests.dashboard.test_browser import active_run, browser, login  # noqa: F401 - fixtures
+from tests.dashboard.test_browser import active_run  # noqa: F401 - fixtures
 from tests.dashboard.test_browser_axe import violations
 from tests.dashboard.test_browser_confirmations import answer
 from tests.dashboard.test_browser_run_controls import watch_console

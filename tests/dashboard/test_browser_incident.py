@@ -16,7 +16,6 @@ from core.models import OperatorAction
 from runs.actions import trigger_run
 from runs.engine import planner, worker
 from runs.models import Chunk, DeadLetter, Lease, Run
-from tests.dashboard.test_browser import browser, login  # noqa: F401 - fixtures
 from tests.dashboard.test_browser_run_controls import watch_console
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, count, create_events

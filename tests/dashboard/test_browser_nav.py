@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dashboard.test_browser import browser, login  # noqa: F401 - fixtures
-
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 # (spread of the links' tops, tallest link): a link whose words wrap is two lines tall

@@ -10,7 +10,7 @@ from playwright.sync_api import expect
 
 from runs.engine import worker
 from runs.progress import progress_for
-from tests.dashboard.test_browser import active_run, browser, login  # noqa: F401 - fixtures
+from tests.dashboard.test_browser import active_run  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -11,7 +11,7 @@ from playwright.sync_api import expect
 
 from runs.actions import trigger_run
 from runs.engine import worker
-from tests.dashboard.test_browser import browser, login, shoot  # noqa: F401 - fixtures
+from tests.dashboard.test_browser import shoot
 from tests.dashboard.test_browser_axe import violations
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW
@@ -37,7 +37,7 @@ def parts_policy(make_user, settings):
 
 
 def test_the_preview_shows_each_partition_and_the_run_page_what_was_dropped(
-    login,  # noqa: F811 - the fixture imported above
+    login,
     live_server,
     parts_policy,
 ):

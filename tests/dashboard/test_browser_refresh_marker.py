@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from tests.dashboard.test_browser import active_run, browser, login  # noqa: F401 - fixtures
+from tests.dashboard.test_browser import active_run  # noqa: F401 - fixtures
 from tests.dashboard.test_browser_run_controls import watch_console
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import expect
 
 from runs.actions import pause_run
-from tests.dashboard.test_browser import active_run, browser, login  # noqa: F401 - fixtures
+from tests.dashboard.test_browser import active_run  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

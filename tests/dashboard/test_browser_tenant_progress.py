@@ -13,7 +13,6 @@ from retention.actions import place_hold
 from runs.actions import trigger_run
 from runs.engine import planner, worker
 from runs.models import Run
-from tests.dashboard.test_browser import browser, login  # noqa: F401 - fixtures
 from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, create_events
 

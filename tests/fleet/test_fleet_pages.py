@@ -19,7 +19,6 @@ from playwright.sync_api import expect
 from runs.models import Run
 from targets import connections as C
 from targets.models import Target
-from tests.dashboard.test_browser import browser, login  # noqa: F401 - fixtures
 from tests.factories import approved_policy, events_spec
 from tests.fleet.conftest import SECRET, read_page, run_cli, with_password
 from tests.runs.conftest import NOW, create_events
@@ -316,7 +315,7 @@ def test_no_password_of_a_connection_string_shows_anywhere(two_of_three, users, 
 @pytest.mark.browser
 def test_the_fleet_overview_in_a_browser_names_the_laggard(
     two_of_three,
-    login,  # noqa: F811
+    login,
     live_server,
 ):
     page = login("viewer")
