@@ -1,6 +1,7 @@
 """The run page's controls in headless Chromium: the live part refreshes every 5 s, yet a
 reason being typed into Pause, Resume or Cancel (and the field's focus) survives it, and no
-page logs a script error (docs/runbook.md, "Run page")."""
+page logs a script error (docs/runbook.md, "Run page"). The tests move the page's clock on
+by whole refresh periods rather than wait them out."""
 
 from __future__ import annotations
 
@@ -28,10 +29,32 @@ def refreshes(page) -> int:
 
 
 def count_swaps(page) -> None:
+    """Count the page's swaps (``refreshes``), beats and htmx requests not yet answered."""
     page.evaluate(
         "document.body.addEventListener('htmx:afterSwap', () => {"
-        " window.__swaps = (window.__swaps || 0) + 1 })"
+        " window.__swaps = (window.__swaps || 0) + 1 });"
+        "document.addEventListener('beat', () => { window.__beats = (window.__beats || 0) + 1 });"
+        "window.__asking = 0;"
+        "document.body.addEventListener('htmx:beforeRequest', () => { window.__asking += 1 });"
+        "document.body.addEventListener('htmx:afterRequest', () => { window.__asking -= 1 })"
     )
+
+
+def open_on_a_clock(page, url: str) -> None:
+    """Open ``url`` with the page's clock under the test's hand (Playwright's fake timers):
+    ``beats(page, n)`` moves it on by ``n`` refresh periods at once instead of waiting them."""
+    page.clock.install()
+    page.goto(url)
+    count_swaps(page)
+
+
+def beats(page, n: int) -> None:
+    """Move the page's clock on by ``n`` refresh periods (each fires one beat), then wait until
+    every request they made has been answered and its answer swapped in."""
+    before = page.evaluate("window.__beats || 0")
+    page.clock.run_for(n * REFRESH_S * 1000)
+    assert page.evaluate("window.__beats || 0") - before == n
+    page.wait_for_function("window.__asking === 0")
 
 
 @pytest.mark.parametrize("control", ["pause", "cancel", "resume"])
@@ -46,12 +69,11 @@ def test_a_reason_being_typed_survives_two_refreshes(
         pause_run(active_run, actor=users["oncall"], reason="INC-9 replica lag")
     page = login("oncall")
     errors = watch_console(page)
-    page.goto(f"{live_server.url}/runs/{active_run.pk}/")
-    count_swaps(page)
+    open_on_a_clock(page, f"{live_server.url}/runs/{active_run.pk}/")
     field = page.locator(f'input[aria-label="reason to {control}"]')
     field.click()
     field.type("INC-77 lock waits on ord")
-    page.wait_for_timeout(2 * REFRESH_S * 1000 + 1500)
+    beats(page, 2)
     expect(field).to_have_value("INC-77 lock waits on ord")
     assert page.evaluate("document.activeElement.getAttribute('aria-label')") == (
         f"reason to {control}"
@@ -68,16 +90,15 @@ def test_the_live_part_refreshes_again_once_the_reason_is_cleared(
 ):
     page = login("oncall")
     errors = watch_console(page)
-    page.goto(f"{live_server.url}/runs/{active_run.pk}/")
-    count_swaps(page)
-    page.wait_for_timeout(REFRESH_S * 1000 + 1500)
+    open_on_a_clock(page, f"{live_server.url}/runs/{active_run.pk}/")
+    beats(page, 1)
     assert refreshes(page) >= 1  # nothing typed: it refreshes
     field = page.locator('input[aria-label="reason to pause"]')
     field.fill("INC-78")
     field.fill("")
     page.locator("h1").click()  # focus leaves the controls
     before = refreshes(page)
-    page.wait_for_timeout(REFRESH_S * 1000 + 1500)
+    beats(page, 1)
     assert refreshes(page) > before
     assert errors == []
 
