@@ -8,7 +8,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.dashboard.test_browser import active_run  # noqa: F401 - fixtures
-from tests.dashboard.test_browser_run_controls import watch_console
+from tests.dashboard.test_browser_run_controls import beats, open_on_a_clock, watch_console
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -20,7 +20,7 @@ def test_a_marker_says_the_updates_are_paused_while_a_reason_is_typed(
 ):
     page = login("oncall")
     errors = watch_console(page)
-    page.goto(f"{live_server.url}/runs/{active_run.pk}/")
+    open_on_a_clock(page, f"{live_server.url}/runs/{active_run.pk}/")
     marker = page.get_by_test_id("refresh-paused")
     expect(marker).to_be_hidden()
     field = page.locator('input[aria-label="reason to pause"]')
@@ -28,7 +28,7 @@ def test_a_marker_says_the_updates_are_paused_while_a_reason_is_typed(
     field.type("INC-80 replica")
     expect(marker).to_be_visible()
     expect(marker).to_contain_text("Updates paused while you type")
-    page.wait_for_timeout(6500)  # a beat passes: still frozen, still said
+    beats(page, 1)  # a beat passes: still frozen, still said
     expect(marker).to_be_visible()
     field.fill("")
     page.locator("h1").click()
