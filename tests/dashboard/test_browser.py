@@ -25,6 +25,7 @@ from retention.spec import PolicySpec  # noqa: E402
 from runs.actions import pause_run, trigger_run  # noqa: E402
 from runs.engine import planner, worker  # noqa: E402
 from runs.models import Chunk, DeadLetter, Run  # noqa: E402
+from tests.browser import beats, open_on_a_clock  # noqa: E402
 from tests.factories import events_spec  # noqa: E402
 from tests.runs.conftest import NOW, create_events  # noqa: E402
 
@@ -84,7 +85,7 @@ def active_run(make_user, settings):
 
 def test_the_overview_updates_while_a_run_drains(login, live_server, active_run):
     page = login("viewer")
-    page.goto(f"{live_server.url}/")
+    open_on_a_clock(page, f"{live_server.url}/")
     card = page.locator('[data-policy="events"]')
     expect(card.locator('[data-testid="policy-state"]')).to_have_text(re.compile("active", re.I))
     before = card.locator('[data-testid="progress"]').inner_text()
@@ -93,7 +94,8 @@ def test_the_overview_updates_while_a_run_drains(login, live_server, active_run)
     worker.drain(active_run.pk, budget_s=60)
 
     # no reload: the HTMX poll brings the new numbers
-    expect(card.locator('[data-testid="progress"]')).to_contain_text("100%", timeout=15_000)
+    beats(page, 1)
+    expect(card.locator('[data-testid="progress"]')).to_contain_text("100%")
     expect(card.locator(".run-line .badge")).to_have_text(re.compile("drained", re.I))
     assert "Turn kill switch" not in page.content()  # a viewer has no controls
     shoot(page, "overview")
@@ -140,7 +142,7 @@ def test_the_run_page_says_whether_the_run_kept_the_foregrounds_budget(
     assert active_run.started_at is not None
     step(guard.INCREASE, 1.2)
     page = login("viewer")
-    page.goto(f"{live_server.url}/runs/{active_run.pk}/")
+    open_on_a_clock(page, f"{live_server.url}/runs/{active_run.pk}/")
     line = page.locator('[data-testid="guard-over-run"]')
     expect(line).to_have_text(
         "Foreground budget over this run: within the budget in the 1 period judged"
@@ -148,9 +150,9 @@ def test_the_run_page_says_whether_the_run_kept_the_foregrounds_budget(
     )
     step(guard.FLOOR, 4.5)
     # no reload: the page's live part brings the run's new verdict
+    beats(page, 1)
     expect(line).to_contain_text(
-        "over the budget at the controller's minimum in 1 of 2 periods judged (worst 4.5 × idle",
-        timeout=15_000,
+        "over the budget at the controller's minimum in 1 of 2 periods judged (worst 4.5 × idle"
     )
 
 
@@ -362,13 +364,14 @@ def test_the_run_page_shows_the_kill_switch_when_it_is_on(login, live_server, ac
     from runs.actions import set_kill_switch
 
     page = login("viewer")
-    page.goto(f"{live_server.url}/runs/{active_run.pk}/")
+    open_on_a_clock(page, f"{live_server.url}/runs/{active_run.pk}/")
     expect(page.locator('[data-testid="kill-switch-on"]')).to_have_count(0)
 
     set_kill_switch(True, actor=users["oncall"], reason="INC-52 primary at 95% CPU")
     # no reload: the refreshed part of the page brings the banner
+    beats(page, 1)
     banner = page.locator('[data-testid="kill-switch-on"]')
-    expect(banner).to_contain_text("INC-52 primary at 95% CPU", timeout=15_000)
+    expect(banner).to_contain_text("INC-52 primary at 95% CPU")
     expect(banner).to_contain_text("oscar")
 
 

@@ -16,6 +16,7 @@ from playwright.sync_api import expect
 from runs.actions import set_kill_switch
 from runs.engine import guard
 from runs.models import GuardControl, GuardSample
+from tests.browser import beats, open_on_a_clock
 from tests.dashboard.test_browser import active_run  # noqa: F401 - fixtures
 from tests.dashboard.test_browser_axe import violations
 from tests.dashboard.test_browser_run_controls import watch_console
@@ -52,10 +53,10 @@ def test_the_badge_the_latency_and_the_kill_switch_say_one_thing(
     )  # fmt: skip
     overview = login("oncall")
     errors = watch_console(overview)
-    overview.goto(f"{live_server.url}/?policy=events")
+    open_on_a_clock(overview, f"{live_server.url}/?policy=events")
     card = overview.locator('[data-policy="events"]')
     run_page = login("viewer")
-    run_page.goto(f"{live_server.url}/runs/{active_run.pk}/")
+    open_on_a_clock(run_page, f"{live_server.url}/runs/{active_run.pk}/")
 
     for page, where in ((card, "card"), (run_page.locator("#run-live"), "run page")):
         badge = page.locator(".badge.throttled")
@@ -71,16 +72,16 @@ def test_the_badge_the_latency_and_the_kill_switch_say_one_thing(
     GuardControl.objects.filter(policy_id=active_run.policy_id).update(
         stepped_at=timezone.now() - timedelta(hours=1)
     )
-    expect(card.locator(".badge.throttled")).to_have_count(0, timeout=20_000)
+    beats(overview, 1)
+    beats(run_page, 1)
+    expect(card.locator(".badge.throttled")).to_have_count(0)
     expect(card.get_by_test_id("guard-latency")).to_have_count(0)
-    expect(run_page.locator("#run-live .badge.throttled")).to_have_count(0, timeout=20_000)
+    expect(run_page.locator("#run-live .badge.throttled")).to_have_count(0)
 
     expect(card.get_by_test_id("policy-state")).to_have_text("active")
     set_kill_switch(True, actor=users["oncall"], reason="INC-60 primary failover")
-    expect(card.get_by_test_id("policy-state")).to_have_text(
-        "stopped by the kill switch", timeout=20_000
-    )
-    expect(run_page.get_by_test_id("run-state")).to_have_text(
-        "Active · stopped by the kill switch", timeout=20_000
-    )
+    beats(overview, 1)
+    beats(run_page, 1)
+    expect(card.get_by_test_id("policy-state")).to_have_text("stopped by the kill switch")
+    expect(run_page.get_by_test_id("run-state")).to_have_text("Active · stopped by the kill switch")
     assert errors == []

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
+from tests.browser import beats, open_on_a_clock
 from tests.dashboard.test_browser import active_run  # noqa: F401 - fixtures
-from tests.dashboard.test_browser_run_controls import beats, open_on_a_clock, watch_console
+from tests.dashboard.test_browser_run_controls import watch_console
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -9,11 +9,10 @@ import pytest
 from playwright.sync_api import expect
 
 from runs.actions import pause_run
+from tests.browser import beats, open_on_a_clock, refreshes
 from tests.dashboard.test_browser import active_run  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-REFRESH_S = 5
 
 
 def watch_console(page) -> list[str]:
@@ -22,39 +21,6 @@ def watch_console(page) -> list[str]:
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
     return errors
-
-
-def refreshes(page) -> int:
-    return page.evaluate("window.__swaps || 0")
-
-
-def count_swaps(page) -> None:
-    """Count the page's swaps (``refreshes``), beats and htmx requests not yet answered."""
-    page.evaluate(
-        "document.body.addEventListener('htmx:afterSwap', () => {"
-        " window.__swaps = (window.__swaps || 0) + 1 });"
-        "document.addEventListener('beat', () => { window.__beats = (window.__beats || 0) + 1 });"
-        "window.__asking = 0;"
-        "document.body.addEventListener('htmx:beforeRequest', () => { window.__asking += 1 });"
-        "document.body.addEventListener('htmx:afterRequest', () => { window.__asking -= 1 })"
-    )
-
-
-def open_on_a_clock(page, url: str) -> None:
-    """Open ``url`` with the page's clock under the test's hand (Playwright's fake timers):
-    ``beats(page, n)`` moves it on by ``n`` refresh periods at once instead of waiting them."""
-    page.clock.install()
-    page.goto(url)
-    count_swaps(page)
-
-
-def beats(page, n: int) -> None:
-    """Move the page's clock on by ``n`` refresh periods (each fires one beat), then wait until
-    every request they made has been answered and its answer swapped in."""
-    before = page.evaluate("window.__beats || 0")
-    page.clock.run_for(n * REFRESH_S * 1000)
-    assert page.evaluate("window.__beats || 0") - before == n
-    page.wait_for_function("window.__asking === 0")
 
 
 @pytest.mark.parametrize("control", ["pause", "cancel", "resume"])
