@@ -78,6 +78,7 @@ def test_axe_finds_no_violation_on_any_page(browser, login, live_server, active_
     visited += 1
     if found := violations(signed_out):
         seen["signed out /login/"] = found
+    signed_out.context.close()  # the browser outlives the test (one per test process)
     print(f"axe-core: {visited} page loads checked")
     assert seen == {}, "\n".join(f"{k}: {v}" for k, v in seen.items())
     # the browser logs the 403 and 404 pages' own statuses; nothing else may be logged
