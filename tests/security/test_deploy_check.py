@@ -17,7 +17,14 @@ def deploy_check(**overrides: str) -> subprocess.CompletedProcess:
         for k, v in os.environ.items()
         if not k.startswith(("SECURE_", "SESSION_", "CSRF_"))
         # DJANGO_ALLOW_ASYNC_UNSAFE is set by the browser tests for Playwright in this process
-        and k not in ("RETENTION_DEMO", "DEBUG", "DJANGO_ALLOW_ASYNC_UNSAFE")
+        # RETENTION_TEST_MD5_PASSWORDS: the suite's own hashing (tests/conftest.py), core.W002
+        and k
+        not in (
+            "RETENTION_DEMO",
+            "DEBUG",
+            "DJANGO_ALLOW_ASYNC_UNSAFE",
+            "RETENTION_TEST_MD5_PASSWORDS",
+        )
     }
     env.update(
         SECRET_KEY=secrets.token_urlsafe(64),
