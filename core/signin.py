@@ -38,7 +38,7 @@ from django.contrib import messages
 from django.contrib.auth import authenticate
 from django.contrib.auth.forms import AuthenticationForm
 from django.db import connection, transaction
-from django.http import HttpRequest
+from django.http import HttpRequest, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 
@@ -149,8 +149,19 @@ class SignInHandler(AxesDatabaseHandler):
 
 
 def lockout_response(request, credentials=None, *args, **kwargs):
-    """The sign-in page again, with 429 and why (for the admin's sign-in too)."""
+    """The sign-in page again, with 429 and why (for the admin's sign-in too); to an API
+    caller whose password (asked again for an approval) was refused too often, the API's one
+    error shape."""
     minutes = max(1, settings.LOGIN_FAILURE_WINDOW_S // 60)
+    if request.path_info.startswith("/api/"):
+        return JsonResponse(
+            {
+                "code": "throttled",
+                "message": "too many failed passwords for this username; "
+                f"try again in up to {minutes} minutes",
+            },
+            status=429,
+        )
     messages.error(
         request,
         f"Too many failed sign-ins for this username. Try again in up to {minutes} minutes"

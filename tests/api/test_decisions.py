@@ -60,6 +60,25 @@ def test_an_approval_needs_the_password_again_and_a_token_alone_cannot_approve(a
     assert token.last_used_at is not None
 
 
+def test_an_approval_whose_password_fails_too_often_is_locked_out_with_a_json_error(
+    api, world, settings
+):
+    """The password asked again for an approval counts as a sign-in (django-axes): after the
+    limit of wrong ones, the API answers 429 in its one error shape, not the sign-in page."""
+    v2 = world["v2"]
+    answers = []
+    for _ in range(settings.LOGIN_FAILURE_LIMIT + 1):
+        status, error = api.post(
+            approve_url(v2), {"reason": "ok", "password": "wrong"}, as_="compliance"
+        )
+        answers.append((status, error["code"]))
+    assert answers[0] == (403, "password_required")
+    assert answers[-1] == (429, "throttled"), answers
+    assert "too many failed passwords" in error["message"]
+    v2.refresh_from_db()
+    assert v2.state == PolicyVersion.State.SUBMITTED
+
+
 def test_an_approval_on_a_version_read_in_another_state_is_refused(api, world, make_user):
     v2 = world["v2"]
     status, data = api.get(f"/policies/events/versions/{v2.number}", as_="compliance")
