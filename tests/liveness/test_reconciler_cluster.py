@@ -10,7 +10,6 @@ from datetime import timedelta
 import pytest
 
 from runs.models import Run
-from tests.conftest import PINNED_PROBE_MS
 from tests.liveness.conftest import CLUSTER_ENV, drop_tables, policy_on
 from tests.runs.processes import kill_group, pg_connect, spawn, task_outcomes, wait_for
 
@@ -27,145 +26,114 @@ def enqueue_reconcile() -> None:
 
 
 def reconcile_passes() -> list[tuple[bool, object]]:
-    """(success, result) of every finished reconciler task this test enqueued."""
+    """(success, result) of every finished reconciler task this module enqueued."""
     return [(t.success, t.result) for t in task_outcomes(RECONCILE_TASKS, "cleanup").values()]
 
 
-def wait_for_every_pass(timeout: float = 60) -> None:
-    """Every reconciler task the test enqueued has finished, so none outlives the test on the
-    cluster the next test shares."""
-    wait_for(
-        lambda: len(reconcile_passes()) == len(RECONCILE_TASKS),
-        timeout=timeout,
-        what=lambda: f"{len(RECONCILE_TASKS) - len(reconcile_passes())} reconciler pass(es)",
-    )
-
-
-def fire_due_schedules(monkeypatch) -> None:
-    """One pass of django-q2's scheduler as the cleanup cluster's sentinel runs it (there, once
-    every 30 s): every due schedule routed to the cleanup cluster becomes a task on its queue,
-    which the cluster runs."""
-    from django_q.brokers import get_broker
-    from django_q.conf import Conf
-    from django_q.scheduler import scheduler
-
-    monkeypatch.setattr(Conf, "CLUSTER_NAME", "cleanup")  # as Q_CLUSTER_NAME=cleanup sets it
-    scheduler(broker=get_broker(list_key="cleanup"))
-
-
-@pytest.fixture(scope="class")
-def cleanup_cluster(django_db_setup):
-    """One real cleanup cluster for the tests of a class: each test leaves it idle. Started
-    before any test's own fixtures, it is given the guard's pinned readings here."""
-    pinned = {"RETENTION_GUARD_PINNED_PROBE_MS": PINNED_PROBE_MS, "RETENTION_TOKEN": ""}
-    cluster = spawn("qcluster", env={**CLUSTER_ENV, **pinned})
+def test_a_locked_table_does_not_stop_another_policys_catch_up(make_user):
+    # "alpha" comes first in every order the policies are read in; its table is locked
+    policy_on(make_user, "alpha", "rr_alpha", approved_ago=timedelta(days=3))
+    beta = policy_on(make_user, "beta", "rr_beta", approved_ago=timedelta(days=3))
+    blocker = pg_connect(autocommit=False)
+    blocker.execute("LOCK TABLE public.rr_alpha IN ACCESS EXCLUSIVE MODE")
+    cluster = spawn("qcluster", env=CLUSTER_ENV)
     try:
-        yield cluster
+        deadline = time.monotonic() + 25  # the lock is held all along (6 s task timeout)
+
+        def beta_caught_up():
+            if not Run.objects.filter(policy=beta, source="catch-up").exists():
+                if time.monotonic() < deadline:
+                    enqueue_reconcile()
+                return False
+            return True
+
+        enqueue_reconcile()
+        wait_for(beta_caught_up, timeout=30, interval=2, what="beta's catch-up run")
+        # and no reconciler task ever reached the task timeout
+        wait_for(
+            lambda: any(success for success, _ in reconcile_passes()),
+            timeout=20,
+            what="a reconciler pass to finish",
+        )
+        failed = [str(result)[:300] for success, result in reconcile_passes() if not success]
+        assert not failed, failed
     finally:
-        kill_group(cluster, signal.SIGKILL)  # idle: nothing in flight to finish
+        blocker.rollback()
+        blocker.close()
+        kill_group(cluster, signal.SIGTERM)
+        drop_tables("rr_alpha", "rr_beta")
 
 
-@pytest.fixture
-def reconcile_tasks():
-    RECONCILE_TASKS.clear()
-    yield RECONCILE_TASKS
-    RECONCILE_TASKS.clear()
+def test_a_dead_one_shot_schedule_is_rearmed_by_the_clusters_reconciler(make_user):
+    from django.utils import timezone
+    from django_q.models import Schedule
 
+    from retention.schedule_math import next_tick
+    from runs.engine.schedules import schedule_name
 
-@pytest.mark.usefixtures("cleanup_cluster", "reconcile_tasks")
-class TestUnderARunningCluster:
-    def test_a_locked_table_does_not_stop_another_policys_catch_up(self, make_user):
-        # "alpha" comes first in every order the policies are read in; its table is locked
-        policy_on(make_user, "alpha", "rr_alpha", approved_ago=timedelta(days=3))
-        beta = policy_on(make_user, "beta", "rr_beta", approved_ago=timedelta(days=3))
-        blocker = pg_connect(autocommit=False)
-        blocker.execute("LOCK TABLE public.rr_alpha IN ACCESS EXCLUSIVE MODE")
-        try:
-            deadline = time.monotonic() + 25  # the lock is held all along (6 s task timeout)
-
-            def beta_caught_up():
-                if not Run.objects.filter(policy=beta, source="catch-up").exists():
-                    if time.monotonic() < deadline:
-                        enqueue_reconcile()
-                    return False
-                return True
-
-            enqueue_reconcile()
-            wait_for(beta_caught_up, timeout=30, interval=2, what="beta's catch-up run")
-            # and no reconciler task, while the lock was held, ever reached the task timeout
-            wait_for_every_pass()
-            assert any(success for success, _ in reconcile_passes())
-            failed = [str(result)[:300] for success, result in reconcile_passes() if not success]
-            assert not failed, failed
-        finally:
-            blocker.rollback()
-            blocker.close()
-            drop_tables("rr_alpha", "rr_beta")
-
-    def test_a_dead_one_shot_schedule_is_rearmed_by_the_clusters_reconciler(self, make_user):
-        from django.utils import timezone
-        from django_q.models import Schedule
-
-        from retention.schedule_math import next_tick
-        from runs.engine.schedules import schedule_name
-
-        policy = policy_on(make_user, "alpha", "rr_alpha", catch_up="none")
-        # a trigger that failed before arm(): django-q2 already set repeats=0
-        Schedule.objects.filter(name=schedule_name(policy)).update(
-            repeats=0, next_run=timezone.now() - timedelta(hours=5)
+    policy = policy_on(make_user, "alpha", "rr_alpha", catch_up="none")
+    # a trigger that failed before arm(): django-q2 already set repeats=0
+    Schedule.objects.filter(name=schedule_name(policy)).update(
+        repeats=0, next_run=timezone.now() - timedelta(hours=5)
+    )
+    cluster = spawn("qcluster", env=CLUSTER_ENV)
+    try:
+        enqueue_reconcile()
+        schedule = wait_for(
+            lambda: Schedule.objects.filter(name=schedule_name(policy), repeats=1).first(),
+            timeout=30,
+            interval=0.5,
+            what="the schedule to be re-armed",
         )
-        try:
-            enqueue_reconcile()
-            schedule = wait_for(
-                lambda: Schedule.objects.filter(name=schedule_name(policy), repeats=1).first(),
-                timeout=30,
-                interval=0.2,
-                what="the schedule to be re-armed",
-            )
-            assert schedule.next_run == next_tick(policy, timezone.now())
-            assert schedule.next_run > timezone.now()
-            wait_for_every_pass()
-        finally:
-            drop_tables("rr_alpha")
+        assert schedule.next_run == next_tick(policy, timezone.now())
+        assert schedule.next_run > timezone.now()
+    finally:
+        kill_group(cluster, signal.SIGTERM)
+        drop_tables("rr_alpha")
 
-    def test_a_late_firing_after_an_outage_follows_the_catch_up_rule(self, make_user, monkeypatch):
-        """The cluster was down since yesterday's 03:00: the schedules are still armed for it."""
-        from django.utils import timezone
-        from django_q.models import Schedule
 
-        from retention.schedule_math import latest_tick
-        from runs.engine.schedules import schedule_name
+def test_a_late_firing_after_an_outage_follows_the_catch_up_rule(make_user):
+    """The cluster was down since yesterday's 03:00: the schedules are still armed for it."""
+    from django.utils import timezone
+    from django_q.models import Schedule
 
-        latest = policy_on(make_user, "alpha", "rr_alpha", approved_ago=timedelta(days=3))
-        none = policy_on(
-            make_user, "beta", "rr_beta", approved_ago=timedelta(days=3), catch_up="none"
+    from retention.schedule_math import latest_tick
+    from runs.engine.schedules import schedule_name
+
+    latest = policy_on(make_user, "alpha", "rr_alpha", approved_ago=timedelta(days=3))
+    none = policy_on(make_user, "beta", "rr_beta", approved_ago=timedelta(days=3), catch_up="none")
+    newest = latest_tick(latest, timezone.now() - timedelta(minutes=2))
+    missed = newest - timedelta(days=1)
+    Schedule.objects.filter(name__in=[schedule_name(latest), schedule_name(none)]).update(
+        next_run=missed, repeats=1
+    )
+    cluster = spawn("qcluster", env=CLUSTER_ENV)
+    try:
+        wait_for(
+            lambda: (
+                Schedule.objects.filter(
+                    name__in=[schedule_name(latest), schedule_name(none)],
+                    next_run__gt=timezone.now(),
+                ).count()
+                == 2
+            ),
+            timeout=90,
+            interval=1,
+            what="both late firings to run and re-arm",
         )
-        newest = latest_tick(latest, timezone.now() - timedelta(minutes=2))
-        missed = newest - timedelta(days=1)
-        names = [schedule_name(latest), schedule_name(none)]
-        Schedule.objects.filter(name__in=names).update(next_run=missed, repeats=1)
-        try:
-            fire_due_schedules(monkeypatch)
-            wait_for(
-                lambda: (
-                    Schedule.objects.filter(name__in=names, next_run__gt=timezone.now()).count()
-                    == 2
-                ),
-                timeout=60,
-                interval=0.2,
-                what="both late firings to run and re-arm",
-            )
-            enqueue_reconcile()
-            wait_for_every_pass(timeout=30)
-            assert any(success for success, _ in reconcile_passes())
-        finally:
-            drop_tables("rr_alpha", "rr_beta")
-        runs = list(
-            Run.objects.filter(policy=latest).values_list("tick", "source", "skipped_ticks")
+        enqueue_reconcile()
+        wait_for(
+            lambda: any(success for success, _ in reconcile_passes()),
+            timeout=30,
+            what="a reconciler pass",
         )
-        assert [(tick, source) for tick, source, _ in runs] == [(newest, "catch-up")], runs
-        assert missed.isoformat() in runs[0][2]
-        assert not Run.objects.filter(policy=none).exists()
+    finally:
+        kill_group(cluster, signal.SIGTERM)
+        drop_tables("rr_alpha", "rr_beta")
+    runs = list(Run.objects.filter(policy=latest).values_list("tick", "source", "skipped_ticks"))
+    assert [(tick, source) for tick, source, _ in runs] == [(newest, "catch-up")], runs
+    assert missed.isoformat() in runs[0][2]
+    assert not Run.objects.filter(policy=none).exists()
 
 
 def _group_alive(pgid: int) -> list[int]:
