@@ -21,11 +21,17 @@ from tests.factories import approved_policy, events_spec
 from tests.runs.conftest import NOW, ROOT, create_events, worker_env
 from tests.runs.processes import pg_connect, wait_for
 
+MARGIN_MS = 40
 WORKER_ENV = {
     "RETENTION_GUARD_SAMPLE_MS": "200",
     "RETENTION_GUARD_CONTROL_PERIOD_MS": "500",
-    # several milliseconds of jitter on a shared machine are not the load under test
-    "RETENTION_GUARD_PROBE_MARGIN_MS": "5",
+    # tens of milliseconds of jitter on a busy machine are not the load under test (the
+    # test's lock load holds each read 100 ms)
+    "RETENTION_GUARD_PROBE_MARGIN_MS": str(MARGIN_MS),
+    # the host's I/O pressure and the server's WAL fsyncs are load this test did not make
+    # (tests/dashboard/test_guard_control.py reads them)
+    "RETENTION_GUARD_IO_PRESSURE_SOURCE": "off",
+    "RETENTION_GUARD_WAL_FSYNC_MS": "60000",
 }
 BUDGET = 2.0  # the policy's own inflation budget (guard.inflation_budget)
 
@@ -162,7 +168,10 @@ def test_the_controller_lowers_concurrency_and_chunk_time_under_load_and_raises_
     assert lowered, [(s.action, s.reason) for s in loaded]
     for step in lowered:
         assert step.inflation > BUDGET and step.budget == BUDGET
-        assert "> limit " in step.reason and f"(max({BUDGET:g} × idle, idle + 5 ms))" in step.reason
+        assert (
+            "> limit " in step.reason
+            and f"(max({BUDGET:g} × idle, idle + {MARGIN_MS} ms))" in step.reason
+        )
     assert lowest.duty_cycle < ceilings.duty_cycle
     assert Run.objects.get(pk=run.pk).state == Run.State.ACTIVE
 
@@ -188,7 +197,9 @@ def test_the_controller_lowers_concurrency_and_chunk_time_under_load_and_raises_
     # idle p99 a busy machine lifts over 50 ms makes a limit over 100 ms)
     ms = raised.limit_ms
     shown = f"{ms:.2f}".rstrip("0").rstrip(".") if ms < 100 else f"{ms:.0f}"
-    assert f"within limit {shown} ms (max({BUDGET:g} × idle, idle + 5 ms))" in raised.reason
+    assert (
+        f"within limit {shown} ms (max({BUDGET:g} × idle, idle + {MARGIN_MS} ms))" in raised.reason
+    )
 
     # the shared row holds the latest step, and the surfaces read it
     row = GuardControl.objects.get(policy=policy)
