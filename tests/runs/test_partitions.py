@@ -540,9 +540,13 @@ def test_a_partitioned_tables_vacuum_note_counts_the_dead_tuples_its_chunks_left
         )
     )
     assert chunk_rows > 1000
-    assert run.verification["dead_tuples"] == chunk_rows
+    # at least the rows the chunks deleted, from the ledger; more only when PostgreSQL's
+    # statistics count more on the leaves (runs.engine.maintenance), as they did by 6 on a
+    # machine under stress-ng; never fewer
+    dead = run.verification["dead_tuples"]
+    assert chunk_rows <= dead <= chunk_rows + 100, (dead, chunk_rows)
     assert run.verification["vacuum_note"] == (
-        f"recommended: VACUUM (ANALYZE) public.rr_parts ({chunk_rows:,} dead tuples)"
+        f"recommended: VACUUM (ANALYZE) public.rr_parts ({dead:,} dead tuples)"
     )
 
 
